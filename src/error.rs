@@ -1,0 +1,44 @@
+//! The crate's error type: one enum for loading, tokenizing and running models.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong below the HTTP layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A GGUF file that cannot be read; the message names the problem.
+    #[error("GGUF: {0}")]
+    Gguf(String),
+    /// A safetensors checkpoint or its config.json that cannot be read.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    /// A model whose configuration or tensors do not fit what we can run.
+    #[error("model: {0}")]
+    Model(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    /// Fetching the default model failed.
+    #[error("fetch: {0}")]
+    Fetch(String),
+    /// A request that cannot be served as asked (bad parameters, prompt too long, ...).
+    #[error("{0}")]
+    InvalidRequest(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

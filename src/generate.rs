@@ -1,0 +1,107 @@
+//! Single-sequence generation for `inflight generate`: prefill the prompt, then decode
+//! token by token, streaming text through a callback as soon as it is whole UTF-8.
+
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::model::{KvCache, Llama, SeqChunk};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::detok::Detokenizer;
+use crate::tokenizer::Tokenizer;
+
+const BLOCK_SIZE: usize = 32;
+
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Stop at the model's end-of-sequence tokens.
+    pub stop_at_eos: bool,
+}
+
+/// What one generation did, for reporting speed.
+#[derive(Debug, Clone, Default)]
+pub struct GenerateStats {
+    pub prompt_tokens: usize,
+    pub generated: Vec<u32>,
+    pub prefill: Duration,
+    pub decode: Duration,
+}
+
+impl GenerateStats {
+    /// Decode speed: tokens after the first over the time spent producing them.
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        let n = self.generated.len().saturating_sub(1);
+        n as f64 / self.decode.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Generates from `prompt`, calling `on_text` with each newly completed piece of text.
+pub fn generate(
+    model: &Llama,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut on_text: impl FnMut(&str),
+) -> Result<GenerateStats> {
+    let cfg = model.config();
+    if prompt.is_empty() {
+        return Err(Error::InvalidRequest("the prompt has no tokens".into()));
+    }
+    let total = prompt.len() + opts.max_tokens;
+    if total > cfg.max_position_embeddings {
+        return Err(Error::InvalidRequest(format!(
+            "prompt ({} tokens) plus max_tokens ({}) exceeds the context length {}",
+            prompt.len(),
+            opts.max_tokens,
+            cfg.max_position_embeddings
+        )));
+    }
+    let blocks = total.div_ceil(BLOCK_SIZE);
+    let mut cache = KvCache::new(cfg, BLOCK_SIZE, blocks);
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut sampler = Sampler::new(opts.sampling.clone());
+    let mut detok = Detokenizer::new();
+    let mut stats = GenerateStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
+
+    let t0 = Instant::now();
+    let mut logits = model.forward(
+        &[SeqChunk { tokens: prompt, start_pos: 0, block_table: &table, all_logits: false }],
+        &mut cache,
+    )?;
+    stats.prefill = t0.elapsed();
+    let t1 = Instant::now();
+    let mut pos = prompt.len();
+    while stats.generated.len() < opts.max_tokens {
+        let next = sampler.sample(&logits[0]);
+        if opts.stop_at_eos && tokenizer.eos_token_ids().contains(&next) {
+            break;
+        }
+        stats.generated.push(next);
+        if !tokenizer.is_special(next) {
+            if let Some(bytes) = tokenizer.token_bytes(next) {
+                let piece = detok.push(&bytes);
+                if !piece.is_empty() {
+                    on_text(&piece);
+                }
+            }
+        }
+        if stats.generated.len() == opts.max_tokens {
+            break;
+        }
+        logits = model.forward(
+            &[SeqChunk { tokens: &[next], start_pos: pos, block_table: &table, all_logits: false }],
+            &mut cache,
+        )?;
+        pos += 1;
+    }
+    let rest = detok.finish();
+    if !rest.is_empty() {
+        on_text(&rest);
+    }
+    stats.decode = t1.elapsed();
+    Ok(stats)
+}

@@ -1,0 +1,190 @@
+//! CPU kernels of the forward pass: RMSNorm, RoPE, SwiGLU, embedding gather and paged
+//! attention. Each is the CPU twin of a CUDA kernel and the production CPU path.
+
+use rayon::prelude::*;
+
+/// `out[r] = x[r] / sqrt(mean(x[r]²) + eps) * w` for every row of width `w.len()`.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ss: f32 = xr.iter().map(|v| v * v).sum();
+        let scale = 1.0 / (ss / d as f32 + eps).sqrt();
+        for ((o, v), g) in or.iter_mut().zip(xr).zip(w) {
+            *o = v * scale * g;
+        }
+    }
+}
+
+/// Rotary embedding in the HF ("rotate half") layout: within each head of `head_dim`,
+/// element `i` pairs with element `i + head_dim/2`. `x` is `[n, heads * head_dim]` and row
+/// `r` sits at position `positions[r]`.
+pub fn rope(x: &mut [f32], positions: &[usize], head_dim: usize, inv_freq: &[f32]) {
+    let half = head_dim / 2;
+    let row = x.len() / positions.len().max(1);
+    for (xr, &pos) in x.chunks_exact_mut(row).zip(positions) {
+        for i in 0..half {
+            let (sin, cos) = (pos as f64 * inv_freq[i] as f64).sin_cos();
+            let (sin, cos) = (sin as f32, cos as f32);
+            for head in xr.chunks_exact_mut(head_dim) {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cos - b * sin;
+                head[i + half] = b * cos + a * sin;
+            }
+        }
+    }
+}
+
+/// SwiGLU on a fused `[n, 2 * f]` gate‖up product: `out = silu(gate) * up`, `[n, f]`.
+pub fn silu_mul(gate_up: &[f32], f: usize, out: &mut [f32]) {
+    for (gu, o) in gate_up.chunks_exact(2 * f).zip(out.chunks_exact_mut(f)) {
+        let (g, u) = gu.split_at(f);
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+    }
+}
+
+/// `x += y`.
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// Gathers embedding rows: `out[r] = table[ids[r]]`.
+pub fn embed(table: &[f32], dim: usize, ids: &[u32], out: &mut [f32]) {
+    for (o, &id) in out.chunks_exact_mut(dim).zip(ids) {
+        let s = id as usize * dim;
+        o.copy_from_slice(&table[s..s + dim]);
+    }
+}
+
+/// One layer's paged K or V storage: `[num_blocks, block_size, kv_dim]`.
+pub struct PagedView<'a> {
+    pub data: &'a [f32],
+    pub block_size: usize,
+    pub kv_dim: usize,
+}
+
+impl PagedView<'_> {
+    /// The `kv_dim` values stored for token position `pos` of a sequence.
+    #[inline]
+    fn at(&self, block_table: &[u32], pos: usize) -> &[f32] {
+        let block = block_table[pos / self.block_size] as usize;
+        let s = (block * self.block_size + pos % self.block_size) * self.kv_dim;
+        &self.data[s..s + self.kv_dim]
+    }
+}
+
+/// What one query row attends to: its sequence's blocks and its own position (causal:
+/// it sees positions `0..=pos`).
+pub struct AttnRow<'a> {
+    pub block_table: &'a [u32],
+    pub pos: usize,
+}
+
+/// Causal paged attention with grouped KV heads. `q` is `[n, heads * head_dim]`, `out`
+/// the same shape; query head `h` reads KV head `h / (heads / kv_heads)`.
+pub fn paged_attention(
+    q: &[f32],
+    rows: &[AttnRow<'_>],
+    k: &PagedView<'_>,
+    v: &PagedView<'_>,
+    heads: usize,
+    head_dim: usize,
+    out: &mut [f32],
+) {
+    let kv_heads = k.kv_dim / head_dim;
+    let group = heads / kv_heads;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    out.par_chunks_mut(head_dim).enumerate().for_each(|(idx, o)| {
+        let (r, h) = (idx / heads, idx % heads);
+        let row = &rows[r];
+        let qh = &q[idx * head_dim..(idx + 1) * head_dim];
+        let kvo = (h / group) * head_dim;
+        let mut scores: Vec<f32> = (0..=row.pos)
+            .map(|p| {
+                let kh = &k.at(row.block_table, p)[kvo..kvo + head_dim];
+                dot(qh, kh) * scale
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        o.fill(0.0);
+        for (p, s) in scores.iter().enumerate() {
+            let vh = &v.at(row.block_table, p)[kvo..kvo + head_dim];
+            let wgt = s / sum;
+            for (a, b) in o.iter_mut().zip(vh) {
+                *a += wgt * b;
+            }
+        }
+    });
+}
+
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let x = [3.0, 4.0, 0.0, 0.0];
+        let mut out = [0.0; 4];
+        rms_norm(&x, &[1.0, 2.0], 1e-12, &mut out);
+        let s = (12.5f32).sqrt();
+        assert!((out[0] - 3.0 / s).abs() < 1e-6 && (out[1] - 8.0 / s).abs() < 1e-6);
+        assert_eq!(&out[2..], &[0.0, 0.0]);
+    }
+
+    #[test]
+    fn rope_rotates_pairs_by_position() {
+        // head_dim 4: pairs (0,2) with freq 1, (1,3) with freq 0.5.
+        let mut x = vec![1.0, 1.0, 0.0, 0.0];
+        rope(&mut x, &[2], 4, &[1.0, 0.5]);
+        assert!((x[0] - 2f32.cos()).abs() < 1e-6 && (x[2] - 2f32.sin()).abs() < 1e-6);
+        assert!((x[1] - 1f32.cos()).abs() < 1e-6 && (x[3] - 1f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn attention_reads_blocks_through_the_table() {
+        // One KV head of dim 2, block size 2, three positions stored in blocks 3 and 1.
+        let block_size = 2;
+        let mut kd = vec![0f32; 4 * block_size * 2];
+        let mut vd = kd.clone();
+        let table = [3u32, 1];
+        let keys = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]];
+        let vals = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]];
+        for p in 0..3 {
+            let s = (table[p / 2] as usize * block_size + p % 2) * 2;
+            kd[s..s + 2].copy_from_slice(&keys[p]);
+            vd[s..s + 2].copy_from_slice(&vals[p]);
+        }
+        let k = PagedView { data: &kd, block_size, kv_dim: 2 };
+        let v = PagedView { data: &vd, block_size, kv_dim: 2 };
+        let q = [2.0f32, 0.0];
+        let mut out = [0f32; 2];
+        paged_attention(&q, &[AttnRow { block_table: &table, pos: 2 }], &k, &v, 1, 2, &mut out);
+        let s: Vec<f32> = keys.iter().map(|kk| (2.0 * kk[0]) / 2f32.sqrt()).collect();
+        let e: Vec<f32> = s.iter().map(|x| x.exp()).collect();
+        let z: f32 = e.iter().sum();
+        let want0: f32 = (0..3).map(|p| e[p] / z * vals[p][0]).sum();
+        assert!((out[0] - want0).abs() < 1e-5, "{} vs {want0}", out[0]);
+    }
+}

@@ -1,0 +1,5 @@
+//! Numeric kernels. `cpu` holds the CPU implementations: the production CPU path and the
+//! twins the CUDA kernels are tested against.
+
+pub mod cpu;
+pub mod matmul;

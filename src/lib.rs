@@ -1,0 +1,22 @@
+//! inflight: an LLM inference server where every pipeline stage is an actor.
+//!
+//! # Layout
+//! - [`model`]: model configuration, weight loading (GGUF, safetensors) and the Llama
+//!   forward pass with its paged KV cache.
+//! - [`tokenizer`]: the HF tokenizers wrapper, built from GGUF metadata or tokenizer.json,
+//!   and chat templates.
+//! - [`kernels`]: numeric building blocks; the CPU implementations are the production CPU
+//!   path and the twins of the CUDA kernels.
+//! - [`sampling`]: turning logits into token ids (greedy, temperature, top-k, top-p).
+//! - [`generate`]: a single-sequence generation loop used by `inflight generate`.
+//! - [`fetch`]: fetching the default model.
+
+pub mod error;
+pub mod fetch;
+pub mod generate;
+pub mod kernels;
+pub mod model;
+pub mod sampling;
+pub mod tokenizer;
+
+pub use error::{Error, Result};

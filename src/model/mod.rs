@@ -1,0 +1,18 @@
+//! Model definitions and weight loading: config, GGUF and safetensors readers, the Llama
+//! forward pass and its paged KV cache.
+
+pub mod config;
+pub mod gguf;
+pub mod gguf_writer;
+pub mod quant;
+pub mod safetensors;
+pub mod tiny;
+pub mod kv_cache;
+pub mod llama;
+pub mod loader;
+pub mod weights;
+
+pub use config::ModelConfig;
+pub use kv_cache::KvCache;
+pub use llama::{Llama, SeqChunk};
+pub use loader::LoadedModel;

@@ -1,0 +1,642 @@
+//! Tokenizer: owns text ⇄ token ids. A byte-level BPE (HF `tokenizers`) built either from
+//! GGUF metadata, with the pre-tokenizer llama.cpp uses for the file's
+//! `tokenizer.ggml.pre`, or from an HF `tokenizer.json` (+ `tokenizer_config.json`);
+//! also the raw bytes of every token for incremental UTF-8-safe detokenization, the
+//! special and end-of-generation ids, and the model's chat template ([`chat`]).
+//!
+//! Parity target: for GGUF files, `encode` gives llama.cpp's ids (`llama_tokenize` with
+//! `add_special = add_bos`) and `decode` gives `llama_detokenize`'s text; both are checked
+//! against fixtures in tests/tokenizer_llamacpp.rs.
+
+pub mod chat;
+pub mod detok;
+
+use std::path::Path;
+
+use tokenizers::decoders::DecoderWrapper;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{AddedToken, SplitDelimiterBehavior};
+
+use crate::error::{Error, Result};
+use crate::model::gguf::{GgufFile, MetaValue};
+
+/// GGUF token types (llama.cpp's `llama_token_type`).
+const TOKEN_NORMAL: i32 = 1;
+const TOKEN_UNKNOWN: i32 = 2;
+const TOKEN_CONTROL: i32 = 3;
+const TOKEN_USER_DEFINED: i32 = 4;
+
+/// Control tokens that end a turn besides `eos`; llama.cpp marks the same texts as EOG.
+const EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+];
+
+/// The tokenizer as a GGUF file describes it (`tokenizer.ggml.*` keys); plain data.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GgufVocab {
+    pub model: String,
+    pub pre: Option<String>,
+    pub tokens: Vec<String>,
+    pub token_types: Vec<i32>,
+    pub merges: Vec<String>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_id: Option<u32>,
+    pub unknown_token_id: Option<u32>,
+    pub padding_token_id: Option<u32>,
+    pub add_bos: bool,
+    pub chat_template: Option<String>,
+}
+
+impl GgufVocab {
+    /// Reads the `tokenizer.*` metadata of a GGUF file.
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let string = |key: &str| file.get(key).and_then(MetaValue::as_str).map(str::to_owned);
+        let id = |key: &str| file.get(key).and_then(MetaValue::as_u32);
+        let model = string("tokenizer.ggml.model")
+            .ok_or_else(|| Error::Tokenizer("GGUF has no tokenizer.ggml.model".into()))?;
+        let tokens = string_array(file, "tokenizer.ggml.tokens")?
+            .ok_or_else(|| Error::Tokenizer("GGUF has no tokenizer.ggml.tokens".into()))?;
+        let token_types = match file.get("tokenizer.ggml.token_type") {
+            None => vec![TOKEN_NORMAL; tokens.len()],
+            Some(v) => v
+                .as_array()
+                .and_then(|a| a.iter().map(|t| t.as_i64().map(|t| t as i32)).collect())
+                .ok_or_else(|| Error::Tokenizer("tokenizer.ggml.token_type: not ints".into()))?,
+        };
+        let pre = string("tokenizer.ggml.pre");
+        // llama.cpp turns add_bos on for the llama3 pre-tokenizer unless the file says otherwise.
+        let add_bos = file
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(MetaValue::as_bool)
+            .unwrap_or_else(|| pre.as_deref().is_some_and(|p| pre_spec(p).is_ok_and(|s| s.1)));
+        Ok(GgufVocab {
+            model,
+            pre,
+            tokens,
+            token_types,
+            merges: string_array(file, "tokenizer.ggml.merges")?.unwrap_or_default(),
+            bos_token_id: id("tokenizer.ggml.bos_token_id"),
+            eos_token_id: id("tokenizer.ggml.eos_token_id"),
+            unknown_token_id: id("tokenizer.ggml.unknown_token_id"),
+            padding_token_id: id("tokenizer.ggml.padding_token_id"),
+            add_bos,
+            chat_template: string("tokenizer.chat_template"),
+        })
+    }
+}
+
+fn string_array(file: &GgufFile, key: &str) -> Result<Option<Vec<String>>> {
+    let Some(value) = file.get(key) else {
+        return Ok(None);
+    };
+    value
+        .as_array()
+        .and_then(|a| a.iter().map(|s| s.as_str().map(str::to_owned)).collect())
+        .map(Some)
+        .ok_or_else(|| Error::Tokenizer(format!("{key}: not an array of strings")))
+}
+
+const GPT2_RE: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+const LLAMA3_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// llama.cpp's pre-tokenizer for a `tokenizer.ggml.pre` value (llama-vocab.cpp): the
+/// regexes applied in turn, each splitting every piece into matches and the text between
+/// them, then whether whole pieces found in the vocabulary skip the merges
+/// (`ignore_merges`, which also means llama.cpp's default add_bos is on).
+fn pre_spec(pre: &str) -> Result<(Vec<&'static str>, bool)> {
+    Ok(match pre {
+        "default" => (
+            vec![r"[\p{P}\$\+<=>\^~\|]+", GPT2_RE, r"\p{N}+", "[0-9][0-9][0-9]"],
+            false,
+        ),
+        "gpt-2" | "phi-2" | "mpt" | "olmo" => (vec![GPT2_RE], false),
+        "smollm" | "starcoder" | "refact" | "codeshell" => (vec![r"\p{N}", GPT2_RE], false),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "dbrx" | "smaug-bpe" => {
+            (vec![LLAMA3_RE], pre != "dbrx" && pre != "smaug-bpe")
+        }
+        "qwen2" | "deepseek-r1-qwen" | "stablelm2" => (vec![QWEN2_RE], false),
+        other => {
+            return Err(Error::Tokenizer(format!(
+                "unsupported GGUF pre-tokenizer '{other}' (supported: default, gpt-2, smollm, \
+                 starcoder, llama3, llama-bpe, qwen2 and their llama.cpp aliases)"
+            )))
+        }
+    })
+}
+
+/// Text ⇄ ids for one model. Cheap to share (`Arc<Tokenizer>`); every method takes `&self`.
+pub struct Tokenizer {
+    /// Splits special tokens out of the text before BPE (`parse_special = true`).
+    inner: tokenizers::Tokenizer,
+    /// The same tokenizer with special tokens treated as plain text.
+    plain: tokenizers::Tokenizer,
+    /// Raw bytes of every id, as llama.cpp's `token_to_piece(special = true)` gives them.
+    bytes: Vec<Box<[u8]>>,
+    /// Ids dropped by `decode(skip_special = true)`: control and unknown tokens.
+    special: Vec<bool>,
+    /// Decode by concatenating `bytes` (byte-level vocabularies) or through HF's decoder.
+    byte_level: bool,
+    /// Run the HF post-processor on encode (tokenizer.json checkpoints add BOS there).
+    post_process: bool,
+    add_bos: bool,
+    bos: Option<u32>,
+    /// `eos` first, then other end-of-generation ids.
+    eos: Vec<u32>,
+    chat_template: Option<String>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("add_bos", &self.add_bos)
+            .finish_non_exhaustive()
+    }
+}
+
+fn tk_err(context: &str) -> impl Fn(tokenizers::Error) -> Error + '_ {
+    move |e| Error::Tokenizer(format!("{context}: {e}"))
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer a GGUF file describes. Only `gpt2` (byte-level BPE) vocabularies
+    /// are supported; an unknown pre-tokenizer is an error rather than a silent mismatch.
+    pub fn from_gguf_vocab(v: &GgufVocab) -> Result<Tokenizer> {
+        if v.model != "gpt2" {
+            return Err(Error::Tokenizer(format!(
+                "unsupported GGUF tokenizer model '{}' (only 'gpt2' byte-level BPE)",
+                v.model
+            )));
+        }
+        let n = v.tokens.len();
+        if v.token_types.len() != n {
+            return Err(Error::Tokenizer(format!(
+                "{} tokens but {} token types",
+                n,
+                v.token_types.len()
+            )));
+        }
+        let (regexes, ignore_merges) = pre_spec(v.pre.as_deref().unwrap_or("default"))?;
+        let vocab: Vocab = v.tokens.iter().cloned().zip(0u32..).collect();
+        let merges = v
+            .merges
+            .iter()
+            .map(|m| match m.split_once(' ') {
+                Some((a, b)) => Ok((a.to_owned(), b.to_owned())),
+                None => Err(Error::Tokenizer(format!("merge without a space: {m:?}"))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .ignore_merges(ignore_merges)
+            .build()
+            .map_err(tk_err("BPE from GGUF"))?;
+
+        let mut pieces = regexes
+            .iter()
+            .map(|re| {
+                Split::new(
+                    SplitPattern::Regex((*re).to_owned()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .map(PreTokenizerWrapper::Split)
+                .map_err(tk_err("pre-tokenizer regex"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        pieces.push(ByteLevel::new(false, false, false).into());
+
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(Sequence::new(pieces)));
+        inner.with_decoder(Some(ByteLevel::default()));
+        // llama.cpp splits control/unknown tokens out only when parsing specials, and
+        // user-defined tokens always: HF's special and non-special added tokens.
+        let (mut special_added, mut user_added) = (Vec::new(), Vec::new());
+        let mut special = vec![false; n];
+        for (i, (text, &ty)) in v.tokens.iter().zip(&v.token_types).enumerate() {
+            match ty {
+                TOKEN_CONTROL | TOKEN_UNKNOWN => {
+                    special[i] = true;
+                    special_added.push(AddedToken::from(text.clone(), true).normalized(false));
+                }
+                TOKEN_USER_DEFINED => {
+                    user_added.push(AddedToken::from(text.clone(), false).normalized(false))
+                }
+                _ => {}
+            }
+        }
+        inner.add_special_tokens(&special_added);
+        inner.add_tokens(&user_added);
+
+        let bytes = v
+            .tokens
+            .iter()
+            .zip(&v.token_types)
+            .map(|(text, &ty)| match ty {
+                TOKEN_CONTROL | TOKEN_UNKNOWN | TOKEN_USER_DEFINED => text.as_bytes().into(),
+                _ => byte_level_decode(text),
+            })
+            .collect();
+        let eos = end_ids(v.eos_token_id, |id| special[id as usize], v.tokens.iter().zip(0u32..));
+        Ok(Tokenizer::assemble(Parts {
+            inner,
+            bytes,
+            special,
+            byte_level: true,
+            post_process: false,
+            add_bos: v.add_bos,
+            bos: v.bos_token_id,
+            eos,
+            chat_template: v.chat_template.clone(),
+        }))
+    }
+
+    /// Loads an HF checkpoint's tokenizer. `tokenizer_config.json`, when given, supplies
+    /// the chat template and the bos/eos token strings.
+    pub fn from_files(tokenizer_json: &Path, tokenizer_config_json: Option<&Path>) -> Result<Tokenizer> {
+        let inner = tokenizers::Tokenizer::from_file(tokenizer_json)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", tokenizer_json.display())))?;
+        let config = match tokenizer_config_json {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+                serde_json::from_str::<serde_json::Value>(&text)
+                    .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?
+            }
+            None => serde_json::Value::Null,
+        };
+        let token_id = |key: &str| -> Option<u32> {
+            let v = config.get(key)?;
+            let text = v.as_str().or_else(|| v.get("content")?.as_str())?;
+            inner.token_to_id(text)
+        };
+        let bos = token_id("bos_token");
+        let eos_id = token_id("eos_token");
+
+        let n = inner.get_vocab_size(true);
+        let added = inner.get_added_tokens_decoder();
+        let byte_level = is_byte_level(inner.get_decoder());
+        let mut special = vec![false; n];
+        let mut bytes: Vec<Box<[u8]>> = Vec::with_capacity(n);
+        for id in 0..n as u32 {
+            let piece = match added.get(&id) {
+                Some(tok) => {
+                    special[id as usize] = tok.special;
+                    tok.content.as_bytes().into()
+                }
+                None => match inner.id_to_token(id) {
+                    Some(t) if byte_level => byte_level_decode(&t),
+                    Some(t) => spm_piece_bytes(&t),
+                    None => Box::default(),
+                },
+            };
+            bytes.push(piece);
+        }
+        let names = (0..n as u32).filter_map(|id| added.get(&id).map(|t| (&t.content, id)));
+        let eos = end_ids(eos_id, |id| special[id as usize], names);
+        Ok(Tokenizer::assemble(Parts {
+            inner,
+            bytes,
+            special,
+            byte_level,
+            post_process: true,
+            add_bos: false,
+            bos,
+            eos,
+            chat_template: chat_template_from_config(&config),
+        }))
+    }
+
+    fn assemble(p: Parts) -> Tokenizer {
+        let mut plain = p.inner.clone();
+        plain.set_encode_special_tokens(true);
+        Tokenizer {
+            inner: p.inner,
+            plain,
+            bytes: p.bytes,
+            special: p.special,
+            byte_level: p.byte_level,
+            post_process: p.post_process,
+            add_bos: p.add_bos,
+            bos: p.bos,
+            eos: p.eos,
+            chat_template: p.chat_template,
+        }
+    }
+
+    /// Text to ids. `parse_special`: control tokens written in the text (`<|im_start|>`)
+    /// become their single ids; otherwise they are tokenized as plain text. BOS is
+    /// prepended when the model asks for it, unless the text already produced one.
+    pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
+        let tk = if parse_special { &self.inner } else { &self.plain };
+        let enc = tk
+            .encode_fast(text, self.post_process)
+            .map_err(tk_err("encode"))?;
+        let ids = enc.get_ids();
+        match self.bos {
+            Some(bos) if self.add_bos && ids.first() != Some(&bos) => {
+                let mut out = Vec::with_capacity(ids.len() + 1);
+                out.push(bos);
+                out.extend_from_slice(ids);
+                Ok(out)
+            }
+            _ => Ok(ids.to_vec()),
+        }
+    }
+
+    /// Ids to text; invalid UTF-8 (a character cut between ids) becomes U+FFFD.
+    /// `skip_special` drops control tokens, as llama.cpp's detokenize without `special`.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        if !self.byte_level {
+            return self.inner.decode(ids, skip_special).map_err(tk_err("decode"));
+        }
+        let mut out = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            let piece = self
+                .bytes
+                .get(id as usize)
+                .ok_or_else(|| Error::Tokenizer(format!("decode: id {id} out of vocabulary")))?;
+            if !(skip_special && self.special[id as usize]) {
+                out.extend_from_slice(piece);
+            }
+        }
+        Ok(match String::from_utf8(out) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        })
+    }
+
+    /// The raw bytes a token stands for (special tokens: their text). A multi-byte
+    /// character may be split across tokens, so these are bytes, not a `str`. For
+    /// SentencePiece-style vocabularies `▁` reads as a space, including at the start.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        self.bytes.get(id as usize).map(|b| b.to_vec())
+    }
+
+    /// Number of ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos
+    }
+
+    /// End-of-generation ids: the model's `eos` first, then other control tokens that end
+    /// a turn (`<|im_end|>`, `<|eot_id|>`, `<|endoftext|>`, ...), as llama.cpp's EOG set.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    /// Control tokens (dropped by `decode(.., true)`).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// Whether `encode` prepends BOS.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// The model's jinja chat template, when it ships one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// The id of a token's vocabulary string (byte-level form: `Ġthe`; specials as written).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// A token's text as the chat template sees it (`bos_token`, `eos_token`): lossy UTF-8.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.bytes
+            .get(id as usize)
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+    }
+}
+
+struct Parts {
+    inner: tokenizers::Tokenizer,
+    bytes: Vec<Box<[u8]>>,
+    special: Vec<bool>,
+    byte_level: bool,
+    post_process: bool,
+    add_bos: bool,
+    bos: Option<u32>,
+    eos: Vec<u32>,
+    chat_template: Option<String>,
+}
+
+/// `eos` first, then special tokens whose text marks an end of turn, each once.
+fn end_ids<'a>(
+    eos: Option<u32>,
+    is_special: impl Fn(u32) -> bool,
+    names: impl Iterator<Item = (&'a String, u32)>,
+) -> Vec<u32> {
+    let mut out: Vec<u32> = eos.into_iter().collect();
+    for (text, id) in names {
+        if EOG_TEXTS.contains(&text.as_str()) && is_special(id) && !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    out
+}
+
+fn is_byte_level(decoder: Option<&DecoderWrapper>) -> bool {
+    match decoder {
+        Some(DecoderWrapper::ByteLevel(_)) => true,
+        Some(DecoderWrapper::Sequence(seq)) => seq
+            .get_decoders()
+            .iter()
+            .any(|d| matches!(d, DecoderWrapper::ByteLevel(_))),
+        _ => false,
+    }
+}
+
+/// The chat template from tokenizer_config.json: a string, or a list of named templates
+/// of which "default" is the chat one.
+fn chat_template_from_config(config: &serde_json::Value) -> Option<String> {
+    match config.get("chat_template")? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(list) => list
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
+        _ => None,
+    }
+}
+
+/// GPT-2's byte ⇄ char table: printable Latin-1 bytes stand for themselves, the other 68
+/// bytes map in order to U+0100.. so every byte has a visible character.
+fn byte_to_char() -> [char; 256] {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut table = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        table[b as usize] = if printable(b) {
+            b as char
+        } else {
+            next += 1;
+            char::from_u32(next - 1).expect("below U+0200")
+        };
+    }
+    table
+}
+
+/// Byte-level token text to its bytes; text with a char outside the table (an added
+/// token stored verbatim) is its own UTF-8.
+fn byte_level_decode(text: &str) -> Box<[u8]> {
+    thread_local! {
+        static CHAR_TO_BYTE: std::collections::HashMap<char, u8> =
+            byte_to_char().iter().zip(0..=255u8).map(|(&c, b)| (c, b)).collect();
+    }
+    CHAR_TO_BYTE.with(|map| {
+        text.chars()
+            .map(|c| map.get(&c).copied())
+            .collect::<Option<Vec<u8>>>()
+            .unwrap_or_else(|| text.as_bytes().to_vec())
+            .into_boxed_slice()
+    })
+}
+
+/// SentencePiece-style token text to bytes: `<0xAB>` byte tokens, `▁` for spaces.
+fn spm_piece_bytes(text: &str) -> Box<[u8]> {
+    if let Some(hex) = text.strip_prefix("<0x").and_then(|t| t.strip_suffix('>')) {
+        if let (2, Ok(b)) = (hex.len(), u8::from_str_radix(hex, 16)) {
+            return Box::new([b]);
+        }
+    }
+    text.replace('\u{2581}', " ").into_bytes().into_boxed_slice()
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A byte-level vocabulary: three control tokens, the 256 byte characters, then merges
+    /// for "hello", " world" and "12".
+    fn tiny_vocab(pre: &str) -> GgufVocab {
+        let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+            .map(String::from)
+            .to_vec();
+        let mut token_types = vec![TOKEN_CONTROL; 3];
+        tokens.extend(byte_to_char().iter().map(|c| c.to_string()));
+        let merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "1 2"];
+        for m in merges {
+            tokens.push(m.replace(' ', ""));
+        }
+        tokens.push("<tool>".into());
+        token_types.resize(tokens.len() - 1, TOKEN_NORMAL);
+        token_types.push(TOKEN_USER_DEFINED);
+        GgufVocab {
+            model: "gpt2".into(),
+            pre: Some(pre.into()),
+            tokens,
+            token_types,
+            merges: merges.map(String::from).to_vec(),
+            bos_token_id: Some(1),
+            eos_token_id: Some(2),
+            ..GgufVocab::default()
+        }
+    }
+
+    fn tiny(pre: &str) -> Tokenizer {
+        Tokenizer::from_gguf_vocab(&tiny_vocab(pre)).unwrap()
+    }
+
+    #[test]
+    fn merges_apply_and_decode_round_trips() {
+        let tok = tiny("smollm");
+        let hello = tok.token_to_id("hello").unwrap();
+        let world = tok.token_to_id("Ġworld").unwrap();
+        assert_eq!(tok.encode("hello world", true).unwrap(), vec![hello, world]);
+        assert_eq!(tok.decode(&[hello, world], false).unwrap(), "hello world");
+        assert_eq!(tok.vocab_size(), 3 + 256 + 10 + 1);
+    }
+
+    #[test]
+    fn special_tokens_parse_only_when_asked_and_skip_on_decode() {
+        let tok = tiny("smollm");
+        let hello = tok.token_to_id("hello").unwrap();
+        let text = "<|im_start|>hello<|im_end|>";
+        assert_eq!(tok.encode(text, true).unwrap(), vec![1, hello, 2]);
+        let plain = tok.encode(text, false).unwrap();
+        assert!(plain.len() > 3 && !plain.contains(&1) && !plain.contains(&2), "{plain:?}");
+        assert_eq!(tok.decode(&plain, true).unwrap(), text);
+        assert_eq!(tok.decode(&[1, hello, 2], false).unwrap(), text);
+        assert_eq!(tok.decode(&[1, hello, 2], true).unwrap(), "hello");
+        assert!(tok.is_special(1) && !tok.is_special(hello));
+        // User-defined tokens split out in both modes, and are never skipped.
+        let tool = tok.token_to_id("<tool>").unwrap();
+        assert_eq!(tok.encode("<tool>", false).unwrap(), vec![tool]);
+        assert_eq!(tok.decode(&[tool], true).unwrap(), "<tool>");
+    }
+
+    #[test]
+    fn token_bytes_split_a_multibyte_char() {
+        let tok = tiny("smollm");
+        let ids = tok.encode("é", false).unwrap();
+        assert_eq!(ids.len(), 2);
+        assert_eq!(tok.token_bytes(ids[0]).unwrap(), vec![0xC3]);
+        assert_eq!(tok.token_bytes(ids[1]).unwrap(), vec![0xA9]);
+        assert_eq!(tok.decode(&ids[..1], false).unwrap(), "\u{FFFD}");
+        assert_eq!(tok.decode(&ids, false).unwrap(), "é");
+        assert_eq!(tok.token_bytes(1).unwrap(), b"<|im_start|>".to_vec());
+        assert_eq!(tok.token_bytes(u32::MAX), None);
+    }
+
+    #[test]
+    fn smollm_splits_every_digit_but_gpt2_merges() {
+        assert_eq!(tiny("smollm").encode("12", false).unwrap().len(), 2);
+        assert_eq!(tiny("gpt-2").encode("12", false).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn bos_eos_and_eog() {
+        let mut v = tiny_vocab("smollm");
+        let tok = Tokenizer::from_gguf_vocab(&v).unwrap();
+        assert_eq!(tok.bos_token_id(), Some(1));
+        assert_eq!(tok.eos_token_ids(), &[2, 0]);
+        assert!(tok.encode("hello", true).unwrap()[0] != 1);
+        v.add_bos = true;
+        let tok = Tokenizer::from_gguf_vocab(&v).unwrap();
+        let hello = tok.token_to_id("hello").unwrap();
+        assert_eq!(tok.encode("hello", true).unwrap(), vec![1, hello]);
+        // A prompt that already starts with BOS does not get a second one.
+        assert_eq!(tok.encode("<|im_start|>hello", true).unwrap(), vec![1, hello]);
+    }
+
+    #[test]
+    fn unknown_pre_or_model_is_a_clear_error() {
+        let mut v = tiny_vocab("no-such-pre");
+        let err = Tokenizer::from_gguf_vocab(&v).unwrap_err();
+        assert!(matches!(&err, Error::Tokenizer(m) if m.contains("no-such-pre")), "{err}");
+        v.pre = Some("smollm".into());
+        v.model = "llama".into();
+        let err = Tokenizer::from_gguf_vocab(&v).unwrap_err();
+        assert!(matches!(&err, Error::Tokenizer(m) if m.contains("'llama'")), "{err}");
+    }
+
+    #[test]
+    fn spm_pieces_map_to_bytes() {
+        assert_eq!(&*spm_piece_bytes("<0x0A>"), b"\n");
+        assert_eq!(&*spm_piece_bytes("\u{2581}the"), b" the");
+        assert_eq!(&*byte_level_decode("Ġthe"), b" the");
+    }
+}

@@ -1,0 +1,118 @@
+//! The GGUF path runs the same model as the safetensors path: a tiny random checkpoint is
+//! re-written as GGUF (llama.cpp's tensor names, its Q/K row interleave, F32 or Q8_0) and
+//! both loads give the same logits.
+
+use std::path::PathBuf;
+
+use inflight::model::gguf::{GgufFile, MetaValue};
+use inflight::model::gguf_writer::GgufWriter;
+use inflight::model::quant::GgmlType;
+use inflight::model::safetensors::HfCheckpoint;
+use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
+use inflight::model::{KvCache, Llama, SeqChunk};
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("inflight-gguf-model-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// llama.cpp's converter permutation of Q/K rows (HF rotate-half → adjacent pairs).
+fn permute(w: &[f32], heads: usize, head_dim: usize) -> Vec<f32> {
+    let cols = w.len() / (heads * head_dim);
+    let half = head_dim / 2;
+    let mut out = vec![0f32; w.len()];
+    for h in 0..heads {
+        for j in 0..half {
+            for s in 0..2 {
+                let dst = (h * head_dim + 2 * j + s) * cols;
+                let src = (h * head_dim + s * half + j) * cols;
+                out[dst..dst + cols].copy_from_slice(&w[src..src + cols]);
+            }
+        }
+    }
+    out
+}
+
+fn to_gguf(ckpt: &HfCheckpoint, ty: GgmlType) -> GgufFile {
+    let c = ckpt.config();
+    let mut w = GgufWriter::new();
+    let u = |v: usize| MetaValue::U32(v as u32);
+    w.meta("general.architecture", MetaValue::String("llama".into()))
+        .meta("llama.block_count", u(c.num_layers))
+        .meta("llama.context_length", u(c.max_position_embeddings))
+        .meta("llama.embedding_length", u(c.hidden_size))
+        .meta("llama.feed_forward_length", u(c.intermediate_size))
+        .meta("llama.attention.head_count", u(c.num_heads))
+        .meta("llama.attention.head_count_kv", u(c.num_kv_heads))
+        .meta("llama.rope.freq_base", MetaValue::F32(c.rope_theta))
+        .meta("llama.attention.layer_norm_rms_epsilon", MetaValue::F32(c.rms_norm_eps))
+        .meta("llama.vocab_size", u(c.vocab_size));
+    let mut put = |gguf: &str, hf: &str, fix: Option<usize>, ty: GgmlType| {
+        let (shape, mut data) = ckpt.tensor_f32(hf).unwrap();
+        if let Some(heads) = fix {
+            data = permute(&data, heads, c.head_dim);
+        }
+        let ty = if shape.len() == 1 { GgmlType::F32 } else { ty };
+        w.tensor(gguf, &shape, ty, &data);
+    };
+    put("token_embd.weight", "model.embed_tokens.weight", None, ty);
+    put("output_norm.weight", "model.norm.weight", None, ty);
+    if !c.tie_word_embeddings {
+        put("output.weight", "lm_head.weight", None, ty);
+    }
+    for l in 0..c.num_layers {
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        let g = |s: &str| format!("blk.{l}.{s}");
+        put(&g("attn_norm.weight"), &p("input_layernorm.weight"), None, ty);
+        put(&g("attn_q.weight"), &p("self_attn.q_proj.weight"), Some(c.num_heads), ty);
+        put(&g("attn_k.weight"), &p("self_attn.k_proj.weight"), Some(c.num_kv_heads), ty);
+        put(&g("attn_v.weight"), &p("self_attn.v_proj.weight"), None, ty);
+        put(&g("attn_output.weight"), &p("self_attn.o_proj.weight"), None, ty);
+        put(&g("ffn_norm.weight"), &p("post_attention_layernorm.weight"), None, ty);
+        put(&g("ffn_gate.weight"), &p("mlp.gate_proj.weight"), None, ty);
+        put(&g("ffn_up.weight"), &p("mlp.up_proj.weight"), None, ty);
+        put(&g("ffn_down.weight"), &p("mlp.down_proj.weight"), None, ty);
+    }
+    GgufFile::from_bytes(w.to_bytes()).unwrap()
+}
+
+fn all_logits(model: &Llama, tokens: &[u32]) -> Vec<f32> {
+    let mut cache = KvCache::new(model.config(), 16, 8);
+    let table: Vec<u32> = (0..8).rev().collect();
+    model
+        .forward(&[SeqChunk { tokens, start_pos: 0, block_table: &table, all_logits: true }], &mut cache)
+        .unwrap()
+        .remove(0)
+}
+
+#[test]
+fn gguf_and_safetensors_give_the_same_logits() {
+    let dir = temp_dir("same");
+    let spec = TinySpec::default();
+    write_tiny_checkpoint(&dir, &spec).unwrap();
+    let ckpt = HfCheckpoint::open(&dir).unwrap();
+    let hf = Llama::load(&dir).unwrap();
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % spec.vocab_size as u32).collect();
+    let want = all_logits(&hf, &tokens);
+
+    let f32_model = Llama::from_gguf(&to_gguf(&ckpt, GgmlType::F32)).unwrap();
+    assert_eq!(f32_model.config().num_kv_heads, spec.num_kv_heads);
+    let got = all_logits(&f32_model, &tokens);
+    let max_diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(max_diff < 1e-5, "F32 GGUF differs by {max_diff}");
+
+    // Q8_0 keeps the argmax almost everywhere and the logits close.
+    let q8 = all_logits(&Llama::from_gguf(&to_gguf(&ckpt, GgmlType::Q8_0)).unwrap(), &tokens);
+    let vocab = spec.vocab_size;
+    let argmax = |r: &[f32]| r.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+    let agree = (0..tokens.len())
+        .filter(|&i| argmax(&q8[i * vocab..(i + 1) * vocab]) == argmax(&want[i * vocab..(i + 1) * vocab]))
+        .count();
+    assert!(agree * 10 >= tokens.len() * 9, "Q8_0 argmax agrees at {agree}/{}", tokens.len());
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let q8_diff = q8.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(q8_diff < 0.05 * scale, "Q8_0 differs by {q8_diff} (scale {scale})");
+    let _ = std::fs::remove_dir_all(&dir);
+}
