@@ -29,9 +29,9 @@ const DECODE_STEPS: usize = 4;
 
 fn temp_dir(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
-        "inflight-fwdref-{tag}-{}-{:?}",
+        "inflight-fwdref-{tag}-{}-{}",
         std::process::id(),
-        std::time::SystemTime::now()
+        std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos()
     ))
 }
 
@@ -40,7 +40,9 @@ fn prompt(len: usize, salt: u64, vocab: usize) -> Vec<u32> {
     let mut s = 0x2545_f491_4f6c_dd1d_u64 ^ salt;
     (0..len)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 33) % (vocab as u64 - 3)) as u32
         })
         .collect()
@@ -53,7 +55,9 @@ fn block_tables(max_lens: &[usize]) -> (Vec<Vec<u32>>, usize) {
     let num_blocks = needed.iter().sum::<usize>() + 3;
     // A fixed permutation: multiplying by a unit modulo num_blocks (7 is coprime to it
     // for the sizes used here; checked below).
-    let pool: Vec<u32> = (0..num_blocks).map(|i| ((i * 7 + 2) % num_blocks) as u32).collect();
+    let pool: Vec<u32> = (0..num_blocks)
+        .map(|i| ((i * 7 + 2) % num_blocks) as u32)
+        .collect();
     let mut sorted = pool.clone();
     sorted.sort();
     sorted.dedup();
@@ -135,7 +139,10 @@ fn check_variant(tag: &str, spec: &TinySpec) -> f64 {
     let max_lens: Vec<usize> = PROMPT_LENS.iter().map(|n| n + DECODE_STEPS).collect();
     let (tables, num_blocks) = block_tables(&max_lens);
     let mut cache = KvCache::new(model.config(), BLOCK_SIZE, num_blocks);
-    let mut checked = Checked { worst: 0.0, where_: String::new() };
+    let mut checked = Checked {
+        worst: 0.0,
+        where_: String::new(),
+    };
 
     let chunks: Vec<SeqChunk> = seqs
         .iter()
@@ -152,7 +159,11 @@ fn check_variant(tag: &str, spec: &TinySpec) -> f64 {
     let mut last_ref = Vec::new();
     for (i, s) in seqs.iter().enumerate() {
         let reference = reference_logits_with(&cfg, &weights, s);
-        assert_eq!(out[i].len(), s.len() * vocab, "{tag}: prefill rows of seq {i}");
+        assert_eq!(
+            out[i].len(),
+            s.len() * vocab,
+            "{tag}: prefill rows of seq {i}"
+        );
         for (p, r) in reference.iter().enumerate() {
             let e = &out[i][p * vocab..(p + 1) * vocab];
             checked.row(e, r, format!("{tag}: prefill seq {i} pos {p}"));
@@ -177,7 +188,11 @@ fn check_variant(tag: &str, spec: &TinySpec) -> f64 {
         let out = model.forward(&chunks, &mut cache).unwrap();
         assert_eq!(out.len(), seqs.len());
         for (i, s) in seqs.iter().enumerate() {
-            assert_eq!(out[i].len(), vocab, "{tag}: decode step {step} seq {i} rows");
+            assert_eq!(
+                out[i].len(),
+                vocab,
+                "{tag}: decode step {step} seq {i} rows"
+            );
             let reference = reference_logits_with(&cfg, &weights, s);
             let r = reference.last().unwrap();
             checked.row(&out[i], r, format!("{tag}: decode step {step} seq {i}"));
@@ -185,7 +200,10 @@ fn check_variant(tag: &str, spec: &TinySpec) -> f64 {
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
-    eprintln!("{tag}: max relative error {:.3e} at {}", checked.worst, checked.where_);
+    eprintln!(
+        "{tag}: max relative error {:.3e} at {}",
+        checked.worst, checked.where_
+    );
     assert!(
         checked.worst <= TOL,
         "{tag}: relative error {:.3e} > {TOL:e} at {}",
@@ -202,26 +220,44 @@ fn untied_gqa_matches_reference() {
 
 #[test]
 fn tied_mha_matches_reference() {
-    let spec = TinySpec { tie_word_embeddings: true, num_kv_heads: 4, ..Default::default() };
+    let spec = TinySpec {
+        tie_word_embeddings: true,
+        num_kv_heads: 4,
+        ..Default::default()
+    };
     check_variant("tied-mha", &spec);
 }
 
 #[test]
 fn multi_query_matches_reference() {
-    let spec = TinySpec { num_heads: 8, num_kv_heads: 1, num_layers: 2, ..Default::default() };
+    let spec = TinySpec {
+        num_heads: 8,
+        num_kv_heads: 1,
+        num_layers: 2,
+        ..Default::default()
+    };
     check_variant("mqa", &spec);
 }
 
 #[test]
 fn qwen2_bias_matches_reference() {
-    let spec = TinySpec { attention_bias: true, rope_theta: 1_000_000.0, ..Default::default() };
+    let spec = TinySpec {
+        attention_bias: true,
+        rope_theta: 1_000_000.0,
+        ..Default::default()
+    };
     check_variant("qwen2-bias", &spec);
 }
 
 #[test]
 fn bf16_sharded_matches_reference() {
     // BF16 storage is exact in f32, so the engine (f32 compute) meets the same bound.
-    let spec = TinySpec { dtype: TinyDtype::BF16, shards: 3, seed: 11, ..Default::default() };
+    let spec = TinySpec {
+        dtype: TinyDtype::BF16,
+        shards: 3,
+        seed: 11,
+        ..Default::default()
+    };
     check_variant("bf16-sharded", &spec);
 }
 
@@ -238,7 +274,10 @@ fn chunked_prefill_beside_decode_matches_reference() {
     let mut short = prompt(4, 22, vocab);
     let (tables, num_blocks) = block_tables(&[long.len(), short.len() + 2]);
     let mut cache = KvCache::new(model.config(), BLOCK_SIZE, num_blocks);
-    let mut checked = Checked { worst: 0.0, where_: String::new() };
+    let mut checked = Checked {
+        worst: 0.0,
+        where_: String::new(),
+    };
 
     // Call 1: the short prompt whole, the long one's first 7 tokens.
     let out = model
@@ -295,7 +334,12 @@ fn chunked_prefill_beside_decode_matches_reference() {
     let r_short = reference_logits_with(&cfg, &weights, &short);
     checked.row(&out[1], r_short.last().unwrap(), "short decode".into());
     std::fs::remove_dir_all(&dir).unwrap();
-    assert!(checked.worst <= TOL, "error {:.3e} at {}", checked.worst, checked.where_);
+    assert!(
+        checked.worst <= TOL,
+        "error {:.3e} at {}",
+        checked.worst,
+        checked.where_
+    );
 }
 
 /// The tiny model is a useful test subject only if its predictions vary with the input.
@@ -310,7 +354,11 @@ fn tiny_model_logits_are_not_degenerate() {
     let mut argmaxes: Vec<u32> = logits.iter().map(|r| argmax(r)).collect();
     argmaxes.sort();
     argmaxes.dedup();
-    assert!(argmaxes.len() >= 8, "only {} distinct argmaxes over 24 positions", argmaxes.len());
+    assert!(
+        argmaxes.len() >= 8,
+        "only {} distinct argmaxes over 24 positions",
+        argmaxes.len()
+    );
     for r in &logits {
         let mean = r.iter().sum::<f32>() / r.len() as f32;
         let std = (r.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / r.len() as f32).sqrt();

@@ -1,4 +1,4 @@
-//! CPU kernels of the forward pass: RMSNorm, RoPE, SwiGLU, embedding gather and paged
+//! CPU kernels of the forward pass: RMSNorm, RoPE, SwiGLU and paged
 //! attention. Each is the CPU twin of a CUDA kernel and the production CPU path.
 
 use rayon::prelude::*;
@@ -48,14 +48,6 @@ pub fn silu_mul(gate_up: &[f32], f: usize, out: &mut [f32]) {
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
-    }
-}
-
-/// Gathers embedding rows: `out[r] = table[ids[r]]`.
-pub fn embed(table: &[f32], dim: usize, ids: &[u32], out: &mut [f32]) {
-    for (o, &id) in out.chunks_exact_mut(dim).zip(ids) {
-        let s = id as usize * dim;
-        o.copy_from_slice(&table[s..s + dim]);
     }
 }
 

@@ -1,8 +1,95 @@
-//! Multi-threaded f32 matrix product `y = x · Wᵀ (+ b)` for linear layers, with `W` stored
-//! row-major as `[out, in]` (the HF layout), register-tiled and dispatched at run time to
-//! an AVX2+FMA build of the same code where the CPU has it.
+//! Multi-threaded matrix product `y = x · Wᵀ (+ b)` for linear layers: `x` and `y` f32,
+//! `W` row-major `[out, in]` (the HF layout) stored as f32 or f16, accumulated in f32.
+//! Register-tiled, and dispatched at run time to an AVX2+FMA+F16C build of the same code
+//! where the CPU has it.
+//!
+//! Decode reads every weight once per token, so it is bound by memory bandwidth: f16
+//! storage halves the bytes moved for weights that came from half or quantized sources.
 
+use half::f16;
 use rayon::prelude::*;
+
+/// A weight matrix's storage.
+pub enum Matrix {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Matrix {
+    pub fn len(&self) -> usize {
+        match self {
+            Matrix::F32(v) => v.len(),
+            Matrix::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies row `r` (of width `cols`) out as f32.
+    pub fn row_into(&self, r: usize, cols: usize, out: &mut [f32]) {
+        match self {
+            Matrix::F32(v) => out.copy_from_slice(&v[r * cols..(r + 1) * cols]),
+            Matrix::F16(v) => {
+                for (o, x) in out.iter_mut().zip(&v[r * cols..(r + 1) * cols]) {
+                    *o = x.to_f32();
+                }
+            }
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        match self {
+            Matrix::F32(v) => v.len() * 4,
+            Matrix::F16(v) => v.len() * 2,
+        }
+    }
+}
+
+/// An element type weights can be stored in.
+trait Elem: Copy + Send + Sync {
+    /// Eight consecutive values as f32, portably.
+    unsafe fn load8(p: *const Self) -> [f32; LANES];
+    /// Eight consecutive values as f32 in an AVX register (needs AVX2 and F16C).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8_avx(p: *const Self) -> std::arch::x86_64::__m256;
+    fn to_f32(self) -> f32;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> [f32; LANES] {
+        std::ptr::read_unaligned(p as *const [f32; LANES])
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8_avx(p: *const Self) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for f16 {
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> [f32; LANES] {
+        let v = std::ptr::read_unaligned(p as *const [f16; LANES]);
+        v.map(|x| x.to_f32())
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8_avx(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::{_mm256_cvtph_ps, _mm_loadu_si128};
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const _))
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
 
 /// Lanes of one accumulator; 8 f32 fill an AVX register, two SSE ones.
 const LANES: usize = 8;
@@ -22,7 +109,14 @@ unsafe impl Sync for SendPtr {}
 
 /// `y[t, o] = Σ_i x[t, i] · w[o, i] + bias[o]` for `n` rows of `x` (`[n, k]`), `w` `[m, k]`,
 /// `y` `[n, m]`.
-pub fn linear(x: &[f32], w: &[f32], bias: Option<&[f32]>, n: usize, k: usize, m: usize, y: &mut [f32]) {
+pub fn linear(x: &[f32], w: &Matrix, bias: Option<&[f32]>, n: usize, k: usize, m: usize, y: &mut [f32]) {
+    match w {
+        Matrix::F32(w) => linear_t(x, w, bias, n, k, m, y),
+        Matrix::F16(w) => linear_t(x, w, bias, n, k, m, y),
+    }
+}
+
+fn linear_t<W: Elem>(x: &[f32], w: &[W], bias: Option<&[f32]>, n: usize, k: usize, m: usize, y: &mut [f32]) {
     assert_eq!(x.len(), n * k, "x is not [n, k]");
     assert_eq!(w.len(), m * k, "w is not [m, k]");
     assert_eq!(y.len(), n * m, "y is not [n, m]");
@@ -60,10 +154,13 @@ pub fn linear(x: &[f32], w: &[f32], bias: Option<&[f32]>, n: usize, k: usize, m:
     }
 }
 
+/// Whether the AVX2+FMA+F16C build runs here.
 fn has_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -72,23 +169,63 @@ fn has_fma() -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn rows_fma(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, o0: usize, o1: usize, y: *mut f32) {
-    rows::<true>(x, w, n, k, m, o0, o1, y)
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_fma<W: Elem>(x: &[f32], w: &[W], n: usize, k: usize, m: usize, o0: usize, o1: usize, y: *mut f32) {
+    rows::<W, true>(x, w, n, k, m, o0, o1, y)
+}
+
+/// The AVX2 tile: the same sums as [`tile`], one `__m256` accumulator per (row, weight).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn tile_avx<W: Elem, const RX: usize, const RW: usize>(
+    x: &[f32],
+    w: &[W],
+    k: usize,
+    m: usize,
+    t: usize,
+    o: usize,
+    y: *mut f32,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); RW]; RX];
+    let xp: [*const f32; RX] = std::array::from_fn(|i| x.as_ptr().add((t + i) * k));
+    let wp: [*const W; RW] = std::array::from_fn(|j| w.as_ptr().add((o + j) * k));
+    let full = k / LANES * LANES;
+    let mut c = 0;
+    while c < full {
+        let wv: [__m256; RW] = std::array::from_fn(|j| W::load8_avx(wp[j].add(c)));
+        for i in 0..RX {
+            let xv = _mm256_loadu_ps(xp[i].add(c));
+            for j in 0..RW {
+                acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+            }
+        }
+        c += LANES;
+    }
+    for i in 0..RX {
+        for j in 0..RW {
+            let lanes: [f32; LANES] = std::mem::transmute(acc[i][j]);
+            let mut s: f32 = lanes.iter().sum();
+            for cc in full..k {
+                s += *xp[i].add(cc) * (*wp[j].add(cc)).to_f32();
+            }
+            *y.add((t + i) * m + o + j) = s;
+        }
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn rows_fma(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, o0: usize, o1: usize, y: *mut f32) {
-    rows::<false>(x, w, n, k, m, o0, o1, y)
+unsafe fn rows_fma<W: Elem>(x: &[f32], w: &[W], n: usize, k: usize, m: usize, o0: usize, o1: usize, y: *mut f32) {
+    rows::<W, false>(x, w, n, k, m, o0, o1, y)
 }
 
-unsafe fn rows_generic(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, o0: usize, o1: usize, y: *mut f32) {
-    rows::<false>(x, w, n, k, m, o0, o1, y)
+unsafe fn rows_generic<W: Elem>(x: &[f32], w: &[W], n: usize, k: usize, m: usize, o0: usize, o1: usize, y: *mut f32) {
+    rows::<W, false>(x, w, n, k, m, o0, o1, y)
 }
 
 /// Computes output columns `o0..o1` for every token row, tile by tile.
 #[inline(always)]
-unsafe fn rows<const FMA: bool>(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, o0: usize, o1: usize, y: *mut f32) {
+unsafe fn rows<W: Elem, const FMA: bool>(x: &[f32], w: &[W], n: usize, k: usize, m: usize, o0: usize, o1: usize, y: *mut f32) {
     let mut t = 0;
     while t < n {
         let tx = (n - t).min(TX);
@@ -96,18 +233,18 @@ unsafe fn rows<const FMA: bool>(x: &[f32], w: &[f32], n: usize, k: usize, m: usi
         while o < o1 {
             let tw = (o1 - o).min(TW);
             match (tx, tw) {
-                (4, 3) => tile::<4, 3, FMA>(x, w, k, m, t, o, y),
-                (4, 2) => tile::<4, 2, FMA>(x, w, k, m, t, o, y),
-                (4, 1) => tile::<4, 1, FMA>(x, w, k, m, t, o, y),
-                (3, 3) => tile::<3, 3, FMA>(x, w, k, m, t, o, y),
-                (3, 2) => tile::<3, 2, FMA>(x, w, k, m, t, o, y),
-                (3, 1) => tile::<3, 1, FMA>(x, w, k, m, t, o, y),
-                (2, 3) => tile::<2, 3, FMA>(x, w, k, m, t, o, y),
-                (2, 2) => tile::<2, 2, FMA>(x, w, k, m, t, o, y),
-                (2, 1) => tile::<2, 1, FMA>(x, w, k, m, t, o, y),
-                (1, 3) => tile::<1, 3, FMA>(x, w, k, m, t, o, y),
-                (1, 2) => tile::<1, 2, FMA>(x, w, k, m, t, o, y),
-                _ => tile::<1, 1, FMA>(x, w, k, m, t, o, y),
+                (4, 3) => tile::<W, 4, 3, FMA>(x, w, k, m, t, o, y),
+                (4, 2) => tile::<W, 4, 2, FMA>(x, w, k, m, t, o, y),
+                (4, 1) => tile::<W, 4, 1, FMA>(x, w, k, m, t, o, y),
+                (3, 3) => tile::<W, 3, 3, FMA>(x, w, k, m, t, o, y),
+                (3, 2) => tile::<W, 3, 2, FMA>(x, w, k, m, t, o, y),
+                (3, 1) => tile::<W, 3, 1, FMA>(x, w, k, m, t, o, y),
+                (2, 3) => tile::<W, 2, 3, FMA>(x, w, k, m, t, o, y),
+                (2, 2) => tile::<W, 2, 2, FMA>(x, w, k, m, t, o, y),
+                (2, 1) => tile::<W, 2, 1, FMA>(x, w, k, m, t, o, y),
+                (1, 3) => tile::<W, 1, 3, FMA>(x, w, k, m, t, o, y),
+                (1, 2) => tile::<W, 1, 2, FMA>(x, w, k, m, t, o, y),
+                _ => tile::<W, 1, 1, FMA>(x, w, k, m, t, o, y),
             }
             o += tw;
         }
@@ -117,31 +254,32 @@ unsafe fn rows<const FMA: bool>(x: &[f32], w: &[f32], n: usize, k: usize, m: usi
 
 /// One register tile: RX token rows against RW weight rows, full dot products over k.
 #[inline(always)]
-unsafe fn tile<const RX: usize, const RW: usize, const FMA: bool>(
+unsafe fn tile<W: Elem, const RX: usize, const RW: usize, const FMA: bool>(
     x: &[f32],
-    w: &[f32],
+    w: &[W],
     k: usize,
     m: usize,
     t: usize,
     o: usize,
     y: *mut f32,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if FMA {
+        return tile_avx::<W, RX, RW>(x, w, k, m, t, o, y);
+    }
     let mut acc = [[[0f32; LANES]; RW]; RX];
     let xs: [&[f32]; RX] = std::array::from_fn(|i| &x[(t + i) * k..(t + i + 1) * k]);
-    let ws: [&[f32]; RW] = std::array::from_fn(|j| &w[(o + j) * k..(o + j + 1) * k]);
+    let ws: [&[W]; RW] = std::array::from_fn(|j| &w[(o + j) * k..(o + j + 1) * k]);
     let full = k / LANES * LANES;
     let mut c = 0;
     while c < full {
-        let wv: [[f32; LANES]; RW] = std::array::from_fn(|j| ws[j][c..c + LANES].try_into().unwrap());
+        // SAFETY: c + LANES <= k, the length of each weight row.
+        let wv: [[f32; LANES]; RW] = std::array::from_fn(|j| W::load8(ws[j].as_ptr().add(c)));
         for i in 0..RX {
             let xv: &[f32; LANES] = xs[i][c..c + LANES].try_into().unwrap();
             for j in 0..RW {
                 for l in 0..LANES {
-                    acc[i][j][l] = if FMA {
-                        xv[l].mul_add(wv[j][l], acc[i][j][l])
-                    } else {
-                        acc[i][j][l] + xv[l] * wv[j][l]
-                    };
+                    acc[i][j][l] += xv[l] * wv[j][l];
                 }
             }
         }
@@ -151,7 +289,7 @@ unsafe fn tile<const RX: usize, const RW: usize, const FMA: bool>(
         for j in 0..RW {
             let mut s: f32 = acc[i][j].iter().sum();
             for cc in full..k {
-                s += xs[i][cc] * ws[j][cc];
+                s += xs[i][cc] * ws[j][cc].to_f32();
             }
             // SAFETY: (t + i) < n and (o + j) < m, so the index is inside y ([n, m]).
             *y.add((t + i) * m + o + j) = s;
@@ -181,12 +319,17 @@ mod tests {
             let x: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let w: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let b: Vec<f32> = (0..m).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let mut y = vec![f32::NAN; n * m];
-            linear(&x, &w, Some(&b), n, k, m, &mut y);
-            let want = naive(&x, &w, n, k, m);
-            for (i, (a, e)) in y.iter().zip(&want).enumerate() {
-                let e = e + b[i % m];
-                assert!((a - e).abs() <= 1e-4 * (1.0 + e.abs()), "({n},{k},{m})[{i}]: {a} vs {e}");
+            // f16 storage: compare against the product of the rounded weights.
+            let w16: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
+            let w16_as_f32: Vec<f32> = w16.iter().map(|v| v.to_f32()).collect();
+            for (mat, wref) in [(Matrix::F32(w.clone()), &w), (Matrix::F16(w16), &w16_as_f32)] {
+                let mut y = vec![f32::NAN; n * m];
+                linear(&x, &mat, Some(&b), n, k, m, &mut y);
+                let want = naive(&x, wref, n, k, m);
+                for (i, (a, e)) in y.iter().zip(&want).enumerate() {
+                    let e = e + b[i % m];
+                    assert!((a - e).abs() <= 1e-4 * (1.0 + e.abs()), "({n},{k},{m})[{i}]: {a} vs {e}");
+                }
             }
         }
     }

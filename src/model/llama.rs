@@ -98,7 +98,9 @@ impl Llama {
             .collect();
 
         let mut x = vec![0f32; n * h];
-        cpu::embed(&self.weights.embed, h, &ids, &mut x);
+        for (row, &id) in x.chunks_exact_mut(h).zip(&ids) {
+            self.weights.embed.row_into(id as usize, h, row);
+        }
         let mut xn = vec![0f32; n * h];
         let mut qkv = vec![0f32; n * (qd + 2 * kvd)];
         let (mut q, mut k, mut v) = (vec![0f32; n * qd], vec![0f32; n * kvd], vec![0f32; n * kvd]);

@@ -123,7 +123,10 @@ impl HfCheckpoint {
     fn read_header(&self, shard: usize) -> Result<HashMap<String, TensorEntry>> {
         let Shard { path, map } = &self.shards[shard];
         let (n, meta) = SafeTensors::read_metadata(map).map_err(|e| {
-            Error::Checkpoint(format!("{}: invalid safetensors header or truncated data: {e}", path.display()))
+            Error::Checkpoint(format!(
+                "{}: invalid safetensors header or truncated data: {e}",
+                path.display()
+            ))
         })?;
         let base = 8 + n;
         Ok(meta
@@ -225,9 +228,9 @@ mod tests {
     /// A fresh, empty directory under the system temp dir, unique per test and process.
     fn temp_dir(tag: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!(
-            "inflight-st-{tag}-{}-{:?}",
+            "inflight-st-{tag}-{}-{}",
             std::process::id(),
-            std::time::SystemTime::now()
+            std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos()
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -296,7 +299,10 @@ mod tests {
         assert!(e.contains("nope") && e.contains("missing"), "{e}");
         assert!(ck.tokenizer_files().is_none());
         std::fs::write(dir.join("tokenizer.json"), "{}").unwrap();
-        assert_eq!(ck.tokenizer_files(), Some((dir.join("tokenizer.json"), None)));
+        assert_eq!(
+            ck.tokenizer_files(),
+            Some((dir.join("tokenizer.json"), None))
+        );
         std::fs::write(dir.join("tokenizer_config.json"), "{}").unwrap();
         let (_, cfg) = ck.tokenizer_files().unwrap();
         assert_eq!(cfg, Some(dir.join("tokenizer_config.json")));
@@ -330,12 +336,18 @@ mod tests {
         let missing = index(r#"{"x":"s1.safetensors","y":"s3.safetensors"}"#);
         std::fs::write(dir.join(INDEX_FILE), missing).unwrap();
         let e = err(HfCheckpoint::open(&dir));
-        assert!(e.contains("s3.safetensors") && e.contains("does not exist"), "{e}");
+        assert!(
+            e.contains("s3.safetensors") && e.contains("does not exist"),
+            "{e}"
+        );
 
         let wrong = index(r#"{"x":"s2.safetensors"}"#);
         std::fs::write(dir.join(INDEX_FILE), wrong).unwrap();
         let e = err(HfCheckpoint::open(&dir));
-        assert!(e.contains("tensor x") && e.contains("s2.safetensors"), "{e}");
+        assert!(
+            e.contains("tensor x") && e.contains("s2.safetensors"),
+            "{e}"
+        );
 
         std::fs::write(dir.join(INDEX_FILE), "{\"weight_map\": [").unwrap();
         let e = err(HfCheckpoint::open(&dir));
@@ -364,7 +376,10 @@ mod tests {
         for cut in [full.len() - 3, 20, 5, 0] {
             std::fs::write(&path, &full[..cut]).unwrap();
             let e = err(HfCheckpoint::open(&dir));
-            assert!(e.contains(SINGLE_FILE) && e.contains("header"), "{cut}: {e}");
+            assert!(
+                e.contains(SINGLE_FILE) && e.contains("header"),
+                "{cut}: {e}"
+            );
         }
         // A header length far beyond the file.
         let mut huge = full.clone();

@@ -107,18 +107,23 @@ pub fn write_tiny_checkpoint(dir: &Path, spec: &TinySpec) -> Result<()> {
 fn check_spec(s: &TinySpec) -> Result<()> {
     let fail = |m: String| Err(Error::Model(format!("tiny model: {m}")));
     if s.vocab_size < 256 + TINY_SPECIAL_TOKENS.len() {
-        return fail(format!("vocab_size {} < 259 (bytes + specials)", s.vocab_size));
+        return fail(format!(
+            "vocab_size {} < 259 (bytes + specials)",
+            s.vocab_size
+        ));
     }
     if s.num_heads == 0 || s.num_kv_heads == 0 || s.num_layers == 0 || s.hidden_size == 0 {
         return fail("sizes must be positive".into());
     }
-    if s.hidden_size % s.num_heads != 0 || (s.hidden_size / s.num_heads) % 2 != 0 {
+    if !s.hidden_size.is_multiple_of(s.num_heads)
+        || !(s.hidden_size / s.num_heads).is_multiple_of(2)
+    {
         return fail(format!(
             "hidden_size {} must split into {} heads of even size",
             s.hidden_size, s.num_heads
         ));
     }
-    if s.num_heads % s.num_kv_heads != 0 {
+    if !s.num_heads.is_multiple_of(s.num_kv_heads) {
         return fail(format!(
             "num_heads {} is not a multiple of num_kv_heads {}",
             s.num_heads, s.num_kv_heads
@@ -132,50 +137,72 @@ fn check_spec(s: &TinySpec) -> Result<()> {
 
 /// The checkpoint's tensors in HF order: (name, shape, values).
 fn tensors(spec: &TinySpec) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    let h = spec.hidden_size;
+    let (h, v, ff) = (spec.hidden_size, spec.vocab_size, spec.intermediate_size);
     let hd = h / spec.num_heads;
-    let (q, kv, ff) = (spec.num_heads * hd, spec.num_kv_heads * hd, spec.intermediate_size);
-    let mut out = Vec::new();
-    let mut add = |name: String, shape: Vec<usize>, mean: f64, std: f64| {
-        let mut rng = Rng::new(spec.seed, &name);
-        let n = shape.iter().product();
-        let values = (0..n).map(|_| (mean + std * rng.normal()) as f32).collect();
-        out.push((name, shape, values));
-    };
+    let (q, kv) = (spec.num_heads * hd, spec.num_kv_heads * hd);
     let fan_in = |n: usize| 1.0 / (n as f64).sqrt();
-    add("model.embed_tokens.weight".into(), vec![spec.vocab_size, h], 0.0, 0.5);
+    // (name, shape, mean, std) in HF order.
+    let mut plan = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![v, h],
+        0.0,
+        0.5,
+    )];
     for i in 0..spec.num_layers {
-        let p = format!("model.layers.{i}");
-        add(format!("{p}.input_layernorm.weight"), vec![h], 1.0, 0.1);
-        for (proj, rows) in [("q", q), ("k", kv), ("v", kv)] {
-            add(format!("{p}.self_attn.{proj}_proj.weight"), vec![rows, h], 0.0, fan_in(h));
-            if spec.attention_bias {
-                add(format!("{p}.self_attn.{proj}_proj.bias"), vec![rows], 0.0, 0.2);
-            }
+        let mut layer = vec![
+            ("input_layernorm.weight", vec![h], 1.0, 0.1),
+            ("self_attn.q_proj.weight", vec![q, h], 0.0, fan_in(h)),
+            ("self_attn.k_proj.weight", vec![kv, h], 0.0, fan_in(h)),
+            ("self_attn.v_proj.weight", vec![kv, h], 0.0, fan_in(h)),
+            ("self_attn.o_proj.weight", vec![h, q], 0.0, fan_in(q)),
+            ("post_attention_layernorm.weight", vec![h], 1.0, 0.1),
+            ("mlp.gate_proj.weight", vec![ff, h], 0.0, fan_in(h)),
+            ("mlp.up_proj.weight", vec![ff, h], 0.0, fan_in(h)),
+            ("mlp.down_proj.weight", vec![h, ff], 0.0, fan_in(ff)),
+        ];
+        if spec.attention_bias {
+            layer.push(("self_attn.q_proj.bias", vec![q], 0.0, 0.2));
+            layer.push(("self_attn.k_proj.bias", vec![kv], 0.0, 0.2));
+            layer.push(("self_attn.v_proj.bias", vec![kv], 0.0, 0.2));
         }
-        add(format!("{p}.self_attn.o_proj.weight"), vec![h, q], 0.0, fan_in(q));
-        add(format!("{p}.post_attention_layernorm.weight"), vec![h], 1.0, 0.1);
-        add(format!("{p}.mlp.gate_proj.weight"), vec![ff, h], 0.0, fan_in(h));
-        add(format!("{p}.mlp.up_proj.weight"), vec![ff, h], 0.0, fan_in(h));
-        add(format!("{p}.mlp.down_proj.weight"), vec![h, ff], 0.0, fan_in(ff));
+        let named = layer
+            .into_iter()
+            .map(|(n, s, m, d)| (format!("model.layers.{i}.{n}"), s, m, d));
+        plan.extend(named);
     }
-    add("model.norm.weight".into(), vec![h], 1.0, 0.1);
+    plan.push(("model.norm.weight".into(), vec![h], 1.0, 0.1));
     if !spec.tie_word_embeddings {
-        add("lm_head.weight".into(), vec![spec.vocab_size, h], 0.0, fan_in(h));
+        plan.push(("lm_head.weight".into(), vec![v, h], 0.0, fan_in(h)));
     }
-    out
+    plan.into_iter()
+        .map(|(name, shape, mean, std)| {
+            let mut rng = Rng::new(spec.seed, &name);
+            let n = shape.iter().product();
+            let values = (0..n).map(|_| (mean + std * rng.normal()) as f32).collect();
+            (name, shape, values)
+        })
+        .collect()
 }
 
 fn to_bytes(values: &[f32], dtype: TinyDtype) -> (Dtype, Vec<u8>) {
     match dtype {
-        TinyDtype::F32 => (Dtype::F32, values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        TinyDtype::F32 => (
+            Dtype::F32,
+            values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ),
         TinyDtype::BF16 => (
             Dtype::BF16,
-            values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
+            values
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect(),
         ),
         TinyDtype::F16 => (
             Dtype::F16,
-            values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+            values
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect(),
         ),
     }
 }
@@ -274,8 +301,11 @@ fn tokenizer_config_json(spec: &TinySpec) -> Value {
         .iter()
         .map(|t| {
             let id = special_id(spec.vocab_size, t).to_string();
-            (id, json!({ "content": t, "lstrip": false, "normalized": false,
-                "rstrip": false, "single_word": false, "special": true }))
+            (
+                id,
+                json!({ "content": t, "lstrip": false, "normalized": false,
+                "rstrip": false, "single_word": false, "special": true }),
+            )
         })
         .collect();
     json!({
@@ -322,7 +352,10 @@ fn pre_split(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut cur = String::new();
     for c in text.chars() {
-        let same = cur.chars().last().is_some_and(|l| class(l) == class(c) && class(c) != 2);
+        let same = cur
+            .chars()
+            .last()
+            .is_some_and(|l| class(l) == class(c) && class(c) != 2);
         if !(cur.is_empty() || cur == " " || same) {
             out.push(std::mem::take(&mut cur));
         }
@@ -337,7 +370,10 @@ fn learn_merges(bytes: &[char; 256], vocab: &mut Vec<String>, n_merges: usize) -
     let mut known: HashSet<String> = vocab.iter().cloned().collect();
     let mut words: BTreeMap<Vec<String>, usize> = BTreeMap::new();
     for piece in pre_split(CORPUS) {
-        let symbols = piece.bytes().map(|b| bytes[b as usize].to_string()).collect();
+        let symbols = piece
+            .bytes()
+            .map(|b| bytes[b as usize].to_string())
+            .collect();
         *words.entry(symbols).or_default() += 1;
     }
     let mut merges = Vec::new();
@@ -405,8 +441,11 @@ fn tokenizer_json(vocab_size: usize) -> Value {
             vocab.push(joined);
         }
     }
-    let mut vocab_map: serde_json::Map<String, Value> =
-        vocab.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+    let mut vocab_map: serde_json::Map<String, Value> = vocab
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect();
     let added: Vec<Value> = TINY_SPECIAL_TOKENS
         .iter()
         .enumerate()
@@ -483,9 +522,9 @@ mod tests {
 
     fn temp_dir(tag: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!(
-            "inflight-tiny-{tag}-{}-{:?}",
+            "inflight-tiny-{tag}-{}-{}",
             std::process::id(),
-            std::time::SystemTime::now()
+            std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos()
         ));
         let _ = std::fs::remove_dir_all(&dir);
         dir
@@ -497,8 +536,16 @@ mod tests {
         let (a, b) = (temp_dir("a"), temp_dir("b"));
         write_tiny_checkpoint(&a, &spec).unwrap();
         write_tiny_checkpoint(&b, &spec).unwrap();
-        for f in ["model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"] {
-            assert_eq!(std::fs::read(a.join(f)).unwrap(), std::fs::read(b.join(f)).unwrap());
+        for f in [
+            "model.safetensors",
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ] {
+            assert_eq!(
+                std::fs::read(a.join(f)).unwrap(),
+                std::fs::read(b.join(f)).unwrap()
+            );
         }
         let ck = HfCheckpoint::open(&a).unwrap();
         let c = ck.config();
@@ -508,7 +555,9 @@ mod tests {
         assert_eq!(c.bos_token_id, Some(510));
         assert!(!c.attention_bias && !c.tie_word_embeddings);
         assert_eq!(ck.names().len(), 2 + 3 * 9 + 1);
-        let (shape, w) = ck.tensor_f32("model.layers.2.mlp.down_proj.weight").unwrap();
+        let (shape, w) = ck
+            .tensor_f32("model.layers.2.mlp.down_proj.weight")
+            .unwrap();
         assert_eq!(shape, vec![64, 128]);
         let std = (w.iter().map(|x| x * x).sum::<f32>() / w.len() as f32).sqrt();
         assert!((std - 1.0 / 128f32.sqrt()).abs() < 0.01, "{std}");
@@ -533,10 +582,15 @@ mod tests {
         let bf_dir = temp_dir("bf16");
         write_tiny_checkpoint(&bf_dir, &spec).unwrap();
         assert!(bf_dir.join("model-00003-of-00003.safetensors").is_file());
-        let (f, b) = (HfCheckpoint::open(&f32_dir).unwrap(), HfCheckpoint::open(&bf_dir).unwrap());
+        let (f, b) = (
+            HfCheckpoint::open(&f32_dir).unwrap(),
+            HfCheckpoint::open(&bf_dir).unwrap(),
+        );
         assert!(b.config().attention_bias && b.config().tie_word_embeddings);
         assert_eq!(b.config().architecture, "Qwen2ForCausalLM");
-        assert!(!b.contains("lm_head.weight") && b.contains("model.layers.0.self_attn.k_proj.bias"));
+        assert!(
+            !b.contains("lm_head.weight") && b.contains("model.layers.0.self_attn.k_proj.bias")
+        );
         let name = "model.layers.1.self_attn.q_proj.weight";
         let (x, y) = (f.tensor_f32(name).unwrap().1, b.tensor_f32(name).unwrap().1);
         for (x, y) in x.iter().zip(&y) {
@@ -550,10 +604,22 @@ mod tests {
     fn bad_specs_are_errors() {
         let dir = temp_dir("bad");
         let bad = [
-            TinySpec { vocab_size: 200, ..Default::default() },
-            TinySpec { num_kv_heads: 3, ..Default::default() },
-            TinySpec { shards: 0, ..Default::default() },
-            TinySpec { shards: 1000, ..Default::default() },
+            TinySpec {
+                vocab_size: 200,
+                ..Default::default()
+            },
+            TinySpec {
+                num_kv_heads: 3,
+                ..Default::default()
+            },
+            TinySpec {
+                shards: 0,
+                ..Default::default()
+            },
+            TinySpec {
+                shards: 1000,
+                ..Default::default()
+            },
         ];
         for spec in bad {
             assert!(write_tiny_checkpoint(&dir, &spec).is_err(), "{spec:?}");
@@ -565,14 +631,24 @@ mod tests {
     fn tokenizer_loads_round_trips_and_uses_merges() {
         for vocab_size in [512, 2048] {
             let dir = temp_dir("tok");
-            let spec = TinySpec { vocab_size, num_layers: 1, ..Default::default() };
+            let spec = TinySpec {
+                vocab_size,
+                num_layers: 1,
+                ..Default::default()
+            };
             write_tiny_checkpoint(&dir, &spec).unwrap();
             let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
             assert_eq!(tok.get_vocab_size(true), vocab_size);
             let text = "Hello, the quick brown fox! Ünïcødé 漢字 and\ttabs\n\nnew lines 12345.";
             let enc = tok.encode(text, false).unwrap();
-            assert!(enc.get_ids().len() < text.len(), "merges should shorten the text");
-            assert!(enc.get_ids().iter().all(|&id| (id as usize) < vocab_size - 3));
+            assert!(
+                enc.get_ids().len() < text.len(),
+                "merges should shorten the text"
+            );
+            assert!(enc
+                .get_ids()
+                .iter()
+                .all(|&id| (id as usize) < vocab_size - 3));
             assert_eq!(tok.decode(enc.get_ids(), false).unwrap(), text);
 
             let chat = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n";
@@ -586,7 +662,14 @@ mod tests {
                 serde_json::from_slice(&std::fs::read(dir.join("tokenizer_config.json")).unwrap())
                     .unwrap();
             assert_eq!(cfg["eos_token"], "<|im_end|>");
-            assert!(cfg["chat_template"].as_str().unwrap().contains("<|im_start|>"));
+            let mut env = minijinja::Environment::new();
+            let template = cfg["chat_template"].as_str().unwrap();
+            env.add_template("chat", template).unwrap();
+            let messages = json!([{"role": "user", "content": "Hi"}]);
+            let ctx = json!({"messages": messages, "add_generation_prompt": true});
+            let rendered = env.get_template("chat").unwrap().render(ctx).unwrap();
+            let want = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+            assert_eq!(rendered, want);
             std::fs::remove_dir_all(&dir).unwrap();
         }
     }

@@ -63,7 +63,9 @@ pub fn reference_logits_with(cfg: &ModelConfig, w: &Tensors, tokens: &[u32]) -> 
             let n = rms_norm(r, &norm_w, cfg);
             let g = matvec(&gate, ff, h, &n);
             let u = matvec(&up, ff, h, &n);
-            let act: Vec<f64> = (0..ff).map(|i| g[i] / (1.0 + (-g[i]).exp()) * u[i]).collect();
+            let act: Vec<f64> = (0..ff)
+                .map(|i| g[i] / (1.0 + (-g[i]).exp()) * u[i])
+                .collect();
             let d = matvec(&down, h, ff, &act);
             for i in 0..h {
                 r[i] += d[i];
@@ -93,7 +95,9 @@ fn attention(cfg: &ModelConfig, w: &Tensors, p: &str, xs: &[Vec<f64>]) -> Vec<Ve
         let (s, wt) = &w[&format!("{p}.self_attn.{name}_proj.weight")];
         assert_eq!(s, &[rows, h], "reference: shape of {p}.{name}_proj");
         let wt: Vec<f64> = wt.iter().map(|&v| v as f64).collect();
-        let bias = cfg.attention_bias.then(|| &w[&format!("{p}.self_attn.{name}_proj.bias")].1);
+        let bias = cfg
+            .attention_bias
+            .then(|| &w[&format!("{p}.self_attn.{name}_proj.bias")].1);
         xs.iter()
             .map(|x| {
                 let mut y = matvec(&wt, rows, h, x);

@@ -1,0 +1,95 @@
+//! What crosses the scheduler's boundary each iteration: the `Batch` it hands the
+//! engines, the `StepOutput` it gets back from the sampler, the `SeqEvent`s it emits
+//! for postprocessing, and the per-iteration counts for metrics.
+
+/// One iteration's work. Engines compute `seqs`; they drop any state they keep for
+/// `preempted` and `cancelled` ids (unknown ids among them are to be ignored).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Increases by one with every `schedule()` call.
+    pub iteration: u64,
+    pub seqs: Vec<ScheduledSeq>,
+    /// Sequences preempted by recompute in this iteration: their blocks are freed
+    /// and they will come back with `new` set.
+    pub preempted: Vec<u64>,
+    /// Sequences cancelled since the previous batch; their blocks are already freed.
+    pub cancelled: Vec<u64>,
+}
+
+impl Batch {
+    /// Nothing to compute and nothing to tell the engines.
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty() && self.preempted.is_empty() && self.cancelled.is_empty()
+    }
+
+    /// Tokens computed in this iteration.
+    pub fn num_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.tokens.len()).sum()
+    }
+}
+
+/// One sequence's share of an iteration: compute `tokens` at positions
+/// `start_pos..start_pos + tokens.len()`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    pub id: u64,
+    pub start_pos: usize,
+    /// Tokens to compute in this iteration.
+    pub tokens: Vec<u32>,
+    /// The sequence's whole block table; covers `start_pos + tokens.len()` positions.
+    pub block_table: Vec<u32>,
+    /// This chunk reaches the end of the known tokens: the engine must sample the
+    /// next token from its last position.
+    pub sample: bool,
+    /// First chunk since (re)admission (`start_pos == 0`): an engine that keeps
+    /// per-sequence state resets it.
+    pub new: bool,
+}
+
+/// A token the sampler produced for a sequence scheduled with `sample`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampledToken {
+    pub id: u64,
+    pub token: u32,
+    /// The sampler saw the end id or a stop word: the sequence ends with this token.
+    pub stop: bool,
+}
+
+/// The result of computing a `Batch`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepOutput {
+    pub tokens: Vec<SampledToken>,
+}
+
+/// Why a sequence finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End id or stop word.
+    Stop,
+    /// max_new_tokens or max_seq_len reached.
+    Length,
+}
+
+/// What `update` reports, in order, per sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqEvent {
+    /// A generated token (the stopping token included; postprocessing strips it).
+    Token { id: u64, token: u32 },
+    /// The sequence is done; its blocks are already freed.
+    Finished { id: u64, reason: FinishReason },
+    /// The sequence was preempted by recompute; it keeps its tokens and resumes later.
+    Preempted { id: u64 },
+}
+
+/// Counts for the inflight-batcher metrics of one iteration.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IterationStats {
+    pub iteration: u64,
+    /// Sequences computing prompt (or recomputed) tokens, and their token count.
+    pub num_context_requests: usize,
+    pub num_context_tokens: usize,
+    /// Sequences computing a generated token.
+    pub num_generation_requests: usize,
+    pub num_generation_tokens: usize,
+    pub num_preempted: usize,
+}

@@ -1,0 +1,231 @@
+//! The inflight-batching scheduler: a plain struct with no I/O that owns the waiting
+//! queue, the running sequences and the KV block accounting. Its actor is a thin shell.
+//!
+//! # Verbs
+//! - [`Scheduler::add`] queues a request, or refuses it at once ([`AddError`]).
+//! - [`Scheduler::schedule`] plans one iteration ([`Batch`]).
+//! - [`Scheduler::update`] applies the engine's result for a batch and returns
+//!   [`SeqEvent`]s (tokens, finishes, preemptions).
+//! - [`Scheduler::cancel`] drops a request and frees its blocks at once.
+//!
+//! # Decisions
+//! - One invariant drives every iteration: each sequence's computed tokens catch up
+//!   with its known tokens (prompt + generated). Prefill, chunked prefill, decode and
+//!   recompute after preemption are the same rule.
+//! - Blocks are freed only here, in the call that finishes (`update`), preempts
+//!   (`schedule`) or cancels (`cancel`) a sequence.
+//! - Without chunked context a prompt longer than `max_num_tokens` is refused by `add`
+//!   (`TooLong`), so the engines never see a chunk unless chunking is on. So is any
+//!   request whose KV needs exceed the whole cache: it could never finish.
+//! - A sequence stops with `Length` at `max_new_tokens` or `max_seq_len`, whichever
+//!   comes first; only a prompt that leaves no room for one token is refused.
+//! - Admission is strict FCFS: it stops at the first waiting sequence that does not
+//!   fit, and does not happen in an iteration that preempted (it would re-admit the
+//!   victim at once).
+//! - A sequence is "in flight" from the `schedule` that includes it to the `update`
+//!   of that batch; it is not scheduled again nor preempted meanwhile. So several
+//!   batches may be outstanding (pipeline micro-batches), and an update for a
+//!   cancelled, preempted or stale entry is ignored.
+//! - A sequence scheduled with `sample` whose token is missing from the step output
+//!   is not advanced: the same chunk is scheduled again.
+
+mod batch;
+mod block_manager;
+mod policy;
+mod schedule;
+mod sequence;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_random;
+
+use std::collections::{HashSet, VecDeque};
+
+pub use batch::{
+    Batch, FinishReason, IterationStats, SampledToken, ScheduledSeq, SeqEvent, StepOutput,
+};
+pub use block_manager::BlockManager;
+pub use policy::{AddError, ConfigError, Limit, SchedulerConfig, SchedulerPolicy};
+pub use sequence::SeqSpec;
+
+use sequence::Sequence;
+
+/// Queue, running set and KV blocks of one model instance.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    blocks: BlockManager,
+    /// FCFS; preempted sequences go back to the front.
+    waiting: VecDeque<Sequence>,
+    /// In admission order: the last one is the first to be preempted.
+    running: Vec<Sequence>,
+    /// Ids of waiting and running sequences.
+    live: HashSet<u64>,
+    /// Cancelled since the last batch, to be reported in the next one.
+    cancelled: Vec<u64>,
+    iteration: u64,
+    /// Iteration of the last batch applied by `update`.
+    applied: u64,
+    last_stats: IterationStats,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Scheduler {
+            blocks: BlockManager::new(config.num_blocks, config.block_size),
+            config,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            live: HashSet::new(),
+            cancelled: Vec::new(),
+            iteration: 0,
+            applied: 0,
+            last_stats: IterationStats::default(),
+        })
+    }
+
+    /// Queues a request. A full queue, an empty prompt or a request that could never
+    /// run is refused at once.
+    pub fn add(&mut self, spec: SeqSpec) -> Result<(), AddError> {
+        if self.live.contains(&spec.id) {
+            return Err(AddError::DuplicateId);
+        }
+        self.config.check(&spec)?;
+        if self.waiting.len() >= self.config.max_queue_size {
+            return Err(AddError::QueueFull {
+                max: self.config.max_queue_size,
+            });
+        }
+        self.live.insert(spec.id);
+        self.waiting
+            .push_back(Sequence::new(spec, self.config.max_seq_len));
+        Ok(())
+    }
+
+    /// Applies the result of computing `batch`: advances every scheduled sequence's
+    /// computed count, appends sampled tokens, and finishes sequences that stopped or
+    /// reached their length limit (freeing their blocks now). Call it for every
+    /// non-empty batch, in the order they were scheduled.
+    ///
+    /// Entries for sequences cancelled or preempted since are ignored, and so is a
+    /// batch older than one already applied. Sequences of an earlier batch that was
+    /// never applied (lost with a failed engine) become schedulable again: their
+    /// chunks are recomputed.
+    pub fn update(&mut self, batch: &Batch, out: &StepOutput) -> Vec<SeqEvent> {
+        if batch.iteration <= self.applied {
+            return Vec::new();
+        }
+        self.applied = batch.iteration;
+        let mut events: Vec<SeqEvent> = batch
+            .preempted
+            .iter()
+            .map(|&id| SeqEvent::Preempted { id })
+            .collect();
+        for chunk in &batch.seqs {
+            let Some(idx) = self
+                .running
+                .iter()
+                .position(|s| s.id == chunk.id && s.in_flight == Some(batch.iteration))
+            else {
+                continue;
+            };
+            let seq = &mut self.running[idx];
+            debug_assert_eq!(seq.num_computed, chunk.start_pos, "seq {}", seq.id);
+            seq.in_flight = None;
+            if !chunk.sample {
+                seq.num_computed += chunk.tokens.len();
+                continue;
+            }
+            let Some(sampled) = out.tokens.iter().find(|t| t.id == chunk.id) else {
+                continue;
+            };
+            seq.num_computed += chunk.tokens.len();
+            seq.tokens.push(sampled.token);
+            events.push(SeqEvent::Token {
+                id: seq.id,
+                token: sampled.token,
+            });
+            let reason = if sampled.stop {
+                FinishReason::Stop
+            } else if seq.at_length_limit() {
+                FinishReason::Length
+            } else {
+                continue;
+            };
+            self.finish(idx);
+            events.push(SeqEvent::Finished {
+                id: chunk.id,
+                reason,
+            });
+        }
+        for seq in &mut self.running {
+            if seq.in_flight.is_some_and(|it| it <= batch.iteration) {
+                seq.in_flight = None;
+            }
+        }
+        events
+    }
+
+    /// Drops a waiting or running sequence and frees its blocks now; engines hear of
+    /// it in the next batch's `cancelled`. Returns false for an unknown id.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        if let Some(idx) = self.waiting.iter().position(|s| s.id == id) {
+            let seq = self.waiting.remove(idx).expect("index from position");
+            self.blocks.free(&seq.blocks);
+        } else if let Some(idx) = self.running.iter().position(|s| s.id == id) {
+            self.finish(idx);
+        } else {
+            return false;
+        }
+        self.live.remove(&id);
+        self.cancelled.push(id);
+        true
+    }
+
+    /// Removes running sequence `idx` and frees its blocks.
+    fn finish(&mut self, idx: usize) {
+        let seq = self.running.remove(idx);
+        self.blocks.free(&seq.blocks);
+        self.live.remove(&seq.id);
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.blocks.num_free()
+    }
+
+    pub fn num_total_blocks(&self) -> usize {
+        self.blocks.num_total()
+    }
+
+    pub fn num_used_blocks(&self) -> usize {
+        self.blocks.num_total() - self.blocks.num_free()
+    }
+
+    /// The iteration number of the last batch (0 before the first `schedule`).
+    pub fn iteration(&self) -> u64 {
+        self.iteration
+    }
+
+    /// Counts of the last batch: context vs generation requests and tokens.
+    pub fn last_stats(&self) -> IterationStats {
+        self.last_stats
+    }
+
+    /// Whether `schedule` has anything to do or report.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty() || !self.cancelled.is_empty()
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+}

@@ -1,0 +1,257 @@
+//! Scheduler configuration, the two capacity policies, and the limits a request is
+//! checked against when it is added (`AddError`). The per-iteration mechanics live in
+//! `schedule.rs`; this file says what each policy promises.
+
+use super::sequence::SeqSpec;
+
+/// How admission treats the KV cache (TensorRT-LLM's `CapacitySchedulerPolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchedulerPolicy {
+    /// Admit a sequence only if blocks for its whole life (prompt + max new tokens)
+    /// are free after counting what running sequences are still guaranteed. Running
+    /// sequences never run out of blocks and are never preempted.
+    #[default]
+    GuaranteedNoEvict,
+    /// Admit a sequence when blocks for what it computes now are free. When a running
+    /// sequence needs a block and none is free, the most recently admitted running
+    /// sequence is preempted by recompute.
+    MaxUtilization,
+}
+
+/// Limits of one scheduler. Defaults follow TensorRT-LLM's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Sequences running at once (and so scheduled in one iteration).
+    pub max_batch_size: usize,
+    /// Tokens computed per iteration, prefill chunks and decodes together.
+    pub max_num_tokens: usize,
+    /// Sequences waiting for admission before `add` refuses with `QueueFull`.
+    pub max_queue_size: usize,
+    pub policy: SchedulerPolicy,
+    /// Split prompts longer than the iteration's remaining token budget.
+    pub enable_chunked_context: bool,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks in the cache.
+    pub num_blocks: usize,
+    /// Longest sequence, prompt plus generated tokens.
+    pub max_seq_len: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_batch_size: 64,
+            max_num_tokens: 8192,
+            max_queue_size: 1024,
+            policy: SchedulerPolicy::GuaranteedNoEvict,
+            enable_chunked_context: false,
+            block_size: 32,
+            num_blocks: 4096,
+            max_seq_len: 8192,
+        }
+    }
+}
+
+/// A configuration the scheduler cannot run with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("scheduler config: {0} must be at least {1}")]
+    TooSmall(&'static str, usize),
+    #[error("scheduler config: num_blocks {0} does not fit u32 block ids")]
+    TooManyBlocks(usize),
+}
+
+impl SchedulerConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let minimums = [
+            ("max_batch_size", self.max_batch_size, 1),
+            ("max_num_tokens", self.max_num_tokens, 1),
+            ("block_size", self.block_size, 1),
+            ("num_blocks", self.num_blocks, 1),
+            // Room for one prompt token and one generated token.
+            ("max_seq_len", self.max_seq_len, 2),
+        ];
+        for (name, value, min) in minimums {
+            if value < min {
+                return Err(ConfigError::TooSmall(name, min));
+            }
+        }
+        if u32::try_from(self.num_blocks).is_err() {
+            return Err(ConfigError::TooManyBlocks(self.num_blocks));
+        }
+        Ok(())
+    }
+
+    /// Checks a request against the limits that would keep it from ever running.
+    ///
+    /// Design decision: without chunked context a prompt longer than `max_num_tokens`
+    /// is refused here (as TensorRT-LLM requires `max_num_tokens >= max_input_len`);
+    /// under `MaxUtilization` so is one whose recompute after a preemption (prompt +
+    /// generated tokens) could exceed it. A request whose KV needs exceed the whole
+    /// cache is refused too, since it could never finish.
+    pub(crate) fn check(&self, spec: &SeqSpec) -> Result<(), AddError> {
+        let prompt = spec.prompt.len();
+        if prompt == 0 {
+            return Err(AddError::Empty);
+        }
+        if spec.max_new_tokens == 0 {
+            return Err(AddError::NoNewTokens);
+        }
+        let too_long = |tokens, max, limit| Err(AddError::TooLong { tokens, max, limit });
+        if prompt >= self.max_seq_len {
+            return too_long(prompt, self.max_seq_len - 1, Limit::MaxSeqLen);
+        }
+        let kv_tokens = kv_tokens_needed(prompt, spec.max_new_tokens, self.max_seq_len);
+        if !self.enable_chunked_context {
+            let recomputed = match self.policy {
+                SchedulerPolicy::GuaranteedNoEvict => prompt,
+                SchedulerPolicy::MaxUtilization => kv_tokens,
+            };
+            if recomputed > self.max_num_tokens {
+                return too_long(recomputed, self.max_num_tokens, Limit::MaxNumTokens);
+            }
+        }
+        let capacity = self.num_blocks * self.block_size;
+        if kv_tokens > capacity {
+            return too_long(kv_tokens, capacity, Limit::KvCache);
+        }
+        Ok(())
+    }
+}
+
+/// Tokens a sequence ever holds in the KV cache: every known token but the last
+/// generated one, which is sampled and never fed back.
+pub(crate) fn kv_tokens_needed(prompt: usize, max_new_tokens: usize, max_seq_len: usize) -> usize {
+    (prompt + max_new_tokens).min(max_seq_len) - 1
+}
+
+/// Which limit refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The longest sequence the model serves (`max_seq_len`).
+    MaxSeqLen,
+    /// Tokens one iteration computes (`max_num_tokens`) without chunked context.
+    MaxNumTokens,
+    /// The whole KV cache.
+    KvCache,
+}
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Limit::MaxSeqLen => "the maximum sequence length",
+            Limit::MaxNumTokens => "the tokens one iteration can compute",
+            Limit::KvCache => "the KV cache capacity",
+        })
+    }
+}
+
+/// Why `add` refused a request; the messages are meant for the client.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddError {
+    #[error("the request queue is full ({max} waiting requests); retry later")]
+    QueueFull { max: usize },
+    #[error("the request needs {tokens} tokens, more than {limit} ({max} tokens)")]
+    TooLong {
+        tokens: usize,
+        max: usize,
+        limit: Limit,
+    },
+    #[error("the prompt is empty")]
+    Empty,
+    #[error("max_tokens must be at least 1")]
+    NoNewTokens,
+    #[error("a request with this id is already in progress")]
+    DuplicateId,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(prompt: usize, max_new: usize) -> SeqSpec {
+        SeqSpec {
+            id: 1,
+            prompt: vec![1; prompt],
+            max_new_tokens: max_new,
+        }
+    }
+
+    #[test]
+    fn default_is_valid_and_trtllm_like() {
+        let c = SchedulerConfig::default();
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!((c.max_batch_size, c.max_num_tokens), (64, 8192));
+        assert_eq!(c.max_queue_size, 1024);
+        assert_eq!(c.policy, SchedulerPolicy::GuaranteedNoEvict);
+        assert!(!c.enable_chunked_context);
+        assert_eq!(c.block_size, 32);
+    }
+
+    #[test]
+    fn zero_limits_are_refused() {
+        let c = SchedulerConfig {
+            max_num_tokens: 0,
+            ..Default::default()
+        };
+        assert_eq!(c.validate(), Err(ConfigError::TooSmall("max_num_tokens", 1)));
+        let c = SchedulerConfig {
+            max_seq_len: 1,
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn request_limits() {
+        let c = SchedulerConfig {
+            max_num_tokens: 100,
+            max_seq_len: 200,
+            num_blocks: 10,
+            block_size: 16,
+            ..Default::default()
+        };
+        assert_eq!(c.check(&spec(0, 5)), Err(AddError::Empty));
+        assert_eq!(c.check(&spec(5, 0)), Err(AddError::NoNewTokens));
+        assert!(matches!(
+            c.check(&spec(200, 5)),
+            Err(AddError::TooLong { limit: Limit::MaxSeqLen, max: 199, .. })
+        ));
+        assert!(matches!(
+            c.check(&spec(101, 5)),
+            Err(AddError::TooLong { limit: Limit::MaxNumTokens, .. })
+        ));
+        assert_eq!(c.check(&spec(100, 500)), Ok(()), "generation is clamped");
+        let chunked = SchedulerConfig {
+            enable_chunked_context: true,
+            ..c.clone()
+        };
+        assert_eq!(chunked.check(&spec(150, 5)), Ok(()));
+        let small_cache = SchedulerConfig {
+            num_blocks: 2,
+            ..chunked
+        };
+        let err = small_cache.check(&spec(30, 10)).unwrap_err();
+        assert_eq!(
+            err,
+            AddError::TooLong {
+                tokens: 39,
+                max: 32,
+                limit: Limit::KvCache
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "the request needs 39 tokens, more than the KV cache capacity (32 tokens)"
+        );
+        let max_util = SchedulerConfig {
+            policy: SchedulerPolicy::MaxUtilization,
+            ..c
+        };
+        assert!(matches!(
+            max_util.check(&spec(90, 20)),
+            Err(AddError::TooLong { tokens: 109, limit: Limit::MaxNumTokens, .. })
+        ));
+    }
+}

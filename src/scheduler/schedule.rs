@@ -1,0 +1,235 @@
+//! Planning one iteration: which sequences compute which tokens, which waiting
+//! sequences are admitted, and which running ones are preempted for blocks.
+
+use super::batch::{Batch, IterationStats, ScheduledSeq};
+use super::policy::SchedulerPolicy;
+use super::Scheduler;
+
+/// The iteration being planned.
+struct Step {
+    iteration: u64,
+    /// Tokens still allowed in this iteration (`max_num_tokens` minus those scheduled).
+    budget: usize,
+    seqs: Vec<ScheduledSeq>,
+    preempted: Vec<u64>,
+}
+
+impl Scheduler {
+    /// Plans the next iteration.
+    ///
+    /// Invariant: each sequence's computed tokens catch up with its known tokens
+    /// (prompt + generated). A sequence's chunk is the next `min(uncomputed, budget)`
+    /// known tokens (all of them without chunked context, or it waits); a prompt is
+    /// one or several such chunks, a decode is a chunk of the one token sampled last
+    /// iteration, a preempted sequence recomputes all its known tokens the same way.
+    /// `sample` is set when a chunk reaches the last known token.
+    ///
+    /// Order: running sequences with one token to catch up (decodes) first, then
+    /// running sequences with more (prefill chunks), both in admission order; then
+    /// waiting sequences, FCFS, while `max_batch_size`, `max_num_tokens` and blocks
+    /// (per the policy) allow. Blocks are allocated here as chunks need them.
+    pub fn schedule(&mut self) -> Batch {
+        self.iteration += 1;
+        let mut step = Step {
+            iteration: self.iteration,
+            budget: self.config.max_num_tokens,
+            seqs: Vec::new(),
+            preempted: Vec::new(),
+        };
+        self.schedule_running(&mut step);
+        if step.preempted.is_empty() {
+            self.admit_waiting(&mut step);
+        }
+        self.last_stats = self.stats(&step);
+        Batch {
+            iteration: step.iteration,
+            seqs: step.seqs,
+            preempted: step.preempted,
+            cancelled: std::mem::take(&mut self.cancelled),
+        }
+    }
+
+    fn schedule_running(&mut self, step: &mut Step) {
+        let mut order: Vec<(u64, bool)> = self
+            .running
+            .iter()
+            .filter(|s| s.in_flight.is_none() && s.num_uncomputed() > 0)
+            .map(|s| (s.id, s.num_uncomputed() > 1))
+            .collect();
+        // Stable: decodes first, admission order kept within each group.
+        order.sort_by_key(|&(_, prefill)| prefill);
+        for (id, _) in order {
+            if step.seqs.len() >= self.config.max_batch_size {
+                break;
+            }
+            // Gone if an earlier sequence preempted it for blocks.
+            let Some(idx) = self.running.iter().position(|s| s.id == id) else {
+                continue;
+            };
+            let Some(n) = self.chunk_len(self.running[idx].num_uncomputed(), step.budget) else {
+                continue;
+            };
+            self.schedule_with_blocks(id, n, step);
+        }
+    }
+
+    /// Schedules `n` tokens of running sequence `id`, preempting the most recently
+    /// admitted sequences until its blocks fit (possibly itself).
+    fn schedule_with_blocks(&mut self, id: u64, n: usize, step: &mut Step) {
+        loop {
+            let Some(idx) = self.running.iter().position(|s| s.id == id) else {
+                return;
+            };
+            if self.grow_blocks(idx, n) {
+                self.push_chunk(idx, n, step);
+                return;
+            }
+            debug_assert_eq!(
+                self.config.policy,
+                SchedulerPolicy::MaxUtilization,
+                "GuaranteedNoEvict ran out of reserved blocks"
+            );
+            let Some(victim) = self
+                .running
+                .iter()
+                .rposition(|s| s.in_flight.is_none_or(|it| it == step.iteration))
+            else {
+                return;
+            };
+            self.preempt(victim, step);
+        }
+    }
+
+    /// Gives running sequence `idx` blocks for `n` more computed tokens; false (and
+    /// nothing taken) when the pool has too few.
+    fn grow_blocks(&mut self, idx: usize, n: usize) -> bool {
+        let seq = &self.running[idx];
+        let needed = self.blocks.blocks_for(seq.num_computed + n);
+        let missing = needed.saturating_sub(seq.blocks.len());
+        match self.blocks.allocate(missing) {
+            Some(new) => {
+                self.running[idx].blocks.extend(new);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Preempts running sequence `idx` by recompute: frees all its blocks, withdraws
+    /// its chunk from this step if it had one, and puts it at the front of the queue
+    /// with its generated tokens kept as known tokens.
+    fn preempt(&mut self, idx: usize, step: &mut Step) {
+        let mut seq = self.running.remove(idx);
+        self.blocks.free(&seq.blocks);
+        seq.blocks.clear();
+        seq.num_computed = 0;
+        seq.in_flight = None;
+        if let Some(pos) = step.seqs.iter().position(|c| c.id == seq.id) {
+            step.budget += step.seqs.remove(pos).tokens.len();
+        }
+        step.preempted.push(seq.id);
+        self.waiting.push_front(seq);
+    }
+
+    fn admit_waiting(&mut self, step: &mut Step) {
+        // Blocks running sequences may still claim (GuaranteedNoEvict's reserve).
+        let mut reserved: usize = self
+            .running
+            .iter()
+            .map(|s| self.reserve_of(s.max_kv_tokens(), s.blocks.len()))
+            .sum();
+        while let Some(seq) = self.waiting.front() {
+            if self.running.len() >= self.config.max_batch_size
+                || step.seqs.len() >= self.config.max_batch_size
+            {
+                break;
+            }
+            let Some(n) = self.chunk_len(seq.num_uncomputed(), step.budget) else {
+                break;
+            };
+            let first = self.blocks.blocks_for(n);
+            let whole = self.reserve_of(seq.max_kv_tokens(), 0);
+            let fits = match self.config.policy {
+                SchedulerPolicy::GuaranteedNoEvict => reserved + whole <= self.blocks.num_free(),
+                SchedulerPolicy::MaxUtilization => first <= self.blocks.num_free(),
+            };
+            if !fits {
+                break;
+            }
+            let Some(blocks) = self.blocks.allocate(first) else {
+                break;
+            };
+            let mut seq = self.waiting.pop_front().expect("front exists");
+            seq.blocks = blocks;
+            seq.admitted_len = seq.num_known();
+            reserved += whole.saturating_sub(first);
+            self.running.push(seq);
+            self.push_chunk(self.running.len() - 1, n, step);
+        }
+    }
+
+    /// Blocks a sequence holding `held` blocks may still claim under the policy.
+    fn reserve_of(&self, max_kv_tokens: usize, held: usize) -> usize {
+        match self.config.policy {
+            SchedulerPolicy::GuaranteedNoEvict => {
+                self.blocks.blocks_for(max_kv_tokens).saturating_sub(held)
+            }
+            SchedulerPolicy::MaxUtilization => 0,
+        }
+    }
+
+    /// Tokens to compute for a sequence with `uncomputed` known tokens left, or None
+    /// when it must wait for a later iteration.
+    fn chunk_len(&self, uncomputed: usize, budget: usize) -> Option<usize> {
+        if uncomputed == 0 || budget == 0 {
+            None
+        } else if uncomputed <= budget {
+            Some(uncomputed)
+        } else if self.config.enable_chunked_context {
+            Some(budget)
+        } else {
+            None
+        }
+    }
+
+    fn push_chunk(&mut self, idx: usize, n: usize, step: &mut Step) {
+        let seq = &mut self.running[idx];
+        let start = seq.num_computed;
+        let end = start + n;
+        debug_assert!(end <= seq.num_known());
+        debug_assert!(seq.blocks.len() * self.config.block_size >= end);
+        seq.in_flight = Some(step.iteration);
+        step.budget -= n;
+        step.seqs.push(ScheduledSeq {
+            id: seq.id,
+            start_pos: start,
+            tokens: seq.tokens[start..end].to_vec(),
+            block_table: seq.blocks.clone(),
+            sample: end == seq.num_known(),
+            new: start == 0,
+        });
+    }
+
+    fn stats(&self, step: &Step) -> IterationStats {
+        let mut stats = IterationStats {
+            iteration: step.iteration,
+            num_preempted: step.preempted.len(),
+            ..Default::default()
+        };
+        for chunk in &step.seqs {
+            let context = self
+                .running
+                .iter()
+                .find(|s| s.id == chunk.id)
+                .is_some_and(|s| chunk.start_pos < s.admitted_len);
+            if context {
+                stats.num_context_requests += 1;
+                stats.num_context_tokens += chunk.tokens.len();
+            } else {
+                stats.num_generation_requests += 1;
+                stats.num_generation_tokens += chunk.tokens.len();
+            }
+        }
+        stats
+    }
+}

@@ -1,0 +1,95 @@
+//! One sequence's scheduling state: its known tokens (prompt + generated), how many
+//! of them the engine has computed, the KV blocks it owns and its length limit.
+
+use super::policy::kv_tokens_needed;
+
+/// A request as the scheduler sees it: token ids in, a cap on tokens out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqSpec {
+    pub id: u64,
+    pub prompt: Vec<u32>,
+    pub max_new_tokens: usize,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Sequence {
+    pub(crate) id: u64,
+    /// Known tokens: the prompt followed by every generated token.
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) prompt_len: usize,
+    /// The sequence finishes with `Length` once it knows this many tokens
+    /// (prompt + max_new_tokens, capped by max_seq_len).
+    pub(crate) max_len: usize,
+    /// Known tokens whose KV the engine has written. Reset to 0 by preemption.
+    pub(crate) num_computed: usize,
+    /// KV blocks covering the computed (and in-flight) tokens; empty while waiting.
+    pub(crate) blocks: Vec<u32>,
+    /// Known tokens at (re)admission: chunks below this are context (prefill),
+    /// the rest generation.
+    pub(crate) admitted_len: usize,
+    /// Iteration of the batch computing this sequence now, until its update.
+    pub(crate) in_flight: Option<u64>,
+}
+
+impl Sequence {
+    pub(crate) fn new(spec: SeqSpec, max_seq_len: usize) -> Self {
+        let prompt_len = spec.prompt.len();
+        Sequence {
+            id: spec.id,
+            tokens: spec.prompt,
+            prompt_len,
+            max_len: (prompt_len + spec.max_new_tokens).min(max_seq_len),
+            num_computed: 0,
+            blocks: Vec::new(),
+            admitted_len: 0,
+            in_flight: None,
+        }
+    }
+
+    pub(crate) fn num_known(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub(crate) fn num_generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Known tokens not yet computed: what the invariant makes the scheduler catch up.
+    pub(crate) fn num_uncomputed(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    /// The most tokens this sequence will ever keep in the KV cache.
+    pub(crate) fn max_kv_tokens(&self) -> usize {
+        kv_tokens_needed(self.prompt_len, self.max_len - self.prompt_len, self.max_len)
+    }
+
+    /// Whether it has generated all it may.
+    pub(crate) fn at_length_limit(&self) -> bool {
+        self.tokens.len() >= self.max_len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_and_limits() {
+        let spec = SeqSpec {
+            id: 3,
+            prompt: vec![5, 6, 7],
+            max_new_tokens: 10,
+        };
+        let mut s = Sequence::new(spec.clone(), 8);
+        assert_eq!(s.max_len, 8, "capped by max_seq_len");
+        assert_eq!(s.max_kv_tokens(), 7);
+        assert_eq!(s.num_uncomputed(), 3);
+        s.num_computed = 3;
+        s.tokens.push(9);
+        assert_eq!((s.num_known(), s.num_generated(), s.num_uncomputed()), (4, 1, 1));
+        assert!(!s.at_length_limit());
+        let s = Sequence::new(spec, 100);
+        assert_eq!((s.max_len, s.max_kv_tokens()), (13, 12));
+    }
+}

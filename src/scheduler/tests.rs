@@ -1,0 +1,440 @@
+//! Scenario tests of the scheduler, driven directly on the structs, and the invariant
+//! check shared with the randomized test in `tests_random.rs`.
+
+use super::*;
+use std::collections::HashMap;
+
+pub(super) fn spec(id: u64, prompt_len: usize, max_new_tokens: usize) -> SeqSpec {
+    SeqSpec {
+        id,
+        prompt: (0..prompt_len as u32).map(|t| t + 1000 * id as u32).collect(),
+        max_new_tokens,
+    }
+}
+
+fn scheduler(config: SchedulerConfig) -> Scheduler {
+    Scheduler::new(config).expect("valid config")
+}
+
+fn small(policy: SchedulerPolicy, num_blocks: usize, block_size: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        policy,
+        num_blocks,
+        block_size,
+        max_num_tokens: 64,
+        max_seq_len: 64,
+        ..Default::default()
+    }
+}
+
+/// Samples a token for every chunk with `sample` set: `id * 100 + generated so far`
+/// (so recomputed tokens can be told apart), stopping the ids in `stop`.
+fn output(s: &Scheduler, batch: &Batch, stop: &[u64]) -> StepOutput {
+    let tokens = batch
+        .seqs
+        .iter()
+        .filter(|c| c.sample)
+        .map(|c| {
+            let seq = s.running.iter().find(|q| q.id == c.id).unwrap();
+            SampledToken {
+                id: c.id,
+                token: c.id as u32 * 100 + seq.num_generated() as u32,
+                stop: stop.contains(&c.id),
+            }
+        })
+        .collect();
+    StepOutput { tokens }
+}
+
+/// One schedule + update; checks limits and invariants around it.
+fn step(s: &mut Scheduler, stop: &[u64]) -> (Batch, Vec<SeqEvent>) {
+    let batch = s.schedule();
+    check_batch(s, &batch);
+    check_invariants(s);
+    let out = output(s, &batch, stop);
+    let events = s.update(&batch, &out);
+    check_invariants(s);
+    (batch, events)
+}
+
+fn chunk(batch: &Batch, id: u64) -> Option<&ScheduledSeq> {
+    batch.seqs.iter().find(|c| c.id == id)
+}
+
+fn finished(events: &[SeqEvent]) -> Vec<(u64, FinishReason)> {
+    events
+        .iter()
+        .filter_map(|e| match *e {
+            SeqEvent::Finished { id, reason } => Some((id, reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The batch respects the configured limits and each chunk is well formed.
+pub(super) fn check_batch(s: &Scheduler, batch: &Batch) {
+    let c = &s.config;
+    assert!(batch.seqs.len() <= c.max_batch_size, "batch size exceeded");
+    assert!(batch.num_tokens() <= c.max_num_tokens, "token budget exceeded");
+    let mut ids: Vec<u64> = batch.seqs.iter().map(|x| x.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), batch.seqs.len(), "a sequence scheduled twice");
+    for x in &batch.seqs {
+        assert!(!x.tokens.is_empty());
+        let end = x.start_pos + x.tokens.len();
+        assert!(x.block_table.len() * c.block_size >= end, "block table too short");
+        assert_eq!(x.new, x.start_pos == 0);
+        let seq = s.running.iter().find(|q| q.id == x.id).expect("scheduled ⊆ running");
+        assert_eq!(x.tokens[..], seq.tokens[x.start_pos..end]);
+        assert_eq!(x.sample, end == seq.num_known());
+        if !c.enable_chunked_context {
+            assert_eq!(end, seq.num_known(), "a chunk without chunked context");
+        }
+    }
+}
+
+/// Blocks: none leaked or double-owned, counts consistent. Sequences: consistent
+/// lengths, limits respected, the id set matches.
+pub(super) fn check_invariants(s: &Scheduler) {
+    s.blocks.check_consistent();
+    let bs = s.config.block_size;
+    let mut owned: Vec<u32> = Vec::new();
+    for seq in &s.waiting {
+        assert!(seq.blocks.is_empty(), "waiting seq {} holds blocks", seq.id);
+        assert_eq!(seq.num_computed, 0);
+        assert_eq!(seq.in_flight, None);
+    }
+    for seq in &s.running {
+        assert!(seq.num_computed <= seq.num_known());
+        assert!(seq.num_known() <= seq.max_len);
+        assert!(seq.blocks.len() >= seq.num_computed.div_ceil(bs));
+        assert!(seq.blocks.len() <= seq.num_known().div_ceil(bs), "over-allocated");
+        owned.extend(&seq.blocks);
+    }
+    for &b in &owned {
+        assert_eq!(s.blocks.ref_count(b), 1, "block {b} refcount");
+    }
+    let n = owned.len();
+    owned.sort_unstable();
+    owned.dedup();
+    assert_eq!(owned.len(), n, "a block owned by two sequences");
+    assert_eq!(s.blocks.num_free() + n, s.blocks.num_total(), "blocks leaked");
+    assert!(s.running.len() <= s.config.max_batch_size);
+    let mut ids: Vec<u64> = s.waiting.iter().chain(&s.running).map(|q| q.id).collect();
+    ids.sort_unstable();
+    let mut live: Vec<u64> = s.live.iter().copied().collect();
+    live.sort_unstable();
+    assert_eq!(ids, live, "live ids out of sync");
+    if s.config.policy == SchedulerPolicy::GuaranteedNoEvict {
+        let reserve: usize = s
+            .running
+            .iter()
+            .map(|q| q.max_kv_tokens().div_ceil(bs) - q.blocks.len())
+            .sum();
+        assert!(reserve <= s.blocks.num_free(), "NoEvict guarantee broken");
+    }
+}
+
+#[test]
+fn prefill_then_decode_until_length() {
+    let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 8, 4));
+    s.add(spec(1, 5, 3)).unwrap();
+    let (b, ev) = step(&mut s, &[]);
+    let c = chunk(&b, 1).unwrap();
+    assert_eq!((c.start_pos, c.tokens.len(), c.sample, c.new), (0, 5, true, true));
+    assert_eq!(c.block_table, vec![0, 1]);
+    assert_eq!(ev, vec![SeqEvent::Token { id: 1, token: 100 }]);
+    let (b, _) = step(&mut s, &[]);
+    let c = chunk(&b, 1).unwrap();
+    assert_eq!((c.start_pos, c.tokens.clone(), c.new), (5, vec![100], false));
+    let (_, ev) = step(&mut s, &[]);
+    assert_eq!(
+        ev,
+        vec![
+            SeqEvent::Token { id: 1, token: 102 },
+            SeqEvent::Finished {
+                id: 1,
+                reason: FinishReason::Length
+            }
+        ]
+    );
+    assert_eq!((s.num_running(), s.num_free_blocks()), (0, 8));
+    assert_eq!(s.iteration(), 3);
+    assert!(!s.has_work());
+}
+
+#[test]
+fn stop_token_finishes_and_frees_blocks() {
+    let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 8, 4));
+    s.add(spec(1, 5, 10)).unwrap();
+    s.add(spec(2, 5, 10)).unwrap();
+    step(&mut s, &[]);
+    assert_eq!(s.num_free_blocks(), 4);
+    let (_, ev) = step(&mut s, &[2]);
+    assert_eq!(finished(&ev), vec![(2, FinishReason::Stop)]);
+    assert_eq!(s.num_free_blocks(), 6, "seq 2's blocks freed in the same update");
+    s.add(spec(2, 3, 3)).expect("a finished id can be reused");
+}
+
+#[test]
+fn max_seq_len_finishes_with_length() {
+    let mut config = small(SchedulerPolicy::GuaranteedNoEvict, 8, 4);
+    config.max_seq_len = 7;
+    let mut s = scheduler(config);
+    s.add(spec(1, 5, 100)).unwrap();
+    step(&mut s, &[]);
+    let (_, ev) = step(&mut s, &[]);
+    assert_eq!(finished(&ev), vec![(1, FinishReason::Length)]);
+    assert_eq!(s.num_free_blocks(), 8);
+}
+
+#[test]
+fn no_evict_refuses_where_max_utilization_admits() {
+    // 4 blocks of 4: each request needs 3 blocks for its life, 1 for its prompt.
+    for (policy, admitted) in [
+        (SchedulerPolicy::GuaranteedNoEvict, vec![1]),
+        (SchedulerPolicy::MaxUtilization, vec![1, 2]),
+    ] {
+        let mut s = scheduler(small(policy, 4, 4));
+        s.add(spec(1, 4, 8)).unwrap();
+        s.add(spec(2, 4, 8)).unwrap();
+        let (b, _) = step(&mut s, &[]);
+        let ids: Vec<u64> = b.seqs.iter().map(|c| c.id).collect();
+        assert_eq!(ids, admitted, "{policy:?}");
+    }
+}
+
+#[test]
+fn no_evict_admits_when_blocks_return_and_never_preempts() {
+    let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 4, 4));
+    s.add(spec(1, 4, 8)).unwrap();
+    s.add(spec(2, 4, 8)).unwrap();
+    let mut done = Vec::new();
+    for _ in 0..40 {
+        let (b, ev) = step(&mut s, &[]);
+        assert!(b.preempted.is_empty());
+        if chunk(&b, 2).is_some_and(|c| c.new) {
+            assert!(done.contains(&1), "seq 2 admitted before seq 1 returned blocks");
+        }
+        done.extend(finished(&ev).into_iter().map(|(id, _)| id));
+    }
+    assert_eq!(done, vec![1, 2]);
+}
+
+#[test]
+fn max_utilization_preempts_newest_and_resumes_with_outputs_kept() {
+    let mut s = scheduler(small(SchedulerPolicy::MaxUtilization, 4, 4));
+    s.add(spec(1, 4, 8)).unwrap();
+    s.add(spec(2, 4, 8)).unwrap();
+    let mut tokens: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut preempted_at = None;
+    let mut resumed = false;
+    let mut done = Vec::new();
+    for i in 0..60 {
+        let (b, ev) = step(&mut s, &[]);
+        if b.preempted == vec![2] && preempted_at.is_none() {
+            preempted_at = Some(i);
+            assert!(chunk(&b, 2).is_none());
+            assert!(chunk(&b, 1).is_some(), "the older seq keeps running");
+            assert_eq!(s.waiting.front().map(|q| q.id), Some(2));
+            assert!(ev.contains(&SeqEvent::Preempted { id: 2 }));
+        }
+        if let (Some(_), Some(c)) = (preempted_at, chunk(&b, 2)) {
+            if c.new {
+                // Recompute: prompt plus the tokens generated before preemption.
+                let mut known = spec(2, 4, 8).prompt;
+                known.extend(&tokens[&2]);
+                assert_eq!(c.tokens, known);
+                assert!(c.sample);
+                assert!(done.contains(&1), "resumed only once seq 1 freed blocks");
+                resumed = true;
+            }
+        }
+        for e in &ev {
+            match *e {
+                SeqEvent::Token { id, token } => tokens.entry(id).or_default().push(token),
+                SeqEvent::Finished { id, reason } => {
+                    assert_eq!(reason, FinishReason::Length);
+                    done.push(id);
+                }
+                SeqEvent::Preempted { .. } => {}
+            }
+        }
+    }
+    assert!(preempted_at.is_some() && resumed);
+    assert_eq!(done, vec![1, 2]);
+    assert_eq!(tokens[&2], (200..208).collect::<Vec<u32>>(), "no token lost or repeated");
+    assert_eq!(s.num_free_blocks(), 4);
+}
+
+#[test]
+fn chunked_prefill_is_split_and_mixed_with_decodes() {
+    let mut config = small(SchedulerPolicy::GuaranteedNoEvict, 32, 4);
+    config.enable_chunked_context = true;
+    config.max_num_tokens = 16;
+    let mut s = scheduler(config);
+    s.add(spec(1, 4, 20)).unwrap();
+    step(&mut s, &[]);
+    s.add(spec(2, 40, 5)).unwrap();
+    let mut starts = Vec::new();
+    for _ in 0..3 {
+        let (b, _) = step(&mut s, &[]);
+        assert!(b.num_tokens() <= 16);
+        assert_eq!(b.seqs[0].id, 1, "decodes come first");
+        assert_eq!(b.seqs[0].tokens.len(), 1);
+        let c = chunk(&b, 2).unwrap();
+        starts.push((c.start_pos, c.tokens.len(), c.sample, c.new));
+        let st = s.last_stats();
+        assert_eq!((st.num_generation_requests, st.num_generation_tokens), (1, 1));
+        assert_eq!((st.num_context_requests, st.num_context_tokens), (1, c.tokens.len()));
+    }
+    assert_eq!(
+        starts,
+        vec![(0, 15, false, true), (15, 15, false, false), (30, 10, true, false)]
+    );
+    let (b, _) = step(&mut s, &[]);
+    assert_eq!(chunk(&b, 2).unwrap().start_pos, 40, "seq 2 decodes now");
+    assert_eq!(s.last_stats().num_context_tokens, 0);
+}
+
+#[test]
+fn without_chunking_a_prompt_waits_for_budget_and_too_long_is_refused() {
+    let mut config = small(SchedulerPolicy::GuaranteedNoEvict, 32, 4);
+    config.max_num_tokens = 16;
+    let mut s = scheduler(config);
+    let err = s.add(spec(9, 17, 4)).unwrap_err();
+    assert!(matches!(err, AddError::TooLong { tokens: 17, max: 16, .. }), "{err}");
+    s.add(spec(1, 10, 4)).unwrap();
+    s.add(spec(2, 10, 4)).unwrap();
+    let (b, _) = step(&mut s, &[]);
+    assert_eq!(b.seqs.len(), 1, "seq 2 does not fit the remaining 6 tokens");
+    let (b, _) = step(&mut s, &[]);
+    let ids: Vec<(u64, usize)> = b.seqs.iter().map(|c| (c.id, c.tokens.len())).collect();
+    assert_eq!(ids, vec![(1, 1), (2, 10)]);
+}
+
+#[test]
+fn queue_full_rejects_at_once() {
+    let mut config = small(SchedulerPolicy::GuaranteedNoEvict, 32, 4);
+    config.max_queue_size = 2;
+    let mut s = scheduler(config);
+    s.add(spec(1, 4, 4)).unwrap();
+    s.add(spec(2, 4, 4)).unwrap();
+    let err = s.add(spec(3, 4, 4)).unwrap_err();
+    assert_eq!(err, AddError::QueueFull { max: 2 });
+    assert_eq!(
+        err.to_string(),
+        "the request queue is full (2 waiting requests); retry later"
+    );
+    assert_eq!(s.num_waiting(), 2);
+    step(&mut s, &[]);
+    assert_eq!(s.num_waiting(), 0);
+    s.add(spec(3, 4, 4)).expect("room again once admitted");
+}
+
+#[test]
+fn add_refuses_empty_and_duplicate() {
+    let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 32, 4));
+    assert_eq!(s.add(spec(1, 0, 4)), Err(AddError::Empty));
+    assert_eq!(s.add(spec(1, 3, 0)), Err(AddError::NoNewTokens));
+    s.add(spec(1, 3, 4)).unwrap();
+    assert_eq!(s.add(spec(1, 3, 4)), Err(AddError::DuplicateId));
+    step(&mut s, &[]);
+    assert_eq!(s.add(spec(1, 3, 4)), Err(AddError::DuplicateId), "running");
+    assert_eq!(s.num_waiting() + s.num_running(), 1);
+}
+
+#[test]
+fn max_batch_size_is_respected() {
+    let mut config = small(SchedulerPolicy::MaxUtilization, 64, 4);
+    config.max_batch_size = 2;
+    let mut s = scheduler(config);
+    for id in 1..=5 {
+        s.add(spec(id, 3, 2)).unwrap();
+    }
+    let mut order = Vec::new();
+    for _ in 0..10 {
+        let (b, ev) = step(&mut s, &[]);
+        assert!(b.seqs.len() <= 2 && s.num_running() <= 2);
+        order.extend(finished(&ev).into_iter().map(|(id, _)| id));
+    }
+    assert_eq!(order, vec![1, 2, 3, 4, 5], "FCFS, two at a time");
+}
+
+#[test]
+fn cancel_waiting_and_running() {
+    let mut config = small(SchedulerPolicy::GuaranteedNoEvict, 8, 4);
+    config.max_batch_size = 1;
+    let mut s = scheduler(config);
+    s.add(spec(1, 6, 10)).unwrap();
+    s.add(spec(2, 6, 10)).unwrap();
+    s.add(spec(3, 6, 10)).unwrap();
+    step(&mut s, &[]);
+    assert!(s.cancel(2), "waiting");
+    assert!(!s.cancel(2), "already gone");
+    assert!(!s.cancel(42), "unknown");
+    // Cancel a running sequence while its batch is in flight.
+    let b = s.schedule();
+    assert_eq!(b.cancelled, vec![2]);
+    let out = output(&s, &b, &[]);
+    assert_eq!(s.num_free_blocks(), 6);
+    assert!(s.cancel(1));
+    assert_eq!(s.num_free_blocks(), 8, "freed at once");
+    check_invariants(&s);
+    assert!(s.update(&b, &out).is_empty(), "late token ignored");
+    check_invariants(&s);
+    let (b, _) = step(&mut s, &[]);
+    assert_eq!(b.cancelled, vec![1]);
+    assert_eq!(b.seqs[0].id, 3);
+    let (b, _) = step(&mut s, &[]);
+    assert!(b.cancelled.is_empty(), "reported once");
+}
+
+#[test]
+fn stale_or_replayed_updates_are_ignored() {
+    let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 8, 4));
+    s.add(spec(1, 5, 10)).unwrap();
+    let b1 = s.schedule();
+    let out1 = output(&s, &b1, &[]);
+    assert_eq!(s.update(&b1, &out1).len(), 1);
+    assert!(s.update(&b1, &out1).is_empty(), "replay");
+    assert_eq!(s.running[0].num_computed, 5, "not advanced twice");
+    // A batch lost with its engine: the next update makes its chunk schedulable again.
+    let lost = s.schedule();
+    assert_eq!(chunk(&lost, 1).unwrap().start_pos, 5);
+    let empty = s.schedule();
+    assert!(empty.seqs.is_empty(), "in flight, not scheduled twice");
+    s.update(&empty, &StepOutput::default());
+    let (b, _) = step(&mut s, &[]);
+    assert_eq!(chunk(&b, 1).unwrap().start_pos, 5, "recomputed");
+}
+
+#[test]
+fn missing_sample_reschedules_the_same_chunk() {
+    let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 8, 4));
+    s.add(spec(1, 5, 10)).unwrap();
+    let b = s.schedule();
+    assert!(s.update(&b, &StepOutput::default()).is_empty());
+    check_invariants(&s);
+    let (b, ev) = step(&mut s, &[]);
+    let c = chunk(&b, 1).unwrap();
+    assert_eq!((c.start_pos, c.tokens.len(), c.new), (0, 5, true));
+    assert_eq!(ev.len(), 1);
+}
+
+#[test]
+fn pipelined_batches_do_not_reschedule_in_flight_seqs() {
+    let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 16, 4));
+    s.add(spec(1, 5, 10)).unwrap();
+    let b1 = s.schedule();
+    s.add(spec(2, 5, 10)).unwrap();
+    let b2 = s.schedule();
+    let ids: Vec<u64> = b2.seqs.iter().map(|c| c.id).collect();
+    assert_eq!(ids, vec![2]);
+    let (o1, o2) = (output(&s, &b1, &[]), output(&s, &b2, &[]));
+    assert_eq!(s.update(&b1, &o1).len(), 1);
+    assert_eq!(s.update(&b2, &o2).len(), 1);
+    let (b3, _) = step(&mut s, &[]);
+    assert_eq!(b3.seqs.len(), 2);
+}
