@@ -122,11 +122,24 @@ STRINGS = [
     "  Leading and trailing newline\n",
     "'s 't 're 've 'm 'll 'd",
     "hello'world's",
+    "call(a,\n" + " " * 40 + "b)",
+    "12345678901234567890 digits",
 ] + SPECIAL_STRINGS
 
 
 def text_of(raw):
     return raw.decode("utf-8", errors="replace")
+
+
+def detokenize(llm, ids, special):
+    """llama_detokenize itself: Llama.detokenize drops pieces longer than 32 bytes."""
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    tokens = (llama_cpp.llama_token * max(len(ids), 1))(*ids)
+    size = 64 + 64 * len(ids)
+    buf = ctypes.create_string_buffer(size)
+    n = llama_cpp.llama_detokenize(vocab, tokens, len(ids), buf, size, False, special)
+    assert 0 <= n <= size, n
+    return text_of(buf.raw[:n])
 
 
 def load(path, **kw):
@@ -152,8 +165,8 @@ def tokenize_cases(llm):
         case = {
             "text": s,
             "ids": ids,
-            "detok": text_of(llm.detokenize(ids, special=False)),
-            "detok_special": text_of(llm.detokenize(ids, special=True)),
+            "detok": detokenize(llm, ids, False),
+            "detok_special": detokenize(llm, ids, True),
         }
         plain = llm.tokenize(s.encode("utf-8"), add_bos=False, special=False)
         if plain != ids or s in SPECIAL_STRINGS:
@@ -241,7 +254,7 @@ def greedy_cases(llm, path):
             "prompt": p,
             "prompt_ids": ids,
             "generated_ids": gen,
-            "generated_text": text_of(llm.detokenize(gen, special=True)),
+            "generated_text": detokenize(llm, gen, True),
             "top2_margins": margins,
         })
     return cases

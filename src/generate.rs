@@ -69,7 +69,12 @@ pub fn generate(
 
     let t0 = Instant::now();
     let mut logits = model.forward(
-        &[SeqChunk { tokens: prompt, start_pos: 0, block_table: &table, all_logits: false }],
+        &[SeqChunk {
+            tokens: prompt,
+            start_pos: 0,
+            block_table: &table,
+            all_logits: false,
+        }],
         &mut cache,
     )?;
     stats.prefill = t0.elapsed();
@@ -93,7 +98,12 @@ pub fn generate(
             break;
         }
         logits = model.forward(
-            &[SeqChunk { tokens: &[next], start_pos: pos, block_table: &table, all_logits: false }],
+            &[SeqChunk {
+                tokens: &[next],
+                start_pos: pos,
+                block_table: &table,
+                all_logits: false,
+            }],
             &mut cache,
         )?;
         pos += 1;

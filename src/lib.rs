@@ -17,6 +17,7 @@ pub mod generate;
 pub mod kernels;
 pub mod model;
 pub mod sampling;
+pub mod scheduler;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -13,7 +13,11 @@ use inflight::sampling::SamplingParams;
 use inflight::tokenizer::chat::{ChatMessage, ChatTemplate};
 
 #[derive(Parser)]
-#[command(name = "inflight", version, about = "An LLM inference server where every pipeline stage is an actor")]
+#[command(
+    name = "inflight",
+    version,
+    about = "An LLM inference server where every pipeline stage is an actor"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -93,9 +97,15 @@ fn run_generate(args: GenerateArgs) -> inflight::Result<()> {
         let template = ChatTemplate::for_tokenizer(tok)?;
         let mut messages = Vec::new();
         if let Some(system) = args.system {
-            messages.push(ChatMessage { role: "system".into(), content: system });
+            messages.push(ChatMessage {
+                role: "system".into(),
+                content: system,
+            });
         }
-        messages.push(ChatMessage { role: "user".into(), content: args.prompt });
+        messages.push(ChatMessage {
+            role: "user".into(),
+            content: args.prompt,
+        });
         template.apply(&messages, true)?
     } else {
         args.prompt

@@ -43,8 +43,16 @@ impl Sampler {
         if self.params.temperature <= 0.0 || self.params.top_k == 1 {
             return argmax(logits);
         }
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-        let k = if self.params.top_k == 0 { cand.len() } else { self.params.top_k.min(cand.len()) };
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        let k = if self.params.top_k == 0 {
+            cand.len()
+        } else {
+            self.params.top_k.min(cand.len())
+        };
         if k < cand.len() {
             cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
             cand.truncate(k);
@@ -104,9 +112,20 @@ mod tests {
     #[test]
     fn same_seed_same_draws_and_cuts_are_respected() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
-        let params = SamplingParams { temperature: 1.0, top_k: 5, top_p: 1.0, seed: 42 };
-        let a: Vec<u32> = { let mut s = Sampler::new(params.clone()); (0..100).map(|_| s.sample(&logits)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(params.clone()); (0..100).map(|_| s.sample(&logits)).collect() };
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 5,
+            top_p: 1.0,
+            seed: 42,
+        };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(params.clone());
+            (0..100).map(|_| s.sample(&logits)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(params.clone());
+            (0..100).map(|_| s.sample(&logits)).collect()
+        };
         assert_eq!(a, b);
         let mut top5: Vec<u32> = (0..50).collect();
         top5.sort_by(|&x, &y| logits[y as usize].total_cmp(&logits[x as usize]));
@@ -114,7 +133,12 @@ mod tests {
         // A distinct token appears, so this is not greedy in disguise.
         assert!(a.iter().any(|&t| t != a[0]));
         // top_p tiny keeps only the most likely token.
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1e-6, seed: 1 });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1e-6,
+            seed: 1,
+        });
         assert!((0..20).all(|_| s.sample(&logits) == argmax(&logits)));
     }
 }

@@ -21,8 +21,14 @@ fn all_types() -> Vec<(&'static str, MetaValue)> {
         ("t.i64", I64(-(1 << 40))),
         ("t.f64", F64(-0.25)),
         ("t.array_u32", Array(vec![U32(1), U32(2), U32(3)])),
-        ("t.array_str", Array(vec![String("a".into()), String("".into())])),
-        ("t.array_nested", Array(vec![Array(vec![I8(1)]), Array(vec![I8(2), I8(3)])])),
+        (
+            "t.array_str",
+            Array(vec![String("a".into()), String("".into())]),
+        ),
+        (
+            "t.array_nested",
+            Array(vec![Array(vec![I8(1)]), Array(vec![I8(2), I8(3)])]),
+        ),
     ]
 }
 
@@ -69,7 +75,10 @@ fn tensors_are_found_at_aligned_offsets_and_dequantized() {
         }
         let (shape, data) = f.tensor_f32("a.f32").unwrap();
         assert_eq!(shape, vec![2, 3]);
-        assert_eq!(data, (0..6).map(|i| (i as f32 - 30.0) / 8.0).collect::<Vec<_>>());
+        assert_eq!(
+            data,
+            (0..6).map(|i| (i as f32 - 30.0) / 8.0).collect::<Vec<_>>()
+        );
         let (_, q8) = f.tensor_f32("b.q8").unwrap();
         for (i, x) in q8.iter().enumerate() {
             let want = (i as f32 - 30.0) / 8.0;
@@ -107,7 +116,10 @@ fn every_truncation_is_an_error_not_a_panic() {
     for cut in (0..full.len()).step_by(7) {
         let r = GgufFile::from_bytes(full[..cut].to_vec());
         let e = r.expect_err(&format!("cut at {cut} parsed")).to_string();
-        assert!(e.contains("truncated") || e.contains("past the end"), "cut {cut}: {e}");
+        assert!(
+            e.contains("truncated") || e.contains("past the end"),
+            "cut {cut}: {e}"
+        );
     }
 }
 
@@ -119,7 +131,10 @@ fn unknown_tensor_type_is_named() {
     // The type id sits right before the tensor's u64 offset: find it by its value (8).
     let name_at = b.windows(5).position(|x| x == b"weird").unwrap();
     let type_at = name_at + 5 + 4 + 8;
-    assert_eq!(u32::from_le_bytes(b[type_at..type_at + 4].try_into().unwrap()), 8);
+    assert_eq!(
+        u32::from_le_bytes(b[type_at..type_at + 4].try_into().unwrap()),
+        8
+    );
     b[type_at..type_at + 4].copy_from_slice(&12u32.to_le_bytes());
     let e = err(b.clone());
     assert!(e.contains("weird") && e.contains("Q4_K"), "{e}");
@@ -158,6 +173,8 @@ fn absurd_counts_do_not_allocate() {
 
 #[test]
 fn opening_a_missing_file_names_it() {
-    let e = GgufFile::open("no/such/model.gguf").unwrap_err().to_string();
+    let e = GgufFile::open("no/such/model.gguf")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("no/such/model.gguf"), "{e}");
 }

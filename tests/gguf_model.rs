@@ -9,6 +9,7 @@ use inflight::model::gguf_writer::GgufWriter;
 use inflight::model::quant::GgmlType;
 use inflight::model::safetensors::HfCheckpoint;
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
+use inflight::model::config::KvDtype;
 use inflight::model::{KvCache, Llama, SeqChunk};
 
 fn temp_dir(tag: &str) -> PathBuf {
@@ -47,7 +48,10 @@ fn to_gguf(ckpt: &HfCheckpoint, ty: GgmlType) -> GgufFile {
         .meta("llama.attention.head_count", u(c.num_heads))
         .meta("llama.attention.head_count_kv", u(c.num_kv_heads))
         .meta("llama.rope.freq_base", MetaValue::F32(c.rope_theta))
-        .meta("llama.attention.layer_norm_rms_epsilon", MetaValue::F32(c.rms_norm_eps))
+        .meta(
+            "llama.attention.layer_norm_rms_epsilon",
+            MetaValue::F32(c.rms_norm_eps),
+        )
         .meta("llama.vocab_size", u(c.vocab_size));
     let mut put = |gguf: &str, hf: &str, fix: Option<usize>, ty: GgmlType| {
         let (shape, mut data) = ckpt.tensor_f32(hf).unwrap();
@@ -65,12 +69,37 @@ fn to_gguf(ckpt: &HfCheckpoint, ty: GgmlType) -> GgufFile {
     for l in 0..c.num_layers {
         let p = |s: &str| format!("model.layers.{l}.{s}");
         let g = |s: &str| format!("blk.{l}.{s}");
-        put(&g("attn_norm.weight"), &p("input_layernorm.weight"), None, ty);
-        put(&g("attn_q.weight"), &p("self_attn.q_proj.weight"), Some(c.num_heads), ty);
-        put(&g("attn_k.weight"), &p("self_attn.k_proj.weight"), Some(c.num_kv_heads), ty);
+        put(
+            &g("attn_norm.weight"),
+            &p("input_layernorm.weight"),
+            None,
+            ty,
+        );
+        put(
+            &g("attn_q.weight"),
+            &p("self_attn.q_proj.weight"),
+            Some(c.num_heads),
+            ty,
+        );
+        put(
+            &g("attn_k.weight"),
+            &p("self_attn.k_proj.weight"),
+            Some(c.num_kv_heads),
+            ty,
+        );
         put(&g("attn_v.weight"), &p("self_attn.v_proj.weight"), None, ty);
-        put(&g("attn_output.weight"), &p("self_attn.o_proj.weight"), None, ty);
-        put(&g("ffn_norm.weight"), &p("post_attention_layernorm.weight"), None, ty);
+        put(
+            &g("attn_output.weight"),
+            &p("self_attn.o_proj.weight"),
+            None,
+            ty,
+        );
+        put(
+            &g("ffn_norm.weight"),
+            &p("post_attention_layernorm.weight"),
+            None,
+            ty,
+        );
         put(&g("ffn_gate.weight"), &p("mlp.gate_proj.weight"), None, ty);
         put(&g("ffn_up.weight"), &p("mlp.up_proj.weight"), None, ty);
         put(&g("ffn_down.weight"), &p("mlp.down_proj.weight"), None, ty);
@@ -78,11 +107,23 @@ fn to_gguf(ckpt: &HfCheckpoint, ty: GgmlType) -> GgufFile {
     GgufFile::from_bytes(w.to_bytes()).unwrap()
 }
 
+/// Every position's logits, with an f32 KV cache whatever the model's default, so the two
+/// loading paths can be compared exactly.
 fn all_logits(model: &Llama, tokens: &[u32]) -> Vec<f32> {
-    let mut cache = KvCache::new(model.config(), 16, 8);
+    let mut cfg = model.config().clone();
+    cfg.kv_dtype = KvDtype::F32;
+    let mut cache = KvCache::new(&cfg, 16, 8);
     let table: Vec<u32> = (0..8).rev().collect();
     model
-        .forward(&[SeqChunk { tokens, start_pos: 0, block_table: &table, all_logits: true }], &mut cache)
+        .forward(
+            &[SeqChunk {
+                tokens,
+                start_pos: 0,
+                block_table: &table,
+                all_logits: true,
+            }],
+            &mut cache,
+        )
         .unwrap()
         .remove(0)
 }
@@ -94,25 +135,54 @@ fn gguf_and_safetensors_give_the_same_logits() {
     write_tiny_checkpoint(&dir, &spec).unwrap();
     let ckpt = HfCheckpoint::open(&dir).unwrap();
     let hf = Llama::load(&dir).unwrap();
-    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % spec.vocab_size as u32).collect();
+    let tokens: Vec<u32> = (0..40)
+        .map(|i| (i * 37 + 11) % spec.vocab_size as u32)
+        .collect();
     let want = all_logits(&hf, &tokens);
 
     let f32_model = Llama::from_gguf(&to_gguf(&ckpt, GgmlType::F32)).unwrap();
+    assert_eq!(f32_model.config().kv_dtype, KvDtype::F16, "GGUF models default to an f16 cache");
     assert_eq!(f32_model.config().num_kv_heads, spec.num_kv_heads);
     let got = all_logits(&f32_model, &tokens);
-    let max_diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let max_diff = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
     assert!(max_diff < 1e-5, "F32 GGUF differs by {max_diff}");
 
     // Q8_0 keeps the argmax almost everywhere and the logits close.
-    let q8 = all_logits(&Llama::from_gguf(&to_gguf(&ckpt, GgmlType::Q8_0)).unwrap(), &tokens);
+    let q8 = all_logits(
+        &Llama::from_gguf(&to_gguf(&ckpt, GgmlType::Q8_0)).unwrap(),
+        &tokens,
+    );
     let vocab = spec.vocab_size;
-    let argmax = |r: &[f32]| r.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+    let argmax = |r: &[f32]| {
+        r.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0
+    };
     let agree = (0..tokens.len())
-        .filter(|&i| argmax(&q8[i * vocab..(i + 1) * vocab]) == argmax(&want[i * vocab..(i + 1) * vocab]))
+        .filter(|&i| {
+            argmax(&q8[i * vocab..(i + 1) * vocab]) == argmax(&want[i * vocab..(i + 1) * vocab])
+        })
         .count();
-    assert!(agree * 10 >= tokens.len() * 9, "Q8_0 argmax agrees at {agree}/{}", tokens.len());
+    assert!(
+        agree * 10 >= tokens.len() * 9,
+        "Q8_0 argmax agrees at {agree}/{}",
+        tokens.len()
+    );
     let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let q8_diff = q8.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    assert!(q8_diff < 0.05 * scale, "Q8_0 differs by {q8_diff} (scale {scale})");
+    let q8_diff = q8
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        q8_diff < 0.05 * scale,
+        "Q8_0 differs by {q8_diff} (scale {scale})"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

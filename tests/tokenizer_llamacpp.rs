@@ -15,7 +15,20 @@ fn fixture(name: &str) -> Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    read_json(&path)
+}
+
+/// tokenize_llamacpp.json, or a larger file in its format named by
+/// `INFLIGHT_TOKENIZE_FIXTURE` (scripts/llama_ref.py can write one from any string list).
+fn tokenize_fixture() -> Value {
+    match std::env::var_os("INFLIGHT_TOKENIZE_FIXTURE") {
+        Some(path) => read_json(std::path::Path::new(&path)),
+        None => fixture("tokenize_llamacpp.json"),
+    }
+}
+
+fn read_json(path: &std::path::Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }
 
@@ -41,7 +54,7 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn cases() -> Vec<Value> {
-    fixture("tokenize_llamacpp.json")["cases"].as_array().unwrap().clone()
+    tokenize_fixture()["cases"].as_array().unwrap().clone()
 }
 
 #[test]
@@ -57,7 +70,10 @@ fn ids_match_llamacpp() {
         if ours == ids(&case["ids"]) {
             special_ok += 1;
         } else {
-            failures.push(format!("special {text:?}: ours {ours:?} llama.cpp {}", case["ids"]));
+            failures.push(format!(
+                "special {text:?}: ours {ours:?} llama.cpp {}",
+                case["ids"]
+            ));
         }
         if let Some(want) = case.get("ids_plain") {
             plain_total += 1;
@@ -83,11 +99,21 @@ fn decode_matches_llamacpp_and_round_trips() {
     for case in cases() {
         let text = case["text"].as_str().unwrap();
         let ids = ids(&case["ids"]);
-        assert_eq!(tok.decode(&ids, true).unwrap(), case["detok"].as_str().unwrap(), "{text:?}");
-        assert_eq!(tok.decode(&ids, false).unwrap(), case["detok_special"].as_str().unwrap());
+        assert_eq!(
+            tok.decode(&ids, true).unwrap(),
+            case["detok"].as_str().unwrap(),
+            "{text:?}"
+        );
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            case["detok_special"].as_str().unwrap()
+        );
         assert_eq!(tok.decode(&ids, false).unwrap(), text);
         // Token bytes concatenate to the text even where a character spans tokens.
-        let bytes: Vec<u8> = ids.iter().flat_map(|&id| tok.token_bytes(id).unwrap()).collect();
+        let bytes: Vec<u8> = ids
+            .iter()
+            .flat_map(|&id| tok.token_bytes(id).unwrap())
+            .collect();
         assert_eq!(bytes, text.as_bytes(), "{text:?}");
         if let Some(plain) = case.get("ids_plain") {
             assert_eq!(tok.decode(&self::ids(plain), true).unwrap(), text);
@@ -97,7 +123,7 @@ fn decode_matches_llamacpp_and_round_trips() {
 
 #[test]
 fn other_pre_tokenizers_match_llamacpp() {
-    let fx = fixture("tokenize_llamacpp.json");
+    let fx = tokenize_fixture();
     let texts: Vec<&str> = fx["cases"]
         .as_array()
         .unwrap()
@@ -131,7 +157,7 @@ fn other_pre_tokenizers_match_llamacpp() {
 #[test]
 fn special_ids_match_llamacpp() {
     let tok = tokenizer();
-    let fx = fixture("tokenize_llamacpp.json");
+    let fx = tokenize_fixture();
     let v = &fx["vocab"];
     assert_eq!(tok.vocab_size() as u64, v["n_vocab"].as_u64().unwrap());
     assert_eq!(tok.bos_token_id().map(u64::from), v["bos"].as_u64());
@@ -140,7 +166,11 @@ fn special_ids_match_llamacpp() {
     assert_eq!(tok.eos_token_ids()[0], eos);
     // llama.cpp's EOG set also holds FIM tokens (<reponame>); ours is the turn enders.
     let eog = ids(&v["eog_ids"]);
-    assert!(tok.eos_token_ids().iter().all(|id| eog.contains(id)), "{:?} ⊄ {eog:?}", tok.eos_token_ids());
+    assert!(
+        tok.eos_token_ids().iter().all(|id| eog.contains(id)),
+        "{:?} ⊄ {eog:?}",
+        tok.eos_token_ids()
+    );
     assert_eq!(tok.eos_token_ids(), &[2, 0]);
     assert!((0..=16).all(|id| tok.is_special(id)) && !tok.is_special(17));
     assert_eq!(tok.token_to_id("<|im_start|>"), Some(1));
@@ -153,14 +183,23 @@ fn chat_template_renders_the_greedy_fixture_prompt() {
     let cases = fx["cases"].as_array().unwrap();
     let template = ChatTemplate::for_tokenizer(tok).unwrap();
     let rendered = template
-        .apply(&[ChatMessage::new("user", "Write a haiku about the sea.")], true)
+        .apply(
+            &[ChatMessage::new("user", "Write a haiku about the sea.")],
+            true,
+        )
         .unwrap();
     assert!(
-        cases.iter().any(|c| c["prompt"].as_str() == Some(rendered.as_str())),
+        cases
+            .iter()
+            .any(|c| c["prompt"].as_str() == Some(rendered.as_str())),
         "rendered {rendered:?} matches no fixture prompt"
     );
     for case in cases {
         let prompt = case["prompt"].as_str().unwrap();
-        assert_eq!(tok.encode(prompt, true).unwrap(), ids(&case["prompt_ids"]), "{prompt:?}");
+        assert_eq!(
+            tok.encode(prompt, true).unwrap(),
+            ids(&case["prompt_ids"]),
+            "{prompt:?}"
+        );
     }
 }

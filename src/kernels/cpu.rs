@@ -51,17 +51,51 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// An element type the KV cache can hold.
+pub trait KvElem: Copy + Send + Sync {
+    fn from_f32(v: f32) -> Self;
+    /// Converts a row (vectorized where the CPU allows).
+    fn row_to_f32(src: &[Self], dst: &mut [f32]);
+    /// Rounds values to this type's precision, in place.
+    fn round(values: &mut [f32]);
+}
+
+impl KvElem for f32 {
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn row_to_f32(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn round(_: &mut [f32]) {}
+}
+
+impl KvElem for half::f16 {
+    fn from_f32(v: f32) -> Self {
+        half::f16::from_f32(v)
+    }
+    fn row_to_f32(src: &[Self], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
+    }
+    fn round(values: &mut [f32]) {
+        for v in values {
+            *v = half::f16::from_f32(*v).to_f32();
+        }
+    }
+}
+
 /// One layer's paged K or V storage: `[num_blocks, block_size, kv_dim]`.
-pub struct PagedView<'a> {
-    pub data: &'a [f32],
+pub struct PagedView<'a, T> {
+    pub data: &'a [T],
     pub block_size: usize,
     pub kv_dim: usize,
 }
 
-impl PagedView<'_> {
+impl<T: KvElem> PagedView<'_, T> {
     /// The `kv_dim` values stored for token position `pos` of a sequence.
     #[inline]
-    fn at(&self, block_table: &[u32], pos: usize) -> &[f32] {
+    fn at(&self, block_table: &[u32], pos: usize) -> &[T] {
         let block = block_table[pos / self.block_size] as usize;
         let s = (block * self.block_size + pos % self.block_size) * self.kv_dim;
         &self.data[s..s + self.kv_dim]
@@ -76,12 +110,14 @@ pub struct AttnRow<'a> {
 }
 
 /// Causal paged attention with grouped KV heads. `q` is `[n, heads * head_dim]`, `out`
-/// the same shape; query head `h` reads KV head `h / (heads / kv_heads)`.
-pub fn paged_attention(
+/// the same shape; query head `h` reads KV head `h / (heads / kv_heads)`. The query is
+/// rounded to the cache's element type before the scores, so `q·k` is computed at the
+/// precision the keys are stored in (with an f16 cache this is what llama.cpp does too).
+pub fn paged_attention<T: KvElem>(
     q: &[f32],
     rows: &[AttnRow<'_>],
-    k: &PagedView<'_>,
-    v: &PagedView<'_>,
+    k: &PagedView<'_, T>,
+    v: &PagedView<'_, T>,
     heads: usize,
     head_dim: usize,
     out: &mut [f32],
@@ -89,29 +125,41 @@ pub fn paged_attention(
     let kv_heads = k.kv_dim / head_dim;
     let group = heads / kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    out.par_chunks_mut(head_dim).enumerate().for_each(|(idx, o)| {
-        let (r, h) = (idx / heads, idx % heads);
+    // One job per (row, KV head): the query heads of a group are contiguous, and each K/V
+    // row is converted once for all of them.
+    let span = group * head_dim;
+    out.par_chunks_mut(span).enumerate().for_each(|(idx, o)| {
+        let (r, g) = (idx / kv_heads, idx % kv_heads);
         let row = &rows[r];
-        let qh = &q[idx * head_dim..(idx + 1) * head_dim];
-        let kvo = (h / group) * head_dim;
-        let mut scores: Vec<f32> = (0..=row.pos)
-            .map(|p| {
-                let kh = &k.at(row.block_table, p)[kvo..kvo + head_dim];
-                dot(qh, kh) * scale
-            })
-            .collect();
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
+        let mut qg = q[idx * span..(idx + 1) * span].to_vec();
+        T::round(&mut qg);
+        let kvo = g * head_dim;
+        let n = row.pos + 1;
+        let mut buf = vec![0f32; head_dim];
+        let mut scores = vec![0f32; group * n];
+        for p in 0..n {
+            T::row_to_f32(&k.at(row.block_table, p)[kvo..kvo + head_dim], &mut buf);
+            for h in 0..group {
+                scores[h * n + p] = dot(&qg[h * head_dim..(h + 1) * head_dim], &buf) * scale;
+            }
+        }
+        for s in scores.chunks_exact_mut(n) {
+            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for x in s.iter_mut() {
+                *x = (*x - max).exp();
+                sum += *x;
+            }
+            s.iter_mut().for_each(|x| *x /= sum);
         }
         o.fill(0.0);
-        for (p, s) in scores.iter().enumerate() {
-            let vh = &v.at(row.block_table, p)[kvo..kvo + head_dim];
-            let wgt = s / sum;
-            for (a, b) in o.iter_mut().zip(vh) {
-                *a += wgt * b;
+        for p in 0..n {
+            T::row_to_f32(&v.at(row.block_table, p)[kvo..kvo + head_dim], &mut buf);
+            for h in 0..group {
+                let w = scores[h * n + p];
+                for (a, b) in o[h * head_dim..(h + 1) * head_dim].iter_mut().zip(&buf) {
+                    *a += w * b;
+                }
             }
         }
     });
@@ -168,8 +216,8 @@ mod tests {
             kd[s..s + 2].copy_from_slice(&keys[p]);
             vd[s..s + 2].copy_from_slice(&vals[p]);
         }
-        let k = PagedView { data: &kd, block_size, kv_dim: 2 };
-        let v = PagedView { data: &vd, block_size, kv_dim: 2 };
+        let k = PagedView::<f32> { data: &kd, block_size, kv_dim: 2 };
+        let v = PagedView::<f32> { data: &vd, block_size, kv_dim: 2 };
         let q = [2.0f32, 0.0];
         let mut out = [0f32; 2];
         paged_attention(&q, &[AttnRow { block_table: &table, pos: 2 }], &k, &v, 1, 2, &mut out);

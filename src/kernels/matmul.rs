@@ -9,10 +9,14 @@
 use half::f16;
 use rayon::prelude::*;
 
+use super::qmatmul::{qlinear, QMatrix};
+
 /// A weight matrix's storage.
 pub enum Matrix {
     F32(Vec<f32>),
     F16(Vec<f16>),
+    /// Block-quantized (from GGUF Q4_0, Q4_1, Q8_0), multiplied with int8 activations.
+    Quant(QMatrix),
 }
 
 impl Matrix {
@@ -20,6 +24,7 @@ impl Matrix {
         match self {
             Matrix::F32(v) => v.len(),
             Matrix::F16(v) => v.len(),
+            Matrix::Quant(q) => q.rows * q.cols,
         }
     }
 
@@ -36,6 +41,7 @@ impl Matrix {
                     *o = x.to_f32();
                 }
             }
+            Matrix::Quant(q) => q.row_into(r, out),
         }
     }
 
@@ -43,6 +49,7 @@ impl Matrix {
         match self {
             Matrix::F32(v) => v.len() * 4,
             Matrix::F16(v) => v.len() * 2,
+            Matrix::Quant(q) => q.bytes(),
         }
     }
 }
@@ -109,14 +116,34 @@ unsafe impl Sync for SendPtr {}
 
 /// `y[t, o] = Σ_i x[t, i] · w[o, i] + bias[o]` for `n` rows of `x` (`[n, k]`), `w` `[m, k]`,
 /// `y` `[n, m]`.
-pub fn linear(x: &[f32], w: &Matrix, bias: Option<&[f32]>, n: usize, k: usize, m: usize, y: &mut [f32]) {
+pub fn linear(
+    x: &[f32],
+    w: &Matrix,
+    bias: Option<&[f32]>,
+    n: usize,
+    k: usize,
+    m: usize,
+    y: &mut [f32],
+) {
     match w {
         Matrix::F32(w) => linear_t(x, w, bias, n, k, m, y),
         Matrix::F16(w) => linear_t(x, w, bias, n, k, m, y),
+        Matrix::Quant(q) => {
+            assert_eq!((q.rows, q.cols), (m, k), "quantized matrix is not [m, k]");
+            qlinear(x, q, bias, n, y)
+        }
     }
 }
 
-fn linear_t<W: Elem>(x: &[f32], w: &[W], bias: Option<&[f32]>, n: usize, k: usize, m: usize, y: &mut [f32]) {
+fn linear_t<W: Elem>(
+    x: &[f32],
+    w: &[W],
+    bias: Option<&[f32]>,
+    n: usize,
+    k: usize,
+    m: usize,
+    y: &mut [f32],
+) {
     assert_eq!(x.len(), n * k, "x is not [n, k]");
     assert_eq!(w.len(), m * k, "w is not [m, k]");
     assert_eq!(y.len(), n * m, "y is not [n, m]");
@@ -170,7 +197,16 @@ fn has_fma() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_fma<W: Elem>(x: &[f32], w: &[W], n: usize, k: usize, m: usize, o0: usize, o1: usize, y: *mut f32) {
+unsafe fn rows_fma<W: Elem>(
+    x: &[f32],
+    w: &[W],
+    n: usize,
+    k: usize,
+    m: usize,
+    o0: usize,
+    o1: usize,
+    y: *mut f32,
+) {
     rows::<W, true>(x, w, n, k, m, o0, o1, y)
 }
 
@@ -215,17 +251,44 @@ unsafe fn tile_avx<W: Elem, const RX: usize, const RW: usize>(
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn rows_fma<W: Elem>(x: &[f32], w: &[W], n: usize, k: usize, m: usize, o0: usize, o1: usize, y: *mut f32) {
+unsafe fn rows_fma<W: Elem>(
+    x: &[f32],
+    w: &[W],
+    n: usize,
+    k: usize,
+    m: usize,
+    o0: usize,
+    o1: usize,
+    y: *mut f32,
+) {
     rows::<W, false>(x, w, n, k, m, o0, o1, y)
 }
 
-unsafe fn rows_generic<W: Elem>(x: &[f32], w: &[W], n: usize, k: usize, m: usize, o0: usize, o1: usize, y: *mut f32) {
+unsafe fn rows_generic<W: Elem>(
+    x: &[f32],
+    w: &[W],
+    n: usize,
+    k: usize,
+    m: usize,
+    o0: usize,
+    o1: usize,
+    y: *mut f32,
+) {
     rows::<W, false>(x, w, n, k, m, o0, o1, y)
 }
 
 /// Computes output columns `o0..o1` for every token row, tile by tile.
 #[inline(always)]
-unsafe fn rows<W: Elem, const FMA: bool>(x: &[f32], w: &[W], n: usize, k: usize, m: usize, o0: usize, o1: usize, y: *mut f32) {
+unsafe fn rows<W: Elem, const FMA: bool>(
+    x: &[f32],
+    w: &[W],
+    n: usize,
+    k: usize,
+    m: usize,
+    o0: usize,
+    o1: usize,
+    y: *mut f32,
+) {
     let mut t = 0;
     while t < n {
         let tx = (n - t).min(TX);
@@ -306,7 +369,9 @@ mod tests {
         let mut y = vec![0f32; n * m];
         for t in 0..n {
             for o in 0..m {
-                y[t * m + o] = (0..k).map(|i| x[t * k + i] as f64 * w[o * k + i] as f64).sum::<f64>() as f32;
+                y[t * m + o] = (0..k)
+                    .map(|i| x[t * k + i] as f64 * w[o * k + i] as f64)
+                    .sum::<f64>() as f32;
             }
         }
         y
@@ -315,20 +380,33 @@ mod tests {
     #[test]
     fn matches_naive_on_odd_shapes() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-        for &(n, k, m) in &[(1, 1, 1), (1, 576, 192), (5, 13, 7), (7, 64, 101), (33, 200, 97), (4, 24, 48)] {
+        for &(n, k, m) in &[
+            (1, 1, 1),
+            (1, 576, 192),
+            (5, 13, 7),
+            (7, 64, 101),
+            (33, 200, 97),
+            (4, 24, 48),
+        ] {
             let x: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let w: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let b: Vec<f32> = (0..m).map(|_| rng.gen_range(-1.0..1.0)).collect();
             // f16 storage: compare against the product of the rounded weights.
             let w16: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
             let w16_as_f32: Vec<f32> = w16.iter().map(|v| v.to_f32()).collect();
-            for (mat, wref) in [(Matrix::F32(w.clone()), &w), (Matrix::F16(w16), &w16_as_f32)] {
+            for (mat, wref) in [
+                (Matrix::F32(w.clone()), &w),
+                (Matrix::F16(w16), &w16_as_f32),
+            ] {
                 let mut y = vec![f32::NAN; n * m];
                 linear(&x, &mat, Some(&b), n, k, m, &mut y);
                 let want = naive(&x, wref, n, k, m);
                 for (i, (a, e)) in y.iter().zip(&want).enumerate() {
                     let e = e + b[i % m];
-                    assert!((a - e).abs() <= 1e-4 * (1.0 + e.abs()), "({n},{k},{m})[{i}]: {a} vs {e}");
+                    assert!(
+                        (a - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                        "({n},{k},{m})[{i}]: {a} vs {e}"
+                    );
                 }
             }
         }

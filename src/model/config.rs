@@ -14,6 +14,14 @@ pub struct Llama3RopeScaling {
     pub original_max_position_embeddings: usize,
 }
 
+/// The element type of the CPU engine's KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    F32,
+    /// Half the memory; attention scores are then computed at the keys' precision.
+    F16,
+}
+
 /// Shapes and constants of a Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -34,6 +42,9 @@ pub struct ModelConfig {
     pub attention_bias: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// GGUF models use an f16 cache (llama.cpp's convention for the format); HF
+    /// checkpoints use f32 on the CPU.
+    pub kv_dtype: KvDtype,
 }
 
 impl ModelConfig {
@@ -50,7 +61,10 @@ impl ModelConfig {
             ));
         }
         if self.head_dim == 0 || self.head_dim % 2 != 0 {
-            return fail(format!("head_dim {} must be even and positive", self.head_dim));
+            return fail(format!(
+                "head_dim {} must be even and positive",
+                self.head_dim
+            ));
         }
         if self.hidden_size == 0 || self.intermediate_size == 0 || self.vocab_size == 0 {
             return fail("hidden_size, intermediate_size and vocab_size must be positive".into());
@@ -117,7 +131,9 @@ impl ModelConfig {
                 .get("tokenizer.ggml.tokens")
                 .and_then(|t| t.as_array())
                 .map(|t| t.len())
-                .ok_or_else(|| Error::Gguf("neither vocab_size nor tokenizer.ggml.tokens".into()))?,
+                .ok_or_else(|| {
+                    Error::Gguf("neither vocab_size nor tokenizer.ggml.tokens".into())
+                })?,
         };
         let token_id = |key: &str| file.get(key).and_then(|v| v.as_u32());
         let cfg = ModelConfig {
@@ -136,7 +152,10 @@ impl ModelConfig {
             tie_word_embeddings: file.tensor_info("output.weight").is_none(),
             attention_bias: file.tensor_info("blk.0.attn_q.bias").is_some(),
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
-            eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
+            eos_token_ids: token_id("tokenizer.ggml.eos_token_id")
+                .into_iter()
+                .collect(),
+            kv_dtype: KvDtype::F16,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -206,6 +225,7 @@ impl ModelConfig {
                 Some(EosIds::Many(ids)) => ids,
                 None => vec![],
             },
+            kv_dtype: KvDtype::F32,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -196,7 +196,11 @@ impl GgufFile {
             None => DEFAULT_ALIGNMENT,
             Some(v) => match v.as_u64() {
                 Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a as usize,
-                _ => return Err(Error::Gguf(format!("general.alignment {v:?} is not a power of two"))),
+                _ => {
+                    return Err(Error::Gguf(format!(
+                        "general.alignment {v:?} is not a power of two"
+                    )))
+                }
             },
         };
         let mut tensors = Vec::new();
@@ -322,8 +326,7 @@ impl<'a> Reader<'a> {
     fn string(&mut self, what: &str) -> Result<String> {
         let n = self.count(&format!("length of {what}"), 1)?;
         let b = self.take(n, what)?;
-        String::from_utf8(b.to_vec())
-            .map_err(|_| Error::Gguf(format!("{what} is not valid UTF-8")))
+        String::from_utf8(b.to_vec()).map_err(|_| Error::Gguf(format!("{what} is not valid UTF-8")))
     }
 
     fn value(&mut self, ty: u32, key: &str, depth: usize) -> Result<MetaValue> {
@@ -339,7 +342,11 @@ impl<'a> Reader<'a> {
             7 => match self.array::<1>(&what)?[0] {
                 0 => MetaValue::Bool(false),
                 1 => MetaValue::Bool(true),
-                b => return Err(Error::Gguf(format!("{what}: bool byte {b} is neither 0 nor 1"))),
+                b => {
+                    return Err(Error::Gguf(format!(
+                        "{what}: bool byte {b} is neither 0 nor 1"
+                    )))
+                }
             },
             8 => MetaValue::String(self.string(&what)?),
             9 => {
@@ -376,7 +383,11 @@ impl<'a> Reader<'a> {
         let mut dims = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {
             let d = self.u64(&format!("dimensions of tensor {name:?}"))?;
-            dims.push(usize::try_from(d).map_err(|_| Error::Gguf(format!("tensor {name:?} dimension {d} is too large")))?);
+            dims.push(
+                usize::try_from(d).map_err(|_| {
+                    Error::Gguf(format!("tensor {name:?} dimension {d} is too large"))
+                })?,
+            );
         }
         let type_id = self.u32(&format!("type of tensor {name:?}"))?;
         let ty = GgmlType::from_id(type_id)

@@ -24,14 +24,26 @@ impl GgufWriter {
     }
 
     /// Adds a tensor of row-major `shape` whose data is already encoded as `ty`.
-    pub fn tensor_raw(&mut self, name: &str, shape: &[usize], ty: GgmlType, data: Vec<u8>) -> &mut Self {
+    pub fn tensor_raw(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        ty: GgmlType,
+        data: Vec<u8>,
+    ) -> &mut Self {
         let dims = shape.iter().rev().copied().collect();
         self.tensors.push((name.to_string(), dims, ty, data));
         self
     }
 
     /// Adds an f32 tensor, encoded (quantized) as `ty`.
-    pub fn tensor(&mut self, name: &str, shape: &[usize], ty: GgmlType, values: &[f32]) -> &mut Self {
+    pub fn tensor(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        ty: GgmlType,
+        values: &[f32],
+    ) -> &mut Self {
         self.tensor_raw(name, shape, ty, encode(ty, values))
     }
 
@@ -140,7 +152,10 @@ fn put_value(out: &mut Vec<u8>, v: &MetaValue) {
 pub fn encode(ty: GgmlType, values: &[f32]) -> Vec<u8> {
     match ty {
         GgmlType::F32 => values.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        GgmlType::F16 => values.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
+        GgmlType::F16 => values
+            .iter()
+            .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+            .collect(),
         GgmlType::BF16 => values
             .iter()
             .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
@@ -161,16 +176,23 @@ fn q8_0_block(x: &[f32]) -> Vec<u8> {
 }
 
 fn pack_nibbles(q: impl Fn(f32) -> u8, x: &[f32]) -> Vec<u8> {
-    (0..QK / 2).map(|j| q(x[j]) | (q(x[j + QK / 2]) << 4)).collect()
+    (0..QK / 2)
+        .map(|j| q(x[j]) | (q(x[j + QK / 2]) << 4))
+        .collect()
 }
 
 fn q4_0_block(x: &[f32]) -> Vec<u8> {
     // ggml picks the value of largest magnitude and maps it to -8.
-    let max = x.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let max = x
+        .iter()
+        .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
     let d = max / -8.0;
     let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut b = f16::from_f32(d).to_le_bytes().to_vec();
-    b.extend(pack_nibbles(|v| ((v * inv + 8.5) as i32).clamp(0, 15) as u8, x));
+    b.extend(pack_nibbles(
+        |v| ((v * inv + 8.5) as i32).clamp(0, 15) as u8,
+        x,
+    ));
     b
 }
 
@@ -181,6 +203,9 @@ fn q4_1_block(x: &[f32]) -> Vec<u8> {
     let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut b = f16::from_f32(d).to_le_bytes().to_vec();
     b.extend(f16::from_f32(min).to_le_bytes());
-    b.extend(pack_nibbles(|v| (((v - min) * inv + 0.5) as i32).clamp(0, 15) as u8, x));
+    b.extend(pack_nibbles(
+        |v| (((v - min) * inv + 0.5) as i32).clamp(0, 15) as u8,
+        x,
+    ));
     b
 }

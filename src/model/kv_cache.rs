@@ -1,18 +1,51 @@
 //! The CPU engine's paged KV cache: per layer, K and V stored as
-//! `[num_blocks, block_size, kv_heads * head_dim]` f32. Which blocks a sequence owns is the
-//! scheduler's business (block tables come in with each forward call).
+//! `[num_blocks, block_size, kv_heads * head_dim]` in f32 or f16 (the model's
+//! `kv_dtype`). Which blocks a sequence owns is the scheduler's business (block tables
+//! come in with each forward call).
 
-use super::config::ModelConfig;
+use half::f16;
+
+use super::config::{KvDtype, ModelConfig};
+use crate::kernels::cpu::KvElem;
+
+/// One layer's K or V storage.
+pub enum KvStore {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl KvStore {
+    fn new(dtype: KvDtype, len: usize) -> Self {
+        match dtype {
+            KvDtype::F32 => KvStore::F32(vec![0.0; len]),
+            KvDtype::F16 => KvStore::F16(vec![f16::ZERO; len]),
+        }
+    }
+
+    fn write(&mut self, at: usize, values: &[f32]) {
+        fn put<T: KvElem>(dst: &mut [T], values: &[f32]) {
+            for (d, &v) in dst.iter_mut().zip(values) {
+                *d = T::from_f32(v);
+            }
+        }
+        match self {
+            KvStore::F32(s) => put(&mut s[at..at + values.len()], values),
+            KvStore::F16(s) => put(&mut s[at..at + values.len()], values),
+        }
+    }
+}
 
 pub struct KvCache {
     pub block_size: usize,
     pub num_blocks: usize,
     pub kv_dim: usize,
+    pub dtype: KvDtype,
     /// One `(k, v)` pair per layer.
-    pub layers: Vec<(Vec<f32>, Vec<f32>)>,
+    pub layers: Vec<(KvStore, KvStore)>,
 }
 
 impl KvCache {
+    /// A cache of `num_blocks` blocks of `block_size` tokens in the model's `kv_dtype`.
     pub fn new(cfg: &ModelConfig, block_size: usize, num_blocks: usize) -> Self {
         assert!(block_size > 0, "block_size must be positive");
         let kv_dim = cfg.kv_dim();
@@ -21,24 +54,29 @@ impl KvCache {
             block_size,
             num_blocks,
             kv_dim,
+            dtype: cfg.kv_dtype,
             layers: (0..cfg.num_layers)
-                .map(|_| (vec![0f32; per_layer], vec![0f32; per_layer]))
+                .map(|_| (KvStore::new(cfg.kv_dtype, per_layer), KvStore::new(cfg.kv_dtype, per_layer)))
                 .collect(),
         }
     }
 
-    /// Bytes held by the cache.
-    pub fn bytes(&self) -> usize {
-        self.layers.len() * 2 * self.num_blocks * self.block_size * self.kv_dim * 4
+    /// Bytes one token takes across all layers.
+    pub fn bytes_per_token(cfg: &ModelConfig) -> usize {
+        let elem = match cfg.kv_dtype {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        };
+        cfg.num_layers * 2 * cfg.kv_dim() * elem
     }
 
-    /// Writes K and V rows of `layer` for the given (block table, position) slots.
+    /// Writes K and V rows of `layer` into the given slots.
     pub fn write(&mut self, layer: usize, slots: &[usize], k: &[f32], v: &[f32]) {
         let d = self.kv_dim;
         let (kc, vc) = &mut self.layers[layer];
         for (i, &slot) in slots.iter().enumerate() {
-            kc[slot * d..(slot + 1) * d].copy_from_slice(&k[i * d..(i + 1) * d]);
-            vc[slot * d..(slot + 1) * d].copy_from_slice(&v[i * d..(i + 1) * d]);
+            kc.write(slot * d, &k[i * d..(i + 1) * d]);
+            vc.write(slot * d, &v[i * d..(i + 1) * d]);
         }
     }
 

@@ -6,11 +6,11 @@ use std::path::Path;
 
 use super::config::ModelConfig;
 use super::gguf::GgufFile;
-use super::kv_cache::KvCache;
+use super::kv_cache::{KvCache, KvStore};
 use super::safetensors::HfCheckpoint;
 use super::weights::{Linear, LlamaWeights};
 use crate::error::{Error, Result};
-use crate::kernels::cpu::{self, AttnRow, PagedView};
+use crate::kernels::cpu::{self, AttnRow, KvElem, PagedView};
 use crate::kernels::matmul::linear;
 
 /// New tokens of one sequence for one forward call.
@@ -70,7 +70,12 @@ impl Llama {
     pub fn forward(&self, seqs: &[SeqChunk<'_>], cache: &mut KvCache) -> Result<Vec<Vec<f32>>> {
         self.check(seqs, cache)?;
         let cfg = &self.config;
-        let (h, qd, kvd, f) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let (h, qd, kvd, f) = (
+            cfg.hidden_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.intermediate_size,
+        );
         let mut positions = Vec::new();
         let mut slots = Vec::new();
         let mut ids = Vec::new();
@@ -121,13 +126,7 @@ impl Llama {
             cpu::rope(&mut q, &positions, cfg.head_dim, &self.inv_freq);
             cpu::rope(&mut k, &positions, cfg.head_dim, &self.inv_freq);
             cache.write(l, &slots, &k, &v);
-            let (kc, vc) = &cache.layers[l];
-            let view = |data| PagedView {
-                data,
-                block_size: cache.block_size,
-                kv_dim: kvd,
-            };
-            cpu::paged_attention(&q, &attn_rows, &view(kc), &view(vc), cfg.num_heads, cfg.head_dim, &mut attn);
+            attention(cache, l, &q, &attn_rows, cfg, &mut attn);
             apply(&lw.o, &attn, n, &mut tmp);
             cpu::add_in_place(&mut x, &tmp);
 
@@ -149,7 +148,11 @@ impl Llama {
         let mut start = 0;
         for c in seqs {
             let n = c.tokens.len();
-            let from = if c.all_logits { start } else { start + n.saturating_sub(1) };
+            let from = if c.all_logits {
+                start
+            } else {
+                start + n.saturating_sub(1)
+            };
             let take = if n == 0 { 0 } else { start + n - from };
             rows.extend_from_slice(&x[from * h..(from + take) * h]);
             counts.push(take);
@@ -157,7 +160,12 @@ impl Llama {
         }
         let m = rows.len() / h;
         let mut normed = vec![0f32; m * h];
-        cpu::rms_norm(&rows, &self.weights.final_norm, cfg.rms_norm_eps, &mut normed);
+        cpu::rms_norm(
+            &rows,
+            &self.weights.final_norm,
+            cfg.rms_norm_eps,
+            &mut normed,
+        );
         let mut logits = vec![0f32; m * vsz];
         match &self.weights.lm_head {
             Some(head) => apply(head, &normed, m, &mut logits),
@@ -199,7 +207,10 @@ impl Llama {
                     c.block_table.len()
                 )));
             }
-            if let Some(&b) = c.block_table[..blocks].iter().find(|&&b| b as usize >= cache.num_blocks) {
+            if let Some(&b) = c.block_table[..blocks]
+                .iter()
+                .find(|&&b| b as usize >= cache.num_blocks)
+            {
                 return Err(Error::InvalidRequest(format!(
                     "block {b} is outside the cache ({} blocks)",
                     cache.num_blocks
@@ -207,6 +218,19 @@ impl Llama {
             }
         }
         Ok(())
+    }
+}
+
+/// Paged attention of layer `l` over the cache, whatever its element type.
+fn attention(cache: &KvCache, l: usize, q: &[f32], rows: &[AttnRow<'_>], cfg: &ModelConfig, out: &mut [f32]) {
+    fn run<T: KvElem>(k: &[T], v: &[T], cache: &KvCache, q: &[f32], rows: &[AttnRow<'_>], cfg: &ModelConfig, out: &mut [f32]) {
+        let view = |data| PagedView { data, block_size: cache.block_size, kv_dim: cache.kv_dim };
+        cpu::paged_attention(q, rows, &view(k), &view(v), cfg.num_heads, cfg.head_dim, out);
+    }
+    match &cache.layers[l] {
+        (KvStore::F32(k), KvStore::F32(v)) => run(k, v, cache, q, rows, cfg, out),
+        (KvStore::F16(k), KvStore::F16(v)) => run(k, v, cache, q, rows, cfg, out),
+        _ => unreachable!("K and V of a layer share one element type"),
     }
 }
 

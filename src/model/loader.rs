@@ -25,17 +25,29 @@ impl LoadedModel {
         if path.is_dir() {
             let tok_json = path.join("tokenizer.json");
             if !tok_json.exists() {
-                return Err(Error::Tokenizer(format!("{} has no tokenizer.json", path.display())));
+                return Err(Error::Tokenizer(format!(
+                    "{} has no tokenizer.json",
+                    path.display()
+                )));
             }
             let tok_cfg = path.join("tokenizer_config.json");
-            let tokenizer = Tokenizer::from_files(&tok_json, tok_cfg.exists().then_some(tok_cfg.as_path()))?;
+            let tokenizer =
+                Tokenizer::from_files(&tok_json, tok_cfg.exists().then_some(tok_cfg.as_path()))?;
             let model = Llama::load(path)?;
-            Ok(LoadedModel { model, tokenizer, name })
+            Ok(LoadedModel {
+                model,
+                tokenizer,
+                name,
+            })
         } else {
             let file = GgufFile::open(path)?;
             let tokenizer = Tokenizer::from_gguf_vocab(&GgufVocab::from_gguf(&file)?)?;
             let model = Llama::from_gguf(&file)?;
-            Ok(LoadedModel { model, tokenizer, name })
+            Ok(LoadedModel {
+                model,
+                tokenizer,
+                name,
+            })
         }
     }
 }

@@ -4,12 +4,12 @@
 pub mod config;
 pub mod gguf;
 pub mod gguf_writer;
-pub mod quant;
-pub mod safetensors;
-pub mod tiny;
 pub mod kv_cache;
 pub mod llama;
 pub mod loader;
+pub mod quant;
+pub mod safetensors;
+pub mod tiny;
 pub mod weights;
 
 pub use config::ModelConfig;

@@ -73,8 +73,8 @@ impl GgmlType {
 fn ggml_type_name(id: u32) -> &'static str {
     const NAMES: [&str; 31] = [
         "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
-        "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",
-        "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16",
+        "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL",
+        "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16",
     ];
     NAMES.get(id as usize).copied().unwrap_or("unknown")
 }
@@ -115,7 +115,10 @@ pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()
             }
         }
         GgmlType::Q8_0 => {
-            for (o, b) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(ty.block_bytes())) {
+            for (o, b) in out
+                .chunks_exact_mut(QK)
+                .zip(bytes.chunks_exact(ty.block_bytes()))
+            {
                 let d = f16_at(b, 0);
                 for (x, &q) in o.iter_mut().zip(&b[2..]) {
                     *x = (q as i8) as f32 * d;
@@ -123,13 +126,19 @@ pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()
             }
         }
         GgmlType::Q4_0 => {
-            for (o, b) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(ty.block_bytes())) {
+            for (o, b) in out
+                .chunks_exact_mut(QK)
+                .zip(bytes.chunks_exact(ty.block_bytes()))
+            {
                 let d = f16_at(b, 0);
                 unpack_nibbles(&b[2..], o, |q| (q as f32 - 8.0) * d);
             }
         }
         GgmlType::Q4_1 => {
-            for (o, b) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(ty.block_bytes())) {
+            for (o, b) in out
+                .chunks_exact_mut(QK)
+                .zip(bytes.chunks_exact(ty.block_bytes()))
+            {
                 let (d, m) = (f16_at(b, 0), f16_at(b, 2));
                 unpack_nibbles(&b[4..], o, |q| q as f32 * d + m);
             }
@@ -152,7 +161,12 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
     let mut out = vec![0f32; n];
     ty.bytes_for(n)
         .filter(|&b| b == bytes.len())
-        .ok_or_else(|| Error::Gguf(format!("{ty:?} data of {} bytes does not hold {n} values", bytes.len())))?;
+        .ok_or_else(|| {
+            Error::Gguf(format!(
+                "{ty:?} data of {} bytes does not hold {n} values",
+                bytes.len()
+            ))
+        })?;
     // Chunks of whole blocks, so each piece dequantizes independently.
     let per_chunk = ty.block_len() * 4096;
     let bytes_per_chunk = ty.bytes_for(per_chunk).expect("whole blocks");
@@ -217,12 +231,28 @@ mod tests {
 
     #[test]
     fn plain_float_types() {
-        let f32s: Vec<u8> = [1.5f32, -2.25].iter().flat_map(|x| x.to_le_bytes()).collect();
-        assert_eq!(dequantize(GgmlType::F32, &f32s, 2).unwrap(), vec![1.5, -2.25]);
+        let f32s: Vec<u8> = [1.5f32, -2.25]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        assert_eq!(
+            dequantize(GgmlType::F32, &f32s, 2).unwrap(),
+            vec![1.5, -2.25]
+        );
         let f16s: Vec<u8> = [h(0.5), h(-7.0)].concat();
-        assert_eq!(dequantize(GgmlType::F16, &f16s, 2).unwrap(), vec![0.5, -7.0]);
-        let bf16s: Vec<u8> = [bf16::from_f32(3.0).to_le_bytes(), bf16::from_f32(-0.125).to_le_bytes()].concat();
-        assert_eq!(dequantize(GgmlType::BF16, &bf16s, 2).unwrap(), vec![3.0, -0.125]);
+        assert_eq!(
+            dequantize(GgmlType::F16, &f16s, 2).unwrap(),
+            vec![0.5, -7.0]
+        );
+        let bf16s: Vec<u8> = [
+            bf16::from_f32(3.0).to_le_bytes(),
+            bf16::from_f32(-0.125).to_le_bytes(),
+        ]
+        .concat();
+        assert_eq!(
+            dequantize(GgmlType::BF16, &bf16s, 2).unwrap(),
+            vec![3.0, -0.125]
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ use super::quant::GgmlType;
 use super::safetensors::HfCheckpoint;
 use crate::error::{Error, Result};
 use crate::kernels::matmul::Matrix;
+use crate::kernels::qmatmul::QMatrix;
 
 /// A linear layer `y = x · Wᵀ + b` with `w` row-major `[rows (out), cols (in)]`.
 pub struct Linear {
@@ -68,8 +69,14 @@ trait Source: Sync {
     fn load(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)>;
     /// Whether the tensor is stored as f32 in the source (so it stays f32 here).
     fn is_f32(&self, name: &str) -> bool;
-    /// Undoes a format's reordering of Q or K rows (GGUF's llama layout), in place.
-    fn fix_rows(&self, _part: Part, _w: &mut Vec<f32>, _cfg: &ModelConfig) {}
+    /// The tensor as a block-quantized matrix, when the source holds it quantized.
+    fn quantized(&self, _name: &str) -> Option<QMatrix> {
+        None
+    }
+    /// The order of rows that undoes a format's reordering of Q or K (see `fix_rows`).
+    fn row_order(&self, _part: Part, _cfg: &ModelConfig) -> Option<Vec<usize>> {
+        None
+    }
 }
 
 struct Gguf<'a>(&'a GgufFile, bool);
@@ -102,37 +109,49 @@ impl Source for Gguf<'_> {
         self.0.tensor_f32(name)
     }
     fn is_f32(&self, name: &str) -> bool {
-        self.0.tensor_info(name).is_some_and(|t| t.ty == GgmlType::F32)
+        self.0
+            .tensor_info(name)
+            .is_some_and(|t| t.ty == GgmlType::F32)
     }
-    fn fix_rows(&self, part: Part, w: &mut Vec<f32>, cfg: &ModelConfig) {
+    fn quantized(&self, name: &str) -> Option<QMatrix> {
+        let info = self.0.tensor_info(name)?;
+        let shape = info.shape();
+        if shape.len() != 2 || !matches!(info.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0) {
+            return None;
+        }
+        QMatrix::from_ggml(info.ty, self.0.tensor_bytes(info), shape[0], shape[1])
+    }
+    fn row_order(&self, part: Part, cfg: &ModelConfig) -> Option<Vec<usize>> {
         // llama.cpp's converter interleaves the two rotated halves of each Q/K head for
         // llama-architecture models (its "normal" RoPE rotates adjacent pairs); we undo it
         // to run one RoPE layout, HF's, for every source.
         let heads = match part {
             Part::Q | Part::QBias if self.1 => cfg.num_heads,
             Part::K | Part::KBias if self.1 => cfg.num_kv_heads,
-            _ => return,
+            _ => return None,
         };
-        *w = unpermute_rows(w, heads, cfg.head_dim);
+        Some(unpermute_order(heads, cfg.head_dim))
     }
 }
 
-/// Inverse of the converter's `reshape(heads, 2, hd/2, ..).swapaxes(1, 2)` on rows.
-fn unpermute_rows(w: &[f32], heads: usize, head_dim: usize) -> Vec<f32> {
-    let rows = heads * head_dim;
-    let cols = w.len() / rows;
+/// Row `r` of the HF layout is row `order[r]` of the GGUF layout: the inverse of the
+/// converter's `reshape(heads, 2, hd/2, ..).swapaxes(1, 2)`.
+fn unpermute_order(heads: usize, head_dim: usize) -> Vec<usize> {
     let half = head_dim / 2;
-    let mut out = vec![0f32; w.len()];
+    let mut order = vec![0; heads * head_dim];
     for h in 0..heads {
         for j in 0..half {
             for s in 0..2 {
-                let src = (h * head_dim + 2 * j + s) * cols;
-                let dst = (h * head_dim + s * half + j) * cols;
-                out[dst..dst + cols].copy_from_slice(&w[src..src + cols]);
+                order[h * head_dim + s * half + j] = h * head_dim + 2 * j + s;
             }
         }
     }
-    out
+    order
+}
+
+fn reorder_rows(w: &[f32], order: &[usize]) -> Vec<f32> {
+    let cols = w.len() / order.len();
+    order.iter().flat_map(|&r| w[r * cols..(r + 1) * cols].iter().copied()).collect()
 }
 
 struct Hf<'a>(&'a HfCheckpoint);
@@ -165,7 +184,9 @@ impl Source for Hf<'_> {
         self.0.tensor_f32(name)
     }
     fn is_f32(&self, name: &str) -> bool {
-        self.0.tensor_raw(name).is_ok_and(|(dtype, _, _)| dtype == safetensors::Dtype::F32)
+        self.0
+            .tensor_raw(name)
+            .is_ok_and(|(dtype, _, _)| dtype == safetensors::Dtype::F32)
     }
 }
 
@@ -180,7 +201,10 @@ impl LlamaWeights {
 
     fn load(src: &dyn Source, cfg: &ModelConfig) -> Result<Self> {
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        let embed = matrix(src, &[Part::Embed], tensor(src, Part::Embed, 0, &[v, h], cfg)?, 0);
+        let embed = match quantized(src, &[Part::Embed], 0, cfg) {
+            Some(q) => Matrix::Quant(q),
+            None => matrix(src, &[Part::Embed], tensor(src, Part::Embed, 0, &[v, h], cfg)?, 0),
+        };
         let final_norm = tensor(src, Part::FinalNorm, 0, &[h], cfg)?;
         let head_name = src.name(Part::LmHead, 0);
         let lm_head = if src.has(&head_name) && !cfg.tie_word_embeddings {
@@ -208,7 +232,13 @@ fn layer(src: &dyn Source, l: usize, cfg: &ModelConfig) -> Result<LayerWeights> 
         .then_some([Part::QBias, Part::KBias, Part::VBias]);
     Ok(LayerWeights {
         attn_norm: tensor(src, Part::AttnNorm, l, &[h], cfg)?,
-        qkv: linear(src, &[Part::Q, Part::K, Part::V], bias.as_ref().map(|b| &b[..]), l, cfg)?,
+        qkv: linear(
+            src,
+            &[Part::Q, Part::K, Part::V],
+            bias.as_ref().map(|b| &b[..]),
+            l,
+            cfg,
+        )?,
         o: linear(src, &[Part::O], None, l, cfg)?,
         ffn_norm: tensor(src, Part::FfnNorm, l, &[h], cfg)?,
         gate_up: linear(src, &[Part::Gate, Part::Up], None, l, cfg)?,
@@ -232,7 +262,13 @@ fn expected_shape(part: Part, cfg: &ModelConfig) -> Vec<usize> {
     }
 }
 
-fn tensor(src: &dyn Source, part: Part, l: usize, want: &[usize], cfg: &ModelConfig) -> Result<Vec<f32>> {
+fn tensor(
+    src: &dyn Source,
+    part: Part,
+    l: usize,
+    want: &[usize],
+    cfg: &ModelConfig,
+) -> Result<Vec<f32>> {
     let name = src.name(part, l);
     let (shape, mut data) = src.load(&name)?;
     if shape != want {
@@ -240,7 +276,9 @@ fn tensor(src: &dyn Source, part: Part, l: usize, want: &[usize], cfg: &ModelCon
             "tensor {name} has shape {shape:?}, expected {want:?}"
         )));
     }
-    src.fix_rows(part, &mut data, cfg);
+    if let Some(order) = src.row_order(part, cfg) {
+        data = reorder_rows(&data, &order);
+    }
     Ok(data)
 }
 
@@ -253,15 +291,42 @@ fn matrix(src: &dyn Source, parts: &[Part], data: Vec<f32>, l: usize) -> Matrix 
     }
 }
 
-/// Loads parts that share an input and stacks their rows into one matrix (and biases).
-fn linear(src: &dyn Source, parts: &[Part], biases: Option<&[Part]>, l: usize, cfg: &ModelConfig) -> Result<Linear> {
-    let mut w = Vec::new();
-    let mut rows = 0;
+/// The parts as one stacked quantized matrix, when every part is quantized alike.
+fn quantized(src: &dyn Source, parts: &[Part], l: usize, cfg: &ModelConfig) -> Option<QMatrix> {
+    let mut qs = Vec::new();
     for &p in parts {
-        let shape = expected_shape(p, cfg);
-        w.extend(tensor(src, p, l, &shape, cfg)?);
-        rows += shape[0];
+        let mut q = src.quantized(&src.name(p, l))?;
+        if [q.rows, q.cols] != expected_shape(p, cfg)[..] {
+            return None;
+        }
+        if let Some(order) = src.row_order(p, cfg) {
+            q.permute_rows(&order);
+        }
+        qs.push(q);
     }
+    QMatrix::concat(qs)
+}
+
+/// Loads parts that share an input and stacks their rows into one matrix (and biases).
+fn linear(
+    src: &dyn Source,
+    parts: &[Part],
+    biases: Option<&[Part]>,
+    l: usize,
+    cfg: &ModelConfig,
+) -> Result<Linear> {
+    let rows: usize = parts.iter().map(|&p| expected_shape(p, cfg)[0]).sum();
+    let cols = expected_shape(parts[0], cfg)[1];
+    let w = match quantized(src, parts, l, cfg) {
+        Some(q) => Matrix::Quant(q),
+        None => {
+            let mut w = Vec::with_capacity(rows * cols);
+            for &p in parts {
+                w.extend(tensor(src, p, l, &expected_shape(p, cfg), cfg)?);
+            }
+            matrix(src, parts, w, l)
+        }
+    };
     let b = match biases {
         None => None,
         Some(bs) => {
@@ -272,8 +337,7 @@ fn linear(src: &dyn Source, parts: &[Part], biases: Option<&[Part]>, l: usize, c
             Some(b)
         }
     };
-    let cols = expected_shape(parts[0], cfg)[1];
-    Ok(Linear { w: matrix(src, parts, w, l), b, rows, cols })
+    Ok(Linear { w, b, rows, cols })
 }
 
 #[cfg(test)]
@@ -286,6 +350,6 @@ mod tests {
         // rotate together; GGUF stores them as [a0 b0 a1 b1].
         let hf: Vec<f32> = (0..8).map(|i| i as f32).collect();
         let gguf = vec![0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0];
-        assert_eq!(unpermute_rows(&gguf, 2, 4), hf);
+        assert_eq!(reorder_rows(&gguf, &unpermute_order(2, 4)), hf);
     }
 }

@@ -43,7 +43,8 @@ impl BlockManager {
         if n > self.free.len() {
             return None;
         }
-        let blocks = self.free.split_off(self.free.len() - n);
+        let mut blocks = self.free.split_off(self.free.len() - n);
+        blocks.reverse(); // in pop order
         for &b in &blocks {
             debug_assert_eq!(self.refs[b as usize], 0, "block {b} on free list is in use");
             self.refs[b as usize] = 1;
@@ -117,7 +118,11 @@ impl BlockManager {
             assert_eq!(self.refs[b as usize], 0, "free block {b} has references");
         }
         let zero = self.refs.iter().filter(|&&r| r == 0).count();
-        assert_eq!(zero, self.free.len(), "a block with no references is not free");
+        assert_eq!(
+            zero,
+            self.free.len(),
+            "a block with no references is not free"
+        );
     }
 }
 

@@ -31,6 +31,8 @@
 
 mod batch;
 mod block_manager;
+#[cfg(test)]
+mod checks;
 mod policy;
 mod schedule;
 mod sequence;

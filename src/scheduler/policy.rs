@@ -27,12 +27,13 @@ pub struct SchedulerConfig {
     pub max_num_tokens: usize,
     /// Sequences waiting for admission before `add` refuses with `QueueFull`.
     pub max_queue_size: usize,
+    /// How admission treats the KV cache.
     pub policy: SchedulerPolicy,
     /// Split prompts longer than the iteration's remaining token budget.
     pub enable_chunked_context: bool,
     /// Tokens per KV block.
     pub block_size: usize,
-    /// KV blocks in the cache.
+    /// KV blocks in the cache (the real value comes from the engine's memory budget).
     pub num_blocks: usize,
     /// Longest sequence, prompt plus generated tokens.
     pub max_seq_len: usize,
@@ -195,7 +196,10 @@ mod tests {
             max_num_tokens: 0,
             ..Default::default()
         };
-        assert_eq!(c.validate(), Err(ConfigError::TooSmall("max_num_tokens", 1)));
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::TooSmall("max_num_tokens", 1))
+        );
         let c = SchedulerConfig {
             max_seq_len: 1,
             ..Default::default()
@@ -208,7 +212,7 @@ mod tests {
         let c = SchedulerConfig {
             max_num_tokens: 100,
             max_seq_len: 200,
-            num_blocks: 10,
+            num_blocks: 20,
             block_size: 16,
             ..Default::default()
         };
@@ -216,11 +220,18 @@ mod tests {
         assert_eq!(c.check(&spec(5, 0)), Err(AddError::NoNewTokens));
         assert!(matches!(
             c.check(&spec(200, 5)),
-            Err(AddError::TooLong { limit: Limit::MaxSeqLen, max: 199, .. })
+            Err(AddError::TooLong {
+                limit: Limit::MaxSeqLen,
+                max: 199,
+                ..
+            })
         ));
         assert!(matches!(
             c.check(&spec(101, 5)),
-            Err(AddError::TooLong { limit: Limit::MaxNumTokens, .. })
+            Err(AddError::TooLong {
+                limit: Limit::MaxNumTokens,
+                ..
+            })
         ));
         assert_eq!(c.check(&spec(100, 500)), Ok(()), "generation is clamped");
         let chunked = SchedulerConfig {
@@ -251,7 +262,11 @@ mod tests {
         };
         assert!(matches!(
             max_util.check(&spec(90, 20)),
-            Err(AddError::TooLong { tokens: 109, limit: Limit::MaxNumTokens, .. })
+            Err(AddError::TooLong {
+                tokens: 109,
+                limit: Limit::MaxNumTokens,
+                ..
+            })
         ));
     }
 }

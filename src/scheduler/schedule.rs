@@ -40,6 +40,11 @@ impl Scheduler {
         if step.preempted.is_empty() {
             self.admit_waiting(&mut step);
         }
+        debug_assert_eq!(
+            step.budget + step.seqs.iter().map(|c| c.tokens.len()).sum::<usize>(),
+            self.config.max_num_tokens,
+            "token budget accounting"
+        );
         self.last_stats = self.stats(&step);
         Batch {
             iteration: step.iteration,

@@ -50,10 +50,6 @@ impl Sequence {
         self.tokens.len()
     }
 
-    pub(crate) fn num_generated(&self) -> usize {
-        self.tokens.len() - self.prompt_len
-    }
-
     /// Known tokens not yet computed: what the invariant makes the scheduler catch up.
     pub(crate) fn num_uncomputed(&self) -> usize {
         self.tokens.len() - self.num_computed
@@ -61,7 +57,11 @@ impl Sequence {
 
     /// The most tokens this sequence will ever keep in the KV cache.
     pub(crate) fn max_kv_tokens(&self) -> usize {
-        kv_tokens_needed(self.prompt_len, self.max_len - self.prompt_len, self.max_len)
+        kv_tokens_needed(
+            self.prompt_len,
+            self.max_len - self.prompt_len,
+            self.max_len,
+        )
     }
 
     /// Whether it has generated all it may.
@@ -87,7 +87,7 @@ mod tests {
         assert_eq!(s.num_uncomputed(), 3);
         s.num_computed = 3;
         s.tokens.push(9);
-        assert_eq!((s.num_known(), s.num_generated(), s.num_uncomputed()), (4, 1, 1));
+        assert_eq!((s.num_known(), s.num_uncomputed()), (4, 1));
         assert!(!s.at_length_limit());
         let s = Sequence::new(spec, 100);
         assert_eq!((s.max_len, s.max_kv_tokens()), (13, 12));

@@ -1,13 +1,15 @@
-//! Scenario tests of the scheduler, driven directly on the structs, and the invariant
-//! check shared with the randomized test in `tests_random.rs`.
+//! Scenario tests of the scheduler, driven directly on the structs.
 
+use super::checks::{check_batch, check_invariants};
 use super::*;
 use std::collections::HashMap;
 
-pub(super) fn spec(id: u64, prompt_len: usize, max_new_tokens: usize) -> SeqSpec {
+fn spec(id: u64, prompt_len: usize, max_new_tokens: usize) -> SeqSpec {
     SeqSpec {
         id,
-        prompt: (0..prompt_len as u32).map(|t| t + 1000 * id as u32).collect(),
+        prompt: (0..prompt_len as u32)
+            .map(|t| t + 1000 * id as u32)
+            .collect(),
         max_new_tokens,
     }
 }
@@ -38,7 +40,7 @@ fn output(s: &Scheduler, batch: &Batch, stop: &[u64]) -> StepOutput {
             let seq = s.running.iter().find(|q| q.id == c.id).unwrap();
             SampledToken {
                 id: c.id,
-                token: c.id as u32 * 100 + seq.num_generated() as u32,
+                token: c.id as u32 * 100 + (seq.tokens.len() - seq.prompt_len) as u32,
                 stop: stop.contains(&c.id),
             }
         })
@@ -71,83 +73,24 @@ fn finished(events: &[SeqEvent]) -> Vec<(u64, FinishReason)> {
         .collect()
 }
 
-/// The batch respects the configured limits and each chunk is well formed.
-pub(super) fn check_batch(s: &Scheduler, batch: &Batch) {
-    let c = &s.config;
-    assert!(batch.seqs.len() <= c.max_batch_size, "batch size exceeded");
-    assert!(batch.num_tokens() <= c.max_num_tokens, "token budget exceeded");
-    let mut ids: Vec<u64> = batch.seqs.iter().map(|x| x.id).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    assert_eq!(ids.len(), batch.seqs.len(), "a sequence scheduled twice");
-    for x in &batch.seqs {
-        assert!(!x.tokens.is_empty());
-        let end = x.start_pos + x.tokens.len();
-        assert!(x.block_table.len() * c.block_size >= end, "block table too short");
-        assert_eq!(x.new, x.start_pos == 0);
-        let seq = s.running.iter().find(|q| q.id == x.id).expect("scheduled ⊆ running");
-        assert_eq!(x.tokens[..], seq.tokens[x.start_pos..end]);
-        assert_eq!(x.sample, end == seq.num_known());
-        if !c.enable_chunked_context {
-            assert_eq!(end, seq.num_known(), "a chunk without chunked context");
-        }
-    }
-}
-
-/// Blocks: none leaked or double-owned, counts consistent. Sequences: consistent
-/// lengths, limits respected, the id set matches.
-pub(super) fn check_invariants(s: &Scheduler) {
-    s.blocks.check_consistent();
-    let bs = s.config.block_size;
-    let mut owned: Vec<u32> = Vec::new();
-    for seq in &s.waiting {
-        assert!(seq.blocks.is_empty(), "waiting seq {} holds blocks", seq.id);
-        assert_eq!(seq.num_computed, 0);
-        assert_eq!(seq.in_flight, None);
-    }
-    for seq in &s.running {
-        assert!(seq.num_computed <= seq.num_known());
-        assert!(seq.num_known() <= seq.max_len);
-        assert!(seq.blocks.len() >= seq.num_computed.div_ceil(bs));
-        assert!(seq.blocks.len() <= seq.num_known().div_ceil(bs), "over-allocated");
-        owned.extend(&seq.blocks);
-    }
-    for &b in &owned {
-        assert_eq!(s.blocks.ref_count(b), 1, "block {b} refcount");
-    }
-    let n = owned.len();
-    owned.sort_unstable();
-    owned.dedup();
-    assert_eq!(owned.len(), n, "a block owned by two sequences");
-    assert_eq!(s.blocks.num_free() + n, s.blocks.num_total(), "blocks leaked");
-    assert!(s.running.len() <= s.config.max_batch_size);
-    let mut ids: Vec<u64> = s.waiting.iter().chain(&s.running).map(|q| q.id).collect();
-    ids.sort_unstable();
-    let mut live: Vec<u64> = s.live.iter().copied().collect();
-    live.sort_unstable();
-    assert_eq!(ids, live, "live ids out of sync");
-    if s.config.policy == SchedulerPolicy::GuaranteedNoEvict {
-        let reserve: usize = s
-            .running
-            .iter()
-            .map(|q| q.max_kv_tokens().div_ceil(bs) - q.blocks.len())
-            .sum();
-        assert!(reserve <= s.blocks.num_free(), "NoEvict guarantee broken");
-    }
-}
-
 #[test]
 fn prefill_then_decode_until_length() {
     let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 8, 4));
     s.add(spec(1, 5, 3)).unwrap();
     let (b, ev) = step(&mut s, &[]);
     let c = chunk(&b, 1).unwrap();
-    assert_eq!((c.start_pos, c.tokens.len(), c.sample, c.new), (0, 5, true, true));
+    assert_eq!(
+        (c.start_pos, c.tokens.len(), c.sample, c.new),
+        (0, 5, true, true)
+    );
     assert_eq!(c.block_table, vec![0, 1]);
     assert_eq!(ev, vec![SeqEvent::Token { id: 1, token: 100 }]);
     let (b, _) = step(&mut s, &[]);
     let c = chunk(&b, 1).unwrap();
-    assert_eq!((c.start_pos, c.tokens.clone(), c.new), (5, vec![100], false));
+    assert_eq!(
+        (c.start_pos, c.tokens.clone(), c.new),
+        (5, vec![100], false)
+    );
     let (_, ev) = step(&mut s, &[]);
     assert_eq!(
         ev,
@@ -173,7 +116,11 @@ fn stop_token_finishes_and_frees_blocks() {
     assert_eq!(s.num_free_blocks(), 4);
     let (_, ev) = step(&mut s, &[2]);
     assert_eq!(finished(&ev), vec![(2, FinishReason::Stop)]);
-    assert_eq!(s.num_free_blocks(), 6, "seq 2's blocks freed in the same update");
+    assert_eq!(
+        s.num_free_blocks(),
+        6,
+        "seq 2's blocks freed in the same update"
+    );
     s.add(spec(2, 3, 3)).expect("a finished id can be reused");
 }
 
@@ -215,7 +162,10 @@ fn no_evict_admits_when_blocks_return_and_never_preempts() {
         let (b, ev) = step(&mut s, &[]);
         assert!(b.preempted.is_empty());
         if chunk(&b, 2).is_some_and(|c| c.new) {
-            assert!(done.contains(&1), "seq 2 admitted before seq 1 returned blocks");
+            assert!(
+                done.contains(&1),
+                "seq 2 admitted before seq 1 returned blocks"
+            );
         }
         done.extend(finished(&ev).into_iter().map(|(id, _)| id));
     }
@@ -264,7 +214,11 @@ fn max_utilization_preempts_newest_and_resumes_with_outputs_kept() {
     }
     assert!(preempted_at.is_some() && resumed);
     assert_eq!(done, vec![1, 2]);
-    assert_eq!(tokens[&2], (200..208).collect::<Vec<u32>>(), "no token lost or repeated");
+    assert_eq!(
+        tokens[&2],
+        (200..208).collect::<Vec<u32>>(),
+        "no token lost or repeated"
+    );
     assert_eq!(s.num_free_blocks(), 4);
 }
 
@@ -286,12 +240,22 @@ fn chunked_prefill_is_split_and_mixed_with_decodes() {
         let c = chunk(&b, 2).unwrap();
         starts.push((c.start_pos, c.tokens.len(), c.sample, c.new));
         let st = s.last_stats();
-        assert_eq!((st.num_generation_requests, st.num_generation_tokens), (1, 1));
-        assert_eq!((st.num_context_requests, st.num_context_tokens), (1, c.tokens.len()));
+        assert_eq!(
+            (st.num_generation_requests, st.num_generation_tokens),
+            (1, 1)
+        );
+        assert_eq!(
+            (st.num_context_requests, st.num_context_tokens),
+            (1, c.tokens.len())
+        );
     }
     assert_eq!(
         starts,
-        vec![(0, 15, false, true), (15, 15, false, false), (30, 10, true, false)]
+        vec![
+            (0, 15, false, true),
+            (15, 15, false, false),
+            (30, 10, true, false)
+        ]
     );
     let (b, _) = step(&mut s, &[]);
     assert_eq!(chunk(&b, 2).unwrap().start_pos, 40, "seq 2 decodes now");
@@ -304,7 +268,17 @@ fn without_chunking_a_prompt_waits_for_budget_and_too_long_is_refused() {
     config.max_num_tokens = 16;
     let mut s = scheduler(config);
     let err = s.add(spec(9, 17, 4)).unwrap_err();
-    assert!(matches!(err, AddError::TooLong { tokens: 17, max: 16, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            AddError::TooLong {
+                tokens: 17,
+                max: 16,
+                ..
+            }
+        ),
+        "{err}"
+    );
     s.add(spec(1, 10, 4)).unwrap();
     s.add(spec(2, 10, 4)).unwrap();
     let (b, _) = step(&mut s, &[]);
@@ -437,4 +411,25 @@ fn pipelined_batches_do_not_reschedule_in_flight_seqs() {
     assert_eq!(s.update(&b2, &o2).len(), 1);
     let (b3, _) = step(&mut s, &[]);
     assert_eq!(b3.seqs.len(), 2);
+}
+
+#[test]
+fn id_reused_after_cancel_in_flight_is_not_updated_by_the_old_batch() {
+    let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 16, 4));
+    s.add(spec(1, 5, 10)).unwrap();
+    let old = s.schedule();
+    let old_out = output(&s, &old, &[]);
+    assert!(s.cancel(1));
+    s.add(spec(1, 3, 10)).unwrap();
+    let new = s.schedule();
+    assert_eq!(chunk(&new, 1).unwrap().tokens.len(), 3);
+    assert!(
+        s.update(&old, &old_out).is_empty(),
+        "the old batch is not the new seq's"
+    );
+    assert_eq!(s.running[0].num_computed, 0);
+    check_invariants(&s);
+    let new_out = output(&s, &new, &[]);
+    assert_eq!(s.update(&new, &new_out).len(), 1);
+    assert_eq!(s.running[0].num_computed, 3);
 }

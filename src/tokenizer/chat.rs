@@ -80,7 +80,10 @@ impl ChatTemplate {
 
     /// The tokenizer's own template, or ChatML when it has none; bos/eos from its ids.
     pub fn for_tokenizer(tokenizer: &Tokenizer) -> Result<Self> {
-        let text = |id: Option<u32>| id.and_then(|id| tokenizer.token_text(id)).unwrap_or_default();
+        let text = |id: Option<u32>| {
+            id.and_then(|id| tokenizer.token_text(id))
+                .unwrap_or_default()
+        };
         let bos = text(tokenizer.bos_token_id());
         let eos = text(tokenizer.eos_token_ids().first().copied());
         match tokenizer.chat_template() {
@@ -134,8 +137,18 @@ fn strftime_now(format: String) -> String {
 
 fn format_utc(secs: i64, format: &str) -> String {
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let (y, m, d) = civil_from_days(days);
@@ -152,7 +165,13 @@ fn format_utc(secs: i64, format: &str) -> String {
         if no_pad {
             spec = chars.next();
         }
-        let two = |v: i64| if no_pad { v.to_string() } else { format!("{v:02}") };
+        let two = |v: i64| {
+            if no_pad {
+                v.to_string()
+            } else {
+                format!("{v:02}")
+            }
+        };
         match spec {
             Some('Y') => out.push_str(&y.to_string()),
             Some('y') => out.push_str(&two(y.rem_euclid(100))),
@@ -190,11 +209,20 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 
 /// `tojson` as transformers defines it: `json.dumps(x, ensure_ascii=False, indent=...)`,
 /// so `", "`/`": "` separators, keys in insertion order, and no HTML escaping.
-fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
+fn tojson(
+    value: &Value,
+    indent: Option<Value>,
+    kwargs: Kwargs,
+) -> std::result::Result<Value, minijinja::Error> {
     let indent = match indent.or(kwargs.get::<Option<Value>>("indent")?) {
         Some(v) if v.kind() == ValueKind::Number => Some(usize::try_from(v)?),
         Some(v) if v.kind() == ValueKind::None || v.is_undefined() => None,
-        Some(v) => return Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: bad indent {v}"))),
+        Some(v) => {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: bad indent {v}"),
+            ))
+        }
         None => None,
     };
     // sort_keys / separators are rare in templates; accept and ignore them.
@@ -204,7 +232,8 @@ fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> std::result::
     let mut out = Vec::new();
     let mut ser = serde_json::Serializer::with_formatter(&mut out, PyFormatter::new(indent));
     value.serialize(&mut ser).map_err(|e| {
-        minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: cannot serialize").with_source(e)
+        minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: cannot serialize")
+            .with_source(e)
     })?;
     let text = String::from_utf8(out).expect("serde_json writes UTF-8");
     Ok(Value::from_safe_string(text))
@@ -264,7 +293,11 @@ impl serde_json::ser::Formatter for PyFormatter {
     fn end_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
         self.close(w, b"]")
     }
-    fn begin_array_value<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
         self.item(w, first)
     }
     fn end_array_value<W: ?Sized + io::Write>(&mut self, _w: &mut W) -> io::Result<()> {
@@ -277,7 +310,11 @@ impl serde_json::ser::Formatter for PyFormatter {
     fn end_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
         self.close(w, b"}")
     }
-    fn begin_object_key<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
         self.item(w, first)
     }
     fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
@@ -300,7 +337,10 @@ mod tests {
     const LLAMA3: &str = "{% set loop_messages = messages %}{% for message in loop_messages %}{% if message['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('Unknown role: ' + message['role']) }}{% endif %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
 
     fn msgs(pairs: &[(&str, &str)]) -> Vec<ChatMessage> {
-        pairs.iter().map(|(r, c)| ChatMessage::new(*r, *c)).collect()
+        pairs
+            .iter()
+            .map(|(r, c)| ChatMessage::new(*r, *c))
+            .collect()
     }
 
     #[test]
@@ -311,15 +351,23 @@ mod tests {
             out,
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         );
-        let out = t.apply(&msgs(&[("system", "Be brief."), ("user", "hi")]), false).unwrap();
-        assert_eq!(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n");
+        let out = t
+            .apply(&msgs(&[("system", "Be brief."), ("user", "hi")]), false)
+            .unwrap();
+        assert_eq!(
+            out,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        );
     }
 
     #[test]
     fn llama3_template_trims_and_prefixes_bos() {
         let t = ChatTemplate::new(LLAMA3, "<|begin_of_text|>", "<|eot_id|>").unwrap();
         let out = t
-            .apply(&msgs(&[("system", "  Be kind. "), ("user", "Hello\n")]), true)
+            .apply(
+                &msgs(&[("system", "  Be kind. "), ("user", "Hello\n")]),
+                true,
+            )
             .unwrap();
         assert_eq!(
             out,
@@ -331,7 +379,10 @@ mod tests {
     fn raise_exception_becomes_chat_template_error() {
         let t = ChatTemplate::new(LLAMA3, "", "").unwrap();
         let err = t.apply(&msgs(&[("tool", "x")]), false).unwrap_err();
-        assert!(matches!(&err, Error::ChatTemplate(m) if m.contains("Unknown role: tool")), "{err}");
+        assert!(
+            matches!(&err, Error::ChatTemplate(m) if m.contains("Unknown role: tool")),
+            "{err}"
+        );
     }
 
     #[test]
@@ -344,13 +395,16 @@ mod tests {
     fn python_string_methods_and_blocks_trimming() {
         let src = "{% for m in messages %}\n  {% if m.content.startswith('!') %}{{ m.role.upper() }}:{{ m.content.strip('!').strip() }}|{% endif %}\n{% endfor %}";
         let t = ChatTemplate::new(src, "", "").unwrap();
-        let out = t.apply(&msgs(&[("user", "! hi "), ("bot", "no")]), false).unwrap();
+        let out = t
+            .apply(&msgs(&[("user", "! hi "), ("bot", "no")]), false)
+            .unwrap();
         assert_eq!(out, "USER:hi|");
     }
 
     #[test]
     fn tojson_writes_like_python() {
-        let src = "{{ messages[0] | tojson }}|{{ messages | tojson(indent=2) }}|{{ '<a>' | tojson }}";
+        let src =
+            "{{ messages[0] | tojson }}|{{ messages | tojson(indent=2) }}|{{ '<a>' | tojson }}";
         let t = ChatTemplate::new(src, "", "").unwrap();
         let out = t.apply(&msgs(&[("user", "é\n")]), false).unwrap();
         assert_eq!(
@@ -363,13 +417,19 @@ mod tests {
     fn chatml_fallback() {
         let t = ChatTemplate::chatml("", "");
         let out = t.apply(&msgs(&[("user", "hi")]), true).unwrap();
-        assert_eq!(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            out,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]
     fn strftime_formats_utc_dates() {
         // 2024-07-26 13:25:09 UTC
-        assert_eq!(format_utc(1_722_000_309, "%d %b %Y %H:%M:%S"), "26 Jul 2024 13:25:09");
+        assert_eq!(
+            format_utc(1_722_000_309, "%d %b %Y %H:%M:%S"),
+            "26 Jul 2024 13:25:09"
+        );
         assert_eq!(format_utc(0, "%-d %B %y %%"), "1 January 70 %");
         assert_eq!(civil_from_days(19_782), (2024, 2, 29));
     }

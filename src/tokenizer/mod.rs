@@ -79,7 +79,10 @@ impl GgufVocab {
         let add_bos = file
             .get("tokenizer.ggml.add_bos_token")
             .and_then(MetaValue::as_bool)
-            .unwrap_or_else(|| pre.as_deref().is_some_and(|p| pre_spec(p).is_ok_and(|s| s.1)));
+            .unwrap_or_else(|| {
+                pre.as_deref()
+                    .is_some_and(|p| pre_spec(p).is_ok_and(|s| s.1))
+            });
         Ok(GgufVocab {
             model,
             pre,
@@ -107,8 +110,7 @@ fn string_array(file: &GgufFile, key: &str) -> Result<Option<Vec<String>>> {
         .ok_or_else(|| Error::Tokenizer(format!("{key}: not an array of strings")))
 }
 
-const GPT2_RE: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 const LLAMA3_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -119,7 +121,12 @@ const QWEN2_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD
 fn pre_spec(pre: &str) -> Result<(Vec<&'static str>, bool)> {
     Ok(match pre {
         "default" => (
-            vec![r"[\p{P}\$\+<=>\^~\|]+", GPT2_RE, r"\p{N}+", "[0-9][0-9][0-9]"],
+            vec![
+                r"[\p{P}\$\+<=>\^~\|]+",
+                GPT2_RE,
+                r"\p{N}+",
+                "[0-9][0-9][0-9]",
+            ],
             false,
         ),
         "gpt-2" | "phi-2" | "mpt" | "olmo" => (vec![GPT2_RE], false),
@@ -252,7 +259,11 @@ impl Tokenizer {
                 _ => byte_level_decode(text),
             })
             .collect();
-        let eos = end_ids(v.eos_token_id, |id| special[id as usize], v.tokens.iter().zip(0u32..));
+        let eos = end_ids(
+            v.eos_token_id,
+            |id| special[id as usize],
+            v.tokens.iter().zip(0u32..),
+        );
         Ok(Tokenizer::assemble(Parts {
             inner,
             bytes,
@@ -268,7 +279,10 @@ impl Tokenizer {
 
     /// Loads an HF checkpoint's tokenizer. `tokenizer_config.json`, when given, supplies
     /// the chat template and the bos/eos token strings.
-    pub fn from_files(tokenizer_json: &Path, tokenizer_config_json: Option<&Path>) -> Result<Tokenizer> {
+    pub fn from_files(
+        tokenizer_json: &Path,
+        tokenizer_config_json: Option<&Path>,
+    ) -> Result<Tokenizer> {
         let inner = tokenizers::Tokenizer::from_file(tokenizer_json)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", tokenizer_json.display())))?;
         let config = match tokenizer_config_json {
@@ -342,7 +356,11 @@ impl Tokenizer {
     /// become their single ids; otherwise they are tokenized as plain text. BOS is
     /// prepended when the model asks for it, unless the text already produced one.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
-        let tk = if parse_special { &self.inner } else { &self.plain };
+        let tk = if parse_special {
+            &self.inner
+        } else {
+            &self.plain
+        };
         let enc = tk
             .encode_fast(text, self.post_process)
             .map_err(tk_err("encode"))?;
@@ -362,7 +380,10 @@ impl Tokenizer {
     /// `skip_special` drops control tokens, as llama.cpp's detokenize without `special`.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         if !self.byte_level {
-            return self.inner.decode(ids, skip_special).map_err(tk_err("decode"));
+            return self
+                .inner
+                .decode(ids, skip_special)
+                .map_err(tk_err("decode"));
         }
         let mut out = Vec::with_capacity(ids.len() * 4);
         for &id in ids {
@@ -521,9 +542,10 @@ fn spm_piece_bytes(text: &str) -> Box<[u8]> {
             return Box::new([b]);
         }
     }
-    text.replace('\u{2581}', " ").into_bytes().into_boxed_slice()
+    text.replace('\u{2581}', " ")
+        .into_bytes()
+        .into_boxed_slice()
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -537,7 +559,9 @@ mod tests {
             .to_vec();
         let mut token_types = vec![TOKEN_CONTROL; 3];
         tokens.extend(byte_to_char().iter().map(|c| c.to_string()));
-        let merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "1 2"];
+        let merges = [
+            "h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "1 2",
+        ];
         for m in merges {
             tokens.push(m.replace(' ', ""));
         }
@@ -577,7 +601,10 @@ mod tests {
         let text = "<|im_start|>hello<|im_end|>";
         assert_eq!(tok.encode(text, true).unwrap(), vec![1, hello, 2]);
         let plain = tok.encode(text, false).unwrap();
-        assert!(plain.len() > 3 && !plain.contains(&1) && !plain.contains(&2), "{plain:?}");
+        assert!(
+            plain.len() > 3 && !plain.contains(&1) && !plain.contains(&2),
+            "{plain:?}"
+        );
         assert_eq!(tok.decode(&plain, true).unwrap(), text);
         assert_eq!(tok.decode(&[1, hello, 2], false).unwrap(), text);
         assert_eq!(tok.decode(&[1, hello, 2], true).unwrap(), "hello");
@@ -619,18 +646,27 @@ mod tests {
         let hello = tok.token_to_id("hello").unwrap();
         assert_eq!(tok.encode("hello", true).unwrap(), vec![1, hello]);
         // A prompt that already starts with BOS does not get a second one.
-        assert_eq!(tok.encode("<|im_start|>hello", true).unwrap(), vec![1, hello]);
+        assert_eq!(
+            tok.encode("<|im_start|>hello", true).unwrap(),
+            vec![1, hello]
+        );
     }
 
     #[test]
     fn unknown_pre_or_model_is_a_clear_error() {
         let mut v = tiny_vocab("no-such-pre");
         let err = Tokenizer::from_gguf_vocab(&v).unwrap_err();
-        assert!(matches!(&err, Error::Tokenizer(m) if m.contains("no-such-pre")), "{err}");
+        assert!(
+            matches!(&err, Error::Tokenizer(m) if m.contains("no-such-pre")),
+            "{err}"
+        );
         v.pre = Some("smollm".into());
         v.model = "llama".into();
         let err = Tokenizer::from_gguf_vocab(&v).unwrap_err();
-        assert!(matches!(&err, Error::Tokenizer(m) if m.contains("'llama'")), "{err}");
+        assert!(
+            matches!(&err, Error::Tokenizer(m) if m.contains("'llama'")),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,0 +1,87 @@
+//! Checks shared by the scheduler's tests: the limits every batch respects and the
+//! invariants the scheduler keeps between calls (no block leaked, double-owned or
+//! double-freed; sequence lengths and id sets consistent; the NoEvict guarantee).
+
+use super::*;
+
+/// The batch respects the configured limits and each chunk is well formed.
+pub(super) fn check_batch(s: &Scheduler, batch: &Batch) {
+    let c = &s.config;
+    assert!(batch.seqs.len() <= c.max_batch_size, "batch size exceeded");
+    assert!(
+        batch.num_tokens() <= c.max_num_tokens,
+        "token budget exceeded"
+    );
+    let mut ids: Vec<u64> = batch.seqs.iter().map(|x| x.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), batch.seqs.len(), "a sequence scheduled twice");
+    for x in &batch.seqs {
+        assert!(!x.tokens.is_empty());
+        let end = x.start_pos + x.tokens.len();
+        assert!(
+            x.block_table.len() * c.block_size >= end,
+            "block table too short"
+        );
+        assert_eq!(x.new, x.start_pos == 0);
+        let seq = s
+            .running
+            .iter()
+            .find(|q| q.id == x.id)
+            .expect("scheduled ⊆ running");
+        assert_eq!(x.tokens[..], seq.tokens[x.start_pos..end]);
+        assert_eq!(x.sample, end == seq.num_known());
+        if !c.enable_chunked_context {
+            assert_eq!(end, seq.num_known(), "a chunk without chunked context");
+        }
+    }
+}
+
+/// Blocks: none leaked or double-owned, counts consistent. Sequences: consistent
+/// lengths, limits respected, the id set matches.
+pub(super) fn check_invariants(s: &Scheduler) {
+    s.blocks.check_consistent();
+    let bs = s.config.block_size;
+    let mut owned: Vec<u32> = Vec::new();
+    for seq in &s.waiting {
+        assert!(seq.blocks.is_empty(), "waiting seq {} holds blocks", seq.id);
+        assert_eq!(seq.num_computed, 0);
+        assert_eq!(seq.in_flight, None);
+    }
+    for seq in &s.running {
+        assert!(seq.num_computed <= seq.num_known());
+        assert!(seq.num_known() <= seq.max_len);
+        assert!(seq.blocks.len() >= seq.num_computed.div_ceil(bs));
+        assert!(
+            seq.blocks.len() <= seq.num_known().div_ceil(bs),
+            "over-allocated"
+        );
+        owned.extend(&seq.blocks);
+    }
+    for &b in &owned {
+        assert_eq!(s.blocks.ref_count(b), 1, "block {b} refcount");
+    }
+    let n = owned.len();
+    owned.sort_unstable();
+    owned.dedup();
+    assert_eq!(owned.len(), n, "a block owned by two sequences");
+    assert_eq!(
+        s.blocks.num_free() + n,
+        s.blocks.num_total(),
+        "blocks leaked"
+    );
+    assert!(s.running.len() <= s.config.max_batch_size);
+    let mut ids: Vec<u64> = s.waiting.iter().chain(&s.running).map(|q| q.id).collect();
+    ids.sort_unstable();
+    let mut live: Vec<u64> = s.live.iter().copied().collect();
+    live.sort_unstable();
+    assert_eq!(ids, live, "live ids out of sync");
+    if s.config.policy == SchedulerPolicy::GuaranteedNoEvict {
+        let reserve: usize = s
+            .running
+            .iter()
+            .map(|q| q.max_kv_tokens().div_ceil(bs) - q.blocks.len())
+            .sum();
+        assert!(reserve <= s.blocks.num_free(), "NoEvict guarantee broken");
+    }
+}

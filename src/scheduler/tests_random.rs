@@ -1,0 +1,306 @@
+//! Randomized test: thousands of seeded add / schedule / update / cancel operations
+//! under both policies, chunking on and off, with a fake engine that writes every
+//! computed token into a simulated paged KV pool and, before sampling, reads the whole
+//! context back through the block table. Checked after every step: the invariants of
+//! `checks::check_invariants`, the batch limits, the engine's view of the KV cache, the
+//! event stream; at the end, that every request finished or was cancelled.
+
+use super::checks::{check_batch, check_invariants};
+use super::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{HashMap, HashSet, VecDeque};
+
+/// The test's own record of each accepted request.
+#[derive(Default)]
+struct Oracle {
+    /// Known tokens per live request, grown from `Token` events.
+    known: HashMap<u64, Vec<u32>>,
+    /// (prompt length, max_new_tokens) per live request.
+    limits: HashMap<u64, (usize, usize)>,
+    accepted: HashSet<u64>,
+    ended: HashSet<u64>,
+}
+
+/// A fake engine over a simulated KV pool: slot -> (sequence id, token).
+struct Engine {
+    pool: Vec<Option<(u64, u32)>>,
+    block_size: usize,
+}
+
+impl Engine {
+    /// Writes every chunk's tokens, checks the context read back before sampling,
+    /// and samples (sometimes stopping, rarely losing the token).
+    fn execute(&mut self, batch: &Batch, oracle: &Oracle, rng: &mut StdRng) -> StepOutput {
+        let bs = self.block_size;
+        let slot = |table: &[u32], pos: usize| table[pos / bs] as usize * bs + pos % bs;
+        let mut out = StepOutput::default();
+        for c in &batch.seqs {
+            let known = &oracle.known[&c.id];
+            for (i, &t) in c.tokens.iter().enumerate() {
+                self.pool[slot(&c.block_table, c.start_pos + i)] = Some((c.id, t));
+            }
+            if !c.sample {
+                continue;
+            }
+            let end = c.start_pos + c.tokens.len();
+            for (pos, &t) in known.iter().enumerate().take(end) {
+                let got = self.pool[slot(&c.block_table, pos)];
+                assert_eq!(got, Some((c.id, t)), "seq {} KV at {pos} corrupted", c.id);
+            }
+            if rng.gen_bool(0.02) {
+                continue;
+            }
+            out.tokens.push(SampledToken {
+                id: c.id,
+                token: rng.gen_range(0..50_000),
+                stop: rng.gen_bool(0.04),
+            });
+        }
+        out
+    }
+}
+
+fn random_config(rng: &mut StdRng, policy: SchedulerPolicy, chunked: bool) -> SchedulerConfig {
+    SchedulerConfig {
+        max_batch_size: rng.gen_range(1..=8),
+        max_num_tokens: rng.gen_range(4..=64),
+        max_queue_size: rng.gen_range(1..=16),
+        policy,
+        enable_chunked_context: chunked,
+        block_size: [1, 2, 4, 8, 16][rng.gen_range(0..5)],
+        num_blocks: rng.gen_range(4..=64),
+        max_seq_len: rng.gen_range(2..=96),
+    }
+}
+
+/// Schedules, runs the engine and checks the batch against the oracle.
+fn schedule(
+    s: &mut Scheduler,
+    engine: &mut Engine,
+    oracle: &Oracle,
+    rng: &mut StdRng,
+) -> (Batch, StepOutput) {
+    let idle = s.running.iter().all(|q| q.in_flight.is_none());
+    let had_work = s.num_running() + s.num_waiting() > 0;
+    let batch = s.schedule();
+    check_batch(s, &batch);
+    check_invariants(s);
+    if idle && had_work {
+        assert!(!batch.seqs.is_empty(), "work pending but nothing scheduled");
+    }
+    if s.config.policy == SchedulerPolicy::GuaranteedNoEvict {
+        assert!(batch.preempted.is_empty(), "GuaranteedNoEvict preempted");
+    }
+    for c in &batch.seqs {
+        let known = &oracle.known[&c.id];
+        assert_eq!(
+            c.tokens[..],
+            known[c.start_pos..c.start_pos + c.tokens.len()]
+        );
+    }
+    let out = engine.execute(&batch, oracle, rng);
+    (batch, out)
+}
+
+/// Applies a step output and checks the events it yields.
+fn update(s: &mut Scheduler, oracle: &mut Oracle, batch: &Batch, out: &StepOutput) {
+    let events = s.update(batch, out);
+    check_invariants(s);
+    let mut tokens: HashMap<u64, SampledToken> = HashMap::new();
+    let mut finishes: HashMap<u64, FinishReason> = HashMap::new();
+    for e in &events {
+        match *e {
+            SeqEvent::Token { id, token } => {
+                assert!(oracle.known.contains_key(&id), "token for ended seq {id}");
+                let sampled = out.tokens.iter().find(|t| t.id == id).expect("was sampled");
+                assert_eq!(sampled.token, token);
+                assert!(batch.seqs.iter().any(|c| c.id == id && c.sample));
+                assert!(tokens.insert(id, *sampled).is_none(), "two tokens for {id}");
+                oracle.known.get_mut(&id).unwrap().push(token);
+            }
+            SeqEvent::Finished { id, reason } => {
+                assert!(tokens.contains_key(&id), "finish without a token");
+                assert!(finishes.insert(id, reason).is_none());
+            }
+            SeqEvent::Preempted { id } => {
+                assert!(batch.preempted.contains(&id));
+                assert_eq!(s.config.policy, SchedulerPolicy::MaxUtilization);
+            }
+        }
+    }
+    for (id, sampled) in tokens {
+        let (prompt, max_new) = oracle.limits[&id];
+        let known = oracle.known[&id].len();
+        let limit = (prompt + max_new).min(s.config.max_seq_len);
+        assert!(known <= limit, "seq {id} generated past its limit");
+        let expected = if sampled.stop {
+            Some(FinishReason::Stop)
+        } else if known == limit {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        assert_eq!(finishes.get(&id).copied(), expected, "seq {id}");
+        if expected.is_some() {
+            end(oracle, id);
+        }
+    }
+}
+
+fn end(oracle: &mut Oracle, id: u64) {
+    oracle.known.remove(&id);
+    oracle.limits.remove(&id);
+    assert!(oracle.ended.insert(id), "seq {id} ended twice");
+}
+
+fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
+    let prompt: Vec<u32> = (0..rng.gen_range(0..40))
+        .map(|_| rng.gen_range(0..50_000))
+        .collect();
+    let spec = SeqSpec {
+        id,
+        max_new_tokens: rng.gen_range(0..30),
+        prompt,
+    };
+    let full = s.num_waiting() >= s.config.max_queue_size;
+    match s.add(spec.clone()) {
+        Ok(()) => {
+            assert!(!full && !spec.prompt.is_empty() && spec.max_new_tokens > 0);
+            oracle
+                .limits
+                .insert(id, (spec.prompt.len(), spec.max_new_tokens));
+            oracle.known.insert(id, spec.prompt);
+            oracle.accepted.insert(id);
+        }
+        Err(AddError::QueueFull { max }) => assert!(full && max == s.config.max_queue_size),
+        Err(AddError::Empty) => assert!(spec.prompt.is_empty()),
+        Err(AddError::NoNewTokens) => assert_eq!(spec.max_new_tokens, 0),
+        Err(AddError::TooLong { tokens, max, .. }) => assert!(tokens > max),
+        Err(AddError::DuplicateId) => panic!("fresh id {id} refused"),
+    }
+}
+
+fn run(seed: u64, policy: SchedulerPolicy, chunked: bool, ops: usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let config = random_config(&mut rng, policy, chunked);
+    let mut s = Scheduler::new(config.clone()).unwrap();
+    let mut engine = Engine {
+        pool: vec![None; config.num_blocks * config.block_size],
+        block_size: config.block_size,
+    };
+    let mut oracle = Oracle::default();
+    let mut outstanding: VecDeque<(Batch, StepOutput)> = VecDeque::new();
+    let mut applied: Option<(Batch, StepOutput)> = None;
+    let mut next_id = 1u64;
+    for _ in 0..ops {
+        match rng.gen_range(0..20) {
+            0..=5 => {
+                add(&mut s, &mut oracle, &mut rng, next_id);
+                next_id += 1;
+            }
+            6 => {
+                let id = rng.gen_range(0..next_id + 3);
+                let live = oracle.known.contains_key(&id);
+                assert_eq!(s.cancel(id), live, "cancel({id})");
+                if live {
+                    end(&mut oracle, id);
+                }
+                check_invariants(&s);
+            }
+            7 => {
+                // A replayed batch is ignored.
+                if let Some((b, o)) = &applied {
+                    assert!(s.update(b, o).is_empty());
+                    check_invariants(&s);
+                }
+            }
+            _ => {
+                let step = schedule(&mut s, &mut engine, &oracle, &mut rng);
+                outstanding.push_back(step);
+                let r = rng.gen_range(0..100);
+                if r < 4 {
+                    outstanding.pop_front(); // lost with its engine
+                } else if r < 12 && outstanding.len() < 2 {
+                    continue; // pipelined: the next batch is scheduled first
+                }
+                while let Some((b, o)) = outstanding.pop_front() {
+                    update(&mut s, &mut oracle, &b, &o);
+                    applied = Some((b, o));
+                }
+            }
+        }
+    }
+    for (b, o) in std::mem::take(&mut outstanding) {
+        update(&mut s, &mut oracle, &b, &o);
+    }
+    drain(&mut s, &mut engine, &mut oracle, &mut rng);
+    assert_eq!(
+        oracle.ended, oracle.accepted,
+        "a request neither finished nor cancelled"
+    );
+    assert_eq!(s.num_free_blocks(), s.num_total_blocks());
+    assert!(oracle.accepted.len() > 10, "the test exercised too little");
+}
+
+/// Runs until every request is done; bounded so that a livelock fails the test.
+fn drain(s: &mut Scheduler, engine: &mut Engine, oracle: &mut Oracle, rng: &mut StdRng) {
+    for _ in 0..100_000 {
+        if !s.has_work() {
+            return;
+        }
+        let (b, o) = schedule(s, engine, oracle, rng);
+        update(s, oracle, &b, &o);
+    }
+    panic!("requests still pending after 100000 iterations");
+}
+
+#[test]
+fn random_operations_keep_every_invariant() {
+    let policies = [
+        SchedulerPolicy::GuaranteedNoEvict,
+        SchedulerPolicy::MaxUtilization,
+    ];
+    for policy in policies {
+        for chunked in [false, true] {
+            for seed in 0..12 {
+                run(seed * 7919 + chunked as u64, policy, chunked, 3000);
+            }
+        }
+    }
+}
+
+#[test]
+fn max_utilization_random_runs_do_preempt() {
+    // Guards the test above against never reaching the preemption path.
+    let mut preempted = 0;
+    for seed in 0..20 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let config = SchedulerConfig {
+            policy: SchedulerPolicy::MaxUtilization,
+            enable_chunked_context: seed % 2 == 0,
+            num_blocks: 24,
+            block_size: 4,
+            max_batch_size: 8,
+            max_num_tokens: 64,
+            max_seq_len: 64,
+            max_queue_size: 64,
+        };
+        let mut s = Scheduler::new(config).unwrap();
+        let mut engine = Engine {
+            pool: vec![None; 96],
+            block_size: 4,
+        };
+        let mut oracle = Oracle::default();
+        for id in 1..=30 {
+            add(&mut s, &mut oracle, &mut rng, id);
+        }
+        while s.has_work() {
+            let (b, o) = schedule(&mut s, &mut engine, &oracle, &mut rng);
+            preempted += b.preempted.len();
+            update(&mut s, &mut oracle, &b, &o);
+        }
+        assert_eq!(oracle.ended, oracle.accepted);
+    }
+    assert!(preempted > 0);
+}
