@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::model::{KvCache, Llama, SeqChunk};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::request::GenerationParams;
+use crate::sampling::SeqSampler;
 use crate::tokenizer::detok::Detokenizer;
 use crate::tokenizer::Tokenizer;
 
@@ -14,9 +15,8 @@ const BLOCK_SIZE: usize = 32;
 #[derive(Debug, Clone)]
 pub struct GenerateOptions {
     pub max_tokens: usize,
-    pub sampling: SamplingParams,
-    /// Stop at the model's end-of-sequence tokens.
-    pub stop_at_eos: bool,
+    /// Sampling, end tokens and stop words (its `max_tokens` is not read).
+    pub sampling: GenerationParams,
 }
 
 /// What one generation did, for reporting speed.
@@ -60,7 +60,7 @@ pub fn generate(
     let blocks = total.div_ceil(BLOCK_SIZE);
     let mut cache = KvCache::new(cfg, BLOCK_SIZE, blocks);
     let table: Vec<u32> = (0..blocks as u32).collect();
-    let mut sampler = Sampler::new(opts.sampling.clone());
+    let mut sampler = SeqSampler::new(&opts.sampling, prompt, tokenizer.eos_token_ids());
     let mut detok = Detokenizer::new();
     let mut stats = GenerateStats {
         prompt_tokens: prompt.len(),
@@ -81,8 +81,9 @@ pub fn generate(
     let t1 = Instant::now();
     let mut pos = prompt.len();
     while stats.generated.len() < opts.max_tokens {
-        let next = sampler.sample(&logits[0]);
-        if opts.stop_at_eos && tokenizer.eos_token_ids().contains(&next) {
+        let sampled = sampler.sample(&mut logits[0]);
+        let next = sampled.token;
+        if sampled.stop && sampler.is_end_token(next) {
             break;
         }
         stats.generated.push(next);
@@ -94,7 +95,7 @@ pub fn generate(
                 }
             }
         }
-        if stats.generated.len() == opts.max_tokens {
+        if sampled.stop || stats.generated.len() == opts.max_tokens {
             break;
         }
         logits = model.forward(

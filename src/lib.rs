@@ -10,14 +10,24 @@
 //! - [`sampling`]: turning logits into token ids (greedy, temperature, top-k, top-p).
 //! - [`generate`]: a single-sequence generation loop used by `inflight generate`.
 //! - [`fetch`]: fetching the default model.
+//! - [`actors`]: the per-model actor tree (preprocess, scheduler, engine, sampler,
+//!   postprocess, supervisor); [`handle`] is its library API.
+//! - [`scheduler`]: the pure inflight-batching scheduler and KV block manager.
+//! - [`request`], [`output`]: what clients send and receive, and how output is built.
 
+pub mod actors;
 pub mod error;
 pub mod fetch;
 pub mod generate;
+pub mod handle;
 pub mod kernels;
 pub mod model;
+pub mod output;
+pub mod request;
 pub mod sampling;
 pub mod scheduler;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
+pub use handle::{ModelHandle, ModelOptions, ResponseStream};
+pub use request::{Chunk, FinishReason, GenerationParams, Prompt, Request};

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 
 use inflight::generate::{generate, GenerateOptions};
 use inflight::model::LoadedModel;
-use inflight::sampling::SamplingParams;
+use inflight::request::GenerationParams;
 use inflight::tokenizer::chat::{ChatMessage, ChatTemplate};
 
 #[derive(Parser)]
@@ -113,13 +113,14 @@ fn run_generate(args: GenerateArgs) -> inflight::Result<()> {
     let prompt = tok.encode(&text, true)?;
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
-        sampling: SamplingParams {
+        sampling: GenerationParams {
             temperature: args.temperature,
             top_k: args.top_k,
             top_p: args.top_p,
-            seed: args.seed,
+            random_seed: Some(args.seed),
+            ignore_eos: args.ignore_eos,
+            ..Default::default()
         },
-        stop_at_eos: !args.ignore_eos,
     };
     let mut out = std::io::stdout().lock();
     let stats = generate(&loaded.model, tok, &prompt, &opts, |piece| {

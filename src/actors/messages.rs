@@ -1,0 +1,185 @@
+//! Every message the actors of one model tree exchange. One iteration travels as whole
+//! batches: Scheduler → Engine (`Step`) → Sampler (`Sample`) → Scheduler (`StepDone`) →
+//! Postprocess (`Emit`); fan-out to per-request streams happens only in Postprocess.
+
+use std::sync::Arc;
+
+use ractor::{ActorRef, RpcReplyPort};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::request::{Chunk, GenerationParams, Prompt, RequestId};
+use crate::scheduler::{AddError, FinishReason as SeqFinish, StepOutput};
+
+/// The scheduler's id of one prompt's sequence.
+pub type SeqId = u64;
+
+/// One sequence as the pipeline first learns of it.
+#[derive(Debug, Clone)]
+pub struct SeqInit {
+    pub seq: SeqId,
+    /// Its request's numeric key (routes it to one Postprocess worker).
+    pub rid: u64,
+    pub request: RequestId,
+    pub batch_index: usize,
+    pub prompt: Vec<u32>,
+    pub params: Arc<GenerationParams>,
+}
+
+/// Why a request is being cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelReason {
+    /// A stop request or an explicit cancel from the library.
+    Stopped,
+    /// `stop_after_ms` elapsed.
+    Timeout,
+    /// The client went away (its stream was dropped).
+    Disconnected,
+}
+
+pub enum PreprocessMsg {
+    /// Tokenize and validate a request, open its output stream, queue its sequences.
+    Submit {
+        rid: u64,
+        request: RequestId,
+        prompts: Vec<Prompt>,
+        params: GenerationParams,
+        stream: UnboundedSender<Chunk>,
+        reply: RpcReplyPort<Result<(), SubmitError>>,
+    },
+}
+
+/// Why a request was not accepted; the HTTP layer maps each to a status.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum SubmitError {
+    /// Malformed or impossible request (400).
+    #[error("{0}")]
+    Invalid(String),
+    /// The queue is full (503).
+    #[error("{0}")]
+    QueueFull(String),
+    /// The model is not ready or is shutting down (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A request with this id is already running (400).
+    #[error("request id {0:?} is already in use")]
+    DuplicateId(String),
+}
+
+impl From<AddError> for SubmitError {
+    fn from(e: AddError) -> Self {
+        match e {
+            AddError::QueueFull { .. } => SubmitError::QueueFull(e.to_string()),
+            other => SubmitError::Invalid(other.to_string()),
+        }
+    }
+}
+
+/// What the scheduler reports about itself.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SchedulerStats {
+    pub waiting: usize,
+    pub running: usize,
+    pub free_blocks: usize,
+    pub total_blocks: usize,
+    pub block_size: usize,
+    pub iteration: u64,
+    pub max_batch_size: usize,
+    pub context_requests: usize,
+    pub context_tokens: usize,
+    pub generation_requests: usize,
+    pub active_requests: usize,
+    pub ready: bool,
+}
+
+pub enum SchedulerMsg {
+    /// Queue every sequence of one request, or none of them.
+    Enqueue {
+        seqs: Vec<SeqInit>,
+        reply: RpcReplyPort<Result<(), SubmitError>>,
+    },
+    /// Drop a request's sequences and free their blocks this iteration.
+    Cancel { request: RequestId, reason: CancelReason },
+    /// A stop string completed this sequence's answer: stop generating it.
+    EndSeq(SeqId),
+    /// The sampled tokens of one batch (with their log-probabilities when asked).
+    StepDone {
+        iteration: u64,
+        output: StepOutput,
+        log_probs: Vec<Option<f32>>,
+    },
+    /// The engine died: fail the requests whose KV state it held.
+    EngineFailed { error: String },
+    /// A (re)started engine is ready for work.
+    EngineReady(ActorRef<EngineMsg>),
+    /// Report counts for metrics, health and tests.
+    Stats(RpcReplyPort<SchedulerStats>),
+    /// Stop admitting; report when nothing is left running.
+    Drain(RpcReplyPort<()>),
+}
+
+/// New tokens of one sequence for one engine iteration (a delta: blocks appended since
+/// the last step; `reset` replaces the engine's table, for a new or recomputed sequence).
+#[derive(Debug, Clone)]
+pub struct StepSeq {
+    pub seq: SeqId,
+    pub start_pos: usize,
+    pub tokens: Vec<u32>,
+    pub reset: bool,
+    pub new_blocks: Vec<u32>,
+    /// The engine must return logits for the last token.
+    pub sample: bool,
+}
+
+pub enum EngineMsg {
+    /// Run one forward pass over a batch.
+    Step {
+        iteration: u64,
+        seqs: Vec<StepSeq>,
+        /// Sequences whose state the engine can drop (finished, cancelled, preempted).
+        dropped: Vec<SeqId>,
+        /// Where the sampled tokens go.
+        reply_to: ActorRef<SchedulerMsg>,
+    },
+    /// Test hook: panic inside the next step, as a CUDA fault would kill the engine.
+    InjectFault,
+}
+
+pub enum SamplerMsg {
+    /// Create per-sequence sampling state.
+    Register(Vec<SeqInit>),
+    /// Sample one token per row: `logits` is `[seqs.len(), vocab]`.
+    Sample {
+        iteration: u64,
+        seqs: Vec<SeqId>,
+        logits: Vec<f32>,
+        reply_to: ActorRef<SchedulerMsg>,
+    },
+    /// Drop per-sequence state.
+    Drop(Vec<SeqId>),
+}
+
+/// What happened to one sequence in an iteration, for Postprocess.
+#[derive(Debug, Clone)]
+pub enum SeqOutput {
+    Token { seq: SeqId, token: u32, log_prob: Option<f32> },
+    Finished { seq: SeqId, reason: SeqFinish },
+    Cancelled { seq: SeqId, reason: CancelReason },
+    Failed { seq: SeqId, error: String },
+}
+
+pub enum PostprocessMsg {
+    /// A request's stream and its sequences; sent before any of them is queued.
+    Open {
+        rid: u64,
+        request: RequestId,
+        seqs: Vec<SeqInit>,
+        prompt_texts: Vec<Option<String>>,
+        stream: UnboundedSender<Chunk>,
+        /// Where a departed client's cancel goes.
+        scheduler: ActorRef<SchedulerMsg>,
+    },
+    /// Forget a request that was refused after `Open`.
+    Discard { rid: u64 },
+    /// One iteration's outputs for this worker's requests.
+    Emit(Vec<SeqOutput>),
+}

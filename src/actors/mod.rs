@@ -1,0 +1,10 @@
+//! The actors of one model tree (see DESIGN.md, "Actor topology"): one file per actor,
+//! their messages in `messages`, the tree built and supervised by `supervisor`.
+
+pub mod engine;
+pub mod messages;
+pub mod postprocess;
+pub mod preprocess;
+pub mod sampler;
+pub mod scheduler;
+pub mod supervisor;

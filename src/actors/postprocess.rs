@@ -1,0 +1,141 @@
+//! Postprocess actor (one of a pool; a request always goes to the same worker): owns each
+//! request's response stream and fans an iteration's outputs (`PostprocessMsg::Emit`, from
+//! the Scheduler) out to them as `Chunk`s — incremental detokenization, stop strings,
+//! prompt echo, batch_index.
+//!
+//! A stream whose receiver is gone (the client left) becomes
+//! `SchedulerMsg::Cancel { Disconnected }`; a completed stop string becomes
+//! `SchedulerMsg::EndSeq` after the final chunk is sent. A request's
+//! stream closes when its last sequence ends. Supervised by ModelSupervisor.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::messages::{CancelReason, PostprocessMsg, SchedulerMsg, SeqId, SeqOutput};
+use crate::output::SeqOutputState;
+use crate::request::{Chunk, FinishReason, RequestId};
+use crate::scheduler::FinishReason as SeqFinish;
+use crate::tokenizer::Tokenizer;
+
+pub struct Postprocess;
+
+pub struct PostprocessArgs {
+    pub tokenizer: Arc<Tokenizer>,
+}
+
+struct OpenRequest {
+    request: RequestId,
+    stream: UnboundedSender<Chunk>,
+    scheduler: ActorRef<SchedulerMsg>,
+    live: usize,
+}
+
+pub struct PostprocessState {
+    tokenizer: Arc<Tokenizer>,
+    requests: HashMap<u64, OpenRequest>,
+    seqs: HashMap<SeqId, (u64, SeqOutputState)>,
+}
+
+impl Actor for Postprocess {
+    type Msg = PostprocessMsg;
+    type State = PostprocessState;
+    type Arguments = PostprocessArgs;
+
+    async fn pre_start(&self, _: ActorRef<PostprocessMsg>, args: PostprocessArgs) -> Result<PostprocessState, ActorProcessingErr> {
+        Ok(PostprocessState {
+            tokenizer: args.tokenizer,
+            requests: HashMap::new(),
+            seqs: HashMap::new(),
+        })
+    }
+
+    async fn handle(&self, _: ActorRef<PostprocessMsg>, msg: PostprocessMsg, state: &mut PostprocessState) -> Result<(), ActorProcessingErr> {
+        match msg {
+            PostprocessMsg::Open { rid, request, seqs, prompt_texts, stream, scheduler } => {
+                let end_ids = state.tokenizer.eos_token_ids().to_vec();
+                for (s, text) in seqs.iter().zip(prompt_texts) {
+                    let mut ends = end_ids.clone();
+                    ends.extend(s.params.end_id);
+                    let out = SeqOutputState::new(s.batch_index, s.prompt.len(), text, &s.params, ends);
+                    state.seqs.insert(s.seq, (rid, out));
+                }
+                let live = seqs.len();
+                state.requests.insert(rid, OpenRequest { request, stream, scheduler, live });
+            }
+            PostprocessMsg::Discard { rid } => {
+                state.requests.remove(&rid);
+                state.seqs.retain(|_, (r, _)| *r != rid);
+            }
+            PostprocessMsg::Emit(outputs) => {
+                for o in outputs {
+                    emit(state, o);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Applies one output to its sequence and sends what it produced.
+fn emit(state: &mut PostprocessState, output: SeqOutput) {
+    let seq = match &output {
+        SeqOutput::Token { seq, .. }
+        | SeqOutput::Finished { seq, .. }
+        | SeqOutput::Cancelled { seq, .. }
+        | SeqOutput::Failed { seq, .. } => *seq,
+    };
+    let Some((rid, out)) = state.seqs.get_mut(&seq) else {
+        return;
+    };
+    let rid = *rid;
+    let (chunk, ends, stop_string) = match output {
+        SeqOutput::Token { token, log_prob, .. } => {
+            let pushed = out.push(&state.tokenizer, token, log_prob);
+            if pushed.stop_string {
+                (Some(out.finish(FinishReason::Stop)), true, true)
+            } else {
+                (pushed.chunk, false, false)
+            }
+        }
+        SeqOutput::Finished { reason, .. } => {
+            let reason = match reason {
+                SeqFinish::Stop => FinishReason::Stop,
+                SeqFinish::Length => FinishReason::Length,
+            };
+            (Some(out.finish(reason)), true, false)
+        }
+        SeqOutput::Cancelled { .. } => (Some(out.finish(FinishReason::Cancelled)), true, false),
+        SeqOutput::Failed { error, .. } => (Some(out.fail(error)), true, false),
+    };
+    let Some(req) = state.requests.get_mut(&rid) else {
+        return;
+    };
+    let delivered = chunk.is_none_or(|c| req.stream.send(c).is_ok());
+    if !delivered {
+        let _ = req.scheduler.cast(SchedulerMsg::Cancel {
+            request: req.request.clone(),
+            reason: CancelReason::Disconnected,
+        });
+        close_request(state, rid);
+        return;
+    }
+    if stop_string {
+        let _ = req.scheduler.cast(SchedulerMsg::EndSeq(seq));
+    }
+    if ends {
+        state.seqs.remove(&seq);
+        req.live -= 1;
+        if req.live == 0 {
+            close_request(state, rid);
+        }
+    }
+}
+
+/// Forgets a request; dropping its sender ends the client's stream.
+fn close_request(state: &mut PostprocessState, rid: u64) {
+    state.requests.remove(&rid);
+    state.seqs.retain(|_, (r, _)| *r != rid);
+}

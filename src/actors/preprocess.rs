@@ -1,0 +1,169 @@
+//! Preprocess actor (one of a pool): takes a submitted request (`PreprocessMsg::Submit`,
+//! from the ModelHandle), validates its parameters, renders chat prompts through the
+//! model's template and tokenizes, then opens its stream on a Postprocess worker
+//! (`PostprocessMsg::Open`) and queues its sequences with the Scheduler (`Enqueue`). A
+//! refusal travels back in the reply, never as an actor error. Supervised by
+//! ModelSupervisor.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{call, Actor, ActorProcessingErr, ActorRef};
+
+use super::messages::{CancelReason, PostprocessMsg, PreprocessMsg, SchedulerMsg, SeqInit, SubmitError};
+use crate::request::{GenerationParams, Prompt};
+use crate::tokenizer::chat::ChatTemplate;
+use crate::tokenizer::Tokenizer;
+
+pub struct Preprocess;
+
+pub struct PreprocessArgs {
+    pub tokenizer: Arc<Tokenizer>,
+    pub vocab_size: usize,
+    pub max_seq_len: usize,
+    pub scheduler: ActorRef<SchedulerMsg>,
+    pub postprocess: Vec<ActorRef<PostprocessMsg>>,
+    /// Sequence ids, unique across the pool.
+    pub next_seq: Arc<AtomicU64>,
+}
+
+pub struct PreprocessState {
+    args: PreprocessArgs,
+    template: Result<ChatTemplate, String>,
+}
+
+impl Actor for Preprocess {
+    type Msg = PreprocessMsg;
+    type State = PreprocessState;
+    type Arguments = PreprocessArgs;
+
+    async fn pre_start(&self, _: ActorRef<PreprocessMsg>, args: PreprocessArgs) -> Result<PreprocessState, ActorProcessingErr> {
+        let template = ChatTemplate::for_tokenizer(&args.tokenizer).map_err(|e| e.to_string());
+        Ok(PreprocessState { args, template })
+    }
+
+    async fn handle(&self, _: ActorRef<PreprocessMsg>, msg: PreprocessMsg, state: &mut PreprocessState) -> Result<(), ActorProcessingErr> {
+        let PreprocessMsg::Submit { rid, request, prompts, params, stream, reply } = msg;
+        let prepared = state.prepare(&prompts, &params);
+        let (token_lists, prompt_texts) = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return Ok(());
+            }
+        };
+        let a = &state.args;
+        let params = Arc::new(params);
+        let seqs: Vec<SeqInit> = token_lists
+            .into_iter()
+            .enumerate()
+            .map(|(batch_index, prompt)| SeqInit {
+                seq: a.next_seq.fetch_add(1, Ordering::Relaxed),
+                rid,
+                request: request.clone(),
+                batch_index,
+                prompt,
+                params: params.clone(),
+            })
+            .collect();
+        let worker = &a.postprocess[(rid % a.postprocess.len() as u64) as usize];
+        worker.cast(PostprocessMsg::Open {
+            rid,
+            request: request.clone(),
+            seqs: seqs.clone(),
+            prompt_texts,
+            stream,
+            scheduler: a.scheduler.clone(),
+        })?;
+        let queued = call!(a.scheduler, |reply| SchedulerMsg::Enqueue { seqs, reply })
+            .unwrap_or_else(|e| Err(SubmitError::Unavailable(format!("scheduler unavailable: {e}"))));
+        if queued.is_err() {
+            worker.cast(PostprocessMsg::Discard { rid })?;
+        } else if let Some(ms) = params.stop_after_ms {
+            let cancel = SchedulerMsg::Cancel { request, reason: CancelReason::Timeout };
+            a.scheduler.send_after(Duration::from_millis(ms), move || cancel);
+        }
+        let _ = reply.send(queued);
+        Ok(())
+    }
+}
+
+impl PreprocessState {
+    /// Token ids of every prompt, and the text echoed before a non-streamed answer.
+    #[allow(clippy::type_complexity)]
+    fn prepare(&self, prompts: &[Prompt], params: &GenerationParams) -> Result<(Vec<Vec<u32>>, Vec<Option<String>>), SubmitError> {
+        let a = &self.args;
+        validate(params, a.vocab_size)?;
+        if prompts.is_empty() {
+            return Err(SubmitError::Invalid("the request has no prompt".into()));
+        }
+        let mut ids = Vec::with_capacity(prompts.len());
+        let mut texts = Vec::with_capacity(prompts.len());
+        for (i, p) in prompts.iter().enumerate() {
+            let (tokens, text) = match p {
+                Prompt::Text(t) => (self.encode(t)?, Some(t.clone())),
+                Prompt::Tokens(t) => {
+                    if let Some(bad) = t.iter().find(|&&id| id as usize >= a.vocab_size) {
+                        return Err(SubmitError::Invalid(format!(
+                            "input token id {bad} is outside the vocabulary ({} tokens)",
+                            a.vocab_size
+                        )));
+                    }
+                    (t.clone(), a.tokenizer.decode(t, true).ok())
+                }
+                Prompt::Chat(messages) => {
+                    let template = self.template.as_ref().map_err(|e| SubmitError::Invalid(e.clone()))?;
+                    let text = template.apply(messages, true).map_err(|e| SubmitError::Invalid(e.to_string()))?;
+                    (self.encode(&text)?, Some(text))
+                }
+            };
+            if tokens.is_empty() {
+                return Err(SubmitError::Invalid(format!("prompt {i} is empty")));
+            }
+            if tokens.len() >= a.max_seq_len {
+                return Err(SubmitError::Invalid(format!(
+                    "prompt {i} has {} tokens; the model's context is {} tokens, so it leaves no room to generate",
+                    tokens.len(),
+                    a.max_seq_len
+                )));
+            }
+            ids.push(tokens);
+            texts.push(text);
+        }
+        Ok((ids, texts))
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>, SubmitError> {
+        self.args.tokenizer.encode(text, true).map_err(|e| SubmitError::Invalid(e.to_string()))
+    }
+}
+
+/// Checks every parameter against what the sampler and model can do.
+pub fn validate(p: &GenerationParams, vocab_size: usize) -> Result<(), SubmitError> {
+    let bad = |m: String| Err(SubmitError::Invalid(m));
+    if p.max_tokens == 0 {
+        return bad("max_tokens must be at least 1".into());
+    }
+    if !p.temperature.is_finite() || p.temperature < 0.0 {
+        return bad(format!("temperature must be a finite number >= 0, got {}", p.temperature));
+    }
+    if !(p.top_p > 0.0 && p.top_p <= 1.0) {
+        return bad(format!("top_p must be in (0, 1], got {}", p.top_p));
+    }
+    if !p.repetition_penalty.is_finite() || p.repetition_penalty <= 0.0 {
+        return bad(format!("repetition_penalty must be > 0, got {}", p.repetition_penalty));
+    }
+    for (name, v) in [("presence_penalty", p.presence_penalty), ("frequency_penalty", p.frequency_penalty)] {
+        if !v.is_finite() {
+            return bad(format!("{name} must be a finite number, got {v}"));
+        }
+    }
+    let ids = p.end_id.iter().chain(p.pad_id.iter()).chain(p.bad_words.iter().flatten()).chain(p.stop_words.iter().flatten());
+    for &id in ids {
+        if id as usize >= vocab_size {
+            return bad(format!("token id {id} is outside the vocabulary ({vocab_size} tokens)"));
+        }
+    }
+    Ok(())
+}

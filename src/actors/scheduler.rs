@@ -1,0 +1,308 @@
+//! Scheduler actor: the thin shell around the pure [`Scheduler`]. It queues sequences
+//! (`Enqueue`, from Preprocess), plans one iteration at a time and sends it to the Engine
+//! as a delta (`EngineMsg::Step`: new tokens, appended blocks, dropped sequences), applies
+//! the sampled tokens (`StepDone`, from the Sampler) and fans the resulting outputs to the
+//! Postprocess workers (`PostprocessMsg::Emit`).
+//!
+//! Cancels (`Cancel`, `EndSeq`) free blocks at once and are reported to the engine with
+//! the next step. When the engine dies (`EngineFailed`, from the supervisor) every
+//! sequence whose KV state it held gets an error; queued ones wait for `EngineReady`.
+//! Supervised by ModelSupervisor.
+
+use std::collections::HashMap;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use super::messages::{
+    CancelReason, EngineMsg, PostprocessMsg, SamplerMsg, SchedulerMsg, SchedulerStats, SeqId,
+    SeqInit, SeqOutput, StepSeq, SubmitError,
+};
+use crate::request::RequestId;
+use crate::scheduler::{Batch, SchedulerConfig, SeqEvent, SeqSpec, StepOutput};
+
+pub struct SchedulerActor;
+
+pub struct SchedulerArgs {
+    pub config: SchedulerConfig,
+    pub sampler: ActorRef<SamplerMsg>,
+    pub postprocess: Vec<ActorRef<PostprocessMsg>>,
+}
+
+struct SeqMeta {
+    rid: u64,
+    request: RequestId,
+    /// Blocks of its table the engine already has.
+    sent_blocks: usize,
+    /// It has been in a batch, so the engine holds KV state for it.
+    started: bool,
+}
+
+pub struct SchedulerState {
+    core: crate::scheduler::Scheduler,
+    engine: Option<ActorRef<EngineMsg>>,
+    sampler: ActorRef<SamplerMsg>,
+    postprocess: Vec<ActorRef<PostprocessMsg>>,
+    in_flight: Option<Batch>,
+    seqs: HashMap<SeqId, SeqMeta>,
+    requests: HashMap<RequestId, Vec<SeqId>>,
+    /// Sequences whose engine state can go, sent with the next step.
+    dropped: Vec<SeqId>,
+    drains: Vec<RpcReplyPort<()>>,
+}
+
+impl Actor for SchedulerActor {
+    type Msg = SchedulerMsg;
+    type State = SchedulerState;
+    type Arguments = SchedulerArgs;
+
+    async fn pre_start(&self, _: ActorRef<SchedulerMsg>, args: SchedulerArgs) -> Result<SchedulerState, ActorProcessingErr> {
+        let core = crate::scheduler::Scheduler::new(args.config).map_err(|e| format!("scheduler config: {e}"))?;
+        Ok(SchedulerState {
+            core,
+            engine: None,
+            sampler: args.sampler,
+            postprocess: args.postprocess,
+            in_flight: None,
+            seqs: HashMap::new(),
+            requests: HashMap::new(),
+            dropped: Vec::new(),
+            drains: Vec::new(),
+        })
+    }
+
+    async fn handle(&self, myself: ActorRef<SchedulerMsg>, msg: SchedulerMsg, state: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SchedulerMsg::Enqueue { seqs, reply } => {
+                let _ = reply.send(state.enqueue(seqs));
+            }
+            SchedulerMsg::Cancel { request, reason } => state.cancel(&request, reason),
+            SchedulerMsg::EndSeq(seq) => state.end_seq(seq),
+            SchedulerMsg::StepDone { iteration, output, log_probs } => state.step_done(iteration, output, log_probs),
+            SchedulerMsg::EngineFailed { error } => state.engine_failed(&error),
+            SchedulerMsg::EngineReady(engine) => state.engine = Some(engine),
+            SchedulerMsg::Stats(reply) => {
+                let _ = reply.send(state.stats());
+            }
+            SchedulerMsg::Drain(reply) => state.drains.push(reply),
+        }
+        state.kick(&myself)?;
+        if state.requests.is_empty() {
+            for d in state.drains.drain(..) {
+                let _ = d.send(());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SchedulerState {
+    /// Queues all sequences of one request, or none.
+    fn enqueue(&mut self, seqs: Vec<SeqInit>) -> Result<(), SubmitError> {
+        let Some(first) = seqs.first() else {
+            return Err(SubmitError::Invalid("the request has no prompts".into()));
+        };
+        let request = first.request.clone();
+        if self.requests.contains_key(&request) {
+            return Err(SubmitError::DuplicateId(request));
+        }
+        for (i, s) in seqs.iter().enumerate() {
+            let spec = SeqSpec {
+                id: s.seq,
+                prompt: s.prompt.clone(),
+                max_new_tokens: s.params.max_tokens,
+            };
+            if let Err(e) = self.core.add(spec) {
+                for added in &seqs[..i] {
+                    self.core.cancel(added.seq);
+                }
+                return Err(e.into());
+            }
+        }
+        for s in &seqs {
+            let meta = SeqMeta { rid: s.rid, request: request.clone(), sent_blocks: 0, started: false };
+            self.seqs.insert(s.seq, meta);
+        }
+        self.requests.insert(request, seqs.iter().map(|s| s.seq).collect());
+        let _ = self.sampler.cast(SamplerMsg::Register(seqs));
+        Ok(())
+    }
+
+    fn cancel(&mut self, request: &RequestId, reason: CancelReason) {
+        let Some(ids) = self.requests.remove(request) else {
+            return;
+        };
+        let mut outs = Vec::new();
+        for seq in ids {
+            self.core.cancel(seq);
+            outs.push((self.rid(seq), SeqOutput::Cancelled { seq, reason }));
+            self.forget(seq);
+        }
+        self.emit(outs);
+    }
+
+    fn end_seq(&mut self, seq: SeqId) {
+        let Some(meta) = self.seqs.get(&seq) else {
+            return;
+        };
+        let request = meta.request.clone();
+        self.core.cancel(seq);
+        self.forget(seq);
+        if let Some(ids) = self.requests.get_mut(&request) {
+            ids.retain(|&s| s != seq);
+            if ids.is_empty() {
+                self.requests.remove(&request);
+            }
+        }
+    }
+
+    /// Drops a sequence's bookkeeping here, in the sampler and (next step) in the engine.
+    fn forget(&mut self, seq: SeqId) {
+        if self.seqs.remove(&seq).is_some_and(|m| m.started) {
+            self.dropped.push(seq);
+        }
+        let _ = self.sampler.cast(SamplerMsg::Drop(vec![seq]));
+    }
+
+    fn step_done(&mut self, iteration: u64, output: StepOutput, log_probs: Vec<Option<f32>>) {
+        let Some(batch) = self.in_flight.take_if(|b| b.iteration == iteration) else {
+            return;
+        };
+        let lp: HashMap<SeqId, Option<f32>> = output.tokens.iter().map(|t| t.id).zip(log_probs).collect();
+        let mut outs = Vec::new();
+        for event in self.core.update(&batch, &output) {
+            match event {
+                SeqEvent::Token { id, token } => {
+                    let log_prob = lp.get(&id).copied().flatten();
+                    outs.push((self.rid(id), SeqOutput::Token { seq: id, token, log_prob }));
+                }
+                SeqEvent::Finished { id, reason } => {
+                    outs.push((self.rid(id), SeqOutput::Finished { seq: id, reason }));
+                    if let Some(meta) = self.seqs.get(&id) {
+                        let request = meta.request.clone();
+                        self.forget(id);
+                        if let Some(ids) = self.requests.get_mut(&request) {
+                            ids.retain(|&s| s != id);
+                            if ids.is_empty() {
+                                self.requests.remove(&request);
+                            }
+                        }
+                    }
+                }
+                SeqEvent::Preempted { id } => self.reset(id),
+            }
+        }
+        self.emit(outs);
+    }
+
+    /// The engine must forget a preempted sequence and get its whole table again.
+    fn reset(&mut self, seq: SeqId) {
+        if let Some(meta) = self.seqs.get_mut(&seq) {
+            if meta.started {
+                self.dropped.push(seq);
+            }
+            meta.sent_blocks = 0;
+            meta.started = false;
+        }
+    }
+
+    fn engine_failed(&mut self, error: &str) {
+        self.engine = None;
+        self.in_flight = None;
+        self.dropped.clear();
+        let held: Vec<SeqId> = self.seqs.iter().filter(|(_, m)| m.started).map(|(&s, _)| s).collect();
+        let mut failed_requests = Vec::new();
+        for seq in &held {
+            if let Some(m) = self.seqs.get(seq) {
+                failed_requests.push(m.request.clone());
+            }
+        }
+        failed_requests.sort();
+        failed_requests.dedup();
+        let mut outs = Vec::new();
+        for request in failed_requests {
+            for seq in self.requests.remove(&request).unwrap_or_default() {
+                self.core.cancel(seq);
+                let error = format!("the engine failed: {error}");
+                outs.push((self.rid(seq), SeqOutput::Failed { seq, error }));
+                self.seqs.remove(&seq);
+                let _ = self.sampler.cast(SamplerMsg::Drop(vec![seq]));
+            }
+        }
+        self.emit(outs);
+    }
+
+    /// Plans and sends the next iteration when the engine is idle.
+    fn kick(&mut self, myself: &ActorRef<SchedulerMsg>) -> Result<(), ActorProcessingErr> {
+        let Some(engine) = self.engine.clone() else {
+            return Ok(());
+        };
+        if self.in_flight.is_some() || !self.core.has_work() {
+            return Ok(());
+        }
+        let batch = self.core.schedule();
+        for &id in &batch.preempted {
+            self.reset(id);
+        }
+        if batch.seqs.is_empty() {
+            return Ok(());
+        }
+        let mut seqs = Vec::with_capacity(batch.seqs.len());
+        for s in &batch.seqs {
+            let meta = self.seqs.get_mut(&s.id).ok_or("scheduled a sequence with no metadata")?;
+            let reset = !meta.started;
+            let from = if reset { 0 } else { meta.sent_blocks };
+            meta.started = true;
+            meta.sent_blocks = s.block_table.len();
+            seqs.push(StepSeq {
+                seq: s.id,
+                start_pos: s.start_pos,
+                tokens: s.tokens.clone(),
+                reset,
+                new_blocks: s.block_table[from..].to_vec(),
+                sample: s.sample,
+            });
+        }
+        let dropped = std::mem::take(&mut self.dropped);
+        engine.cast(EngineMsg::Step { iteration: batch.iteration, seqs, dropped, reply_to: myself.clone() })?;
+        self.in_flight = Some(batch);
+        Ok(())
+    }
+
+    /// The request key of a live sequence (0 for unknown ones, whose outputs the
+    /// worker ignores).
+    fn rid(&self, seq: SeqId) -> u64 {
+        self.seqs.get(&seq).map_or(0, |m| m.rid)
+    }
+
+    /// Sends outputs to the Postprocess worker that owns each one's request.
+    fn emit(&self, outs: Vec<(u64, SeqOutput)>) {
+        let n = self.postprocess.len() as u64;
+        let mut per_worker: Vec<Vec<SeqOutput>> = self.postprocess.iter().map(|_| Vec::new()).collect();
+        for (rid, o) in outs {
+            per_worker[(rid % n) as usize].push(o);
+        }
+        for (w, outs) in self.postprocess.iter().zip(per_worker) {
+            if !outs.is_empty() {
+                let _ = w.cast(PostprocessMsg::Emit(outs));
+            }
+        }
+    }
+
+    fn stats(&self) -> SchedulerStats {
+        let it = self.core.last_stats();
+        SchedulerStats {
+            waiting: self.core.num_waiting(),
+            running: self.core.num_running(),
+            free_blocks: self.core.num_free_blocks(),
+            total_blocks: self.core.num_total_blocks(),
+            block_size: self.core.config().block_size,
+            iteration: self.core.iteration(),
+            max_batch_size: self.core.config().max_batch_size,
+            context_requests: it.num_context_requests,
+            context_tokens: it.num_context_tokens,
+            generation_requests: it.num_generation_requests,
+            active_requests: self.requests.len(),
+            ready: self.engine.is_some(),
+        }
+    }
+}

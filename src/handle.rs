@@ -1,0 +1,251 @@
+//! The library API: [`ModelHandle::spawn`] builds one model's actor tree inside the
+//! caller's tokio runtime; [`ModelHandle::submit`] turns a [`Request`] into a
+//! [`ResponseStream`] of [`Chunk`]s; dropping the stream, [`ModelHandle::cancel`] or
+//! `stop_after_ms` cancel it; [`ModelHandle::shutdown`] drains and stops the tree.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use ractor::{call, Actor, ActorRef};
+use tokio::sync::{mpsc, watch};
+
+use crate::actors::messages::{CancelReason, PreprocessMsg, SchedulerMsg, SchedulerStats, SubmitError};
+use crate::actors::supervisor::{ModelSupervisor, SupervisorArgs, SupervisorMsg, TreeRefs};
+use crate::error::{Error, Result};
+use crate::model::{KvCache, LoadedModel, ModelConfig};
+use crate::request::{Chunk, FinishReason, Request, RequestId};
+use crate::scheduler::SchedulerConfig;
+use crate::tokenizer::Tokenizer;
+
+/// How to run a model.
+#[derive(Debug, Clone)]
+pub struct ModelOptions {
+    /// Scheduler limits; `num_blocks` is the KV cache size in blocks.
+    pub scheduler: SchedulerConfig,
+    pub preprocess_workers: usize,
+    pub postprocess_workers: usize,
+}
+
+impl ModelOptions {
+    /// Defaults for `config`: a KV cache of `kv_tokens` tokens and the model's context.
+    pub fn for_model(config: &ModelConfig, kv_tokens: usize) -> Self {
+        let scheduler = SchedulerConfig {
+            num_blocks: kv_tokens.div_ceil(32).max(1),
+            block_size: 32,
+            max_seq_len: config.max_position_embeddings,
+            ..SchedulerConfig::default()
+        };
+        ModelOptions {
+            scheduler,
+            preprocess_workers: 2,
+            postprocess_workers: 2,
+        }
+    }
+
+    /// Bytes the KV cache will take.
+    pub fn kv_cache_bytes(&self, config: &ModelConfig) -> usize {
+        KvCache::bytes_per_token(config) * self.scheduler.num_blocks * self.scheduler.block_size
+    }
+}
+
+struct Inner {
+    name: String,
+    config: ModelConfig,
+    tokenizer: Arc<Tokenizer>,
+    supervisor: ActorRef<SupervisorMsg>,
+    refs: TreeRefs,
+    ready: watch::Receiver<bool>,
+    accepting: AtomicBool,
+    next_rid: AtomicU64,
+    round_robin: AtomicUsize,
+}
+
+/// A running model: cheap to clone, safe to share across tasks.
+#[derive(Clone)]
+pub struct ModelHandle {
+    inner: Arc<Inner>,
+}
+
+impl ModelHandle {
+    /// Spawns the actor tree for `model` in the current tokio runtime.
+    pub async fn spawn(model: LoadedModel, options: ModelOptions) -> Result<Self> {
+        options
+            .scheduler
+            .validate()
+            .map_err(|e| Error::Model(format!("scheduler configuration: {e}")))?;
+        let config = model.model.config().clone();
+        let tokenizer = Arc::new(model.tokenizer);
+        let (ready_tx, ready) = watch::channel(false);
+        let args = SupervisorArgs {
+            model: Arc::new(model.model),
+            tokenizer: tokenizer.clone(),
+            scheduler: options.scheduler,
+            preprocess_workers: options.preprocess_workers,
+            postprocess_workers: options.postprocess_workers,
+            ready: ready_tx,
+        };
+        let (supervisor, _) = Actor::spawn(None, ModelSupervisor, args)
+            .await
+            .map_err(|e| Error::Model(format!("starting the model's actors: {e}")))?;
+        let refs = call!(supervisor, SupervisorMsg::Refs).map_err(|e| Error::Model(format!("model actors: {e}")))?;
+        Ok(ModelHandle {
+            inner: Arc::new(Inner {
+                name: model.name,
+                config,
+                tokenizer,
+                supervisor,
+                refs,
+                ready,
+                accepting: AtomicBool::new(true),
+                next_rid: AtomicU64::new(1),
+                round_robin: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.inner.config
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.tokenizer
+    }
+
+    /// The model can take requests (its engine is up and it is not shutting down).
+    pub fn is_ready(&self) -> bool {
+        *self.inner.ready.borrow() && self.inner.accepting.load(Ordering::Relaxed)
+    }
+
+    /// Queues a request; its answer arrives on the returned stream.
+    pub async fn submit(&self, request: Request) -> Result<ResponseStream, SubmitError> {
+        let inner = &self.inner;
+        if !inner.accepting.load(Ordering::Relaxed) {
+            return Err(SubmitError::Unavailable("the server is shutting down".into()));
+        }
+        if !*inner.ready.borrow() {
+            return Err(SubmitError::Unavailable("the model is not ready".into()));
+        }
+        let rid = inner.next_rid.fetch_add(1, Ordering::Relaxed);
+        let id = request.id.clone().unwrap_or_else(|| format!("req-{rid}"));
+        let prompts = request.prompts.len();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let worker = &inner.refs.preprocess[inner.round_robin.fetch_add(1, Ordering::Relaxed) % inner.refs.preprocess.len()];
+        let submitted = call!(worker, |reply| PreprocessMsg::Submit {
+            rid,
+            request: id.clone(),
+            prompts: request.prompts,
+            params: request.params,
+            stream: tx,
+            reply,
+        });
+        submitted.map_err(|e| SubmitError::Unavailable(format!("the model is not running: {e}")))??;
+        Ok(ResponseStream {
+            id,
+            rx,
+            scheduler: inner.refs.scheduler.clone(),
+            open: vec![true; prompts],
+            cancelled_on_drop: true,
+        })
+    }
+
+    /// Cancels a request by id (a no-op when it already ended).
+    pub fn cancel(&self, id: &str) {
+        let _ = self.inner.refs.scheduler.cast(SchedulerMsg::Cancel {
+            request: id.to_string(),
+            reason: CancelReason::Stopped,
+        });
+    }
+
+    /// Queue, batch and KV block counts.
+    pub async fn stats(&self) -> Result<SchedulerStats> {
+        call!(self.inner.refs.scheduler, SchedulerMsg::Stats).map_err(|e| Error::Model(format!("scheduler: {e}")))
+    }
+
+    /// Stops admitting, waits up to `timeout` for running requests, then stops the tree.
+    pub async fn shutdown(&self, timeout: Duration) {
+        self.inner.accepting.store(false, Ordering::Relaxed);
+        let drained = ractor::call_t!(self.inner.refs.scheduler, SchedulerMsg::Drain, timeout.as_millis() as u64);
+        if drained.is_err() {
+            tracing::warn!(model = %self.inner.name, "shutdown: requests still running after {timeout:?}; stopping anyway");
+        }
+        self.inner.supervisor.stop(Some("shutdown".into()));
+    }
+
+    /// Test hook: the engine fails at its next step, as it would on a device fault.
+    #[doc(hidden)]
+    pub fn inject_engine_fault(&self) {
+        let _ = self.inner.supervisor.cast(SupervisorMsg::InjectEngineFault);
+    }
+}
+
+/// The chunks of one request, in order; ends after the last prompt's final chunk.
+/// Dropping it before the end cancels the request.
+pub struct ResponseStream {
+    id: RequestId,
+    rx: mpsc::UnboundedReceiver<Chunk>,
+    scheduler: ActorRef<SchedulerMsg>,
+    /// Prompts (by batch_index) whose final chunk has not arrived.
+    open: Vec<bool>,
+    cancelled_on_drop: bool,
+}
+
+impl ResponseStream {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Stream for ResponseStream {
+    type Item = Chunk;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Chunk>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(chunk)) => {
+                if chunk.is_final() {
+                    if let Some(o) = self.open.get_mut(chunk.batch_index) {
+                        *o = false;
+                    }
+                }
+                Poll::Ready(Some(chunk))
+            }
+            Poll::Ready(None) => {
+                // The pipeline closed the stream early: say so once per unfinished prompt.
+                match self.open.iter().position(|&o| o) {
+                    Some(i) => {
+                        self.open[i] = false;
+                        Poll::Ready(Some(Chunk {
+                            batch_index: i,
+                            finish_reason: Some(FinishReason::Error),
+                            error: Some("the model stopped before the request finished".into()),
+                            ..Chunk::default()
+                        }))
+                    }
+                    None => {
+                        self.cancelled_on_drop = false;
+                        Poll::Ready(None)
+                    }
+                }
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for ResponseStream {
+    fn drop(&mut self) {
+        if self.cancelled_on_drop && self.open.iter().any(|&o| o) {
+            let _ = self.scheduler.cast(SchedulerMsg::Cancel {
+                request: self.id.clone(),
+                reason: CancelReason::Disconnected,
+            });
+        }
+    }
+}

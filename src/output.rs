@@ -1,0 +1,196 @@
+//! One sequence's output as the client sees it: incremental detokenization that never
+//! splits a character, stop strings found across token boundaries and trimmed, the prompt
+//! echoed when asked, streamed chunks or one accumulated answer. Pure logic: Postprocess
+//! owns one `SeqOutputState` per sequence.
+
+use crate::request::{Chunk, FinishReason, GenerationParams};
+use crate::tokenizer::detok::Detokenizer;
+use crate::tokenizer::Tokenizer;
+
+/// Output state of one prompt of a request.
+pub struct SeqOutputState {
+    batch_index: usize,
+    stream: bool,
+    detok: Detokenizer,
+    stop_strings: Vec<String>,
+    end_ids: Vec<u32>,
+    return_log_probs: bool,
+    /// Text that may be the start of a stop string, not sent yet.
+    held: String,
+    /// The answer so far when not streaming.
+    pending: Chunk,
+    prompt_tokens: usize,
+    output_tokens: usize,
+    cum_log_prob: f32,
+    done: bool,
+}
+
+/// What pushing one token produced.
+pub struct Pushed {
+    /// A chunk to send now (streaming only).
+    pub chunk: Option<Chunk>,
+    /// A stop string completed: the sequence must end (call `finish`).
+    pub stop_string: bool,
+}
+
+impl SeqOutputState {
+    /// `prompt_text` is sent before the output when the request does not exclude it
+    /// and is not streamed (a streamed event carries only new text, as TRT-LLM's do).
+    pub fn new(
+        batch_index: usize,
+        prompt_tokens: usize,
+        prompt_text: Option<String>,
+        params: &GenerationParams,
+        end_ids: Vec<u32>,
+    ) -> Self {
+        let mut pending = Chunk {
+            batch_index,
+            ..Chunk::default()
+        };
+        if !params.stream && !params.exclude_input_in_output {
+            pending.text = prompt_text.unwrap_or_default();
+        }
+        SeqOutputState {
+            batch_index,
+            stream: params.stream,
+            detok: Detokenizer::new(),
+            stop_strings: params.stop_strings.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            end_ids: if params.ignore_eos { Vec::new() } else { end_ids },
+            return_log_probs: params.return_log_probs,
+            held: String::new(),
+            pending,
+            prompt_tokens,
+            output_tokens: 0,
+            cum_log_prob: 0.0,
+            done: false,
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Adds one generated token.
+    pub fn push(&mut self, tokenizer: &Tokenizer, token: u32, log_prob: Option<f32>) -> Pushed {
+        if self.done {
+            return Pushed { chunk: None, stop_string: false };
+        }
+        let mut chunk = Chunk {
+            batch_index: self.batch_index,
+            ..Chunk::default()
+        };
+        // End tokens close the sequence; they are not part of the answer.
+        if !self.end_ids.contains(&token) {
+            self.output_tokens += 1;
+            chunk.token_ids.push(token);
+            if self.return_log_probs {
+                let lp = log_prob.unwrap_or(0.0);
+                self.cum_log_prob += lp;
+                chunk.log_probs.push(lp);
+            }
+            if !tokenizer.is_special(token) {
+                if let Some(bytes) = tokenizer.token_bytes(token) {
+                    let text = self.detok.push(&bytes);
+                    self.held.push_str(&text);
+                }
+            }
+        }
+        let stop_string = self.release(&mut chunk.text);
+        chunk.output_tokens = self.output_tokens;
+        if self.return_log_probs {
+            chunk.cum_log_prob = Some(self.cum_log_prob);
+        }
+        if self.stream {
+            Pushed { chunk: Some(chunk), stop_string }
+        } else {
+            self.accumulate(chunk);
+            Pushed { chunk: None, stop_string }
+        }
+    }
+
+    /// Moves held text that cannot start a stop string into `out`. Returns true when a
+    /// stop string is complete (the text before it is released, the rest dropped).
+    fn release(&mut self, out: &mut String) -> bool {
+        if let Some(pos) = self.stop_strings.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+            out.push_str(&self.held[..pos]);
+            self.held.clear();
+            return true;
+        }
+        let keep = self
+            .stop_strings
+            .iter()
+            .map(|s| longest_suffix_prefix(&self.held, s))
+            .max()
+            .unwrap_or(0);
+        let cut = self.held.len() - keep;
+        out.push_str(&self.held[..cut]);
+        self.held.drain(..cut);
+        false
+    }
+
+    fn accumulate(&mut self, c: Chunk) {
+        self.pending.text.push_str(&c.text);
+        self.pending.token_ids.extend(c.token_ids);
+        self.pending.log_probs.extend(c.log_probs);
+        self.pending.cum_log_prob = c.cum_log_prob;
+    }
+
+    /// The last chunk: flushes held text (unless a stop string ended it) and pending bytes.
+    pub fn finish(&mut self, reason: FinishReason) -> Chunk {
+        let mut chunk = if self.stream {
+            Chunk {
+                batch_index: self.batch_index,
+                ..Chunk::default()
+            }
+        } else {
+            std::mem::take(&mut self.pending)
+        };
+        if !self.done && reason != FinishReason::Error {
+            let tail = self.detok.finish();
+            self.held.push_str(&tail);
+            let mut rest = String::new();
+            self.release(&mut rest);
+            rest.push_str(&self.held);
+            self.held.clear();
+            chunk.text.push_str(&rest);
+        }
+        self.done = true;
+        chunk.batch_index = self.batch_index;
+        chunk.finish_reason = Some(reason);
+        chunk.prompt_tokens = self.prompt_tokens;
+        chunk.output_tokens = self.output_tokens;
+        if self.return_log_probs {
+            chunk.cum_log_prob = Some(self.cum_log_prob);
+        }
+        chunk
+    }
+
+    /// The last chunk of a failed sequence.
+    pub fn fail(&mut self, error: String) -> Chunk {
+        let mut chunk = self.finish(FinishReason::Error);
+        chunk.error = Some(error);
+        chunk
+    }
+}
+
+/// Length of the longest proper suffix of `text` that is a prefix of `stop`.
+fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
+    let max = stop.len().saturating_sub(1).min(text.len());
+    (1..=max)
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && stop.starts_with(&text[text.len() - n..]))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suffix_prefix_lengths() {
+        assert_eq!(longest_suffix_prefix("hello wor", "world"), 3);
+        assert_eq!(longest_suffix_prefix("hello", "xyz"), 0);
+        assert_eq!(longest_suffix_prefix("abc", "c"), 0);
+        assert_eq!(longest_suffix_prefix("é", "éa"), 2);
+    }
+}

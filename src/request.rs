@@ -1,0 +1,148 @@
+//! What a client asks for and what it gets back, independent of HTTP: [`Request`] (one or
+//! more prompts with [`GenerationParams`]) in, a stream of [`Chunk`]s out.
+
+use serde::{Deserialize, Serialize};
+
+use crate::tokenizer::chat::ChatMessage;
+
+/// A request's id: given by the client (echoed back, used to cancel) or generated.
+pub type RequestId = String;
+
+/// One prompt of a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// Text, tokenized as is (special tokens such as `<|im_start|>` are parsed).
+    Text(String),
+    /// Token ids, used as given.
+    Tokens(Vec<u32>),
+    /// Messages rendered through the model's chat template, with the generation prompt.
+    Chat(Vec<ChatMessage>),
+}
+
+/// How to generate: the Triton/TensorRT-LLM request fields that apply to every prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GenerationParams {
+    pub max_tokens: usize,
+    /// 0 is greedy.
+    pub temperature: f32,
+    /// 0 keeps every token.
+    pub top_k: usize,
+    pub top_p: f32,
+    /// Divides positive logits (multiplies negative ones) of tokens already present; 1 is off.
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token already generated.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence of each token already generated.
+    pub frequency_penalty: f32,
+    /// End and stop tokens are suppressed until this many tokens were generated.
+    pub min_length: usize,
+    /// None: a random seed per request.
+    pub random_seed: Option<u64>,
+    /// Token that ends generation (default: the model's end-of-sequence tokens).
+    pub end_id: Option<u32>,
+    pub pad_id: Option<u32>,
+    /// Sequences of tokens that are never generated.
+    pub bad_words: Vec<Vec<u32>>,
+    /// Generation stops after any of these token sequences.
+    pub stop_words: Vec<Vec<u32>>,
+    /// Generation stops at any of these strings, which are trimmed from the output.
+    pub stop_strings: Vec<String>,
+    /// Return each output token's log-probability and their sum.
+    pub return_log_probs: bool,
+    /// Without it the prompt's text precedes the output (Triton's default).
+    pub exclude_input_in_output: bool,
+    /// Stream token by token; otherwise one chunk carries the whole answer.
+    pub stream: bool,
+    /// Cancel the request this long after it arrives.
+    pub stop_after_ms: Option<u64>,
+    /// Keep generating past end tokens (benchmarks force output lengths this way).
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerationParams {
+    fn default() -> Self {
+        GenerationParams {
+            max_tokens: 16,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            min_length: 0,
+            random_seed: None,
+            end_id: None,
+            pad_id: None,
+            bad_words: Vec::new(),
+            stop_words: Vec::new(),
+            stop_strings: Vec::new(),
+            return_log_probs: false,
+            exclude_input_in_output: false,
+            stream: true,
+            stop_after_ms: None,
+            ignore_eos: false,
+        }
+    }
+}
+
+/// A generation request: one prompt, or several (a batch, answered with `batch_index`).
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub id: Option<RequestId>,
+    pub prompts: Vec<Prompt>,
+    pub params: GenerationParams,
+}
+
+impl Request {
+    pub fn text(prompt: impl Into<String>, params: GenerationParams) -> Self {
+        Request {
+            id: None,
+            prompts: vec![Prompt::Text(prompt.into())],
+            params,
+        }
+    }
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end token, stop word or stop string.
+    Stop,
+    /// max_tokens or the context length.
+    Length,
+    /// Cancelled by the client, a stop request or stop_after_ms.
+    Cancelled,
+    /// The engine failed; `Chunk::error` says how.
+    Error,
+}
+
+/// A piece of one prompt's answer, streamed to the client.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Chunk {
+    /// Which prompt of the request this belongs to.
+    pub batch_index: usize,
+    /// New text (whole UTF-8 characters only).
+    pub text: String,
+    /// New token ids.
+    pub token_ids: Vec<u32>,
+    /// Log-probabilities of the new tokens, when asked for.
+    pub log_probs: Vec<f32>,
+    /// Sum of the log-probabilities of all output tokens so far, when asked for.
+    pub cum_log_prob: Option<f32>,
+    /// Set on the last chunk of this prompt.
+    pub finish_reason: Option<FinishReason>,
+    /// Set when the request failed.
+    pub error: Option<String>,
+    /// Prompt tokens of this prompt (on the last chunk).
+    pub prompt_tokens: usize,
+    /// Output tokens of this prompt so far.
+    pub output_tokens: usize,
+}
+
+impl Chunk {
+    pub fn is_final(&self) -> bool {
+        self.finish_reason.is_some()
+    }
+}

@@ -1,0 +1,33 @@
+//! Turning a sequence's row of logits into its next token, TensorRT-LLM style: penalties,
+//! bad words, `min_length`, greedy or temperature/top-k/top-p from a per-sequence seeded
+//! generator, log-probabilities, end tokens and stop words. Pure logic: the Sampler actor
+//! holds one [`SeqSampler`] per running sequence and calls [`SeqSampler::sample`].
+//!
+//! # Layout
+//! - [`seq`](SeqSampler): the per-sequence state and the order of the steps;
+//! - `penalties`: repetition, presence and frequency penalties;
+//! - `words`: end tokens, `min_length`, bad words, stop words;
+//! - `select`: greedy, top-k, top-p and the draw, without sorting whole rows.
+
+mod penalties;
+mod select;
+mod seq;
+#[cfg(test)]
+mod tests;
+mod words;
+
+pub use seq::{Sampled, SeqSampler};
+
+/// The index of the largest logit (the first one on ties); NaN counts as -inf, and a row
+/// with nothing above -inf (or empty) gives 0.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    let mut best_val = f32::NEG_INFINITY;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > best_val {
+            best = i;
+            best_val = x;
+        }
+    }
+    best as u32
+}

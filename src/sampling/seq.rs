@@ -1,0 +1,166 @@
+//! [`SeqSampler`]: the sampling state of one sequence (its generator, penalty counts,
+//! word rules and generated tokens) and the step that turns its row of logits into the
+//! next token.
+
+use rand::rngs::{OsRng, StdRng};
+use rand::{RngCore, SeedableRng};
+
+use super::penalties::Penalties;
+use super::select::{self, Cuts};
+use super::words::WordRules;
+use crate::request::GenerationParams;
+
+/// The outcome of one sampling step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampled {
+    /// The chosen token, already appended to the sampler's generated tokens.
+    pub token: u32,
+    /// Its log-probability, when `return_log_probs` was asked for (see
+    /// [`SeqSampler::sample`] for which distribution).
+    pub log_prob: Option<f32>,
+    /// The sequence ends here: an end token (see [`SeqSampler::is_end_token`]), a stop
+    /// word, or a row with no allowed token.
+    pub stop: bool,
+}
+
+/// The sampling state of one sequence. Each owns its generator, so a seeded sequence
+/// draws the same tokens whatever else shares its batch.
+#[derive(Debug, Clone)]
+pub struct SeqSampler {
+    /// Temperature 0 (or NaN, or negative), or top_k 1: argmax, no draw.
+    greedy: bool,
+    /// `inv_t` is 1 when the temperature is not positive.
+    cuts: Cuts,
+    want_log_probs: bool,
+    penalties: Penalties,
+    words: WordRules,
+    seed: u64,
+    rng: StdRng,
+    /// The last `words.context_len()` prompt tokens, then every generated token.
+    history: Vec<u32>,
+    prompt_tail: usize,
+}
+
+impl SeqSampler {
+    /// A sampler for a sequence with this prompt. `eos_ids` are the model's end tokens,
+    /// used when `params.end_id` is None. `random_seed` None draws a seed from the OS.
+    ///
+    /// Parameters are made safe rather than refused: a temperature that is NaN or not
+    /// positive means greedy, a positive one is clamped to `[f32::MIN_POSITIVE, 1e30]` so
+    /// that `1 / temperature` is finite and positive; a NaN top_p is 1 (off); top_k beyond
+    /// the vocabulary keeps it all; invalid penalties are off (see `Penalties`); empty
+    /// bad or stop words are dropped and ids outside the vocabulary are never masked.
+    pub fn new(params: &GenerationParams, prompt: &[u32], eos_ids: &[u32]) -> Self {
+        let t = params.temperature;
+        let cuts = Cuts {
+            inv_t: if t > 0.0 {
+                1.0 / t.clamp(f32::MIN_POSITIVE, 1e30)
+            } else {
+                1.0
+            },
+            top_k: params.top_k,
+            top_p: if params.top_p.is_nan() {
+                1.0
+            } else {
+                params.top_p
+            },
+        };
+        let seed = params.random_seed.unwrap_or_else(os_seed);
+        let words = WordRules::new(params, eos_ids);
+        let prompt_tail = words.context_len().min(prompt.len());
+        SeqSampler {
+            greedy: t.is_nan() || t <= 0.0 || params.top_k == 1,
+            cuts,
+            want_log_probs: params.return_log_probs,
+            penalties: Penalties::new(params, prompt),
+            history: prompt[prompt.len() - prompt_tail..].to_vec(),
+            prompt_tail,
+            words,
+            seed,
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// Chooses the next token from this sequence's row of logits and records it.
+    ///
+    /// Order: penalties on the raw logits, then masks (bad words, `min_length`), then NaN
+    /// to -inf; then greedy (the first maximum) when temperature is 0 or top_k is 1, else
+    /// temperature, top-k, top-p and a draw from this sequence's generator.
+    ///
+    /// `log_prob` is the log-softmax of the logits after penalties, masks and temperature
+    /// (temperature 1 when it is 0), before the top-k/top-p cuts: the probability of the
+    /// token under the request's penalties, which truncation would otherwise inflate (a
+    /// top_k of 1 would give every token a log-probability of 0).
+    ///
+    /// A row with no allowed token (empty, or all -inf/NaN after masking) cannot go on: it
+    /// gives the lowest end token id (even with `ignore_eos`; 0 when there is none) with
+    /// `stop` set and a log-probability of -inf.
+    ///
+    /// `logits` is scratch: its contents on return are unspecified.
+    pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
+        self.process_logits(logits);
+        let choice = match select::sanitize(logits) {
+            None => {
+                let token = self.words.first_end_id().unwrap_or(0);
+                self.record(token);
+                return Sampled {
+                    token,
+                    log_prob: self.want_log_probs.then_some(f32::NEG_INFINITY),
+                    stop: true,
+                };
+            }
+            Some((best, max)) if self.greedy => {
+                select::greedy(logits, best, max, self.cuts.inv_t, self.want_log_probs)
+            }
+            Some((_, max)) => {
+                select::draw(logits, max, self.cuts, &mut self.rng, self.want_log_probs)
+            }
+        };
+        self.record(choice.token);
+        Sampled {
+            token: choice.token,
+            log_prob: choice.log_prob,
+            stop: self.words.stops(&self.history),
+        }
+    }
+
+    /// Applies penalties and masks in place: the logits [`sample`](Self::sample) chooses
+    /// from, before temperature. The CPU twin of a GPU logits processor, and what tests
+    /// check exact values on.
+    pub fn process_logits(&self, logits: &mut [f32]) {
+        self.penalties.apply(logits);
+        let generated = self.history.len() - self.prompt_tail;
+        self.words.mask(&self.history, generated, logits);
+    }
+
+    fn record(&mut self, token: u32) {
+        self.penalties.record(token);
+        self.history.push(token);
+    }
+
+    /// The tokens chosen so far, in order (every one, the stopping token included).
+    pub fn generated(&self) -> &[u32] {
+        &self.history[self.prompt_tail..]
+    }
+
+    /// Whether `token` is an end token of this request (`end_id`, else the model's eos
+    /// ids; never with `ignore_eos`), e.g. to leave it out of the returned text.
+    pub fn is_end_token(&self, token: u32) -> bool {
+        self.words.is_end(token)
+    }
+
+    /// The seed of this sequence's generator: `random_seed`, or the one drawn for it.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+}
+
+/// A seed from the operating system; the thread-local generator (itself seeded from the
+/// OS) if that fails, so that building a sampler never panics.
+fn os_seed() -> u64 {
+    let mut bytes = [0u8; 8];
+    match OsRng.try_fill_bytes(&mut bytes) {
+        Ok(()) => u64::from_le_bytes(bytes),
+        Err(_) => rand::random(),
+    }
+}
