@@ -24,6 +24,9 @@ pub enum Error {
     Tokenizer(String),
     #[error("chat template: {0}")]
     ChatTemplate(String),
+    /// A configuration file or flag that cannot be used.
+    #[error("config: {0}")]
+    Config(String),
     /// Fetching the default model failed.
     #[error("fetch: {0}")]
     Fetch(String),

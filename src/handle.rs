@@ -54,6 +54,7 @@ impl ModelOptions {
 
 struct Inner {
     name: String,
+    kv_cache_bytes: usize,
     config: ModelConfig,
     tokenizer: Arc<Tokenizer>,
     supervisor: ActorRef<SupervisorMsg>,
@@ -78,6 +79,7 @@ impl ModelHandle {
             .validate()
             .map_err(|e| Error::Model(format!("scheduler configuration: {e}")))?;
         let config = model.model.config().clone();
+        let kv_cache_bytes = options.kv_cache_bytes(&config);
         let tokenizer = Arc::new(model.tokenizer);
         let (ready_tx, ready) = watch::channel(false);
         let args = SupervisorArgs {
@@ -95,6 +97,7 @@ impl ModelHandle {
         Ok(ModelHandle {
             inner: Arc::new(Inner {
                 name: model.name,
+                kv_cache_bytes,
                 config,
                 tokenizer,
                 supervisor,
@@ -117,6 +120,11 @@ impl ModelHandle {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.inner.tokenizer
+    }
+
+    /// Bytes the engine's KV cache takes.
+    pub fn kv_cache_bytes(&self) -> usize {
+        self.inner.kv_cache_bytes
     }
 
     /// The model can take requests (its engine is up and it is not shutting down).

@@ -16,11 +16,14 @@
 //! - [`request`], [`output`]: what clients send and receive, and how output is built.
 
 pub mod actors;
+pub mod config;
 pub mod error;
 pub mod fetch;
 pub mod generate;
+pub mod http;
 pub mod handle;
 pub mod kernels;
+pub mod metrics;
 pub mod model;
 pub mod output;
 pub mod request;

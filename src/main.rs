@@ -1,5 +1,6 @@
-//! The `inflight` command line: `generate` streams a completion to stdout, `fetch-model`
-//! fetches the default model.
+//! The `inflight` command line: `serve` runs the HTTP server (Triton generate, KServe v2,
+//! OpenAI, metrics), `generate` streams a completion to stdout, `fetch-model` fetches the
+//! default model.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -7,7 +8,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use std::time::Duration;
+
+use inflight::config::ServeConfig;
 use inflight::generate::{generate, GenerateOptions};
+use inflight::http::{serve, AppState};
+use inflight::{ModelHandle, ModelOptions};
 use inflight::model::LoadedModel;
 use inflight::request::GenerationParams;
 use inflight::tokenizer::chat::{ChatMessage, ChatTemplate};
@@ -25,6 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve a model over HTTP (default: SmolLM2-135M-Instruct on ports 8000 and 8002).
+    Serve(ServeArgs),
     /// Generate a completion for one prompt, streaming text to stdout.
     Generate(GenerateArgs),
     /// Fetch the default model (SmolLM2-135M-Instruct) into the cache folder.
@@ -33,6 +41,25 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// A TOML config (see config/); flags below override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// A .gguf file or an HF checkpoint folder (default: the config's, else SmolLM2-135M-Instruct).
+    #[arg(long, env = "INFLIGHT_MODEL")]
+    model: Option<PathBuf>,
+    #[arg(long)]
+    host: Option<String>,
+    #[arg(long)]
+    http_port: Option<u16>,
+    #[arg(long)]
+    metrics_port: Option<u16>,
+    /// cpu (cuda comes with the GPU engine).
+    #[arg(long)]
+    device: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -71,6 +98,7 @@ struct GenerateArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => run_serve(args),
         Command::Generate(args) => run_generate(args),
         Command::FetchModel { dir } => {
             let dir = dir.unwrap_or_else(inflight::fetch::cache_dir);
@@ -84,6 +112,58 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn run_serve(args: ServeArgs) -> inflight::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let mut cfg = match &args.config {
+        Some(path) => ServeConfig::load(path)?,
+        None => ServeConfig::from_toml("")?,
+    };
+    if let Some(m) = args.model {
+        cfg.model.path = m.to_string_lossy().into_owned();
+    }
+    let server = &mut cfg.server;
+    server.host = args.host.unwrap_or(server.host.clone());
+    server.http_port = args.http_port.unwrap_or(server.http_port);
+    server.metrics_port = args.metrics_port.unwrap_or(server.metrics_port);
+    server.device = args.device.unwrap_or(server.device.clone());
+    if server.device != "cpu" {
+        return Err(inflight::Error::Config(format!(
+            "device {:?} is not available in this build; use --device cpu",
+            server.device
+        )));
+    }
+    let path = match cfg.model_path() {
+        Some(p) => p,
+        None => inflight::fetch::default_model_path()?,
+    };
+    tracing::info!(model = %path.display(), "loading");
+    let loaded = LoadedModel::load(&path)?;
+    let scheduler = cfg.scheduler(loaded.model.config())?;
+    let options = ModelOptions {
+        scheduler,
+        preprocess_workers: cfg.model.preprocess_instances,
+        postprocess_workers: cfg.model.postprocess_instances,
+    };
+    tracing::info!(
+        kv_blocks = options.scheduler.num_blocks,
+        block_size = options.scheduler.block_size,
+        kv_mib = options.kv_cache_bytes(loaded.model.config()) >> 20,
+        max_batch_size = options.scheduler.max_batch_size,
+        "KV cache"
+    );
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| inflight::Error::Config(format!("tokio: {e}")))?;
+    runtime.block_on(async move {
+        let handle = ModelHandle::spawn(loaded, options).await?;
+        let state = AppState::new(handle);
+        let drain = Duration::from_secs(cfg.server.shutdown_timeout_s);
+        serve(state, &cfg.server.host, cfg.server.http_port, cfg.server.metrics_port, drain).await
+    })
 }
 
 fn run_generate(args: GenerateArgs) -> inflight::Result<()> {

@@ -71,12 +71,13 @@ impl SeqOutputState {
     }
 
     /// Adds one generated token.
-    pub fn push(&mut self, tokenizer: &Tokenizer, token: u32, log_prob: Option<f32>) -> Pushed {
+    pub fn push(&mut self, tokenizer: &Tokenizer, token: u32, log_prob: Option<f32>, queued: Option<std::time::Duration>) -> Pushed {
         if self.done {
             return Pushed { chunk: None, stop_string: false };
         }
         let mut chunk = Chunk {
             batch_index: self.batch_index,
+            queue_time: queued,
             ..Chunk::default()
         };
         // End tokens close the sequence; they are not part of the answer.
@@ -133,6 +134,7 @@ impl SeqOutputState {
         self.pending.token_ids.extend(c.token_ids);
         self.pending.log_probs.extend(c.log_probs);
         self.pending.cum_log_prob = c.cum_log_prob;
+        self.pending.queue_time = self.pending.queue_time.or(c.queue_time);
     }
 
     /// The last chunk: flushes held text (unless a stop string ended it) and pending bytes.

@@ -139,6 +139,8 @@ pub struct Chunk {
     pub prompt_tokens: usize,
     /// Output tokens of this prompt so far.
     pub output_tokens: usize,
+    /// Time this prompt waited before it was first scheduled (on its first chunk).
+    pub queue_time: Option<std::time::Duration>,
 }
 
 impl Chunk {

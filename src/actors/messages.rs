@@ -161,7 +161,13 @@ pub enum SamplerMsg {
 /// What happened to one sequence in an iteration, for Postprocess.
 #[derive(Debug, Clone)]
 pub enum SeqOutput {
-    Token { seq: SeqId, token: u32, log_prob: Option<f32> },
+    Token {
+        seq: SeqId,
+        token: u32,
+        log_prob: Option<f32>,
+        /// Set on a sequence's first token: how long it waited to be scheduled.
+        queued: Option<std::time::Duration>,
+    },
     Finished { seq: SeqId, reason: SeqFinish },
     Cancelled { seq: SeqId, reason: CancelReason },
     Failed { seq: SeqId, error: String },

@@ -92,8 +92,8 @@ fn emit(state: &mut PostprocessState, output: SeqOutput) {
     };
     let rid = *rid;
     let (chunk, ends, stop_string) = match output {
-        SeqOutput::Token { token, log_prob, .. } => {
-            let pushed = out.push(&state.tokenizer, token, log_prob);
+        SeqOutput::Token { token, log_prob, queued, .. } => {
+            let pushed = out.push(&state.tokenizer, token, log_prob, queued);
             if pushed.stop_string {
                 (Some(out.finish(FinishReason::Stop)), true, true)
             } else {

@@ -10,6 +10,7 @@
 //! Supervised by ModelSupervisor.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -35,6 +36,10 @@ struct SeqMeta {
     sent_blocks: usize,
     /// It has been in a batch, so the engine holds KV state for it.
     started: bool,
+    enqueued: Instant,
+    /// Wait before its first batch; reported with its first token, then None.
+    queued: Option<Duration>,
+    first_scheduled: bool,
 }
 
 pub struct SchedulerState {
@@ -119,7 +124,15 @@ impl SchedulerState {
             }
         }
         for s in &seqs {
-            let meta = SeqMeta { rid: s.rid, request: request.clone(), sent_blocks: 0, started: false };
+            let meta = SeqMeta {
+                rid: s.rid,
+                request: request.clone(),
+                sent_blocks: 0,
+                started: false,
+                enqueued: Instant::now(),
+                queued: None,
+                first_scheduled: false,
+            };
             self.seqs.insert(s.seq, meta);
         }
         self.requests.insert(request, seqs.iter().map(|s| s.seq).collect());
@@ -173,7 +186,8 @@ impl SchedulerState {
             match event {
                 SeqEvent::Token { id, token } => {
                     let log_prob = lp.get(&id).copied().flatten();
-                    outs.push((self.rid(id), SeqOutput::Token { seq: id, token, log_prob }));
+                    let queued = self.seqs.get_mut(&id).and_then(|m| m.queued.take());
+                    outs.push((self.rid(id), SeqOutput::Token { seq: id, token, log_prob, queued }));
                 }
                 SeqEvent::Finished { id, reason } => {
                     outs.push((self.rid(id), SeqOutput::Finished { seq: id, reason }));
@@ -251,6 +265,10 @@ impl SchedulerState {
             let meta = self.seqs.get_mut(&s.id).ok_or("scheduled a sequence with no metadata")?;
             let reset = !meta.started;
             let from = if reset { 0 } else { meta.sent_blocks };
+            if !meta.first_scheduled {
+                meta.first_scheduled = true;
+                meta.queued = Some(meta.enqueued.elapsed());
+            }
             meta.started = true;
             meta.sent_blocks = s.block_table.len();
             seqs.push(StepSeq {

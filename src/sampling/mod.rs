@@ -7,8 +7,12 @@
 //! - [`seq`](SeqSampler): the per-sequence state and the order of the steps;
 //! - `penalties`: repetition, presence and frequency penalties;
 //! - `words`: end tokens, `min_length`, bad words, stop words;
-//! - `select`: greedy, top-k, top-p and the draw, without sorting whole rows.
+//! - `select`: greedy, top-k, top-p and the draw, without sorting whole rows;
+//! - `nucleus`: top-p over a whole row through a histogram;
+//! - `math`: vectorised row kernels (cleaning, fast `exp`, sums).
 
+mod math;
+mod nucleus;
 mod penalties;
 mod select;
 mod seq;

@@ -5,6 +5,7 @@
 use rand::rngs::{OsRng, StdRng};
 use rand::{RngCore, SeedableRng};
 
+use super::math;
 use super::penalties::Penalties;
 use super::select::{self, Cuts};
 use super::words::WordRules;
@@ -99,7 +100,7 @@ impl SeqSampler {
     /// `logits` is scratch: its contents on return are unspecified.
     pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
         self.process_logits(logits);
-        let choice = match select::sanitize(logits) {
+        let choice = match math::sanitize(logits) {
             None => {
                 let token = self.words.first_end_id().unwrap_or(0);
                 self.record(token);

@@ -412,35 +412,3 @@ fn a_row_with_no_allowed_token_stops_on_the_end_token() {
     assert!(s.sample(&mut [f32::NAN, NEG]).stop);
     assert_eq!(s.generated(), &[0, 0]);
 }
-
-#[test]
-#[ignore]
-fn tmp_timing() {
-    let mut rng = StdRng::seed_from_u64(1);
-    // Roughly LLM-like: normal-ish logits.
-    let r: Vec<f32> = (0..128_256).map(|_| { let a: f32 = rng.gen_range(-1.0..1.0); let b: f32 = rng.gen_range(-1.0..1.0); 3.0 * (a + b) }).collect();
-    let prompt: Vec<u32> = (0..2000).map(|i| (i * 37) % 128_000).collect();
-    for (name, t, k, p, lp, rep) in [
-        ("greedy", 0.0, 0, 1.0, false, 1.0),
-        ("greedy+logprob", 0.0, 0, 1.0, true, 1.0),
-        ("greedy+rep(2000 prompt)", 0.0, 0, 1.0, false, 1.1),
-        ("temp full row", 0.8, 0, 1.0, false, 1.0),
-        ("top_k 50", 0.8, 50, 1.0, false, 1.0),
-        ("top_k 50 + logprob", 0.8, 50, 1.0, true, 1.0),
-        ("top_k 5000", 0.8, 5000, 1.0, false, 1.0),
-        ("top_p 0.9", 0.8, 0, 0.9, false, 1.0),
-        ("top_p 0.5", 0.8, 0, 0.5, false, 1.0),
-        ("top_k 50 top_p 0.9", 0.8, 50, 0.9, false, 1.0),
-    ] {
-        let p = params(|q| { q.temperature = t; q.top_k = k; q.top_p = p; q.return_log_probs = lp; q.repetition_penalty = rep; q.random_seed = Some(1); });
-        let mut s = SeqSampler::new(&p, &prompt, EOS);
-        let mut buf = r.clone();
-        let n = 50;
-        let t0 = std::time::Instant::now();
-        for _ in 0..n { buf.copy_from_slice(&r); s.sample(&mut buf); }
-        let copy0 = std::time::Instant::now();
-        for _ in 0..n { buf.copy_from_slice(&r); }
-        let copy = copy0.elapsed();
-        println!("{name:28} {:8.1} us/token", (t0.elapsed().as_secs_f64() - copy.as_secs_f64()) * 1e6 / n as f64);
-    }
-}

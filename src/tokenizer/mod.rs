@@ -670,6 +670,39 @@ mod tests {
     }
 
     #[test]
+    fn from_files_reads_tokenizer_json_and_config() {
+        let gguf = tiny("smollm");
+        let dir = std::env::temp_dir().join(format!("inflight-tok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let json = dir.join("tokenizer.json");
+        let config = dir.join("tokenizer_config.json");
+        std::fs::write(&json, gguf.inner.to_string(false).unwrap()).unwrap();
+        let cfg = r#"{"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"},
+                      "chat_template": [{"name": "default", "template": "{{ bos_token }}"}]}"#;
+        std::fs::write(&config, cfg).unwrap();
+        let tok = Tokenizer::from_files(&json, Some(&config)).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        for text in ["hello world", "<|im_start|>é 12<|im_end|>", "<tool> x"] {
+            for special in [true, false] {
+                let ids = tok.encode(text, special).unwrap();
+                assert_eq!(ids, gguf.encode(text, special).unwrap(), "{text:?}");
+                assert_eq!(
+                    tok.decode(&ids, true).unwrap(),
+                    gguf.decode(&ids, true).unwrap()
+                );
+            }
+        }
+        assert_eq!(
+            (tok.bos_token_id(), tok.eos_token_ids()),
+            (Some(1), &[2, 0][..])
+        );
+        assert_eq!(tok.chat_template(), Some("{{ bos_token }}"));
+        assert!(tok.is_special(0) && !tok.is_special(3));
+        assert_eq!(tok.token_bytes(3 + 0xC3), Some(vec![0xC3]));
+        assert_eq!(tok.vocab_size(), gguf.vocab_size());
+    }
+
+    #[test]
     fn spm_pieces_map_to_bytes() {
         assert_eq!(&*spm_piece_bytes("<0x0A>"), b"\n");
         assert_eq!(&*spm_piece_bytes("\u{2581}the"), b" the");

@@ -1,0 +1,208 @@
+//! `inflight serve` configuration: a TOML file per model (config/*.toml) with the
+//! TensorRT-LLM model-config parameters we support. Unknown keys are an error that names
+//! them; command-line flags override the file.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::model::ModelConfig;
+use crate::scheduler::{SchedulerConfig, SchedulerPolicy};
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfig {
+    #[serde(default)]
+    pub server: ServerSection,
+    #[serde(default)]
+    pub model: ModelSection,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    pub host: String,
+    pub http_port: u16,
+    pub metrics_port: u16,
+    /// `cpu` (the GPU engine comes with `cuda`).
+    pub device: String,
+    /// Seconds to let running requests finish on SIGTERM.
+    pub shutdown_timeout_s: u64,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            host: "0.0.0.0".into(),
+            http_port: 8000,
+            metrics_port: 8002,
+            device: "cpu".into(),
+            shutdown_timeout_s: 30,
+        }
+    }
+}
+
+/// The model and its scheduler: names follow TensorRT-LLM's model config.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// A .gguf file or an HF checkpoint folder; empty means the default model (fetched).
+    /// A relative path is taken from the config file's folder.
+    pub path: String,
+    pub max_batch_size: usize,
+    /// `guaranteed_no_evict` or `max_utilization`.
+    pub batch_scheduler_policy: String,
+    /// KV cache size in tokens; wins over the memory fraction when set.
+    pub max_tokens_in_paged_kv_cache: Option<usize>,
+    /// Fraction of free (GPU, or on the CPU host) memory given to the KV cache.
+    pub kv_cache_free_gpu_mem_fraction: f64,
+    pub tokens_per_block: usize,
+    pub enable_chunked_context: bool,
+    pub max_num_tokens: usize,
+    pub max_queue_size: usize,
+    /// Accepted for compatibility; the scheduler batches every iteration, so it waits for
+    /// nothing.
+    pub max_queue_delay_microseconds: u64,
+    /// Longest sequence (prompt + output); 0 means the model's context length.
+    pub max_seq_len: usize,
+    pub preprocess_instances: usize,
+    pub postprocess_instances: usize,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            path: String::new(),
+            max_batch_size: 64,
+            batch_scheduler_policy: "guaranteed_no_evict".into(),
+            max_tokens_in_paged_kv_cache: None,
+            kv_cache_free_gpu_mem_fraction: 0.9,
+            tokens_per_block: 32,
+            enable_chunked_context: false,
+            max_num_tokens: 8192,
+            max_queue_size: 1024,
+            max_queue_delay_microseconds: 0,
+            max_seq_len: 0,
+            preprocess_instances: 2,
+            postprocess_instances: 2,
+        }
+    }
+}
+
+/// The KV cache on the CPU is capped here unless max_tokens_in_paged_kv_cache says more.
+const CPU_KV_CAP_BYTES: usize = 2 << 30;
+
+impl ServeConfig {
+    pub fn from_toml(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| Error::Config(e.to_string()))
+    }
+
+    /// Reads a file; a relative model path is resolved against its folder.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let mut cfg = Self::from_toml(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        if !cfg.model.path.is_empty() && Path::new(&cfg.model.path).is_relative() {
+            if let Some(dir) = path.parent() {
+                cfg.model.path = dir.join(&cfg.model.path).to_string_lossy().into_owned();
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// The model file or folder, None for the default model.
+    pub fn model_path(&self) -> Option<PathBuf> {
+        (!self.model.path.is_empty()).then(|| PathBuf::from(&self.model.path))
+    }
+
+    /// Scheduler limits for `model`, with the KV cache sized from the config.
+    pub fn scheduler(&self, model: &ModelConfig) -> Result<SchedulerConfig> {
+        let m = &self.model;
+        let policy = match m.batch_scheduler_policy.to_ascii_lowercase().as_str() {
+            "guaranteed_no_evict" => SchedulerPolicy::GuaranteedNoEvict,
+            "max_utilization" => SchedulerPolicy::MaxUtilization,
+            other => {
+                return Err(Error::Config(format!(
+                    "batch_scheduler_policy {other:?} is not one of guaranteed_no_evict, max_utilization"
+                )))
+            }
+        };
+        if !(m.kv_cache_free_gpu_mem_fraction > 0.0 && m.kv_cache_free_gpu_mem_fraction <= 1.0) {
+            return Err(Error::Config(format!(
+                "kv_cache_free_gpu_mem_fraction must be in (0, 1], got {}",
+                m.kv_cache_free_gpu_mem_fraction
+            )));
+        }
+        let max_seq_len = if m.max_seq_len == 0 { model.max_position_embeddings } else { m.max_seq_len };
+        let per_token = crate::model::KvCache::bytes_per_token(model);
+        let kv_tokens = match m.max_tokens_in_paged_kv_cache {
+            Some(t) => t,
+            None => {
+                let budget = (available_memory() as f64 * m.kv_cache_free_gpu_mem_fraction) as usize;
+                budget.min(CPU_KV_CAP_BYTES) / per_token.max(1)
+            }
+        };
+        let block = m.tokens_per_block.max(1);
+        let cfg = SchedulerConfig {
+            max_batch_size: m.max_batch_size,
+            max_num_tokens: m.max_num_tokens,
+            max_queue_size: m.max_queue_size,
+            policy,
+            enable_chunked_context: m.enable_chunked_context,
+            block_size: block,
+            num_blocks: (kv_tokens / block).max(1),
+            max_seq_len,
+        };
+        cfg.validate().map_err(|e| Error::Config(e.to_string()))?;
+        Ok(cfg)
+    }
+}
+
+/// Memory the host could give the KV cache (MemAvailable on Linux; 4 GiB elsewhere).
+fn available_memory() -> usize {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<usize>().ok())
+        })
+        .map_or(4 << 30, |kb| kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = ServeConfig::from_toml("[model]\nmax_batch_sise = 8\n").unwrap_err().to_string();
+        assert!(e.contains("max_batch_sise"), "{e}");
+        let e = ServeConfig::from_toml("[sever]\n").unwrap_err().to_string();
+        assert!(e.contains("sever"), "{e}");
+    }
+
+    #[test]
+    fn keys_reach_the_scheduler() {
+        let c = ServeConfig::from_toml(
+            "[model]\nmax_batch_size = 8\nbatch_scheduler_policy = \"max_utilization\"\n\
+             max_tokens_in_paged_kv_cache = 4096\ntokens_per_block = 16\nenable_chunked_context = true\n\
+             max_num_tokens = 512\nmax_queue_size = 3\n",
+        )
+        .unwrap();
+        let model = ModelConfig::from_hf_json(
+            r#"{"vocab_size":100,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+                "num_attention_heads":4,"max_position_embeddings":2048}"#,
+        )
+        .unwrap();
+        let s = c.scheduler(&model).unwrap();
+        assert_eq!((s.max_batch_size, s.block_size, s.num_blocks), (8, 16, 256));
+        assert_eq!(s.policy, SchedulerPolicy::MaxUtilization);
+        assert!(s.enable_chunked_context);
+        assert_eq!((s.max_num_tokens, s.max_queue_size, s.max_seq_len), (512, 3, 2048));
+        let bad = ServeConfig::from_toml("[model]\nbatch_scheduler_policy = \"fifo\"\n").unwrap();
+        assert!(bad.scheduler(&model).unwrap_err().to_string().contains("fifo"));
+    }
+}

@@ -1,0 +1,63 @@
+//! The HTTP error type: every failure is a status plus `{"error": "..."}`, mapped here
+//! and nowhere else. Client mistakes are 4xx and not logged as server errors; internal
+//! causes are logged, not shown.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::actors::messages::SubmitError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Malformed JSON, missing or wrong-typed fields, impossible values (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// A model name we do not serve (Triton answers 400 for it).
+    #[error("Request for unknown model: '{0}' is not found")]
+    UnknownModel(String),
+    /// A path we do not serve (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// A feature we do not implement (400, with what is supported).
+    #[error("{0}")]
+    Unsupported(String),
+    /// The queue is full or the model is not ready (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// Our fault; the detail goes to the log only (500).
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) | ApiError::UnknownModel(_) | ApiError::Unsupported(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::Invalid(m) => ApiError::BadRequest(m),
+            SubmitError::DuplicateId(_) => ApiError::BadRequest(e.to_string()),
+            SubmitError::QueueFull(m) | SubmitError::Unavailable(m) => ApiError::Unavailable(m),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(detail) = &self {
+            tracing::error!(%detail, "internal error");
+        }
+        (self.status(), Json(serde_json::json!({ "error": self.to_string() }))).into_response()
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,187 @@
+//! The HTTP surface (axum): Triton's generate extension, KServe v2 (enough for
+//! tritonclient), the OpenAI API, health, and Prometheus metrics on their own port.
+//! [`app`] and [`metrics_app`] build the routers apart from `main` so tests can serve
+//! them on ephemeral ports; [`serve`] runs both with graceful shutdown.
+
+pub mod error;
+pub mod fields;
+pub mod kserve;
+pub mod openai;
+pub mod openai_types;
+pub mod serve;
+pub mod tracked;
+pub mod triton;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+
+pub use error::{ApiError, ApiResult};
+pub use serve::serve;
+
+use crate::handle::ModelHandle;
+use crate::metrics::{Metrics, Outcome, RequestTiming};
+use crate::request::Request;
+use tracked::TrackedStream;
+
+/// The names the model is served under: TRT-LLM's ensemble (text in, text out), its BLS
+/// model (same), and the core model (token ids in and out).
+pub const ENSEMBLE: &str = "ensemble";
+pub const BLS: &str = "tensorrt_llm_bls";
+pub const CORE: &str = "tensorrt_llm";
+
+/// How a served name takes its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// text_input → text_output.
+    Text,
+    /// input_ids → output_ids.
+    Ids,
+}
+
+struct AppInner {
+    model: ModelHandle,
+    metrics: Metrics,
+    started: Instant,
+    requests: AtomicU64,
+}
+
+/// What every handler shares: the model, the metrics. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<AppInner>,
+}
+
+impl AppState {
+    pub fn new(model: ModelHandle) -> Self {
+        AppState {
+            inner: Arc::new(AppInner {
+                model,
+                metrics: Metrics::new(),
+                started: Instant::now(),
+                requests: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub fn model(&self) -> &ModelHandle {
+        &self.inner.model
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    pub fn uptime(&self) -> std::time::Duration {
+        self.inner.started.elapsed()
+    }
+
+    /// The kind of a served model name, or Triton's unknown-model error.
+    pub fn kind(&self, name: &str) -> ApiResult<ModelKind> {
+        match name {
+            ENSEMBLE | BLS => Ok(ModelKind::Text),
+            CORE => Ok(ModelKind::Ids),
+            n if n == self.model().name() => Ok(ModelKind::Text),
+            other => Err(ApiError::UnknownModel(other.to_string())),
+        }
+    }
+
+    /// Names listed by metadata endpoints.
+    pub fn served_names(&self) -> Vec<String> {
+        vec![ENSEMBLE.into(), BLS.into(), CORE.into(), self.model().name().to_string()]
+    }
+
+    /// Submits a request for `model`; a refusal is counted and returned as an HTTP error.
+    pub async fn submit(&self, model: &str, request: Request) -> ApiResult<TrackedStream> {
+        let timing = RequestTiming::start();
+        let prompts = request.prompts.len();
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        match self.model().submit(request).await {
+            Ok(stream) => Ok(TrackedStream::new(stream, self.clone(), model, prompts, timing)),
+            Err(e) => {
+                let outcome = match e {
+                    crate::actors::messages::SubmitError::QueueFull(_) | crate::actors::messages::SubmitError::Unavailable(_) => Outcome::Rejected,
+                    _ => Outcome::Other,
+                };
+                self.metrics().request_done(model, outcome, prompts, &timing, std::time::Duration::ZERO);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Refreshes the scheduler gauges and renders every metric.
+    pub async fn render_metrics(&self) -> String {
+        if let Ok(stats) = self.model().stats().await {
+            let names = [ENSEMBLE, BLS, CORE];
+            let kv = self.model().kv_cache_bytes();
+            self.metrics().scheduler(&names, &stats, stats.iteration, kv);
+        }
+        self.metrics().render()
+    }
+}
+
+/// Parses a JSON body whatever its Content-Type (tritonclient sends none).
+pub fn parse_json(body: &Bytes) -> ApiResult<serde_json::Value> {
+    if body.is_empty() {
+        return Err(ApiError::BadRequest("the request body is empty; expected a JSON object".into()));
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("malformed JSON in the request body: {e}")))
+}
+
+/// The inference port's routes.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .merge(kserve::routes())
+        .merge(triton::routes())
+        .merge(openai::routes())
+        .route("/metrics", get(metrics))
+        .route("/health", get(kserve::ready))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+/// The metrics port's routes (Triton serves Prometheus text on :8002/metrics).
+pub fn metrics_app(state: AppState) -> Router {
+    Router::new().route("/metrics", get(metrics)).fallback(not_found).with_state(state)
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let body = state.render_metrics().await;
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::NotFound(format!("no route for {}", uri.path()))
+}
+
+async fn method_not_allowed() -> Response {
+    (StatusCode::METHOD_NOT_ALLOWED, axum::Json(serde_json::json!({"error": "Method Not Allowed"}))).into_response()
+}
+
+/// Registers a POST route and its `/versions/{version}` twin.
+pub(crate) fn versioned_post<H, T>(router: Router<AppState>, path: &str, handler: H) -> Router<AppState>
+where
+    H: axum::handler::Handler<T, AppState> + Clone,
+    T: 'static,
+{
+    let versioned = path.replacen("/models/{model}", "/models/{model}/versions/{version}", 1);
+    router.route(path, post(handler.clone())).route(&versioned, post(handler))
+}
+
+/// Registers a GET route and its `/versions/{version}` twin.
+pub(crate) fn versioned_get<H, T>(router: Router<AppState>, path: &str, handler: H) -> Router<AppState>
+where
+    H: axum::handler::Handler<T, AppState> + Clone,
+    T: 'static,
+{
+    let versioned = path.replacen("/models/{model}", "/models/{model}/versions/{version}", 1);
+    router.route(path, get(handler.clone())).route(&versioned, get(handler))
+}

@@ -1,0 +1,570 @@
+//! The OpenAI API's request and response bodies. Requests are read field by field from
+//! JSON so every refusal names the field at fault (serde's untagged enums would not);
+//! responses are plain `Serialize` structs in the shapes the official client parses.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::{ApiError, ApiResult};
+use crate::request::{FinishReason, GenerationParams, Prompt};
+use crate::tokenizer::chat::ChatMessage;
+
+/// OpenAI accepts at most this many stop sequences.
+const MAX_STOP: usize = 4;
+/// Completions' `logprobs` ranges over 0..=5, as OpenAI's does.
+const MAX_LOGPROBS: i64 = 5;
+
+/// A parsed `/v1/completions` body.
+#[derive(Debug)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompts: Vec<Prompt>,
+    pub echo: bool,
+    /// `Some` when log-probabilities are wanted.
+    pub logprobs: Option<u8>,
+    pub include_usage: bool,
+    pub params: GenerationParams,
+}
+
+/// A parsed `/v1/chat/completions` body.
+#[derive(Debug)]
+pub struct ChatRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    pub logprobs: bool,
+    pub include_usage: bool,
+    pub params: GenerationParams,
+}
+
+/// The fields of a JSON object body, read with errors that name the field.
+struct Body<'a>(&'a Map<String, Value>);
+
+fn bad(msg: String) -> ApiError {
+    ApiError::BadRequest(msg)
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn wrong_type(field: &str, want: &str, got: &Value) -> ApiError {
+    bad(format!("'{field}' must be {want}, got {}", kind_of(got)))
+}
+
+impl<'a> Body<'a> {
+    fn new(v: &'a Value) -> ApiResult<Self> {
+        v.as_object()
+            .map(Body)
+            .ok_or_else(|| bad(format!("the request body must be a JSON object, got {}", kind_of(v))))
+    }
+
+    /// A present, non-null field.
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.0.get(key).filter(|v| !v.is_null())
+    }
+
+    fn string(&self, key: &str) -> ApiResult<Option<&'a str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(wrong_type(key, "a string", v)),
+        }
+    }
+
+    fn boolean(&self, key: &str) -> ApiResult<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(wrong_type(key, "a boolean", v)),
+        }
+    }
+
+    fn int(&self, key: &str) -> ApiResult<Option<i64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) => n
+                .as_i64()
+                .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9e15).map(|f| f as i64))
+                .map(Some)
+                .ok_or_else(|| bad(format!("'{key}' must be an integer, got {n}"))),
+            Some(v) => Err(wrong_type(key, "an integer", v)),
+        }
+    }
+
+    /// An integer in `min..=max`.
+    fn int_in(&self, key: &str, min: i64, max: i64) -> ApiResult<Option<i64>> {
+        match self.int(key)? {
+            Some(v) if v < min || v > max => Err(bad(format!("'{key}' must be between {min} and {max}, got {v}"))),
+            v => Ok(v),
+        }
+    }
+
+    fn float(&self, key: &str) -> ApiResult<Option<f32>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) => Ok(n.as_f64().map(|f| f as f32)),
+            Some(v) => Err(wrong_type(key, "a number", v)),
+        }
+    }
+
+    /// `model`, required.
+    fn model(&self) -> ApiResult<String> {
+        self.string("model")?
+            .map(str::to_owned)
+            .ok_or_else(|| bad("'model' is required: name one of the models GET /v1/models lists".into()))
+    }
+
+    /// `stream` and `stream_options.include_usage`.
+    fn stream(&self) -> ApiResult<(bool, bool)> {
+        let stream = self.boolean("stream")?.unwrap_or(false);
+        let include_usage = match self.get("stream_options") {
+            None => false,
+            Some(_) if !stream => return Err(bad("'stream_options' is only allowed when 'stream' is true".into())),
+            Some(Value::Object(o)) => Body(o).boolean("include_usage").map_err(|_| {
+                bad("'stream_options.include_usage' must be a boolean".into())
+            })?
+            .unwrap_or(false),
+            Some(v) => return Err(wrong_type("stream_options", "an object", v)),
+        };
+        Ok((stream, include_usage))
+    }
+
+    /// `stop`: a string or a list of up to four strings.
+    fn stop(&self) -> ApiResult<Vec<String>> {
+        let stops = match self.get("stop") {
+            None => Vec::new(),
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| wrong_type("stop", "a string or a list of strings", v)))
+                .collect::<ApiResult<_>>()?,
+            Some(v) => return Err(wrong_type("stop", "a string or a list of strings", v)),
+        };
+        if stops.len() > MAX_STOP {
+            return Err(bad(format!("'stop' takes at most {MAX_STOP} sequences, got {}", stops.len())));
+        }
+        Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
+    }
+
+    /// Fields we accept only at their one supported value.
+    fn only_one(&self, key: &str) -> ApiResult<()> {
+        match self.int(key)? {
+            None | Some(1) => Ok(()),
+            Some(v) => Err(ApiError::Unsupported(format!("'{key}' must be 1 (one choice per prompt is supported), got {v}"))),
+        }
+    }
+
+    /// Fields that change the answer in ways we do not implement: refused unless empty.
+    fn refuse_if_set(&self, key: &str, why: &str) -> ApiResult<()> {
+        let set = match self.get(key) {
+            None => false,
+            Some(Value::Object(o)) => !o.is_empty(),
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(Value::String(s)) => !s.is_empty(),
+            Some(_) => true,
+        };
+        if set {
+            return Err(ApiError::Unsupported(format!("'{key}' is not supported: {why}")));
+        }
+        Ok(())
+    }
+
+    /// The sampling fields both endpoints share. `max_tokens` defaults to `default_max`
+    /// and must leave room in a context of `context` tokens.
+    fn params(&self, max_keys: &[&str], default_max: usize, context: usize) -> ApiResult<GenerationParams> {
+        self.only_one("n")?;
+        self.only_one("best_of")?;
+        self.refuse_if_set("logit_bias", "logits are not biased by this server")?;
+        self.string("user")?;
+        let (stream, _) = self.stream()?;
+        let mut max_tokens = default_max;
+        if let Some(&key) = max_keys.iter().find(|k| self.get(k).is_some()) {
+            let v = self.int(key)?.unwrap_or_default();
+            if v < 1 {
+                return Err(bad(format!("'{key}' must be at least 1, got {v}")));
+            }
+            if v as usize >= context {
+                return Err(bad(format!("'{key}' {v} exceeds the model's context length of {context} tokens")));
+            }
+            max_tokens = v as usize;
+        }
+        let d = GenerationParams::default();
+        // vLLM spells "no top-k" as -1; ours is 0.
+        let top_k = self.int("top_k")?.map_or(0, |k| k.max(0) as usize);
+        if self.int("top_k")?.is_some_and(|k| k < -1) {
+            return Err(bad("'top_k' must be -1 (off), 0 (off) or positive".into()));
+        }
+        Ok(GenerationParams {
+            max_tokens,
+            // OpenAI's default temperature is 1, not greedy.
+            temperature: self.float("temperature")?.unwrap_or(1.0),
+            top_p: self.float("top_p")?.unwrap_or(d.top_p),
+            top_k,
+            presence_penalty: self.float("presence_penalty")?.unwrap_or(0.0),
+            frequency_penalty: self.float("frequency_penalty")?.unwrap_or(0.0),
+            repetition_penalty: self.float("repetition_penalty")?.unwrap_or(1.0),
+            min_length: self.int_in("min_tokens", 0, i64::MAX)?.unwrap_or(0) as usize,
+            // Any 64-bit seed is accepted; negative ones keep their bits.
+            random_seed: self.int("seed")?.map(|s| s as u64),
+            ignore_eos: self.boolean("ignore_eos")?.unwrap_or(false),
+            stop_strings: self.stop()?,
+            stream,
+            exclude_input_in_output: true,
+            ..d
+        })
+    }
+}
+
+/// Parses a `/v1/completions` body for a model with a context of `context` tokens.
+pub fn completion_request(body: &Value, context: usize) -> ApiResult<CompletionRequest> {
+    let b = Body::new(body)?;
+    let model = b.model()?;
+    let prompts = completion_prompts(b.get("prompt"))?;
+    b.refuse_if_set("suffix", "insertion (suffix) is not supported")?;
+    let echo = b.boolean("echo")?.unwrap_or(false);
+    let logprobs = b.int_in("logprobs", 0, MAX_LOGPROBS)?.map(|n| n as u8);
+    if echo && logprobs.is_some() {
+        return Err(ApiError::Unsupported(
+            "'echo' with 'logprobs' asks for the prompt's log-probabilities, which this server does not compute".into(),
+        ));
+    }
+    let (_, include_usage) = b.stream()?;
+    let mut params = b.params(&["max_tokens"], 16, context)?;
+    params.return_log_probs = logprobs.is_some();
+    Ok(CompletionRequest { model, prompts, echo, logprobs, include_usage, params })
+}
+
+/// `prompt`: a string, a list of strings (a batch), a list of token ids, or a list of
+/// such lists (a batch).
+fn completion_prompts(v: Option<&Value>) -> ApiResult<Vec<Prompt>> {
+    const WANT: &str = "a string, a list of strings, a list of token ids or a list of lists of token ids";
+    let v = v.ok_or_else(|| bad("'prompt' is required".into()))?;
+    let ids = |v: &Value, at: &str| -> ApiResult<Vec<u32>> {
+        let items = v.as_array().ok_or_else(|| wrong_type(at, "a list of token ids", v))?;
+        items
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .filter(|&i| i <= u32::MAX as u64)
+                    .map(|i| i as u32)
+                    .ok_or_else(|| bad(format!("'{at}' must hold non-negative integer token ids, found {x}")))
+            })
+            .collect()
+    };
+    let prompts = match v {
+        Value::String(s) => vec![Prompt::Text(s.clone())],
+        Value::Array(items) if items.is_empty() => return Err(bad("'prompt' is an empty list".into())),
+        Value::Array(items) => match &items[0] {
+            Value::String(_) => items
+                .iter()
+                .enumerate()
+                .map(|(i, x)| x.as_str().map(|s| Prompt::Text(s.to_owned())).ok_or_else(|| wrong_type(&format!("prompt[{i}]"), "a string", x)))
+                .collect::<ApiResult<_>>()?,
+            Value::Number(_) => vec![Prompt::Tokens(ids(v, "prompt")?)],
+            Value::Array(_) => items
+                .iter()
+                .enumerate()
+                .map(|(i, x)| ids(x, &format!("prompt[{i}]")).map(Prompt::Tokens))
+                .collect::<ApiResult<_>>()?,
+            other => return Err(wrong_type("prompt[0]", "a string, a token id or a list of token ids", other)),
+        },
+        other => return Err(wrong_type("prompt", WANT, other)),
+    };
+    if let Some(i) = prompts.iter().position(|p| matches!(p, Prompt::Tokens(t) if t.is_empty())) {
+        return Err(bad(format!("'prompt[{i}]' is an empty list of token ids")));
+    }
+    Ok(prompts)
+}
+
+/// Parses a `/v1/chat/completions` body for a model with a context of `context` tokens.
+/// Without `max_completion_tokens`/`max_tokens` the answer may run to the context's end.
+pub fn chat_request(body: &Value, context: usize) -> ApiResult<ChatRequest> {
+    let b = Body::new(body)?;
+    let model = b.model()?;
+    let messages = chat_messages(b.get("messages"))?;
+    b.refuse_if_set("tools", "tool calling is not supported")?;
+    b.refuse_if_set("functions", "function calling is not supported")?;
+    if let Some(f) = b.get("response_format") {
+        let kind = f.get("type").and_then(Value::as_str);
+        if kind != Some("text") {
+            return Err(ApiError::Unsupported("'response_format' supports only {\"type\": \"text\"}".into()));
+        }
+    }
+    let logprobs = b.boolean("logprobs")?.unwrap_or(false);
+    match b.int_in("top_logprobs", 0, 20)? {
+        None | Some(0) => {}
+        Some(n) => {
+            return Err(ApiError::Unsupported(format!(
+                "'top_logprobs' {n}: only 0 is supported (the sampled token's log-probability is returned, not alternatives)"
+            )))
+        }
+    }
+    let (_, include_usage) = b.stream()?;
+    let mut params = b.params(&["max_completion_tokens", "max_tokens"], context.saturating_sub(1).max(1), context)?;
+    params.return_log_probs = logprobs;
+    Ok(ChatRequest { model, messages, logprobs, include_usage, params })
+}
+
+fn chat_messages(v: Option<&Value>) -> ApiResult<Vec<ChatMessage>> {
+    let v = v.ok_or_else(|| bad("'messages' is required".into()))?;
+    let items = v.as_array().ok_or_else(|| wrong_type("messages", "a list of messages", v))?;
+    if items.is_empty() {
+        return Err(bad("'messages' must hold at least one message".into()));
+    }
+    items.iter().enumerate().map(|(i, m)| chat_message(i, m)).collect()
+}
+
+fn chat_message(i: usize, m: &Value) -> ApiResult<ChatMessage> {
+    let at = format!("messages[{i}]");
+    let obj = m.as_object().ok_or_else(|| wrong_type(&at, "an object with 'role' and 'content'", m))?;
+    let role = match obj.get("role") {
+        Some(Value::String(r)) => r.as_str(),
+        None | Some(Value::Null) => return Err(bad(format!("'{at}.role' is required"))),
+        Some(v) => return Err(wrong_type(&format!("{at}.role"), "a string", v)),
+    };
+    let role = match role {
+        "system" | "user" | "assistant" => role,
+        // OpenAI's newer name for system instructions; templates know only "system".
+        "developer" => "system",
+        "tool" | "function" => return Err(ApiError::Unsupported(format!("'{at}.role' '{role}': tool calling is not supported"))),
+        other => {
+            return Err(bad(format!(
+                "'{at}.role' must be one of system, developer, user, assistant; got '{other}'"
+            )))
+        }
+    };
+    let content = match obj.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        None | Some(Value::Null) if role == "assistant" => String::new(),
+        None | Some(Value::Null) => return Err(bad(format!("'{at}.content' is required"))),
+        Some(Value::Array(parts)) => text_parts(&at, parts)?,
+        Some(v) => return Err(wrong_type(&format!("{at}.content"), "a string or a list of content parts", v)),
+    };
+    Ok(ChatMessage::new(role, content))
+}
+
+/// Joins the text parts of a content list, as vLLM does (with newlines).
+fn text_parts(at: &str, parts: &[Value]) -> ApiResult<String> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, p) in parts.iter().enumerate() {
+        let here = format!("{at}.content[{j}]");
+        let kind = p.get("type").and_then(Value::as_str);
+        match (kind, p.get("text")) {
+            (Some("text"), Some(Value::String(t))) => texts.push(t.as_str()),
+            (Some("text"), _) => return Err(bad(format!("'{here}.text' must be a string"))),
+            (Some(other), _) => {
+                return Err(ApiError::Unsupported(format!("'{here}': content parts of type '{other}' are not supported, only 'text'")))
+            }
+            (None, _) => return Err(bad(format!("'{here}' must be an object with a 'type'"))),
+        }
+    }
+    Ok(texts.join("\n"))
+}
+
+/// OpenAI's `finish_reason`; a cancelled sequence reads as vLLM's `abort`.
+pub fn finish_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Cancelled => "abort",
+        FinishReason::Error => "error",
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub fn add(&mut self, prompt: usize, completion: usize) {
+        self.prompt_tokens += prompt;
+        self.completion_tokens += completion;
+        self.total_tokens = self.prompt_tokens + self.completion_tokens;
+    }
+}
+
+/// `logprobs` of a completion choice. We compute the sampled token's log-probability
+/// only, so `top_logprobs` is always null.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Option<Vec<Value>>,
+    pub text_offset: Vec<usize>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A `text_completion` response, or one chunk of a streamed one.
+#[derive(Debug, Serialize)]
+pub struct Completion<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub choices: Vec<CompletionChoice>,
+    /// Omitted from stream chunks unless usage was asked for (then null but in the last).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}
+
+/// One token of a chat choice's `logprobs.content`; `top_logprobs` is always empty.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<Value>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatMessageOut {
+    pub role: &'static str,
+    pub content: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: ChatMessageOut,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatCompletion<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatChunkChoice {
+    pub index: usize,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatCompletionChunk<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub choices: Vec<ChatChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelCard<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelList<'a> {
+    pub object: &'static str,
+    pub data: Vec<ModelCard<'a>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn err(r: ApiResult<impl std::fmt::Debug>) -> String {
+        r.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn prompts_of_every_shape() {
+        let p = |v: Value| completion_prompts(Some(&v));
+        assert_eq!(p(json!("hi")).unwrap(), vec![Prompt::Text("hi".into())]);
+        assert_eq!(p(json!(["a", "b"])).unwrap().len(), 2);
+        assert_eq!(p(json!([1, 2])).unwrap(), vec![Prompt::Tokens(vec![1, 2])]);
+        assert_eq!(p(json!([[1], [2, 3]])).unwrap(), vec![Prompt::Tokens(vec![1]), Prompt::Tokens(vec![2, 3])]);
+        assert!(err(p(json!(["a", 1]))).contains("prompt[1]"));
+        assert!(err(p(json!([1, -2]))).contains("prompt"));
+        assert!(err(p(json!([]))).contains("empty"));
+        assert!(err(p(json!({}))).contains("'prompt' must be"));
+    }
+
+    #[test]
+    fn completion_fields() {
+        let r = completion_request(&json!({"model": "m", "prompt": "x", "stop": "\n", "seed": -1, "top_k": -1}), 100).unwrap();
+        assert_eq!(r.params.max_tokens, 16);
+        assert_eq!(r.params.temperature, 1.0);
+        assert_eq!(r.params.stop_strings, vec!["\n"]);
+        assert_eq!(r.params.random_seed, Some(u64::MAX));
+        assert_eq!(r.params.top_k, 0);
+        assert!(r.params.exclude_input_in_output);
+        let e = |v: Value| err(completion_request(&v, 100));
+        assert!(e(json!({"prompt": "x"})).contains("'model'"));
+        assert!(e(json!({"model": "m"})).contains("'prompt'"));
+        assert!(e(json!({"model": "m", "prompt": "x", "max_tokens": 100})).contains("'max_tokens'"));
+        assert!(e(json!({"model": "m", "prompt": "x", "max_tokens": -3})).contains("'max_tokens'"));
+        assert!(e(json!({"model": "m", "prompt": "x", "n": 2})).contains("'n'"));
+        assert!(e(json!({"model": "m", "prompt": "x", "logprobs": 6})).contains("'logprobs'"));
+        assert!(e(json!({"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]})).contains("'stop'"));
+        assert!(e(json!({"model": "m", "prompt": "x", "stream_options": {"include_usage": true}})).contains("'stream_options'"));
+        assert!(e(json!({"model": "m", "prompt": "x", "temperature": "hot"})).contains("'temperature'"));
+    }
+
+    #[test]
+    fn chat_fields() {
+        let body = json!({"model": "m", "messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null},
+        ]});
+        let r = chat_request(&body, 100).unwrap();
+        assert_eq!(r.messages[0], ChatMessage::new("system", "be brief"));
+        assert_eq!(r.messages[1].content, "a\nb");
+        assert_eq!(r.messages[2].content, "");
+        assert_eq!(r.params.max_tokens, 99);
+        let e = |v: Value| err(chat_request(&v, 100));
+        assert!(e(json!({"model": "m", "messages": []})).contains("'messages'"));
+        assert!(e(json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]})).contains("messages[0].role"));
+        assert!(e(json!({"model": "m", "messages": [{"role": "user"}]})).contains("messages[0].content"));
+        let image = json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]});
+        assert!(e(image).contains("image_url"));
+        assert!(e(json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})).contains("top_logprobs"));
+        assert!(e(json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0})).contains("max_completion_tokens"));
+    }
+}

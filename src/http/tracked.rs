@@ -1,0 +1,109 @@
+//! A request's stream as the HTTP layer serves it: counts tokens and times them as they
+//! pass, and when the stream ends — finished, failed, or dropped because the client left —
+//! records the request's metrics and writes its one log line.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+
+use super::AppState;
+use crate::handle::ResponseStream;
+use crate::metrics::{Outcome, RequestTiming};
+use crate::request::{Chunk, FinishReason};
+
+pub struct TrackedStream {
+    inner: ResponseStream,
+    state: AppState,
+    model: Arc<str>,
+    timing: RequestTiming,
+    prompts: usize,
+    open: usize,
+    reason: Option<FinishReason>,
+    queue: Duration,
+    done: bool,
+}
+
+impl TrackedStream {
+    pub fn new(inner: ResponseStream, state: AppState, model: &str, prompts: usize, timing: RequestTiming) -> Self {
+        TrackedStream {
+            inner,
+            state,
+            model: model.into(),
+            timing,
+            prompts,
+            open: prompts,
+            reason: None,
+            queue: Duration::ZERO,
+            done: false,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        self.inner.id()
+    }
+
+    fn observe(&mut self, c: &Chunk) {
+        self.timing.tokens(c.token_ids.len());
+        if let Some(q) = c.queue_time {
+            self.queue = self.queue.max(q);
+        }
+        if let Some(r) = c.finish_reason {
+            self.open = self.open.saturating_sub(1);
+            self.timing.prompt_tokens += c.prompt_tokens;
+            // The request's outcome is its worst prompt's.
+            self.reason = match (self.reason, r) {
+                (Some(FinishReason::Error), _) | (_, FinishReason::Error) => Some(FinishReason::Error),
+                (Some(FinishReason::Cancelled), _) | (_, FinishReason::Cancelled) => Some(FinishReason::Cancelled),
+                _ => Some(r),
+            };
+        }
+    }
+
+    fn finish(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let reason = if self.open > 0 { Some(FinishReason::Cancelled) } else { self.reason };
+        self.state.metrics().request_done(&self.model, Outcome::of(reason), self.prompts, &self.timing, self.queue);
+        let t = &self.timing;
+        tracing::info!(
+            id = %self.inner.id(),
+            model = %self.model,
+            prompts = self.prompts,
+            tokens_in = t.prompt_tokens,
+            tokens_out = t.output_tokens,
+            ttft_ms = t.ttft().map(|d| d.as_secs_f64() * 1e3),
+            latency_ms = t.arrived.elapsed().as_secs_f64() * 1e3,
+            outcome = ?reason,
+            "request"
+        );
+    }
+}
+
+impl Stream for TrackedStream {
+    type Item = Chunk;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Chunk>> {
+        match Pin::new(&mut self.inner).poll_next(cx) {
+            Poll::Ready(Some(c)) => {
+                self.observe(&c);
+                Poll::Ready(Some(c))
+            }
+            Poll::Ready(None) => {
+                self.finish();
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for TrackedStream {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}

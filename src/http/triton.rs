@@ -1,0 +1,162 @@
+//! Triton's generate extension: `POST /v2/models/{model}/generate` (one JSON answer) and
+//! `.../generate_stream` (SSE, `data: {json}` per response, no `[DONE]`). Text models
+//! (`ensemble`, `tensorrt_llm_bls`) take `text_input`, the core model (`tensorrt_llm`)
+//! takes `input_ids`. A list of prompts is a batch answered with `batch_index`.
+//! `{"id": X, "stop": true}` cancels request X, as TRT-LLM's stop request does.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use futures::StreamExt;
+use serde_json::{json, Map, Value};
+
+use super::fields::{build_request, request_id, Fields};
+use super::{parse_json, versioned_post, ApiError, ApiResult, AppState, ModelKind};
+use crate::request::{Chunk, FinishReason};
+
+pub fn routes() -> Router<AppState> {
+    let r = Router::new();
+    let r = versioned_post(r, "/v2/models/{model}/generate", generate);
+    versioned_post(r, "/v2/models/{model}/generate_stream", generate_stream)
+}
+
+#[derive(serde::Deserialize)]
+pub struct ModelPath {
+    model: String,
+    #[allow(dead_code)]
+    version: Option<String>,
+}
+
+/// A stop request, when the body is one: cancels and answers with an empty response.
+fn stop_request(state: &AppState, model: &str, fields: &Fields<'_>) -> ApiResult<Option<Value>> {
+    if fields.bool(&["stop"])? != Some(true) {
+        return Ok(None);
+    }
+    let id = request_id(fields)?
+        .ok_or_else(|| ApiError::BadRequest("Trying to stop a request but request ID is not provided".into()))?;
+    state.model().cancel(&id);
+    Ok(Some(json!({"model_name": model, "model_version": "1", "id": id})))
+}
+
+async fn generate(State(state): State<AppState>, Path(p): Path<ModelPath>, body: Bytes) -> ApiResult<Response> {
+    let kind = state.kind(&p.model)?;
+    let body = parse_json(&body)?;
+    let fields = Fields::new(&body)?;
+    if let Some(answer) = stop_request(&state, &p.model, &fields)? {
+        return Ok(Json(answer).into_response());
+    }
+    let mut request = build_request(&fields, kind, state.model().tokenizer(), state.model().config().max_position_embeddings)?;
+    request.params.stream = false;
+    let id = request.id.clone();
+    let prompts = request.prompts.len();
+    let want_logprobs = request.params.return_log_probs;
+    let stream = state.submit(&p.model, request).await?;
+    let chunks: Vec<Chunk> = stream.collect().await;
+    if let Some(err) = chunks.iter().find_map(|c| c.error.clone()) {
+        return Err(ApiError::Internal(err).with_public());
+    }
+    let mut per_prompt = vec![Chunk::default(); prompts];
+    for c in chunks {
+        let slot = &mut per_prompt[c.batch_index.min(prompts - 1)];
+        slot.text.push_str(&c.text);
+        slot.token_ids.extend(c.token_ids);
+        slot.log_probs.extend(c.log_probs);
+        slot.cum_log_prob = c.cum_log_prob.or(slot.cum_log_prob);
+        slot.finish_reason = c.finish_reason.or(slot.finish_reason);
+        slot.batch_index = c.batch_index;
+    }
+    let objects: Vec<Map<String, Value>> = per_prompt.iter().map(|c| response(&p.model, id.as_deref(), kind, c, want_logprobs)).collect();
+    Ok(Json(merge_batch(objects)).into_response())
+}
+
+async fn generate_stream(State(state): State<AppState>, Path(p): Path<ModelPath>, body: Bytes) -> ApiResult<Response> {
+    let kind = state.kind(&p.model)?;
+    let body = parse_json(&body)?;
+    let fields = Fields::new(&body)?;
+    if let Some(answer) = stop_request(&state, &p.model, &fields)? {
+        let once = futures::stream::once(async move { Ok::<_, Infallible>(Event::default().data(answer.to_string())) });
+        return Ok(Sse::new(once).into_response());
+    }
+    let request = build_request(&fields, kind, state.model().tokenizer(), state.model().config().max_position_embeddings)?;
+    let id = request.id.clone();
+    let want_logprobs = request.params.return_log_probs;
+    let model = p.model.clone();
+    let stream = state.submit(&p.model, request).await?;
+    let events = stream.map(move |c| {
+        let body = match &c.error {
+            Some(e) => json!({ "error": e }),
+            None => Value::Object(response(&model, id.as_deref(), kind, &c, want_logprobs)),
+        };
+        Ok::<_, Infallible>(Event::default().data(body.to_string()))
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+}
+
+/// One response object: TRT-LLM's output tensors as keys (single values as scalars).
+fn response(model: &str, id: Option<&str>, kind: ModelKind, c: &Chunk, logprobs: bool) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("model_name".into(), json!(model));
+    m.insert("model_version".into(), json!("1"));
+    if let Some(id) = id {
+        m.insert("id".into(), json!(id));
+    }
+    match kind {
+        ModelKind::Text => m.insert("text_output".into(), json!(c.text)),
+        ModelKind::Ids => {
+            m.insert("sequence_length".into(), json!(c.token_ids.len()));
+            m.insert("output_ids".into(), json!(c.token_ids))
+        }
+    };
+    m.insert("batch_index".into(), json!(c.batch_index));
+    m.insert("sequence_index".into(), json!(0));
+    let output_log_probs = if logprobs { c.log_probs.clone() } else { vec![0.0; c.token_ids.len()] };
+    m.insert("output_log_probs".into(), json!(output_log_probs));
+    m.insert("cum_log_probs".into(), json!(c.cum_log_prob.filter(|_| logprobs).unwrap_or(0.0)));
+    m.insert("context_logits".into(), json!(0.0));
+    m.insert("generation_logits".into(), json!(0.0));
+    if let Some(r) = c.finish_reason {
+        let r = match r {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Error => "error",
+        };
+        m.insert("finish_reason".into(), json!(r));
+    }
+    m
+}
+
+/// One prompt: its object. Several: one object whose per-prompt keys are lists, as a
+/// batched Triton response carries `[batch, ...]` tensors.
+fn merge_batch(mut objects: Vec<Map<String, Value>>) -> Value {
+    if objects.len() == 1 {
+        return Value::Object(objects.remove(0));
+    }
+    let mut out = Map::new();
+    for key in ["model_name", "model_version", "id"] {
+        if let Some(v) = objects[0].get(key) {
+            out.insert(key.into(), v.clone());
+        }
+    }
+    for (k, _) in objects[0].clone() {
+        if !out.contains_key(&k) {
+            out.insert(k.clone(), Value::Array(objects.iter().map(|o| o.get(&k).cloned().unwrap_or(Value::Null)).collect()));
+        }
+    }
+    Value::Object(out)
+}
+
+impl ApiError {
+    /// An engine failure's message is ours to show (it names no internals): a 500 with it.
+    fn with_public(self) -> ApiError {
+        match self {
+            ApiError::Internal(m) => ApiError::Unavailable(m),
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Whole-row kernels of the sampler (the CPU twins of the GPU sampling kernels), written
+//! as straight lane loops so the compiler vectorises them: cleaning a row while finding
+//! its maximum, a fast `exp` for the non-positive scaled logits, and sums in f64 lanes.
+
+/// Lanes of the hand-unrolled loops: independent accumulators the compiler can keep in
+/// vector registers (floating-point sums are not reassociated otherwise).
+const LANES: usize = 8;
+
+/// Below this `exp` is 0: `exp(-87)` is still a normal f32, `exp(-88)` is not.
+const EXP_MIN: f32 = -87.0;
+
+/// `a > b ? a : b`, the form that compiles to one vector max (inputs are never NaN here).
+#[inline(always)]
+fn max(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// NaN becomes -inf, +inf becomes `f32::MAX` (so `x - max` is never NaN) and -0 becomes
+/// +0 (so `total_cmp` agrees with `==`). Selects only, no branch.
+#[inline(always)]
+fn clean(x: f32) -> f32 {
+    // NaN fails the comparison.
+    let x = if x > f32::NEG_INFINITY {
+        x
+    } else {
+        f32::NEG_INFINITY
+    };
+    (if x < f32::MAX { x } else { f32::MAX }) + 0.0
+}
+
+/// Cleans the row in place (see `clean`) and returns the first index of its maximum and
+/// the maximum, or None when every logit is -inf or NaN (or the row is empty).
+pub(crate) fn sanitize(logits: &mut [f32]) -> Option<(usize, f32)> {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let (chunks, tail) = logits.as_chunks_mut::<LANES>();
+    for chunk in chunks {
+        for j in 0..LANES {
+            chunk[j] = clean(chunk[j]);
+            lanes[j] = max(lanes[j], chunk[j]);
+        }
+    }
+    for x in tail {
+        *x = clean(*x);
+        lanes[0] = max(lanes[0], *x);
+    }
+    let top = lanes.into_iter().fold(f32::NEG_INFINITY, max);
+    if top == f32::NEG_INFINITY {
+        return None;
+    }
+    logits.iter().position(|&x| x == top).map(|i| (i, top))
+}
+
+/// `exp(x)` for `x <= 0` (and up to 88), relative error about 1e-7; exactly 0 below
+/// -87 and for -inf, exactly 1 at 0.
+///
+/// Cody-Waite range reduction, `x = n ln2 + r` with `|r| <= ln2 / 2` (ln2 split in a
+/// short high part and a correction, the constants of Cephes' `expf`), a degree-7 Taylor
+/// polynomial for `e^r` (truncation error below 6e-9), and `2^n` built in the exponent
+/// bits. Unlike the libm call it has no branches, so loops over it vectorise.
+#[inline(always)]
+pub(crate) fn exp_fast(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding 1.5 * 2^23 rounds to an integer held in the low mantissa bits (the sum stays
+    // in [2^23, 2^24), where the spacing is 1): n without a float-to-int conversion.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = max(x, EXP_MIN);
+    let xc = if xc < 88.0 { xc } else { 88.0 };
+    let shifted = xc * std::f32::consts::LOG2_E + ROUND;
+    let n = shifted - ROUND;
+    let n_int = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (1.0 / 2.0
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0
+                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    // n is in [-126, 127], so n + 127 is a normal exponent.
+    let scale = f32::from_bits((n_int.wrapping_add(127) as u32) << 23);
+    if x < EXP_MIN {
+        0.0
+    } else {
+        p * scale
+    }
+}
+
+/// Sum of `f(x)` over the row, in f64 lanes.
+#[inline(always)]
+fn sum_by(row: &[f32], f: impl Fn(f32) -> f32) -> f64 {
+    let mut lanes = [0.0f64; LANES];
+    let (chunks, tail) = row.as_chunks::<LANES>();
+    for chunk in chunks {
+        for j in 0..LANES {
+            lanes[j] += f(chunk[j]) as f64;
+        }
+    }
+    let tail: f64 = tail.iter().map(|&x| f(x) as f64).sum();
+    lanes.iter().sum::<f64>() + tail
+}
+
+/// `sum(exp((x - max) * inv_t))` over the row.
+pub(crate) fn sum_exp(row: &[f32], max: f32, inv_t: f32) -> f64 {
+    sum_by(row, |x| exp_fast((x - max) * inv_t))
+}
+
+/// Replaces each logit `x` by its weight `exp((x - max) * inv_t)` and returns their sum.
+pub(crate) fn exp_in_place(row: &mut [f32], max: f32, inv_t: f32) -> f64 {
+    for x in row.iter_mut() {
+        *x = exp_fast((*x - max) * inv_t);
+    }
+    sum_by(row, |w| w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_fast_is_within_2e7_relative_and_exact_at_the_ends() {
+        let mut worst = 0.0f64;
+        for i in 0..=870_000 {
+            let x = -(i as f32) * 1e-4;
+            let want = (x as f64).exp();
+            let got = exp_fast(x) as f64;
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(worst < 2e-7, "worst relative error {worst}");
+        assert_eq!(exp_fast(0.0), 1.0);
+        assert_eq!(exp_fast(-87.5), 0.0);
+        assert_eq!(exp_fast(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_fast(-f32::MAX), 0.0);
+        assert!((exp_fast(3.0) as f64 / 3f64.exp() - 1.0).abs() < 2e-7);
+    }
+
+    #[test]
+    fn sanitize_turns_nan_to_neg_inf_and_finds_the_first_max() {
+        let mut row = [f32::NAN, 1.0, f32::INFINITY, f32::INFINITY, -0.0];
+        assert_eq!(sanitize(&mut row), Some((2, f32::MAX)));
+        assert_eq!(row[0], f32::NEG_INFINITY);
+        assert!(row[4].is_sign_positive());
+        // Past the lanes, into the remainder.
+        let mut row: Vec<f32> = (0..21).map(|i| (i % 10) as f32).collect();
+        row[20] = 12.0;
+        assert_eq!(sanitize(&mut row), Some((20, 12.0)));
+        row[3] = 12.0;
+        assert_eq!(sanitize(&mut row), Some((3, 12.0)));
+        assert_eq!(sanitize(&mut [f32::NAN, f32::NEG_INFINITY]), None);
+        assert_eq!(sanitize(&mut []), None);
+    }
+
+    #[test]
+    fn sums_match_a_plain_f64_sum() {
+        let row: Vec<f32> = (0..1003)
+            .map(|i| -((i * 7919) % 1000) as f32 / 100.0)
+            .collect();
+        let want: f64 = row.iter().map(|&x| ((x as f64 - 0.5) / 0.7).exp()).sum();
+        let got = sum_exp(&row, 0.5, 1.0 / 0.7);
+        assert!((got / want - 1.0).abs() < 1e-6, "{got} vs {want}");
+        let mut w = row.clone();
+        assert_eq!(exp_in_place(&mut w, 0.5, 1.0 / 0.7), got);
+        assert_eq!(w[1], exp_fast((row[1] - 0.5) * (1.0 / 0.7)));
+    }
+}
+
+#[cfg(test)]
+mod tmp_timing {
+    use super::*;
+    #[test]
+    #[ignore]
+    fn tmp_kernels() {
+        let r: Vec<f32> = (0..128_256).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
+        let n = 200;
+        let time = |name: &str, f: &mut dyn FnMut(&mut [f32])| {
+            let mut buf = r.clone();
+            let t0 = std::time::Instant::now();
+            for _ in 0..n { buf.copy_from_slice(&r); f(std::hint::black_box(&mut buf)); }
+            println!("{name:20} {:8.1} us", t0.elapsed().as_secs_f64() * 1e6 / n as f64);
+        };
+        for _ in 0..2 {
+        time("copy only", &mut |_b| {});
+        time("sanitize", &mut |b| { std::hint::black_box(sanitize(b)); });
+        time("sum_exp fast", &mut |b| { std::hint::black_box(sum_exp(b, 5.0, 1.25)); });
+        time("sum_exp libm", &mut |b| { std::hint::black_box(b.iter().map(|&x| ((x - 5.0) * 1.25).exp() as f64).sum::<f64>()); });
+        time("exp_in_place", &mut |b| { std::hint::black_box(exp_in_place(b, 5.0, 1.25)); });
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! Starts the real server in-process on ephemeral ports, serving a tiny random model the
+//! test builds itself (or the default model when a test asks for it).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use inflight::http::{serve::serve_on, AppState};
+use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
+use inflight::model::LoadedModel;
+use inflight::{ModelHandle, ModelOptions};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+pub struct TestServer {
+    /// `http://127.0.0.1:PORT` of the inference port.
+    pub base: String,
+    /// `http://127.0.0.1:PORT` of the metrics port.
+    pub metrics: String,
+    pub state: AppState,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// A tiny checkpoint folder unique to this test.
+pub fn tiny_model_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("inflight-http-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    write_tiny_checkpoint(&dir, &TinySpec { num_layers: 2, ..TinySpec::default() }).unwrap();
+    dir
+}
+
+/// Serves the tiny model; `tweak` adjusts the options first.
+pub async fn start_tiny(tag: &str, tweak: impl FnOnce(&mut ModelOptions)) -> TestServer {
+    start(&tiny_model_dir(tag), tweak).await
+}
+
+/// Serves the model at `path`.
+pub async fn start(path: &Path, tweak: impl FnOnce(&mut ModelOptions)) -> TestServer {
+    let model = LoadedModel::load(path).expect("model loads");
+    let mut options = ModelOptions::for_model(model.model.config(), 32 * 1024);
+    options.scheduler.block_size = 16;
+    tweak(&mut options);
+    let handle = ModelHandle::spawn(model, options).await.expect("model starts");
+    let state = AppState::new(handle);
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", http.local_addr().unwrap());
+    let metrics_base = format!("http://{}", metrics.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let s = state.clone();
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        serve_on(s, http, metrics, shutdown, Duration::from_secs(5)).await.unwrap();
+    });
+    TestServer { base, metrics: metrics_base, state, stop: Some(stop), task: Some(task) }
+}
+
+impl TestServer {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// Stops like SIGTERM does and waits for the server to finish.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(15), t).await;
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
