@@ -66,12 +66,24 @@ impl RequestTiming {
         }
     }
 
-    /// Notes a chunk that carried `tokens` new tokens.
-    pub fn tokens(&mut self, tokens: usize) {
+    /// Notes a chunk that carried `tokens` new tokens; `first_at` is when the first of
+    /// them was produced, for a chunk that accumulated several (the gaps are then spread
+    /// evenly between it and now).
+    pub fn tokens(&mut self, tokens: usize, first_at: Option<Instant>) {
         if tokens == 0 {
             return;
         }
         let now = Instant::now();
+        if let (None, Some(first)) = (self.last_token, first_at) {
+            self.first_token = Some(first);
+            if tokens > 1 {
+                let gap = now.duration_since(first) / (tokens - 1) as u32;
+                self.inter_token.extend(std::iter::repeat_n(gap, tokens - 1));
+            }
+            self.last_token = Some(now);
+            self.output_tokens += tokens;
+            return;
+        }
         match self.last_token {
             None => self.first_token = Some(now),
             Some(prev) => {

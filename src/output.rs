@@ -22,6 +22,7 @@ pub struct SeqOutputState {
     prompt_tokens: usize,
     output_tokens: usize,
     cum_log_prob: f32,
+    first_token_at: Option<std::time::Instant>,
     done: bool,
 }
 
@@ -62,6 +63,7 @@ impl SeqOutputState {
             prompt_tokens,
             output_tokens: 0,
             cum_log_prob: 0.0,
+            first_token_at: None,
             done: false,
         }
     }
@@ -83,6 +85,7 @@ impl SeqOutputState {
         // End tokens close the sequence; they are not part of the answer.
         if !self.end_ids.contains(&token) {
             self.output_tokens += 1;
+            self.first_token_at.get_or_insert_with(std::time::Instant::now);
             chunk.token_ids.push(token);
             if self.return_log_probs {
                 let lp = log_prob.unwrap_or(0.0);
@@ -157,6 +160,9 @@ impl SeqOutputState {
             chunk.text.push_str(&rest);
         }
         self.done = true;
+        if !self.stream {
+            chunk.first_token_at = self.first_token_at;
+        }
         chunk.batch_index = self.batch_index;
         chunk.finish_reason = Some(reason);
         chunk.prompt_tokens = self.prompt_tokens;

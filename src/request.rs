@@ -141,6 +141,9 @@ pub struct Chunk {
     pub output_tokens: usize,
     /// Time this prompt waited before it was first scheduled (on its first chunk).
     pub queue_time: Option<std::time::Duration>,
+    /// When the first token of this chunk was produced, for a chunk that accumulates
+    /// several (a non-streamed answer), so latency metrics stay server-side.
+    pub first_token_at: Option<std::time::Instant>,
 }
 
 impl Chunk {

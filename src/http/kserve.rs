@@ -1,24 +1,629 @@
-//! KServe v2 / Open Inference Protocol (placeholder: health only, until the full set lands).
+//! KServe v2 / Open Inference Protocol, as tritonclient and perf_analyzer use it: health,
+//! server and model metadata, model configuration (protobuf field names), `infer` with
+//! JSON or binary tensors (codec in [`super::tensors`]), and the statistics extension.
+//!
+//! Each served name describes itself as TensorRT-LLM's model of that name does: the text
+//! models (`ensemble`, `tensorrt_llm_bls`, the model's own name) take `text_input` and
+//! `max_tokens`, the core model (`tensorrt_llm`) takes `input_ids` and
+//! `request_output_len`. An `infer` call becomes the same field object a generate call
+//! carries (one key per input tensor) and goes through [`build_request`], non-streamed.
+//! One request holds one set of sampling parameters, so a batch's rows must agree on
+//! every input but the prompt.
 
-use axum::extract::State;
-use axum::http::StatusCode;
+use std::collections::HashMap;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::header::CONTENT_ENCODING;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
+use axum::{Json, Router};
+use futures::StreamExt;
+use serde_json::{json, Map, Value};
 
-use super::AppState;
+use super::fields::{build_request, request_id, Fields};
+use super::tensors::{self, Data, DataType, InferRequest, Output, Tensor};
+use DataType::{Bool, Bytes as Str, F32, I32, U64};
+use super::{versioned_get, versioned_post, ApiError, ApiResult, AppState, ModelKind, BLS, CORE, ENSEMBLE};
+use crate::request::Chunk;
 
 pub fn routes() -> Router<AppState> {
-    Router::new().route("/v2/health/live", get(live)).route("/v2/health/ready", get(ready))
+    let r = Router::new()
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2", get(server_metadata))
+        .route("/v2/models/stats", get(all_stats));
+    let r = versioned_get(r, "/v2/models/{model}", model_metadata);
+    let r = versioned_get(r, "/v2/models/{model}/ready", model_ready);
+    let r = versioned_get(r, "/v2/models/{model}/config", model_config);
+    let r = versioned_get(r, "/v2/models/{model}/stats", model_stats);
+    versioned_post(r, "/v2/models/{model}/infer", infer)
 }
 
 pub async fn live() -> StatusCode {
     StatusCode::OK
 }
 
+/// 503 rather than Triton's 400 when not ready: load balancers read 503 as "not yet".
 pub async fn ready(State(state): State<AppState>) -> StatusCode {
     if state.model().is_ready() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ModelPath {
+    model: String,
+    version: Option<String>,
+}
+
+/// The kind of the named model; only version 1 exists.
+fn served(state: &AppState, p: &ModelPath) -> ApiResult<ModelKind> {
+    let kind = state.kind(&p.model)?;
+    match p.version.as_deref() {
+        None | Some("") | Some("1") => Ok(kind),
+        Some(v) => Err(ApiError::BadRequest(format!("Request for unknown model: '{}' version {v} is not found", p.model))),
+    }
+}
+
+async fn server_metadata() -> Json<Value> {
+    let extensions = ["binary_tensor_data", "model_configuration", "statistics", "parameters", "generate"];
+    Json(json!({"name": "inflight", "version": env!("CARGO_PKG_VERSION"), "extensions": extensions}))
+}
+
+async fn model_ready(State(state): State<AppState>, Path(p): Path<ModelPath>) -> ApiResult<StatusCode> {
+    served(&state, &p)?;
+    Ok(if state.model().is_ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE })
+}
+
+/// One tensor a model declares. `listed: false` marks an alias or a value-checked option
+/// that `infer` accepts but metadata does not advertise.
+struct Spec {
+    name: &'static str,
+    dt: DataType,
+    dims: &'static [i64],
+    optional: bool,
+    listed: bool,
+}
+
+const fn req(name: &'static str, dt: DataType, dims: &'static [i64]) -> Spec {
+    Spec { name, dt, dims, optional: false, listed: true }
+}
+const fn opt(name: &'static str, dt: DataType) -> Spec {
+    Spec { name, dt, dims: &[1], optional: true, listed: true }
+}
+const fn alias(name: &'static str, dt: DataType) -> Spec {
+    Spec { name, dt, dims: &[1], optional: true, listed: false }
+}
+
+/// Inputs every model shares (TRT-LLM's names; `ignore_eos`, `stop_after_ms` are ours).
+const COMMON_INPUTS: &[Spec] = &[
+    opt("num_return_sequences", I32),
+    opt("exclude_input_in_output", Bool),
+    opt("end_id", I32),
+    opt("pad_id", I32),
+    opt("temperature", F32),
+    opt("repetition_penalty", F32),
+    opt("min_tokens", I32),
+    opt("presence_penalty", F32),
+    opt("frequency_penalty", F32),
+    opt("seed", U64),
+    opt("return_log_probs", Bool),
+    opt("return_num_input_tokens", Bool),
+    opt("return_num_output_tokens", Bool),
+    opt("beam_width", I32),
+    opt("ignore_eos", Bool),
+    opt("stop_after_ms", I32),
+    alias("min_length", I32),
+    alias("random_seed", U64),
+    alias("return_context_logits", Bool),
+    alias("return_generation_logits", Bool),
+    alias("return_perf_metrics", Bool),
+];
+
+const TEXT_INPUTS: &[Spec] = &[
+    req("text_input", Str, &[1]),
+    req("max_tokens", I32, &[1]),
+    Spec { optional: true, ..req("bad_words", Str, &[-1]) },
+    Spec { optional: true, ..req("stop_words", Str, &[-1]) },
+    opt("top_k", I32),
+    opt("top_p", F32),
+    opt("length_penalty", F32),
+    opt("stream", Bool),
+    alias("decoder_text_input", Str),
+    alias("runtime_top_k", I32),
+    alias("runtime_top_p", F32),
+    alias("streaming", Bool),
+    alias("stop", Bool),
+];
+
+const IDS_INPUTS: &[Spec] = &[
+    req("input_ids", I32, &[-1]),
+    opt("input_lengths", I32),
+    req("request_output_len", I32, &[1]),
+    opt("runtime_top_k", I32),
+    opt("runtime_top_p", F32),
+    opt("len_penalty", F32),
+    opt("stop", Bool),
+    opt("streaming", Bool),
+    alias("max_tokens", I32),
+    alias("top_k", I32),
+    alias("top_p", F32),
+    alias("stream", Bool),
+];
+
+/// An output: its name, datatype and dims after the batch dimension.
+type OutSpec = (&'static str, DataType, &'static [i64]);
+
+const TEXT_OUTPUTS: &[OutSpec] = &[
+    ("text_output", Str, &[-1]),
+    ("cum_log_probs", F32, &[-1]),
+    ("output_log_probs", F32, &[-1, -1]),
+    ("batch_index", I32, &[1]),
+    ("sequence_index", I32, &[1]),
+    ("num_input_tokens", I32, &[1]),
+    ("num_output_tokens", I32, &[1]),
+];
+
+const IDS_OUTPUTS: &[OutSpec] = &[
+    ("output_ids", I32, &[-1, -1]),
+    ("sequence_length", I32, &[-1]),
+    ("cum_log_probs", F32, &[-1]),
+    ("output_log_probs", F32, &[-1, -1]),
+    ("batch_index", I32, &[1]),
+    ("sequence_index", I32, &[1]),
+    ("num_input_tokens", I32, &[1]),
+    ("num_output_tokens", I32, &[1]),
+];
+
+fn inputs(kind: ModelKind) -> impl Iterator<Item = &'static Spec> {
+    let own = match kind {
+        ModelKind::Text => TEXT_INPUTS,
+        ModelKind::Ids => IDS_INPUTS,
+    };
+    own.iter().chain(COMMON_INPUTS)
+}
+
+fn outputs(kind: ModelKind) -> &'static [OutSpec] {
+    match kind {
+        ModelKind::Text => TEXT_OUTPUTS,
+        ModelKind::Ids => IDS_OUTPUTS,
+    }
+}
+
+/// Triton's platform (metadata) and backend (config) of each served name.
+fn platform(name: &str) -> (&'static str, &'static str) {
+    match name {
+        ENSEMBLE => ("ensemble", ""),
+        BLS => ("python", "python"),
+        CORE => ("tensorrtllm", "tensorrtllm"),
+        _ => ("inflight", "inflight"),
+    }
+}
+
+fn with_batch(dims: &[i64]) -> Vec<i64> {
+    std::iter::once(-1).chain(dims.iter().copied()).collect()
+}
+
+async fn model_metadata(State(state): State<AppState>, Path(p): Path<ModelPath>) -> ApiResult<Json<Value>> {
+    let kind = served(&state, &p)?;
+    let ins: Vec<Value> = inputs(kind)
+        .filter(|s| s.listed)
+        .map(|s| json!({"name": s.name, "datatype": s.dt.name(), "shape": with_batch(s.dims)}))
+        .collect();
+    let outs: Vec<Value> = outputs(kind)
+        .iter()
+        .map(|(n, dt, dims)| json!({"name": n, "datatype": dt.name(), "shape": with_batch(dims)}))
+        .collect();
+    Ok(Json(json!({"name": p.model, "versions": ["1"], "platform": platform(&p.model).0, "inputs": ins, "outputs": outs})))
+}
+
+async fn model_config(State(state): State<AppState>, Path(p): Path<ModelPath>) -> ApiResult<Json<Value>> {
+    let kind = served(&state, &p)?;
+    let stats = state.model().stats().await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    let ins: Vec<Value> = inputs(kind)
+        .filter(|s| s.listed)
+        .map(|s| {
+            json!({"name": s.name, "data_type": s.dt.config_name(), "format": "FORMAT_NONE", "dims": s.dims,
+                   "is_shape_tensor": false, "allow_ragged_batch": false, "optional": s.optional})
+        })
+        .collect();
+    let outs: Vec<Value> = outputs(kind)
+        .iter()
+        .map(|(n, dt, dims)| json!({"name": n, "data_type": dt.config_name(), "dims": dims, "label_filename": "", "is_shape_tensor": false}))
+        .collect();
+    let (platform, backend) = platform(&p.model);
+    let mut config = json!({
+        "name": p.model, "platform": platform, "backend": backend,
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": stats.max_batch_size.max(1),
+        "input": ins, "output": outs,
+        // Every served name streams through generate_stream.
+        "model_transaction_policy": {"decoupled": true},
+    });
+    if p.model == ENSEMBLE {
+        // perf_analyzer walks the steps and fetches each composing model's config and
+        // stats. Tokenizing happens inside, so the one step is the core model.
+        let input_map: Map<String, Value> = [("request_output_len", "max_tokens"), ("runtime_top_k", "top_k"), ("runtime_top_p", "top_p")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .chain(COMMON_INPUTS.iter().filter(|s| s.listed).map(|s| (s.name.to_string(), json!(s.name))))
+            .collect();
+        let output_map: Map<String, Value> = TEXT_OUTPUTS[1..].iter().map(|(n, ..)| (n.to_string(), json!(n))).collect();
+        let step = json!({"model_name": CORE, "model_version": -1, "input_map": input_map, "output_map": output_map});
+        config["ensemble_scheduling"] = json!({"step": [step]});
+    } else {
+        config["dynamic_batching"] = json!({});
+    }
+    Ok(Json(config))
+}
+
+/// `POST /v2/models/{model}/infer`.
+async fn infer(State(state): State<AppState>, Path(p): Path<ModelPath>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+    let kind = served(&state, &p)?;
+    let model = p.model.as_str();
+    if let Some(enc) = headers.get(CONTENT_ENCODING).filter(|e| e.as_bytes() != b"identity") {
+        return Err(ApiError::Unsupported(format!("Content-Encoding {enc:?} is not supported; send the body uncompressed")));
+    }
+    let req = tensors::decode_request(&body, headers.get(tensors::HEADER_LENGTH))?;
+    if let Some(k) = req.parameters.keys().find(|k| k.starts_with("triton_")) {
+        return Err(ApiError::BadRequest(format!("request parameter '{k}': names starting with 'triton_' are reserved")));
+    }
+    let wanted = select_outputs(model, kind, &req)?;
+    let object = Value::Object(field_object(model, kind, &req)?);
+    let fields = Fields::new(&object)?;
+    if fields.bool(&["stop"])? == Some(true) {
+        // TRT-LLM's stop request: cancel the request with this id, answer with no outputs.
+        let id = request_id(&fields)?
+            .ok_or_else(|| ApiError::BadRequest("Trying to stop a request but request ID is not provided".into()))?;
+        state.model().cancel(&id);
+        return Ok(Json(json!({"model_name": model, "model_version": "1", "id": id, "outputs": []})).into_response());
+    }
+    if let Some(missing) = inputs(kind).find(|s| !s.optional && fields.get(s.name).is_none() && !alias_present(&fields, s.name)) {
+        return Err(ApiError::BadRequest(format!("missing required input '{}' for model '{model}'", missing.name)));
+    }
+    let mut request = build_request(&fields, kind, state.model().tokenizer(), state.model().config().max_position_embeddings)?;
+    request.params.stream = false;
+    let pad = request.params.pad_id.or(request.params.end_id).unwrap_or(0);
+    let logprobs = request.params.return_log_probs;
+    let prompts = request.prompts.len();
+    let chunks: Vec<Chunk> = state.submit(model, request).await?.collect().await;
+    if let Some(err) = chunks.iter().find_map(|c| c.error.clone()) {
+        return Err(ApiError::Unavailable(err));
+    }
+    let answers = per_prompt(chunks, prompts);
+    let outputs = wanted.into_iter().map(|(spec, binary)| output(spec, binary, &answers, pad, logprobs)).collect();
+    let mut head = Map::new();
+    head.insert("model_name".into(), json!(model));
+    head.insert("model_version".into(), json!("1"));
+    if let Some(id) = &req.id {
+        head.insert("id".into(), json!(id));
+    }
+    tensors::encode_response(head, outputs)
+}
+
+/// A required input given under its alias (`max_tokens` for the core model).
+fn alias_present(fields: &Fields<'_>, name: &str) -> bool {
+    name == "request_output_len" && fields.get("max_tokens").is_some()
+}
+
+/// The outputs to send and whether each is binary: those asked for, else all of them.
+fn select_outputs(model: &str, kind: ModelKind, req: &InferRequest) -> ApiResult<Vec<(&'static OutSpec, bool)>> {
+    let default = req.binary_output()?;
+    let Some(asked) = &req.outputs else {
+        return Ok(outputs(kind).iter().map(|s| (s, default)).collect());
+    };
+    asked
+        .iter()
+        .map(|o| {
+            let spec = outputs(kind).iter().find(|s| s.0 == o.name).ok_or_else(|| {
+                ApiError::BadRequest(format!("unexpected inference output '{}' for model '{model}'", o.name))
+            })?;
+            Ok((spec, o.binary.unwrap_or(default)))
+        })
+        .collect()
+}
+
+/// The generate-style field object of an infer request: one key per input tensor (the
+/// prompts as a list, one per row; other inputs as their one row's value), plus `id`.
+fn field_object(model: &str, kind: ModelKind, req: &InferRequest) -> ApiResult<Map<String, Value>> {
+    let mut object = Map::new();
+    if let Some(id) = &req.id {
+        object.insert("id".into(), json!(id));
+    }
+    let lengths = match req.inputs.iter().find(|t| t.name == "input_lengths") {
+        Some(t) if kind == ModelKind::Ids => Some(rows(model, &IDS_INPUTS[1], t)?),
+        _ => None,
+    };
+    for t in &req.inputs {
+        let spec = inputs(kind)
+            .find(|s| s.name == t.name)
+            .ok_or_else(|| ApiError::BadRequest(format!("unexpected inference input '{}' for model '{model}'", t.name)))?;
+        if t.datatype != spec.dt {
+            return Err(ApiError::BadRequest(format!(
+                "inference input '{}' data-type is '{}', but model '{model}' expects '{}'",
+                t.name,
+                t.datatype.name(),
+                spec.dt.name()
+            )));
+        }
+        if object.contains_key(&t.name) {
+            return Err(ApiError::BadRequest(format!("input '{}' is given more than once", t.name)));
+        }
+        let rows = rows(model, spec, t)?;
+        let value = match t.name.as_str() {
+            "input_lengths" => continue,
+            "text_input" => Value::Array(rows.into_iter().flatten().collect()),
+            "input_ids" => Value::Array(trim_ids(rows, lengths.as_deref())?),
+            name => one_row(name, rows)?,
+        };
+        object.insert(t.name.clone(), value);
+    }
+    Ok(object)
+}
+
+/// A tensor's rows (its first dimension is the batch), checked against the model's dims.
+/// A tensor without the batch dimension is one row.
+fn rows(model: &str, spec: &Spec, t: &Tensor) -> ApiResult<Vec<Vec<Value>>> {
+    let inner = if t.shape.len() == spec.dims.len() + 1 { &t.shape[1..] } else { &t.shape[..] };
+    let fits = inner.len() == spec.dims.len() && inner.iter().zip(spec.dims).all(|(&d, &want)| want < 0 || d as i64 == want);
+    if !fits {
+        return Err(ApiError::BadRequest(format!(
+            "unexpected shape for input '{}' for model '{model}'. Expected {:?}, got {:?}",
+            t.name,
+            with_batch(spec.dims),
+            t.shape
+        )));
+    }
+    let batch = if inner.len() < t.shape.len() { t.shape[0] } else { 1 };
+    if batch == 0 {
+        return Err(ApiError::BadRequest(format!("input '{}' has a batch of 0 rows", t.name)));
+    }
+    if let Data::Float(v) = &t.data {
+        if v.iter().any(|x| !x.is_finite()) {
+            return Err(ApiError::BadRequest(format!("input '{}' holds a value that is not finite", t.name)));
+        }
+    }
+    let values = (0..t.data.len())
+        .map(|i| t.data.json(i).map_err(|m| ApiError::BadRequest(format!("input '{}': {m}", t.name))))
+        .collect::<ApiResult<Vec<_>>>()?;
+    let width = values.len() / batch;
+    Ok((0..batch).map(|r| values[r * width..(r + 1) * width].to_vec()).collect())
+}
+
+/// Every row must carry the same value: one request has one set of parameters.
+fn one_row(name: &str, mut rows: Vec<Vec<Value>>) -> ApiResult<Value> {
+    if rows.iter().any(|r| *r != rows[0]) {
+        return Err(ApiError::BadRequest(format!(
+            "input '{name}' differs between the {} rows of the batch; this server applies one value to a whole request",
+            rows.len()
+        )));
+    }
+    let mut row = rows.swap_remove(0);
+    Ok(if row.len() == 1 { row.remove(0) } else { Value::Array(row) })
+}
+
+/// Each row of `input_ids` cut to its `input_lengths` entry (rows may be padded).
+fn trim_ids(rows: Vec<Vec<Value>>, lengths: Option<&[Vec<Value>]>) -> ApiResult<Vec<Value>> {
+    let Some(lengths) = lengths else { return Ok(rows.into_iter().map(Value::Array).collect()) };
+    if lengths.len() != rows.len() {
+        return Err(ApiError::BadRequest(format!("input_lengths has {} rows but input_ids has {}", lengths.len(), rows.len())));
+    }
+    rows.into_iter()
+        .zip(lengths)
+        .enumerate()
+        .map(|(i, (mut row, len))| {
+            let n = len[0].as_u64().filter(|&n| n as usize <= row.len()).ok_or_else(|| {
+                ApiError::BadRequest(format!("input_lengths row {i} is {} but input_ids row {i} holds {} ids", len[0], row.len()))
+            })?;
+            row.truncate(n as usize);
+            Ok(Value::Array(row))
+        })
+        .collect()
+}
+
+/// Each prompt's whole answer, from the chunks of a non-streamed request.
+fn per_prompt(chunks: Vec<Chunk>, prompts: usize) -> Vec<Chunk> {
+    let mut out = vec![Chunk::default(); prompts];
+    for c in chunks {
+        let slot = &mut out[c.batch_index.min(prompts - 1)];
+        slot.text.push_str(&c.text);
+        slot.token_ids.extend(c.token_ids);
+        slot.log_probs.extend(c.log_probs);
+        slot.cum_log_prob = c.cum_log_prob.or(slot.cum_log_prob);
+        slot.finish_reason = c.finish_reason.or(slot.finish_reason);
+        slot.prompt_tokens = slot.prompt_tokens.max(c.prompt_tokens);
+    }
+    out
+}
+
+/// One output tensor over the batch; ragged rows are padded (ids with `pad`, 0.0).
+fn output(spec: &OutSpec, binary: bool, answers: &[Chunk], pad: u32, logprobs: bool) -> Output {
+    let b = answers.len();
+    let longest = answers.iter().map(|a| a.token_ids.len()).max().unwrap_or(0);
+    let ints = |f: &dyn Fn(usize, &Chunk) -> i128| Data::Int(answers.iter().enumerate().map(|(i, a)| f(i, a)).collect());
+    let (shape, data) = match spec.0 {
+        "text_output" => (vec![b, 1], Data::Bytes(answers.iter().map(|a| a.text.clone().into_bytes()).collect())),
+        "output_ids" => {
+            let ids = answers.iter().flat_map(|a| {
+                let fill = std::iter::repeat_n(pad, longest - a.token_ids.len());
+                a.token_ids.iter().copied().chain(fill).map(i128::from)
+            });
+            (vec![b, 1, longest], Data::Int(ids.collect()))
+        }
+        "output_log_probs" => {
+            let lps = answers.iter().flat_map(|a| {
+                let real = if logprobs { a.log_probs.clone() } else { Vec::new() };
+                let fill = std::iter::repeat_n(0.0, longest - real.len());
+                real.into_iter().map(f64::from).chain(fill)
+            });
+            (vec![b, 1, longest], Data::Float(lps.collect()))
+        }
+        "cum_log_probs" => {
+            let cum = answers.iter().map(|a| a.cum_log_prob.filter(|_| logprobs).unwrap_or(0.0) as f64);
+            (vec![b, 1], Data::Float(cum.collect()))
+        }
+        "sequence_length" | "num_output_tokens" => (vec![b, 1], ints(&|_, a| a.token_ids.len() as i128)),
+        "num_input_tokens" => (vec![b, 1], ints(&|_, a| a.prompt_tokens as i128)),
+        "batch_index" => (vec![b, 1], ints(&|i, _| i as i128)),
+        _ => (vec![b, 1], ints(&|_, _| 0)),
+    };
+    Output { name: spec.0.to_string(), datatype: spec.1, shape, data, binary }
+}
+
+async fn all_stats(State(state): State<AppState>) -> ApiResult<Json<Value>> {
+    let mut names = state.served_names();
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+    stats(&state, &names).await
+}
+
+async fn model_stats(State(state): State<AppState>, Path(p): Path<ModelPath>) -> ApiResult<Json<Value>> {
+    served(&state, &p)?;
+    stats(&state, &[p.model]).await
+}
+
+/// Per-model request counters, as the metrics module recorded them.
+#[derive(Default)]
+struct Counts {
+    success: u64,
+    /// Failures of requests that ran (cancelled, engine failure).
+    failed_running: u64,
+    /// Failures before running (rejected, invalid).
+    failed_early: u64,
+    inferences: u64,
+    duration_us: u64,
+    queue_us: u64,
+}
+
+/// The statistics extension, computed from the Prometheus counters (one source of truth).
+/// Durations: `queue` is time waiting to be scheduled, `compute_infer` the rest of each
+/// request; `last_inference` is not recorded and reads 0.
+async fn stats(state: &AppState, names: &[String]) -> ApiResult<Json<Value>> {
+    let counts = counts(&state.metrics().render());
+    let iterations = state.model().stats().await.map(|s| s.iteration).unwrap_or(0);
+    let none = Counts::default();
+    let model_stats: Vec<Value> = names
+        .iter()
+        .map(|name| {
+            let c = counts.get(name.as_str()).unwrap_or(&none);
+            let ran = c.success + c.failed_running;
+            let stat = |count: u64, us: u64| json!({"count": count, "ns": us.saturating_mul(1000)});
+            // Every engine iteration is one execution of the core model; the others run once per request.
+            let executions = if name == CORE { iterations.max(ran) } else { ran };
+            json!({
+                "name": name, "version": "1", "last_inference": 0,
+                "inference_count": c.inferences, "execution_count": executions,
+                "inference_stats": {
+                    "success": stat(c.success, c.duration_us),
+                    "fail": stat(c.failed_running + c.failed_early, 0),
+                    "queue": stat(ran, c.queue_us),
+                    "compute_input": stat(ran, 0),
+                    "compute_infer": stat(ran, c.duration_us.saturating_sub(c.queue_us)),
+                    "compute_output": stat(ran, 0),
+                    "cache_hit": stat(0, 0),
+                    "cache_miss": stat(0, 0),
+                },
+                "response_stats": {}, "batch_stats": [], "memory_usage": [],
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "model_stats": model_stats })))
+}
+
+/// Reads the `nv_inference_*` counters of each model from the Prometheus text.
+fn counts(text: &str) -> HashMap<String, Counts> {
+    let mut out: HashMap<String, Counts> = HashMap::new();
+    for line in text.lines().filter(|l| l.starts_with("nv_inference_")) {
+        let Some((name, labels, value)) = sample(line) else { continue };
+        let Some(model) = labels.get("model") else { continue };
+        let c = out.entry(model.clone()).or_default();
+        let v = value as u64;
+        match name {
+            "nv_inference_request_success" => c.success += v,
+            "nv_inference_request_failure" => match labels.get("reason").map(String::as_str) {
+                Some("CANCELED") | Some("BACKEND") => c.failed_running += v,
+                _ => c.failed_early += v,
+            },
+            "nv_inference_count" => c.inferences += v,
+            "nv_inference_request_duration_us" => c.duration_us += v,
+            "nv_inference_queue_duration_us" => c.queue_us += v,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// One exposition line: `name{k="v",...} value`.
+fn sample(line: &str) -> Option<(&str, HashMap<String, String>, f64)> {
+    let (name, rest) = line.split_at(line.find(['{', ' '])?);
+    let mut labels = HashMap::new();
+    let mut chars = rest.char_indices().peekable();
+    let mut end = 0;
+    if rest.starts_with('{') {
+        chars.next();
+        loop {
+            let key: String = chars.by_ref().map(|(_, c)| c).take_while(|&c| c != '=').collect();
+            if chars.next().map(|(_, c)| c) != Some('"') {
+                return None;
+            }
+            let mut value = String::new();
+            while let Some((_, c)) = chars.next() {
+                match c {
+                    '\\' => value.push(match chars.next()?.1 {
+                        'n' => '\n',
+                        other => other,
+                    }),
+                    '"' => break,
+                    c => value.push(c),
+                }
+            }
+            labels.insert(key.trim_start_matches(',').to_string(), value);
+            match chars.next()? {
+                (i, '}') => {
+                    end = i + 1;
+                    break;
+                }
+                (_, ',') => continue,
+                _ => return None,
+            }
+        }
+    }
+    let value = rest[end..].split_whitespace().next()?.parse().ok()?;
+    Some((name, labels, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_prometheus_samples() {
+        let (name, labels, v) = sample(r#"nv_inference_request_failure{model="a\"b",version="1",reason="CANCELED"} 3"#).unwrap();
+        assert_eq!(name, "nv_inference_request_failure");
+        assert_eq!(labels["model"], "a\"b");
+        assert_eq!(labels["reason"], "CANCELED");
+        assert_eq!(v, 3.0);
+        assert_eq!(sample("nv_inference_count 7").unwrap().2, 7.0);
+        let text = "nv_inference_request_success{model=\"ensemble\",version=\"1\"} 2\n\
+                    nv_inference_request_failure{model=\"ensemble\",version=\"1\",reason=\"REJECTED\"} 1\n\
+                    nv_inference_count{model=\"ensemble\",version=\"1\"} 4\n";
+        let c = &counts(text)["ensemble"];
+        assert_eq!((c.success, c.failed_early, c.failed_running, c.inferences), (2, 1, 0, 4));
+    }
+
+    #[test]
+    fn every_listed_input_has_a_known_shape() {
+        for kind in [ModelKind::Text, ModelKind::Ids] {
+            let names: Vec<_> = inputs(kind).map(|s| s.name).collect();
+            let mut unique = names.clone();
+            unique.sort();
+            unique.dedup();
+            assert_eq!(unique.len(), names.len(), "duplicate input names in {kind:?}");
+        }
+        assert_eq!(IDS_INPUTS[1].name, "input_lengths");
     }
 }

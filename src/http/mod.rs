@@ -9,6 +9,7 @@ pub mod kserve;
 pub mod openai;
 pub mod openai_types;
 pub mod serve;
+pub mod tensors;
 pub mod tracked;
 pub mod triton;
 

@@ -46,7 +46,7 @@ impl TrackedStream {
     }
 
     fn observe(&mut self, c: &Chunk) {
-        self.timing.tokens(c.token_ids.len());
+        self.timing.tokens(c.token_ids.len(), c.first_token_at);
         if let Some(q) = c.queue_time {
             self.queue = self.queue.max(q);
         }

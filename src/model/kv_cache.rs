@@ -15,10 +15,13 @@ pub enum KvStore {
 }
 
 impl KvStore {
+    /// Zeroed storage. Zero-filled vectors come from the allocator's zeroed pages, so a
+    /// large cache costs memory only as blocks are first written.
     fn new(dtype: KvDtype, len: usize) -> Self {
+        use half::vec::HalfBitsVecExt;
         match dtype {
             KvDtype::F32 => KvStore::F32(vec![0.0; len]),
-            KvDtype::F16 => KvStore::F16(vec![f16::ZERO; len]),
+            KvDtype::F16 => KvStore::F16(vec![0u16; len].reinterpret_into()),
         }
     }
 

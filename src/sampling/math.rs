@@ -35,19 +35,34 @@ fn clean(x: f32) -> f32 {
 /// Cleans the row in place (see `clean`) and returns the first index of its maximum and
 /// the maximum, or None when every logit is -inf or NaN (or the row is empty).
 pub(crate) fn sanitize(logits: &mut [f32]) -> Option<(usize, f32)> {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { sanitize_avx2(logits) };
+    }
+    sanitize_lanes(logits)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sanitize_avx2(logits: &mut [f32]) -> Option<(usize, f32)> {
+    sanitize_lanes(logits)
+}
+
+#[inline(always)]
+fn sanitize_lanes(logits: &mut [f32]) -> Option<(usize, f32)> {
+    // An element-wise pass and a lane reduction: each form vectorises on its own.
+    for x in logits.iter_mut() {
+        *x = clean(*x);
+    }
     let mut lanes = [f32::NEG_INFINITY; LANES];
-    let (chunks, tail) = logits.as_chunks_mut::<LANES>();
+    let (chunks, tail) = logits.as_chunks::<LANES>();
     for chunk in chunks {
         for j in 0..LANES {
-            chunk[j] = clean(chunk[j]);
             lanes[j] = max(lanes[j], chunk[j]);
         }
     }
-    for x in tail {
-        *x = clean(*x);
-        lanes[0] = max(lanes[0], *x);
-    }
-    let top = lanes.into_iter().fold(f32::NEG_INFINITY, max);
+    let top = tail.iter().copied().fold(lanes.into_iter().fold(f32::NEG_INFINITY, max), max);
     if top == f32::NEG_INFINITY {
         return None;
     }
@@ -89,31 +104,51 @@ pub(crate) fn exp_fast(x: f32) -> f32 {
     }
 }
 
-/// Sum of `f(x)` over the row, in f64 lanes.
-#[inline(always)]
-fn sum_by(row: &[f32], f: impl Fn(f32) -> f32) -> f64 {
-    let mut lanes = [0.0f64; LANES];
-    let (chunks, tail) = row.as_chunks::<LANES>();
-    for chunk in chunks {
-        for j in 0..LANES {
-            lanes[j] += f(chunk[j]) as f64;
-        }
-    }
-    let tail: f64 = tail.iter().map(|&x| f(x) as f64).sum();
-    lanes.iter().sum::<f64>() + tail
-}
-
-/// `sum(exp((x - max) * inv_t))` over the row.
-pub(crate) fn sum_exp(row: &[f32], max: f32, inv_t: f32) -> f64 {
-    sum_by(row, |x| exp_fast((x - max) * inv_t))
-}
-
-/// Replaces each logit `x` by its weight `exp((x - max) * inv_t)` and returns their sum.
+/// Replaces each logit `x` by its weight `exp((x - max) * inv_t)` and returns their sum
+/// (in f64 lanes). Bit-identical with and without AVX2: the same operations in the same
+/// order, only wider (no fused multiply-add), so seeded draws do not depend on the CPU.
 pub(crate) fn exp_in_place(row: &mut [f32], max: f32, inv_t: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { exp_in_place_avx2(row, max, inv_t) };
+    }
+    exp_in_place_lanes(row, max, inv_t)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn exp_in_place_avx2(row: &mut [f32], max: f32, inv_t: f32) -> f64 {
+    exp_in_place_lanes(row, max, inv_t)
+}
+
+#[inline(always)]
+fn exp_in_place_lanes(row: &mut [f32], max: f32, inv_t: f32) -> f64 {
     for x in row.iter_mut() {
         *x = exp_fast((*x - max) * inv_t);
     }
-    sum_by(row, |w| w)
+    // f32 lanes over blocks of BLOCK, each block's lanes added into f64: the f32 partial
+    // sums hold BLOCK / LANES weights of at most 1 each, so they stay exact to ~1e-7.
+    const BLOCK: usize = 512;
+    let mut total = 0.0f64;
+    for block in row.chunks(BLOCK) {
+        let mut lanes = [0.0f32; LANES];
+        let (chunks, tail) = block.as_chunks::<LANES>();
+        for chunk in chunks {
+            for j in 0..LANES {
+                lanes[j] += chunk[j];
+            }
+        }
+        total += lanes.iter().map(|&l| l as f64).sum::<f64>();
+        total += tail.iter().map(|&w| w as f64).sum::<f64>();
+    }
+    total
+}
+
+/// Whether the AVX2 build of the kernels runs here.
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    std::is_x86_feature_detected!("avx2")
 }
 
 #[cfg(test)]
@@ -154,39 +189,20 @@ mod tests {
     }
 
     #[test]
-    fn sums_match_a_plain_f64_sum() {
-        let row: Vec<f32> = (0..1003)
-            .map(|i| -((i * 7919) % 1000) as f32 / 100.0)
-            .collect();
+    fn exp_in_place_sums_match_a_plain_f64_sum_on_every_path() {
+        let row: Vec<f32> = (0..1003).map(|i| -((i * 7919) % 1000) as f32 / 100.0).collect();
         let want: f64 = row.iter().map(|&x| ((x as f64 - 0.5) / 0.7).exp()).sum();
-        let got = sum_exp(&row, 0.5, 1.0 / 0.7);
-        assert!((got / want - 1.0).abs() < 1e-6, "{got} vs {want}");
+        let inv_t = 1.0 / 0.7;
         let mut w = row.clone();
-        assert_eq!(exp_in_place(&mut w, 0.5, 1.0 / 0.7), got);
-        assert_eq!(w[1], exp_fast((row[1] - 0.5) * (1.0 / 0.7)));
-    }
-}
-
-#[cfg(test)]
-mod tmp_timing {
-    use super::*;
-    #[test]
-    #[ignore]
-    fn tmp_kernels() {
-        let r: Vec<f32> = (0..128_256).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
-        let n = 200;
-        let time = |name: &str, f: &mut dyn FnMut(&mut [f32])| {
-            let mut buf = r.clone();
-            let t0 = std::time::Instant::now();
-            for _ in 0..n { buf.copy_from_slice(&r); f(std::hint::black_box(&mut buf)); }
-            println!("{name:20} {:8.1} us", t0.elapsed().as_secs_f64() * 1e6 / n as f64);
-        };
-        for _ in 0..2 {
-        time("copy only", &mut |_b| {});
-        time("sanitize", &mut |b| { std::hint::black_box(sanitize(b)); });
-        time("sum_exp fast", &mut |b| { std::hint::black_box(sum_exp(b, 5.0, 1.25)); });
-        time("sum_exp libm", &mut |b| { std::hint::black_box(b.iter().map(|&x| ((x - 5.0) * 1.25).exp() as f64).sum::<f64>()); });
-        time("exp_in_place", &mut |b| { std::hint::black_box(exp_in_place(b, 5.0, 1.25)); });
-        }
+        let got = exp_in_place_lanes(&mut w, 0.5, inv_t);
+        assert!((got / want - 1.0).abs() < 1e-6, "{got} vs {want}");
+        assert_eq!(w[1002], exp_fast((row[1002] - 0.5) * inv_t));
+        let mut w2 = row.clone();
+        assert_eq!(exp_in_place(&mut w2, 0.5, inv_t), got);
+        assert_eq!(w2, w);
+        let mut dirty = vec![f32::NAN, -0.0, f32::INFINITY, 1.0, 2.0, 0.0, 3.0, 1.0, 5.0];
+        let mut dirty2 = dirty.clone();
+        assert_eq!(sanitize(&mut dirty), sanitize_lanes(&mut dirty2));
+        assert_eq!(format!("{dirty:?}"), format!("{dirty2:?}"));
     }
 }

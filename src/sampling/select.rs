@@ -10,7 +10,7 @@ use std::collections::BinaryHeap;
 
 use rand::Rng;
 
-use super::math::{exp_fast, exp_in_place, sum_exp};
+use super::math::{exp_fast, exp_in_place};
 use super::nucleus::nucleus;
 
 /// Largest k for which top-k keeps a heap instead of partitioning a copy of the row.
@@ -40,9 +40,9 @@ fn log_prob(weight: f32, total: f64) -> f32 {
 }
 
 /// Greedy choice of the token at `best` (the maximum, weight 1); its log-probability at
-/// `1 / inv_t`.
+/// `1 / inv_t`. The row is scratch.
 pub(crate) fn greedy(
-    logits: &[f32],
+    logits: &mut [f32],
     best: usize,
     max: f32,
     inv_t: f32,
@@ -50,7 +50,7 @@ pub(crate) fn greedy(
 ) -> Choice {
     Choice {
         token: best as u32,
-        log_prob: want_log_prob.then(|| log_prob(1.0, sum_exp(logits, max, inv_t))),
+        log_prob: want_log_prob.then(|| log_prob(1.0, exp_in_place(logits, max, inv_t))),
     }
 }
 
@@ -79,7 +79,8 @@ pub(crate) fn draw(
         let total: f64 = cands.iter().map(|c| c.1 as f64).sum();
         cands.truncate(nucleus_len(&cands, total * cuts.top_p as f64));
         let (token, weight) = cands[pick_candidate(&cands, rng)];
-        let log_prob = want_log_prob.then(|| log_prob(weight, sum_exp(logits, max, cuts.inv_t)));
+        let log_prob =
+            want_log_prob.then(|| log_prob(weight, exp_in_place(logits, max, cuts.inv_t)));
         return Choice { token, log_prob };
     }
     // From here the row holds the weights.
