@@ -114,6 +114,24 @@ struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
+impl SendPtr {
+    /// Taken through a method so closures capture the whole (Send) wrapper.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// One product's operands: `x` `[n, k]`, `w` `[m, k]`, output `y` `[n, m]`.
+#[derive(Clone, Copy)]
+struct Gemm<'a, W> {
+    x: &'a [f32],
+    w: &'a [W],
+    n: usize,
+    k: usize,
+    m: usize,
+    y: SendPtr,
+}
+
 /// `y[t, o] = Σ_i x[t, i] · w[o, i] + bias[o]` for `n` rows of `x` (`[n, k]`), `w` `[m, k]`,
 /// `y` `[n, m]`.
 pub fn linear(
@@ -151,19 +169,18 @@ fn linear_t<W: Elem>(
         assert_eq!(b.len(), m, "bias is not [m]");
     }
     let fma = has_fma();
-    let out = SendPtr(y.as_mut_ptr());
+    let g = Gemm { x, w, n, k, m, y: SendPtr(y.as_mut_ptr()) };
     let jobs = m.div_ceil(ROWS_PER_JOB);
     let run = |job: usize| {
         let o0 = job * ROWS_PER_JOB;
         let o1 = (o0 + ROWS_PER_JOB).min(m);
-        let out = out;
         // SAFETY: this job writes only columns o0..o1 of y, which no other job touches, and
         // `y` outlives the parallel loop.
         unsafe {
             if fma {
-                rows_fma(x, w, n, k, m, o0, o1, out.0)
+                rows_fma(g, o0, o1)
             } else {
-                rows_generic(x, w, n, k, m, o0, o1, out.0)
+                rows_generic(g, o0, o1)
             }
         }
     };
@@ -197,17 +214,8 @@ fn has_fma() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_fma<W: Elem>(
-    x: &[f32],
-    w: &[W],
-    n: usize,
-    k: usize,
-    m: usize,
-    o0: usize,
-    o1: usize,
-    y: *mut f32,
-) {
-    rows::<W, true>(x, w, n, k, m, o0, o1, y)
+unsafe fn rows_fma<W: Elem>(g: Gemm<'_, W>, o0: usize, o1: usize) {
+    rows::<W, true>(g, o0, o1)
 }
 
 /// The AVX2 tile: the same sums as [`tile`], one `__m256` accumulator per (row, weight).
@@ -251,44 +259,19 @@ unsafe fn tile_avx<W: Elem, const RX: usize, const RW: usize>(
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn rows_fma<W: Elem>(
-    x: &[f32],
-    w: &[W],
-    n: usize,
-    k: usize,
-    m: usize,
-    o0: usize,
-    o1: usize,
-    y: *mut f32,
-) {
-    rows::<W, false>(x, w, n, k, m, o0, o1, y)
+unsafe fn rows_fma<W: Elem>(g: Gemm<'_, W>, o0: usize, o1: usize) {
+    rows::<W, false>(g, o0, o1)
 }
 
-unsafe fn rows_generic<W: Elem>(
-    x: &[f32],
-    w: &[W],
-    n: usize,
-    k: usize,
-    m: usize,
-    o0: usize,
-    o1: usize,
-    y: *mut f32,
-) {
-    rows::<W, false>(x, w, n, k, m, o0, o1, y)
+unsafe fn rows_generic<W: Elem>(g: Gemm<'_, W>, o0: usize, o1: usize) {
+    rows::<W, false>(g, o0, o1)
 }
 
 /// Computes output columns `o0..o1` for every token row, tile by tile.
 #[inline(always)]
-unsafe fn rows<W: Elem, const FMA: bool>(
-    x: &[f32],
-    w: &[W],
-    n: usize,
-    k: usize,
-    m: usize,
-    o0: usize,
-    o1: usize,
-    y: *mut f32,
-) {
+unsafe fn rows<W: Elem, const FMA: bool>(g: Gemm<'_, W>, o0: usize, o1: usize) {
+    let Gemm { x, w, n, k, m, y } = g;
+    let y = y.get();
     let mut t = 0;
     while t < n {
         let tx = (n - t).min(TX);

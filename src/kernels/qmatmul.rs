@@ -36,7 +36,7 @@ pub struct QMatrix {
 impl QMatrix {
     /// Wraps GGUF blocks of `ty` holding a `[rows, cols]` matrix.
     pub fn from_ggml(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
-        if cols % QK != 0 || ty.bytes_for(rows * cols)? != bytes.len() {
+        if !cols.is_multiple_of(QK) || ty.bytes_for(rows * cols)? != bytes.len() {
             return None;
         }
         let h = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
@@ -174,6 +174,13 @@ struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
+impl SendPtr {
+    /// Taken through a method so closures capture the whole (Send) wrapper.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 const ROWS_PER_JOB: usize = 32;
 
 /// `y[t, o] = Σ_i x[t, i] · w[o, i] (+ bias[o])` with `x` `[n, w.cols]`, `y` `[n, w.rows]`.
@@ -185,13 +192,12 @@ pub fn qlinear(x: &[f32], w: &QMatrix, bias: Option<&[f32]>, n: usize, y: &mut [
     let avx = has_avx2();
     let out = SendPtr(y.as_mut_ptr());
     let run = |job: usize| {
-        let out = out;
         let (o0, o1) = (job * ROWS_PER_JOB, ((job + 1) * ROWS_PER_JOB).min(m));
         for o in o0..o1 {
             for t in 0..n {
                 let v = dot_row(w, o, &acts, t, avx);
                 // SAFETY: t < n and o < m; only this job writes column o.
-                unsafe { *out.0.add(t * m + o) = v };
+                unsafe { *out.get().add(t * m + o) = v };
             }
         }
     };

@@ -54,13 +54,13 @@ impl ModelConfig {
         if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_layers == 0 {
             return fail("num_heads, num_kv_heads and num_layers must be positive".into());
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return fail(format!(
                 "num_heads {} is not a multiple of num_kv_heads {}",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return fail(format!(
                 "head_dim {} must be even and positive",
                 self.head_dim
