@@ -13,7 +13,9 @@ use futures::Stream;
 use ractor::{call, Actor, ActorRef};
 use tokio::sync::{mpsc, watch};
 
-use crate::actors::messages::{CancelReason, PreprocessMsg, SchedulerMsg, SchedulerStats, SubmitError};
+use crate::actors::messages::{
+    CancelReason, PostprocessMsg, PreprocessMsg, SchedulerMsg, SchedulerStats, SubmitError,
+};
 use crate::actors::supervisor::{ModelSupervisor, SupervisorArgs, SupervisorMsg, TreeRefs};
 use crate::error::{Error, Result};
 use crate::model::{KvCache, LoadedModel, ModelConfig};
@@ -183,6 +185,11 @@ impl ModelHandle {
         let drained = ractor::call_t!(self.inner.refs.scheduler, SchedulerMsg::Drain, timeout.as_millis() as u64);
         if drained.is_err() {
             tracing::warn!(model = %self.inner.name, "shutdown: requests still running after {timeout:?}; stopping anyway");
+        }
+        // The scheduler's last outputs may still be on their way through Postprocess: a
+        // round trip through each worker delivers them before the tree stops.
+        for worker in &self.inner.refs.postprocess {
+            let _ = ractor::call_t!(worker, PostprocessMsg::Flush, 2000);
         }
         self.inner.supervisor.stop(Some("shutdown".into()));
     }

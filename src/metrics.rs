@@ -164,7 +164,26 @@ impl Metrics {
     }
 
     /// Records a finished (or refused) request of `model` with `prompts` batch elements.
+    /// As in Triton, a request to the ensemble (or the BLS model) counts for it and for
+    /// its composing model, `tensorrt_llm`.
     pub fn request_done(&self, model: &str, outcome: Outcome, prompts: usize, timing: &RequestTiming, queue: Duration) {
+        self.request_counters(model, outcome, prompts, timing, queue);
+        if model == "ensemble" || model == "tensorrt_llm_bls" {
+            self.request_counters("tensorrt_llm", outcome, prompts, timing, queue);
+        }
+        if outcome == Outcome::Rejected || outcome == Outcome::Other {
+            return;
+        }
+        if let Some(t) = timing.ttft() {
+            self.histogram("inflight_time_to_first_token_seconds", model, t.as_secs_f64());
+        }
+        for gap in &timing.inter_token {
+            self.histogram("inflight_inter_token_latency_seconds", model, gap.as_secs_f64());
+        }
+        self.histogram("inflight_e2e_request_latency_seconds", model, timing.arrived.elapsed().as_secs_f64());
+    }
+
+    fn request_counters(&self, model: &str, outcome: Outcome, prompts: usize, timing: &RequestTiming, queue: Duration) {
         let labels = [("model", model.to_string()), ("version", "1".to_string())];
         match outcome {
             Outcome::Success => self.counter("nv_inference_request_success", &labels, 1),
@@ -186,13 +205,6 @@ impl Metrics {
         let total = timing.arrived.elapsed();
         self.counter("nv_inference_request_duration_us", &labels, total.as_micros() as u64);
         self.counter("nv_inference_queue_duration_us", &labels, queue.as_micros() as u64);
-        if let Some(t) = timing.ttft() {
-            self.histogram("inflight_time_to_first_token_seconds", model, t.as_secs_f64());
-        }
-        for gap in &timing.inter_token {
-            self.histogram("inflight_inter_token_latency_seconds", model, gap.as_secs_f64());
-        }
-        self.histogram("inflight_e2e_request_latency_seconds", model, total.as_secs_f64());
     }
 
     /// Sets the batcher and KV cache gauges from the scheduler's counts (at scrape time).

@@ -188,4 +188,6 @@ pub enum PostprocessMsg {
     Discard { rid: u64 },
     /// One iteration's outputs for this worker's requests.
     Emit(Vec<SeqOutput>),
+    /// Answers once every output queued before it has been delivered (used to drain).
+    Flush(RpcReplyPort<()>),
 }

@@ -74,6 +74,9 @@ impl Actor for Postprocess {
                     emit(state, o);
                 }
             }
+            PostprocessMsg::Flush(reply) => {
+                let _ = reply.send(());
+            }
         }
         Ok(())
     }
@@ -95,7 +98,15 @@ fn emit(state: &mut PostprocessState, output: SeqOutput) {
         SeqOutput::Token { token, log_prob, queued, .. } => {
             let pushed = out.push(&state.tokenizer, token, log_prob, queued);
             if pushed.stop_string {
-                (Some(out.finish(FinishReason::Stop)), true, true)
+                // The token's chunk (text before the stop string) and the final one, as one.
+                let mut last = out.finish(FinishReason::Stop);
+                if let Some(c) = pushed.chunk {
+                    last.text.insert_str(0, &c.text);
+                    last.token_ids.splice(0..0, c.token_ids);
+                    last.log_probs.splice(0..0, c.log_probs);
+                    last.queue_time = last.queue_time.or(c.queue_time);
+                }
+                (Some(last), true, true)
             } else {
                 (pushed.chunk, false, false)
             }

@@ -50,6 +50,7 @@ pub struct SupervisorArgs {
 pub struct TreeRefs {
     pub scheduler: ActorRef<SchedulerMsg>,
     pub preprocess: Vec<ActorRef<PreprocessMsg>>,
+    pub postprocess: Vec<ActorRef<PostprocessMsg>>,
 }
 
 pub enum SupervisorMsg {
@@ -123,7 +124,11 @@ impl Actor for ModelSupervisor {
     async fn handle(&self, _: ActorRef<SupervisorMsg>, msg: SupervisorMsg, state: &mut SupervisorState) -> Result<(), ActorProcessingErr> {
         match msg {
             SupervisorMsg::Refs(reply) => {
-                let _ = reply.send(TreeRefs { scheduler: state.scheduler.clone(), preprocess: state.preprocess.clone() });
+                let _ = reply.send(TreeRefs {
+                    scheduler: state.scheduler.clone(),
+                    preprocess: state.preprocess.clone(),
+                    postprocess: state.postprocess.clone(),
+                });
             }
             SupervisorMsg::InjectEngineFault => state.engine.cast(EngineMsg::InjectFault)?,
         }
