@@ -30,13 +30,27 @@ async fn post_raw(s: &TestServer, path: &str, body: String) -> (u16, Value) {
 
 /// The `data:` payloads of an SSE answer; the stream must end with `[DONE]`.
 async fn stream(s: &TestServer, path: &str, body: Value) -> Vec<Value> {
-    let r = reqwest::Client::new().post(s.url(path)).json(&body).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .post(s.url(path))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
     let text = r.text().await.unwrap();
-    let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
     assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
-    data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).expect("event is JSON")).collect()
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).expect("event is JSON"))
+        .collect()
 }
 
 fn text_of(events: &[Value], index: u64) -> String {
@@ -49,22 +63,49 @@ fn text_of(events: &[Value], index: u64) -> String {
 }
 
 fn prompt_tokens(s: &TestServer, text: &str) -> usize {
-    s.state.model().tokenizer().encode(text, true).unwrap().len()
+    s.state
+        .model()
+        .tokenizer()
+        .encode(text, true)
+        .unwrap()
+        .len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_are_listed_and_looked_up() {
     let s = start_tiny("oai-models", |_| {}).await;
-    let list: Value = reqwest::get(s.url("/v1/models")).await.unwrap().json().await.unwrap();
+    let list: Value = reqwest::get(s.url("/v1/models"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(list["object"], "list");
-    let ids: Vec<&str> = list["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, s.state.served_names());
-    assert!(list["data"].as_array().unwrap().iter().all(|m| m["object"] == "model" && m["owned_by"] == "inflight"));
-    let one: Value = reqwest::get(s.url("/v1/models/ensemble")).await.unwrap().json().await.unwrap();
+    assert!(list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m["object"] == "model" && m["owned_by"] == "inflight"));
+    let one: Value = reqwest::get(s.url("/v1/models/ensemble"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(one["id"], "ensemble");
     let r = reqwest::get(s.url("/v1/models/gpt-4")).await.unwrap();
     assert_eq!(r.status(), 404);
-    assert_eq!(r.json::<Value>().await.unwrap()["error"], "The model `gpt-4` does not exist.");
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"],
+        "The model `gpt-4` does not exist."
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,12 +123,25 @@ async fn completion_counts_tokens_and_streams_the_same_text() {
     assert_eq!(choice["index"], 0);
     assert_eq!(choice["finish_reason"], "length");
     let lp = &choice["logprobs"];
-    let lps: Vec<f64> = lp["token_logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let lps: Vec<f64> = lp["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     assert_eq!(lps.len(), 8);
-    assert!(lps.iter().all(|&l| l <= 0.0) && lps.iter().any(|&l| l < 0.0), "{lps:?}");
+    assert!(
+        lps.iter().all(|&l| l <= 0.0) && lps.iter().any(|&l| l < 0.0),
+        "{lps:?}"
+    );
     assert_eq!(lp["tokens"].as_array().unwrap().len(), 8);
     assert!(lp["top_logprobs"].is_null());
-    let offsets: Vec<u64> = lp["text_offset"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let offsets: Vec<u64> = lp["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
     assert_eq!(offsets[0], 0);
     assert!(offsets.windows(2).all(|w| w[0] <= w[1]));
     assert_eq!(r["usage"]["prompt_tokens"], prompt_tokens(&s, prompt));
@@ -103,12 +157,24 @@ async fn completion_counts_tokens_and_streams_the_same_text() {
     assert!(usage["choices"].as_array().unwrap().is_empty());
     assert_eq!(usage["usage"]["completion_tokens"], 8);
     assert_eq!(usage["usage"]["prompt_tokens"], prompt_tokens(&s, prompt));
-    assert!(chunks.iter().all(|c| c["object"] == "text_completion" && c["usage"].is_null() && c["id"] == chunks[0]["id"]));
-    let reasons: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["finish_reason"]).collect();
+    assert!(chunks.iter().all(|c| c["object"] == "text_completion"
+        && c["usage"].is_null()
+        && c["id"] == chunks[0]["id"]));
+    let reasons: Vec<&Value> = chunks
+        .iter()
+        .map(|c| &c["choices"][0]["finish_reason"])
+        .collect();
     assert!(reasons[..reasons.len() - 1].iter().all(|r| r.is_null()));
     assert_eq!(reasons.last().unwrap().as_str(), Some("length"));
     assert_eq!(text_of(chunks, 0), text);
-    let n: usize = chunks.iter().map(|c| c["choices"][0]["logprobs"]["token_logprobs"].as_array().map_or(0, |a| a.len())).sum();
+    let n: usize = chunks
+        .iter()
+        .map(|c| {
+            c["choices"][0]["logprobs"]["token_logprobs"]
+                .as_array()
+                .map_or(0, |a| a.len())
+        })
+        .sum();
     assert_eq!(n, 8);
 
     // echo puts the prompt first, whole and streamed.
@@ -117,7 +183,10 @@ async fn completion_counts_tokens_and_streams_the_same_text() {
     assert_eq!(r["choices"][0]["text"], format!("{prompt}{text}"));
     let mut echo_stream = echo;
     echo_stream["stream"] = json!(true);
-    assert_eq!(text_of(&stream(&s, "/v1/completions", echo_stream).await, 0), format!("{prompt}{text}"));
+    assert_eq!(
+        text_of(&stream(&s, "/v1/completions", echo_stream).await, 0),
+        format!("{prompt}{text}")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,7 +214,12 @@ async fn batch_prompts_give_one_choice_each() {
     let events = stream(&s, "/v1/completions", streamed).await;
     for (i, c) in choices.iter().enumerate() {
         assert_eq!(text_of(&events, i as u64), c["text"].as_str().unwrap());
-        let finals = events.iter().filter(|e| e["choices"][0]["index"] == i && !e["choices"][0]["finish_reason"].is_null()).count();
+        let finals = events
+            .iter()
+            .filter(|e| {
+                e["choices"][0]["index"] == i && !e["choices"][0]["finish_reason"].is_null()
+            })
+            .count();
         assert_eq!(finals, 1);
     }
 
@@ -154,7 +228,12 @@ async fn batch_prompts_give_one_choice_each() {
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["choices"].as_array().unwrap().len(), 2);
     assert_eq!(r["usage"]["prompt_tokens"], 5);
-    let (status, r) = post(&s, "/v1/completions", json!({"model": "tensorrt_llm", "prompt": [5, 6, 7], "max_tokens": 3, "ignore_eos": true})).await;
+    let (status, r) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": "tensorrt_llm", "prompt": [5, 6, 7], "max_tokens": 3, "ignore_eos": true}),
+    )
+    .await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["usage"]["prompt_tokens"], 3);
 }
@@ -172,10 +251,16 @@ async fn stop_strings_are_trimmed_and_seeds_repeat() {
     let mut with_stop = base.clone();
     with_stop["stop"] = json!([stop, "never appears \u{1F600}"]);
     let (_, r) = post(&s, "/v1/completions", with_stop.clone()).await;
-    assert_eq!(r["choices"][0]["text"], expected, "stop {stop:?} in {full:?}");
+    assert_eq!(
+        r["choices"][0]["text"], expected,
+        "stop {stop:?} in {full:?}"
+    );
     assert_eq!(r["choices"][0]["finish_reason"], "stop");
     with_stop["stream"] = json!(true);
-    assert_eq!(text_of(&stream(&s, "/v1/completions", with_stop).await, 0), expected);
+    assert_eq!(
+        text_of(&stream(&s, "/v1/completions", with_stop).await, 0),
+        expected
+    );
 
     // Same seed, same text, with temperature > 0.
     let mut sampled = base;
@@ -187,7 +272,10 @@ async fn stop_strings_are_trimmed_and_seeds_repeat() {
     let chat = json!({"model": "ensemble", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12, "temperature": 0.9, "seed": 7, "ignore_eos": true});
     let (_, a) = post(&s, "/v1/chat/completions", chat.clone()).await;
     let (_, b) = post(&s, "/v1/chat/completions", chat).await;
-    assert_eq!(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"]);
+    assert_eq!(
+        a["choices"][0]["message"]["content"],
+        b["choices"][0]["message"]["content"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,32 +293,69 @@ async fn chat_uses_the_template_and_streams_deltas() {
     let content = choice["message"]["content"].as_str().unwrap();
     let lps = choice["logprobs"]["content"].as_array().unwrap();
     assert_eq!(lps.len(), 10);
-    assert!(lps.iter().all(|t| t["logprob"].as_f64().unwrap() <= 0.0 && t["top_logprobs"] == json!([]) && t["token"].is_string()));
+    assert!(lps.iter().all(|t| t["logprob"].as_f64().unwrap() <= 0.0
+        && t["top_logprobs"] == json!([])
+        && t["token"].is_string()));
     // The prompt is the ChatML rendering of the messages (text parts joined by newlines).
-    let template = ChatTemplate::new(s.state.model().tokenizer().chat_template().unwrap_or(CHATML_TEMPLATE), "", "").unwrap();
+    let template = ChatTemplate::new(
+        s.state
+            .model()
+            .tokenizer()
+            .chat_template()
+            .unwrap_or(CHATML_TEMPLATE),
+        "",
+        "",
+    )
+    .unwrap();
     let rendered = template
-        .apply(&[ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hello\nthere")], true)
+        .apply(
+            &[
+                ChatMessage::new("system", "Be brief."),
+                ChatMessage::new("user", "Hello\nthere"),
+            ],
+            true,
+        )
         .unwrap();
     assert_eq!(r["usage"]["prompt_tokens"], prompt_tokens(&s, &rendered));
     assert_eq!(r["usage"]["completion_tokens"], 10);
-    assert_eq!(r["usage"]["total_tokens"], prompt_tokens(&s, &rendered) + 10);
+    assert_eq!(
+        r["usage"]["total_tokens"],
+        prompt_tokens(&s, &rendered) + 10
+    );
 
     let mut streamed = body;
     streamed["stream"] = json!(true);
     streamed["stream_options"] = json!({"include_usage": true});
     let events = stream(&s, "/v1/chat/completions", streamed).await;
-    assert!(events.iter().all(|e| e["object"] == "chat.completion.chunk"));
-    assert_eq!(events[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+    assert!(events
+        .iter()
+        .all(|e| e["object"] == "chat.completion.chunk"));
+    assert_eq!(
+        events[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
     let (usage, chunks) = events.split_last().unwrap();
     assert_eq!(usage["usage"]["completion_tokens"], 10);
     assert!(usage["choices"].as_array().unwrap().is_empty());
     let (last, deltas) = chunks.split_last().unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "length");
     assert_eq!(last["choices"][0]["delta"], json!({}));
-    assert!(deltas.iter().all(|d| d["choices"][0]["finish_reason"].is_null()));
-    let joined: String = deltas.iter().map(|d| d["choices"][0]["delta"]["content"].as_str().unwrap_or("")).collect();
+    assert!(deltas
+        .iter()
+        .all(|d| d["choices"][0]["finish_reason"].is_null()));
+    let joined: String = deltas
+        .iter()
+        .map(|d| d["choices"][0]["delta"]["content"].as_str().unwrap_or(""))
+        .collect();
     assert_eq!(joined, content);
-    let streamed_lps: usize = deltas.iter().map(|d| d["choices"][0]["logprobs"]["content"].as_array().map_or(0, |a| a.len())).sum();
+    let streamed_lps: usize = deltas
+        .iter()
+        .map(|d| {
+            d["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .map_or(0, |a| a.len())
+        })
+        .sum();
     assert_eq!(streamed_lps, 10);
 }
 
@@ -238,7 +363,12 @@ async fn chat_uses_the_template_and_streams_deltas() {
 async fn a_failure_mid_stream_is_an_error_event() {
     let s = start_tiny("oai-fault", |_| {}).await;
     let body = json!({"model": "ensemble", "prompt": "x", "max_tokens": 1500, "ignore_eos": true, "stream": true});
-    let r = reqwest::Client::new().post(s.url("/v1/completions")).json(&body).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .post(s.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let mut bytes = r.bytes_stream();
     let first = bytes.next().await.unwrap().unwrap();
@@ -250,10 +380,22 @@ async fn a_failure_mid_stream_is_an_error_event() {
             rest.push_str(&String::from_utf8_lossy(&b.unwrap()));
         }
     };
-    tokio::time::timeout(Duration::from_secs(20), read).await.expect("the stream ends");
-    let last = rest.lines().filter_map(|l| l.strip_prefix("data: ")).last().unwrap();
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("the stream ends");
+    let last = rest
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .next_back()
+        .unwrap();
     let event: Value = serde_json::from_str(last).unwrap();
-    assert!(event["error"]["message"].as_str().unwrap().contains("engine failed"), "{event}");
+    assert!(
+        event["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("engine failed"),
+        "{event}"
+    );
     assert!(!rest.contains("[DONE]"));
 }
 
@@ -294,8 +436,13 @@ async fn malformed_requests_are_4xx_naming_the_field() {
     for (path, body, status, needle) in cases {
         let (got, answer) = post_raw(&s, path, body.clone()).await;
         assert_eq!(got, status, "{path} {body}: {answer}");
-        let message = answer["error"].as_str().unwrap_or_else(|| panic!("{path} {body}: {answer}"));
-        assert!(message.contains(needle), "{path} {body}: {message:?} lacks {needle:?}");
+        let message = answer["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{path} {body}: {answer}"));
+        assert!(
+            message.contains(needle),
+            "{path} {body}: {message:?} lacks {needle:?}"
+        );
     }
     let ready = reqwest::get(s.url("/v2/health/ready")).await.unwrap();
     assert_eq!(ready.status(), 200);

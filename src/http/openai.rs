@@ -39,7 +39,9 @@ pub fn routes() -> Router<AppState> {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The unknown-model error OpenAI gives, as a 404.
@@ -47,12 +49,19 @@ fn check_model(state: &AppState, name: &str) -> ApiResult<()> {
     if state.served_names().iter().any(|n| n == name) {
         Ok(())
     } else {
-        Err(ApiError::NotFound(format!("The model `{name}` does not exist.")))
+        Err(ApiError::NotFound(format!(
+            "The model `{name}` does not exist."
+        )))
     }
 }
 
 fn card(name: &str, created: u64) -> ModelCard<'_> {
-    ModelCard { id: name, object: "model", created, owned_by: "inflight" }
+    ModelCard {
+        id: name,
+        object: "model",
+        created,
+        owned_by: "inflight",
+    }
 }
 
 fn started(state: &AppState) -> u64 {
@@ -63,10 +72,17 @@ async fn list_models(State(state): State<AppState>) -> Response {
     let names = state.served_names();
     let created = started(&state);
     let data = names.iter().map(|n| card(n, created)).collect();
-    Json(ModelList { object: "list", data }).into_response()
+    Json(ModelList {
+        object: "list",
+        data,
+    })
+    .into_response()
 }
 
-async fn get_model(State(state): State<AppState>, Path(model): Path<String>) -> ApiResult<Response> {
+async fn get_model(
+    State(state): State<AppState>,
+    Path(model): Path<String>,
+) -> ApiResult<Response> {
     check_model(&state, &model)?;
     Ok(Json(card(&model, started(&state))).into_response())
 }
@@ -78,7 +94,8 @@ fn context(state: &AppState) -> usize {
 
 /// One SSE `data:` event holding `v` as JSON.
 fn data<T: Serialize>(v: &T) -> Event {
-    let text = serde_json::to_string(v).unwrap_or_else(|e| json!({"error": {"message": e.to_string()}}).to_string());
+    let text = serde_json::to_string(v)
+        .unwrap_or_else(|e| json!({"error": {"message": e.to_string()}}).to_string());
     Event::default().data(text)
 }
 
@@ -163,12 +180,27 @@ async fn completions(State(state): State<AppState>, body: Bytes) -> ApiResult<Re
     };
     let prompts = req.prompts.len();
     let streamed = req.params.stream;
-    let request = Request { id: None, prompts: req.prompts, params: req.params };
+    let request = Request {
+        id: None,
+        prompts: req.prompts,
+        params: req.params,
+    };
     let stream = state.submit(&req.model, request).await?;
     let id = format!("cmpl-{}", stream.id());
-    let meta = Meta { id, model: req.model, created: unix_now() };
+    let meta = Meta {
+        id,
+        model: req.model,
+        created: unix_now(),
+    };
     if streamed {
-        return Ok(sse(stream_completion(state, meta, stream, echoes, req.logprobs.is_some(), req.include_usage)));
+        return Ok(sse(stream_completion(
+            state,
+            meta,
+            stream,
+            echoes,
+            req.logprobs.is_some(),
+            req.include_usage,
+        )));
     }
     let answers = collect(stream, prompts).await?;
     let tok = state.model().tokenizer();
@@ -181,7 +213,12 @@ async fn completions(State(state): State<AppState>, body: Bytes) -> ApiResult<Re
             usage.add(c.prompt_tokens, c.output_tokens);
             let logprobs = req.logprobs.map(|_| completion_logprobs(tok, &c, &mut 0));
             let finish_reason = c.finish_reason.map(finish_reason);
-            CompletionChoice { index, text: echo + &c.text, logprobs, finish_reason }
+            CompletionChoice {
+                index,
+                text: echo + &c.text,
+                logprobs,
+                finish_reason,
+            }
         })
         .collect();
     let answer = Completion {
@@ -204,11 +241,25 @@ struct Meta {
 
 impl Meta {
     fn completion(&self, choices: Vec<CompletionChoice>, usage: Option<Option<Usage>>) -> Event {
-        data(&Completion { id: &self.id, object: "text_completion", created: self.created, model: &self.model, choices, usage })
+        data(&Completion {
+            id: &self.id,
+            object: "text_completion",
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage,
+        })
     }
 
     fn chat_chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Option<Usage>>) -> Event {
-        data(&ChatCompletionChunk { id: &self.id, object: "chat.completion.chunk", created: self.created, model: &self.model, choices, usage })
+        data(&ChatCompletionChunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage,
+        })
     }
 }
 
@@ -267,19 +318,38 @@ async fn chat_completions(State(state): State<AppState>, body: Bytes) -> ApiResu
     let req = chat_request(&body, context(&state))?;
     check_model(&state, &req.model)?;
     let streamed = req.params.stream;
-    let request = Request { id: None, prompts: vec![Prompt::Chat(req.messages)], params: req.params };
+    let request = Request {
+        id: None,
+        prompts: vec![Prompt::Chat(req.messages)],
+        params: req.params,
+    };
     let stream = state.submit(&req.model, request).await?;
-    let meta = Meta { id: format!("chatcmpl-{}", stream.id()), model: req.model, created: unix_now() };
+    let meta = Meta {
+        id: format!("chatcmpl-{}", stream.id()),
+        model: req.model,
+        created: unix_now(),
+    };
     if streamed {
-        return Ok(sse(stream_chat(state, meta, stream, req.logprobs, req.include_usage)));
+        return Ok(sse(stream_chat(
+            state,
+            meta,
+            stream,
+            req.logprobs,
+            req.include_usage,
+        )));
     }
     let c = collect(stream, 1).await?.remove(0);
     let mut usage = Usage::default();
     usage.add(c.prompt_tokens, c.output_tokens);
-    let logprobs = req.logprobs.then(|| chat_logprobs(state.model().tokenizer(), &c));
+    let logprobs = req
+        .logprobs
+        .then(|| chat_logprobs(state.model().tokenizer(), &c));
     let choice = ChatChoice {
         index: 0,
-        message: ChatMessageOut { role: "assistant", content: c.text },
+        message: ChatMessageOut {
+            role: "assistant",
+            content: c.text,
+        },
         logprobs,
         finish_reason: c.finish_reason.map_or("stop", finish_reason),
     };
@@ -302,7 +372,9 @@ fn stream_chat(
     include_usage: bool,
 ) -> impl Stream<Item = Event> + Send + 'static {
     let usage_field: Option<Option<Usage>> = include_usage.then_some(None);
-    let choice = |delta: ChatDelta, logprobs: Option<ChatLogprobs>, finish_reason: Option<&'static str>| ChatChunkChoice {
+    let choice = |delta: ChatDelta,
+                  logprobs: Option<ChatLogprobs>,
+                  finish_reason: Option<&'static str>| ChatChunkChoice {
         index: 0,
         delta,
         logprobs,

@@ -60,9 +60,12 @@ fn wrong_type(field: &str, want: &str, got: &Value) -> ApiError {
 
 impl<'a> Body<'a> {
     fn new(v: &'a Value) -> ApiResult<Self> {
-        v.as_object()
-            .map(Body)
-            .ok_or_else(|| bad(format!("the request body must be a JSON object, got {}", kind_of(v))))
+        v.as_object().map(Body).ok_or_else(|| {
+            bad(format!(
+                "the request body must be a JSON object, got {}",
+                kind_of(v)
+            ))
+        })
     }
 
     /// A present, non-null field.
@@ -91,7 +94,11 @@ impl<'a> Body<'a> {
             None => Ok(None),
             Some(Value::Number(n)) => n
                 .as_i64()
-                .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9e15).map(|f| f as i64))
+                .or_else(|| {
+                    n.as_f64()
+                        .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
+                        .map(|f| f as i64)
+                })
                 .map(Some)
                 .ok_or_else(|| bad(format!("'{key}' must be an integer, got {n}"))),
             Some(v) => Err(wrong_type(key, "an integer", v)),
@@ -101,7 +108,9 @@ impl<'a> Body<'a> {
     /// An integer in `min..=max`.
     fn int_in(&self, key: &str, min: i64, max: i64) -> ApiResult<Option<i64>> {
         match self.int(key)? {
-            Some(v) if v < min || v > max => Err(bad(format!("'{key}' must be between {min} and {max}, got {v}"))),
+            Some(v) if v < min || v > max => Err(bad(format!(
+                "'{key}' must be between {min} and {max}, got {v}"
+            ))),
             v => Ok(v),
         }
     }
@@ -116,9 +125,9 @@ impl<'a> Body<'a> {
 
     /// `model`, required.
     fn model(&self) -> ApiResult<String> {
-        self.string("model")?
-            .map(str::to_owned)
-            .ok_or_else(|| bad("'model' is required: name one of the models GET /v1/models lists".into()))
+        self.string("model")?.map(str::to_owned).ok_or_else(|| {
+            bad("'model' is required: name one of the models GET /v1/models lists".into())
+        })
     }
 
     /// `stream` and `stream_options.include_usage`.
@@ -126,11 +135,15 @@ impl<'a> Body<'a> {
         let stream = self.boolean("stream")?.unwrap_or(false);
         let include_usage = match self.get("stream_options") {
             None => false,
-            Some(_) if !stream => return Err(bad("'stream_options' is only allowed when 'stream' is true".into())),
-            Some(Value::Object(o)) => Body(o).boolean("include_usage").map_err(|_| {
-                bad("'stream_options.include_usage' must be a boolean".into())
-            })?
-            .unwrap_or(false),
+            Some(_) if !stream => {
+                return Err(bad(
+                    "'stream_options' is only allowed when 'stream' is true".into(),
+                ))
+            }
+            Some(Value::Object(o)) => Body(o)
+                .boolean("include_usage")
+                .map_err(|_| bad("'stream_options.include_usage' must be a boolean".into()))?
+                .unwrap_or(false),
             Some(v) => return Err(wrong_type("stream_options", "an object", v)),
         };
         Ok((stream, include_usage))
@@ -143,12 +156,19 @@ impl<'a> Body<'a> {
             Some(Value::String(s)) => vec![s.clone()],
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| wrong_type("stop", "a string or a list of strings", v)))
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| wrong_type("stop", "a string or a list of strings", v))
+                })
                 .collect::<ApiResult<_>>()?,
             Some(v) => return Err(wrong_type("stop", "a string or a list of strings", v)),
         };
         if stops.len() > MAX_STOP {
-            return Err(bad(format!("'stop' takes at most {MAX_STOP} sequences, got {}", stops.len())));
+            return Err(bad(format!(
+                "'stop' takes at most {MAX_STOP} sequences, got {}",
+                stops.len()
+            )));
         }
         Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
     }
@@ -157,7 +177,9 @@ impl<'a> Body<'a> {
     fn only_one(&self, key: &str) -> ApiResult<()> {
         match self.int(key)? {
             None | Some(1) => Ok(()),
-            Some(v) => Err(ApiError::Unsupported(format!("'{key}' must be 1 (one choice per prompt is supported), got {v}"))),
+            Some(v) => Err(ApiError::Unsupported(format!(
+                "'{key}' must be 1 (one choice per prompt is supported), got {v}"
+            ))),
         }
     }
 
@@ -171,14 +193,21 @@ impl<'a> Body<'a> {
             Some(_) => true,
         };
         if set {
-            return Err(ApiError::Unsupported(format!("'{key}' is not supported: {why}")));
+            return Err(ApiError::Unsupported(format!(
+                "'{key}' is not supported: {why}"
+            )));
         }
         Ok(())
     }
 
     /// The sampling fields both endpoints share. `max_tokens` defaults to `default_max`
     /// and must leave room in a context of `context` tokens.
-    fn params(&self, max_keys: &[&str], default_max: usize, context: usize) -> ApiResult<GenerationParams> {
+    fn params(
+        &self,
+        max_keys: &[&str],
+        default_max: usize,
+        context: usize,
+    ) -> ApiResult<GenerationParams> {
         self.only_one("n")?;
         self.only_one("best_of")?;
         self.refuse_if_set("logit_bias", "logits are not biased by this server")?;
@@ -191,7 +220,9 @@ impl<'a> Body<'a> {
                 return Err(bad(format!("'{key}' must be at least 1, got {v}")));
             }
             if v as usize >= context {
-                return Err(bad(format!("'{key}' {v} exceeds the model's context length of {context} tokens")));
+                return Err(bad(format!(
+                    "'{key}' {v} exceeds the model's context length of {context} tokens"
+                )));
             }
             max_tokens = v as usize;
         }
@@ -238,34 +269,54 @@ pub fn completion_request(body: &Value, context: usize) -> ApiResult<CompletionR
     let (_, include_usage) = b.stream()?;
     let mut params = b.params(&["max_tokens"], 16, context)?;
     params.return_log_probs = logprobs.is_some();
-    Ok(CompletionRequest { model, prompts, echo, logprobs, include_usage, params })
+    Ok(CompletionRequest {
+        model,
+        prompts,
+        echo,
+        logprobs,
+        include_usage,
+        params,
+    })
 }
 
 /// `prompt`: a string, a list of strings (a batch), a list of token ids, or a list of
 /// such lists (a batch).
 fn completion_prompts(v: Option<&Value>) -> ApiResult<Vec<Prompt>> {
-    const WANT: &str = "a string, a list of strings, a list of token ids or a list of lists of token ids";
+    const WANT: &str =
+        "a string, a list of strings, a list of token ids or a list of lists of token ids";
     let v = v.ok_or_else(|| bad("'prompt' is required".into()))?;
     let ids = |v: &Value, at: &str| -> ApiResult<Vec<u32>> {
-        let items = v.as_array().ok_or_else(|| wrong_type(at, "a list of token ids", v))?;
+        let items = v
+            .as_array()
+            .ok_or_else(|| wrong_type(at, "a list of token ids", v))?;
         items
             .iter()
             .map(|x| {
                 x.as_u64()
                     .filter(|&i| i <= u32::MAX as u64)
                     .map(|i| i as u32)
-                    .ok_or_else(|| bad(format!("'{at}' must hold non-negative integer token ids, found {x}")))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "'{at}' must hold non-negative integer token ids, found {x}"
+                        ))
+                    })
             })
             .collect()
     };
     let prompts = match v {
         Value::String(s) => vec![Prompt::Text(s.clone())],
-        Value::Array(items) if items.is_empty() => return Err(bad("'prompt' is an empty list".into())),
+        Value::Array(items) if items.is_empty() => {
+            return Err(bad("'prompt' is an empty list".into()))
+        }
         Value::Array(items) => match &items[0] {
             Value::String(_) => items
                 .iter()
                 .enumerate()
-                .map(|(i, x)| x.as_str().map(|s| Prompt::Text(s.to_owned())).ok_or_else(|| wrong_type(&format!("prompt[{i}]"), "a string", x)))
+                .map(|(i, x)| {
+                    x.as_str()
+                        .map(|s| Prompt::Text(s.to_owned()))
+                        .ok_or_else(|| wrong_type(&format!("prompt[{i}]"), "a string", x))
+                })
                 .collect::<ApiResult<_>>()?,
             Value::Number(_) => vec![Prompt::Tokens(ids(v, "prompt")?)],
             Value::Array(_) => items
@@ -273,11 +324,20 @@ fn completion_prompts(v: Option<&Value>) -> ApiResult<Vec<Prompt>> {
                 .enumerate()
                 .map(|(i, x)| ids(x, &format!("prompt[{i}]")).map(Prompt::Tokens))
                 .collect::<ApiResult<_>>()?,
-            other => return Err(wrong_type("prompt[0]", "a string, a token id or a list of token ids", other)),
+            other => {
+                return Err(wrong_type(
+                    "prompt[0]",
+                    "a string, a token id or a list of token ids",
+                    other,
+                ))
+            }
         },
         other => return Err(wrong_type("prompt", WANT, other)),
     };
-    if let Some(i) = prompts.iter().position(|p| matches!(p, Prompt::Tokens(t) if t.is_empty())) {
+    if let Some(i) = prompts
+        .iter()
+        .position(|p| matches!(p, Prompt::Tokens(t) if t.is_empty()))
+    {
         return Err(bad(format!("'prompt[{i}]' is an empty list of token ids")));
     }
     Ok(prompts)
@@ -294,7 +354,9 @@ pub fn chat_request(body: &Value, context: usize) -> ApiResult<ChatRequest> {
     if let Some(f) = b.get("response_format") {
         let kind = f.get("type").and_then(Value::as_str);
         if kind != Some("text") {
-            return Err(ApiError::Unsupported("'response_format' supports only {\"type\": \"text\"}".into()));
+            return Err(ApiError::Unsupported(
+                "'response_format' supports only {\"type\": \"text\"}".into(),
+            ));
         }
     }
     let logprobs = b.boolean("logprobs")?.unwrap_or(false);
@@ -307,23 +369,41 @@ pub fn chat_request(body: &Value, context: usize) -> ApiResult<ChatRequest> {
         }
     }
     let (_, include_usage) = b.stream()?;
-    let mut params = b.params(&["max_completion_tokens", "max_tokens"], context.saturating_sub(1).max(1), context)?;
+    let mut params = b.params(
+        &["max_completion_tokens", "max_tokens"],
+        context.saturating_sub(1).max(1),
+        context,
+    )?;
     params.return_log_probs = logprobs;
-    Ok(ChatRequest { model, messages, logprobs, include_usage, params })
+    Ok(ChatRequest {
+        model,
+        messages,
+        logprobs,
+        include_usage,
+        params,
+    })
 }
 
 fn chat_messages(v: Option<&Value>) -> ApiResult<Vec<ChatMessage>> {
     let v = v.ok_or_else(|| bad("'messages' is required".into()))?;
-    let items = v.as_array().ok_or_else(|| wrong_type("messages", "a list of messages", v))?;
+    let items = v
+        .as_array()
+        .ok_or_else(|| wrong_type("messages", "a list of messages", v))?;
     if items.is_empty() {
         return Err(bad("'messages' must hold at least one message".into()));
     }
-    items.iter().enumerate().map(|(i, m)| chat_message(i, m)).collect()
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| chat_message(i, m))
+        .collect()
 }
 
 fn chat_message(i: usize, m: &Value) -> ApiResult<ChatMessage> {
     let at = format!("messages[{i}]");
-    let obj = m.as_object().ok_or_else(|| wrong_type(&at, "an object with 'role' and 'content'", m))?;
+    let obj = m
+        .as_object()
+        .ok_or_else(|| wrong_type(&at, "an object with 'role' and 'content'", m))?;
     let role = match obj.get("role") {
         Some(Value::String(r)) => r.as_str(),
         None | Some(Value::Null) => return Err(bad(format!("'{at}.role' is required"))),
@@ -333,7 +413,11 @@ fn chat_message(i: usize, m: &Value) -> ApiResult<ChatMessage> {
         "system" | "user" | "assistant" => role,
         // OpenAI's newer name for system instructions; templates know only "system".
         "developer" => "system",
-        "tool" | "function" => return Err(ApiError::Unsupported(format!("'{at}.role' '{role}': tool calling is not supported"))),
+        "tool" | "function" => {
+            return Err(ApiError::Unsupported(format!(
+                "'{at}.role' '{role}': tool calling is not supported"
+            )))
+        }
         other => {
             return Err(bad(format!(
                 "'{at}.role' must be one of system, developer, user, assistant; got '{other}'"
@@ -345,7 +429,13 @@ fn chat_message(i: usize, m: &Value) -> ApiResult<ChatMessage> {
         None | Some(Value::Null) if role == "assistant" => String::new(),
         None | Some(Value::Null) => return Err(bad(format!("'{at}.content' is required"))),
         Some(Value::Array(parts)) => text_parts(&at, parts)?,
-        Some(v) => return Err(wrong_type(&format!("{at}.content"), "a string or a list of content parts", v)),
+        Some(v) => {
+            return Err(wrong_type(
+                &format!("{at}.content"),
+                "a string or a list of content parts",
+                v,
+            ))
+        }
     };
     Ok(ChatMessage::new(role, content))
 }
@@ -360,7 +450,9 @@ fn text_parts(at: &str, parts: &[Value]) -> ApiResult<String> {
             (Some("text"), Some(Value::String(t))) => texts.push(t.as_str()),
             (Some("text"), _) => return Err(bad(format!("'{here}.text' must be a string"))),
             (Some(other), _) => {
-                return Err(ApiError::Unsupported(format!("'{here}': content parts of type '{other}' are not supported, only 'text'")))
+                return Err(ApiError::Unsupported(format!(
+                    "'{here}': content parts of type '{other}' are not supported, only 'text'"
+                )))
             }
             (None, _) => return Err(bad(format!("'{here}' must be an object with a 'type'"))),
         }
@@ -518,7 +610,10 @@ mod tests {
         assert_eq!(p(json!("hi")).unwrap(), vec![Prompt::Text("hi".into())]);
         assert_eq!(p(json!(["a", "b"])).unwrap().len(), 2);
         assert_eq!(p(json!([1, 2])).unwrap(), vec![Prompt::Tokens(vec![1, 2])]);
-        assert_eq!(p(json!([[1], [2, 3]])).unwrap(), vec![Prompt::Tokens(vec![1]), Prompt::Tokens(vec![2, 3])]);
+        assert_eq!(
+            p(json!([[1], [2, 3]])).unwrap(),
+            vec![Prompt::Tokens(vec![1]), Prompt::Tokens(vec![2, 3])]
+        );
         assert!(err(p(json!(["a", 1]))).contains("prompt[1]"));
         assert!(err(p(json!([1, -2]))).contains("prompt"));
         assert!(err(p(json!([]))).contains("empty"));
@@ -527,7 +622,11 @@ mod tests {
 
     #[test]
     fn completion_fields() {
-        let r = completion_request(&json!({"model": "m", "prompt": "x", "stop": "\n", "seed": -1, "top_k": -1}), 100).unwrap();
+        let r = completion_request(
+            &json!({"model": "m", "prompt": "x", "stop": "\n", "seed": -1, "top_k": -1}),
+            100,
+        )
+        .unwrap();
         assert_eq!(r.params.max_tokens, 16);
         assert_eq!(r.params.temperature, 1.0);
         assert_eq!(r.params.stop_strings, vec!["\n"]);
@@ -541,9 +640,17 @@ mod tests {
         assert!(e(json!({"model": "m", "prompt": "x", "max_tokens": -3})).contains("'max_tokens'"));
         assert!(e(json!({"model": "m", "prompt": "x", "n": 2})).contains("'n'"));
         assert!(e(json!({"model": "m", "prompt": "x", "logprobs": 6})).contains("'logprobs'"));
-        assert!(e(json!({"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]})).contains("'stop'"));
-        assert!(e(json!({"model": "m", "prompt": "x", "stream_options": {"include_usage": true}})).contains("'stream_options'"));
-        assert!(e(json!({"model": "m", "prompt": "x", "temperature": "hot"})).contains("'temperature'"));
+        assert!(
+            e(json!({"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}))
+                .contains("'stop'")
+        );
+        assert!(
+            e(json!({"model": "m", "prompt": "x", "stream_options": {"include_usage": true}}))
+                .contains("'stream_options'")
+        );
+        assert!(
+            e(json!({"model": "m", "prompt": "x", "temperature": "hot"})).contains("'temperature'")
+        );
     }
 
     #[test]
@@ -560,11 +667,18 @@ mod tests {
         assert_eq!(r.params.max_tokens, 99);
         let e = |v: Value| err(chat_request(&v, 100));
         assert!(e(json!({"model": "m", "messages": []})).contains("'messages'"));
-        assert!(e(json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]})).contains("messages[0].role"));
-        assert!(e(json!({"model": "m", "messages": [{"role": "user"}]})).contains("messages[0].content"));
+        assert!(
+            e(json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}))
+                .contains("messages[0].role")
+        );
+        assert!(e(json!({"model": "m", "messages": [{"role": "user"}]}))
+            .contains("messages[0].content"));
         let image = json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]});
         assert!(e(image).contains("image_url"));
-        assert!(e(json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})).contains("top_logprobs"));
+        assert!(e(
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})
+        )
+        .contains("top_logprobs"));
         assert!(e(json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0})).contains("max_completion_tokens"));
     }
 }
