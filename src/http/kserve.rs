@@ -24,9 +24,11 @@ use serde_json::{json, Map, Value};
 
 use super::fields::{build_request, request_id, Fields};
 use super::tensors::{self, Data, DataType, InferRequest, Output, Tensor};
-use DataType::{Bool, Bytes as Str, F32, I32, U64};
-use super::{versioned_get, versioned_post, ApiError, ApiResult, AppState, ModelKind, BLS, CORE, ENSEMBLE};
+use super::{
+    versioned_get, versioned_post, ApiError, ApiResult, AppState, ModelKind, BLS, CORE, ENSEMBLE,
+};
 use crate::request::Chunk;
+use DataType::{Bool, Bytes as Str, F32, I32, U64};
 
 pub fn routes() -> Router<AppState> {
     let r = Router::new()
@@ -65,18 +67,36 @@ fn served(state: &AppState, p: &ModelPath) -> ApiResult<ModelKind> {
     let kind = state.kind(&p.model)?;
     match p.version.as_deref() {
         None | Some("") | Some("1") => Ok(kind),
-        Some(v) => Err(ApiError::BadRequest(format!("Request for unknown model: '{}' version {v} is not found", p.model))),
+        Some(v) => Err(ApiError::BadRequest(format!(
+            "Request for unknown model: '{}' version {v} is not found",
+            p.model
+        ))),
     }
 }
 
 async fn server_metadata() -> Json<Value> {
-    let extensions = ["binary_tensor_data", "model_configuration", "statistics", "parameters", "generate"];
-    Json(json!({"name": "inflight", "version": env!("CARGO_PKG_VERSION"), "extensions": extensions}))
+    let extensions = [
+        "binary_tensor_data",
+        "model_configuration",
+        "statistics",
+        "parameters",
+        "generate",
+    ];
+    Json(
+        json!({"name": "inflight", "version": env!("CARGO_PKG_VERSION"), "extensions": extensions}),
+    )
 }
 
-async fn model_ready(State(state): State<AppState>, Path(p): Path<ModelPath>) -> ApiResult<StatusCode> {
+async fn model_ready(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+) -> ApiResult<StatusCode> {
     served(&state, &p)?;
-    Ok(if state.model().is_ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE })
+    Ok(if state.model().is_ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    })
 }
 
 /// One tensor a model declares. `listed: false` marks an alias or a value-checked option
@@ -90,13 +110,31 @@ struct Spec {
 }
 
 const fn req(name: &'static str, dt: DataType, dims: &'static [i64]) -> Spec {
-    Spec { name, dt, dims, optional: false, listed: true }
+    Spec {
+        name,
+        dt,
+        dims,
+        optional: false,
+        listed: true,
+    }
 }
 const fn opt(name: &'static str, dt: DataType) -> Spec {
-    Spec { name, dt, dims: &[1], optional: true, listed: true }
+    Spec {
+        name,
+        dt,
+        dims: &[1],
+        optional: true,
+        listed: true,
+    }
 }
 const fn alias(name: &'static str, dt: DataType) -> Spec {
-    Spec { name, dt, dims: &[1], optional: true, listed: false }
+    Spec {
+        name,
+        dt,
+        dims: &[1],
+        optional: true,
+        listed: false,
+    }
 }
 
 /// Inputs every model shares (TRT-LLM's names; `ignore_eos`, `stop_after_ms` are ours).
@@ -127,8 +165,14 @@ const COMMON_INPUTS: &[Spec] = &[
 const TEXT_INPUTS: &[Spec] = &[
     req("text_input", Str, &[1]),
     req("max_tokens", I32, &[1]),
-    Spec { optional: true, ..req("bad_words", Str, &[-1]) },
-    Spec { optional: true, ..req("stop_words", Str, &[-1]) },
+    Spec {
+        optional: true,
+        ..req("bad_words", Str, &[-1])
+    },
+    Spec {
+        optional: true,
+        ..req("stop_words", Str, &[-1])
+    },
     opt("top_k", I32),
     opt("top_p", F32),
     opt("length_penalty", F32),
@@ -208,7 +252,10 @@ fn with_batch(dims: &[i64]) -> Vec<i64> {
     std::iter::once(-1).chain(dims.iter().copied()).collect()
 }
 
-async fn model_metadata(State(state): State<AppState>, Path(p): Path<ModelPath>) -> ApiResult<Json<Value>> {
+async fn model_metadata(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+) -> ApiResult<Json<Value>> {
     let kind = served(&state, &p)?;
     let ins: Vec<Value> = inputs(kind)
         .filter(|s| s.listed)
@@ -218,12 +265,21 @@ async fn model_metadata(State(state): State<AppState>, Path(p): Path<ModelPath>)
         .iter()
         .map(|(n, dt, dims)| json!({"name": n, "datatype": dt.name(), "shape": with_batch(dims)}))
         .collect();
-    Ok(Json(json!({"name": p.model, "versions": ["1"], "platform": platform(&p.model).0, "inputs": ins, "outputs": outs})))
+    Ok(Json(
+        json!({"name": p.model, "versions": ["1"], "platform": platform(&p.model).0, "inputs": ins, "outputs": outs}),
+    ))
 }
 
-async fn model_config(State(state): State<AppState>, Path(p): Path<ModelPath>) -> ApiResult<Json<Value>> {
+async fn model_config(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+) -> ApiResult<Json<Value>> {
     let kind = served(&state, &p)?;
-    let stats = state.model().stats().await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    let stats = state
+        .model()
+        .stats()
+        .await
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
     let ins: Vec<Value> = inputs(kind)
         .filter(|s| s.listed)
         .map(|s| {
@@ -247,12 +303,24 @@ async fn model_config(State(state): State<AppState>, Path(p): Path<ModelPath>) -
     if p.model == ENSEMBLE {
         // perf_analyzer walks the steps and fetches each composing model's config and
         // stats. Tokenizing happens inside, so the one step is the core model.
-        let input_map: Map<String, Value> = [("request_output_len", "max_tokens"), ("runtime_top_k", "top_k"), ("runtime_top_p", "top_p")]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), json!(v)))
-            .chain(COMMON_INPUTS.iter().filter(|s| s.listed).map(|s| (s.name.to_string(), json!(s.name))))
+        let input_map: Map<String, Value> = [
+            ("request_output_len", "max_tokens"),
+            ("runtime_top_k", "top_k"),
+            ("runtime_top_p", "top_p"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .chain(
+            COMMON_INPUTS
+                .iter()
+                .filter(|s| s.listed)
+                .map(|s| (s.name.to_string(), json!(s.name))),
+        )
+        .collect();
+        let output_map: Map<String, Value> = TEXT_OUTPUTS[1..]
+            .iter()
+            .map(|(n, ..)| (n.to_string(), json!(n)))
             .collect();
-        let output_map: Map<String, Value> = TEXT_OUTPUTS[1..].iter().map(|(n, ..)| (n.to_string(), json!(n))).collect();
         let step = json!({"model_name": CORE, "model_version": -1, "input_map": input_map, "output_map": output_map});
         config["ensemble_scheduling"] = json!({"step": [step]});
     } else {
@@ -262,30 +330,56 @@ async fn model_config(State(state): State<AppState>, Path(p): Path<ModelPath>) -
 }
 
 /// `POST /v2/models/{model}/infer`.
-async fn infer(State(state): State<AppState>, Path(p): Path<ModelPath>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+async fn infer(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
     let kind = served(&state, &p)?;
     let model = p.model.as_str();
-    if let Some(enc) = headers.get(CONTENT_ENCODING).filter(|e| e.as_bytes() != b"identity") {
-        return Err(ApiError::Unsupported(format!("Content-Encoding {enc:?} is not supported; send the body uncompressed")));
+    if let Some(enc) = headers
+        .get(CONTENT_ENCODING)
+        .filter(|e| e.as_bytes() != b"identity")
+    {
+        return Err(ApiError::Unsupported(format!(
+            "Content-Encoding {enc:?} is not supported; send the body uncompressed"
+        )));
     }
     let req = tensors::decode_request(&body, headers.get(tensors::HEADER_LENGTH))?;
     if let Some(k) = req.parameters.keys().find(|k| k.starts_with("triton_")) {
-        return Err(ApiError::BadRequest(format!("request parameter '{k}': names starting with 'triton_' are reserved")));
+        return Err(ApiError::BadRequest(format!(
+            "request parameter '{k}': names starting with 'triton_' are reserved"
+        )));
     }
     let wanted = select_outputs(model, kind, &req)?;
     let object = Value::Object(field_object(model, kind, &req)?);
     let fields = Fields::new(&object)?;
     if fields.bool(&["stop"])? == Some(true) {
         // TRT-LLM's stop request: cancel the request with this id, answer with no outputs.
-        let id = request_id(&fields)?
-            .ok_or_else(|| ApiError::BadRequest("Trying to stop a request but request ID is not provided".into()))?;
+        let id = request_id(&fields)?.ok_or_else(|| {
+            ApiError::BadRequest("Trying to stop a request but request ID is not provided".into())
+        })?;
         state.model().cancel(&id);
-        return Ok(Json(json!({"model_name": model, "model_version": "1", "id": id, "outputs": []})).into_response());
+        return Ok(Json(
+            json!({"model_name": model, "model_version": "1", "id": id, "outputs": []}),
+        )
+        .into_response());
     }
-    if let Some(missing) = inputs(kind).find(|s| !s.optional && fields.get(s.name).is_none() && !alias_present(&fields, s.name)) {
-        return Err(ApiError::BadRequest(format!("missing required input '{}' for model '{model}'", missing.name)));
+    if let Some(missing) = inputs(kind)
+        .find(|s| !s.optional && fields.get(s.name).is_none() && !alias_present(&fields, s.name))
+    {
+        return Err(ApiError::BadRequest(format!(
+            "missing required input '{}' for model '{model}'",
+            missing.name
+        )));
     }
-    let mut request = build_request(&fields, kind, state.model().tokenizer(), state.model().config().max_position_embeddings)?;
+    let mut request = build_request(
+        &fields,
+        kind,
+        state.model().tokenizer(),
+        state.model().config().max_position_embeddings,
+    )?;
     request.params.stream = false;
     let pad = request.params.pad_id.or(request.params.end_id).unwrap_or(0);
     let logprobs = request.params.return_log_probs;
@@ -295,7 +389,10 @@ async fn infer(State(state): State<AppState>, Path(p): Path<ModelPath>, headers:
         return Err(ApiError::Unavailable(err));
     }
     let answers = per_prompt(chunks, prompts);
-    let outputs = wanted.into_iter().map(|(spec, binary)| output(spec, binary, &answers, pad, logprobs)).collect();
+    let outputs = wanted
+        .into_iter()
+        .map(|(spec, binary)| output(spec, binary, &answers, pad, logprobs))
+        .collect();
     let mut head = Map::new();
     head.insert("model_name".into(), json!(model));
     head.insert("model_version".into(), json!("1"));
@@ -311,7 +408,11 @@ fn alias_present(fields: &Fields<'_>, name: &str) -> bool {
 }
 
 /// The outputs to send and whether each is binary: those asked for, else all of them.
-fn select_outputs(model: &str, kind: ModelKind, req: &InferRequest) -> ApiResult<Vec<(&'static OutSpec, bool)>> {
+fn select_outputs(
+    model: &str,
+    kind: ModelKind,
+    req: &InferRequest,
+) -> ApiResult<Vec<(&'static OutSpec, bool)>> {
     let default = req.binary_output()?;
     let Some(asked) = &req.outputs else {
         return Ok(outputs(kind).iter().map(|s| (s, default)).collect());
@@ -319,9 +420,15 @@ fn select_outputs(model: &str, kind: ModelKind, req: &InferRequest) -> ApiResult
     asked
         .iter()
         .map(|o| {
-            let spec = outputs(kind).iter().find(|s| s.0 == o.name).ok_or_else(|| {
-                ApiError::BadRequest(format!("unexpected inference output '{}' for model '{model}'", o.name))
-            })?;
+            let spec = outputs(kind)
+                .iter()
+                .find(|s| s.0 == o.name)
+                .ok_or_else(|| {
+                    ApiError::BadRequest(format!(
+                        "unexpected inference output '{}' for model '{model}'",
+                        o.name
+                    ))
+                })?;
             Ok((spec, o.binary.unwrap_or(default)))
         })
         .collect()
@@ -339,9 +446,12 @@ fn field_object(model: &str, kind: ModelKind, req: &InferRequest) -> ApiResult<M
         _ => None,
     };
     for t in &req.inputs {
-        let spec = inputs(kind)
-            .find(|s| s.name == t.name)
-            .ok_or_else(|| ApiError::BadRequest(format!("unexpected inference input '{}' for model '{model}'", t.name)))?;
+        let spec = inputs(kind).find(|s| s.name == t.name).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "unexpected inference input '{}' for model '{model}'",
+                t.name
+            ))
+        })?;
         if t.datatype != spec.dt {
             return Err(ApiError::BadRequest(format!(
                 "inference input '{}' data-type is '{}', but model '{model}' expects '{}'",
@@ -351,7 +461,10 @@ fn field_object(model: &str, kind: ModelKind, req: &InferRequest) -> ApiResult<M
             )));
         }
         if object.contains_key(&t.name) {
-            return Err(ApiError::BadRequest(format!("input '{}' is given more than once", t.name)));
+            return Err(ApiError::BadRequest(format!(
+                "input '{}' is given more than once",
+                t.name
+            )));
         }
         let rows = rows(model, spec, t)?;
         let value = match t.name.as_str() {
@@ -368,8 +481,16 @@ fn field_object(model: &str, kind: ModelKind, req: &InferRequest) -> ApiResult<M
 /// A tensor's rows (its first dimension is the batch), checked against the model's dims.
 /// A tensor without the batch dimension is one row.
 fn rows(model: &str, spec: &Spec, t: &Tensor) -> ApiResult<Vec<Vec<Value>>> {
-    let inner = if t.shape.len() == spec.dims.len() + 1 { &t.shape[1..] } else { &t.shape[..] };
-    let fits = inner.len() == spec.dims.len() && inner.iter().zip(spec.dims).all(|(&d, &want)| want < 0 || d as i64 == want);
+    let inner = if t.shape.len() == spec.dims.len() + 1 {
+        &t.shape[1..]
+    } else {
+        &t.shape[..]
+    };
+    let fits = inner.len() == spec.dims.len()
+        && inner
+            .iter()
+            .zip(spec.dims)
+            .all(|(&d, &want)| want < 0 || d as i64 == want);
     if !fits {
         return Err(ApiError::BadRequest(format!(
             "unexpected shape for input '{}' for model '{model}'. Expected {:?}, got {:?}",
@@ -378,20 +499,36 @@ fn rows(model: &str, spec: &Spec, t: &Tensor) -> ApiResult<Vec<Vec<Value>>> {
             t.shape
         )));
     }
-    let batch = if inner.len() < t.shape.len() { t.shape[0] } else { 1 };
+    let batch = if inner.len() < t.shape.len() {
+        t.shape[0]
+    } else {
+        1
+    };
     if batch == 0 {
-        return Err(ApiError::BadRequest(format!("input '{}' has a batch of 0 rows", t.name)));
+        return Err(ApiError::BadRequest(format!(
+            "input '{}' has a batch of 0 rows",
+            t.name
+        )));
     }
     if let Data::Float(v) = &t.data {
         if v.iter().any(|x| !x.is_finite()) {
-            return Err(ApiError::BadRequest(format!("input '{}' holds a value that is not finite", t.name)));
+            return Err(ApiError::BadRequest(format!(
+                "input '{}' holds a value that is not finite",
+                t.name
+            )));
         }
     }
     let values = (0..t.data.len())
-        .map(|i| t.data.json(i).map_err(|m| ApiError::BadRequest(format!("input '{}': {m}", t.name))))
+        .map(|i| {
+            t.data
+                .json(i)
+                .map_err(|m| ApiError::BadRequest(format!("input '{}': {m}", t.name)))
+        })
         .collect::<ApiResult<Vec<_>>>()?;
     let width = values.len() / batch;
-    Ok((0..batch).map(|r| values[r * width..(r + 1) * width].to_vec()).collect())
+    Ok((0..batch)
+        .map(|r| values[r * width..(r + 1) * width].to_vec())
+        .collect())
 }
 
 /// Every row must carry the same value: one request has one set of parameters.
@@ -403,22 +540,39 @@ fn one_row(name: &str, mut rows: Vec<Vec<Value>>) -> ApiResult<Value> {
         )));
     }
     let mut row = rows.swap_remove(0);
-    Ok(if row.len() == 1 { row.remove(0) } else { Value::Array(row) })
+    Ok(if row.len() == 1 {
+        row.remove(0)
+    } else {
+        Value::Array(row)
+    })
 }
 
 /// Each row of `input_ids` cut to its `input_lengths` entry (rows may be padded).
 fn trim_ids(rows: Vec<Vec<Value>>, lengths: Option<&[Vec<Value>]>) -> ApiResult<Vec<Value>> {
-    let Some(lengths) = lengths else { return Ok(rows.into_iter().map(Value::Array).collect()) };
+    let Some(lengths) = lengths else {
+        return Ok(rows.into_iter().map(Value::Array).collect());
+    };
     if lengths.len() != rows.len() {
-        return Err(ApiError::BadRequest(format!("input_lengths has {} rows but input_ids has {}", lengths.len(), rows.len())));
+        return Err(ApiError::BadRequest(format!(
+            "input_lengths has {} rows but input_ids has {}",
+            lengths.len(),
+            rows.len()
+        )));
     }
     rows.into_iter()
         .zip(lengths)
         .enumerate()
         .map(|(i, (mut row, len))| {
-            let n = len[0].as_u64().filter(|&n| n as usize <= row.len()).ok_or_else(|| {
-                ApiError::BadRequest(format!("input_lengths row {i} is {} but input_ids row {i} holds {} ids", len[0], row.len()))
-            })?;
+            let n = len[0]
+                .as_u64()
+                .filter(|&n| n as usize <= row.len())
+                .ok_or_else(|| {
+                    ApiError::BadRequest(format!(
+                        "input_lengths row {i} is {} but input_ids row {i} holds {} ids",
+                        len[0],
+                        row.len()
+                    ))
+                })?;
             row.truncate(n as usize);
             Ok(Value::Array(row))
         })
@@ -444,9 +598,19 @@ fn per_prompt(chunks: Vec<Chunk>, prompts: usize) -> Vec<Chunk> {
 fn output(spec: &OutSpec, binary: bool, answers: &[Chunk], pad: u32, logprobs: bool) -> Output {
     let b = answers.len();
     let longest = answers.iter().map(|a| a.token_ids.len()).max().unwrap_or(0);
-    let ints = |f: &dyn Fn(usize, &Chunk) -> i128| Data::Int(answers.iter().enumerate().map(|(i, a)| f(i, a)).collect());
+    let ints = |f: &dyn Fn(usize, &Chunk) -> i128| {
+        Data::Int(answers.iter().enumerate().map(|(i, a)| f(i, a)).collect())
+    };
     let (shape, data) = match spec.0 {
-        "text_output" => (vec![b, 1], Data::Bytes(answers.iter().map(|a| a.text.clone().into_bytes()).collect())),
+        "text_output" => (
+            vec![b, 1],
+            Data::Bytes(
+                answers
+                    .iter()
+                    .map(|a| a.text.clone().into_bytes())
+                    .collect(),
+            ),
+        ),
         "output_ids" => {
             let ids = answers.iter().flat_map(|a| {
                 let fill = std::iter::repeat_n(pad, longest - a.token_ids.len());
@@ -455,23 +619,37 @@ fn output(spec: &OutSpec, binary: bool, answers: &[Chunk], pad: u32, logprobs: b
             (vec![b, 1, longest], Data::Int(ids.collect()))
         }
         "output_log_probs" => {
+            // Zeros when not asked for, as TRT-LLM sends; every row padded to `longest`.
             let lps = answers.iter().flat_map(|a| {
-                let real = if logprobs { a.log_probs.clone() } else { Vec::new() };
-                let fill = std::iter::repeat_n(0.0, longest - real.len());
-                real.into_iter().map(f64::from).chain(fill)
+                let real = if logprobs { &a.log_probs[..] } else { &[] };
+                let row = real
+                    .iter()
+                    .map(|&l| f64::from(l))
+                    .chain(std::iter::repeat(0.0));
+                row.take(longest)
             });
             (vec![b, 1, longest], Data::Float(lps.collect()))
         }
         "cum_log_probs" => {
-            let cum = answers.iter().map(|a| a.cum_log_prob.filter(|_| logprobs).unwrap_or(0.0) as f64);
+            let cum = answers
+                .iter()
+                .map(|a| a.cum_log_prob.filter(|_| logprobs).unwrap_or(0.0) as f64);
             (vec![b, 1], Data::Float(cum.collect()))
         }
-        "sequence_length" | "num_output_tokens" => (vec![b, 1], ints(&|_, a| a.token_ids.len() as i128)),
+        "sequence_length" | "num_output_tokens" => {
+            (vec![b, 1], ints(&|_, a| a.token_ids.len() as i128))
+        }
         "num_input_tokens" => (vec![b, 1], ints(&|_, a| a.prompt_tokens as i128)),
         "batch_index" => (vec![b, 1], ints(&|i, _| i as i128)),
         _ => (vec![b, 1], ints(&|_, _| 0)),
     };
-    Output { name: spec.0.to_string(), datatype: spec.1, shape, data, binary }
+    Output {
+        name: spec.0.to_string(),
+        datatype: spec.1,
+        shape,
+        data,
+        binary,
+    }
 }
 
 async fn all_stats(State(state): State<AppState>) -> ApiResult<Json<Value>> {
@@ -481,7 +659,10 @@ async fn all_stats(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     stats(&state, &names).await
 }
 
-async fn model_stats(State(state): State<AppState>, Path(p): Path<ModelPath>) -> ApiResult<Json<Value>> {
+async fn model_stats(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+) -> ApiResult<Json<Value>> {
     served(&state, &p)?;
     stats(&state, &[p.model]).await
 }
@@ -504,7 +685,12 @@ struct Counts {
 /// request; `last_inference` is not recorded and reads 0.
 async fn stats(state: &AppState, names: &[String]) -> ApiResult<Json<Value>> {
     let counts = counts(&state.metrics().render());
-    let iterations = state.model().stats().await.map(|s| s.iteration).unwrap_or(0);
+    let iterations = state
+        .model()
+        .stats()
+        .await
+        .map(|s| s.iteration)
+        .unwrap_or(0);
     let none = Counts::default();
     let model_stats: Vec<Value> = names
         .iter()
@@ -513,7 +699,11 @@ async fn stats(state: &AppState, names: &[String]) -> ApiResult<Json<Value>> {
             let ran = c.success + c.failed_running;
             let stat = |count: u64, us: u64| json!({"count": count, "ns": us.saturating_mul(1000)});
             // Every engine iteration is one execution of the core model; the others run once per request.
-            let executions = if name == CORE { iterations.max(ran) } else { ran };
+            let executions = if name == CORE {
+                iterations.max(ran)
+            } else {
+                ran
+            };
             json!({
                 "name": name, "version": "1", "last_inference": 0,
                 "inference_count": c.inferences, "execution_count": executions,
@@ -538,8 +728,12 @@ async fn stats(state: &AppState, names: &[String]) -> ApiResult<Json<Value>> {
 fn counts(text: &str) -> HashMap<String, Counts> {
     let mut out: HashMap<String, Counts> = HashMap::new();
     for line in text.lines().filter(|l| l.starts_with("nv_inference_")) {
-        let Some((name, labels, value)) = sample(line) else { continue };
-        let Some(model) = labels.get("model") else { continue };
+        let Some((name, labels, value)) = sample(line) else {
+            continue;
+        };
+        let Some(model) = labels.get("model") else {
+            continue;
+        };
         let c = out.entry(model.clone()).or_default();
         let v = value as u64;
         match name {
@@ -566,7 +760,11 @@ fn sample(line: &str) -> Option<(&str, HashMap<String, String>, f64)> {
     if rest.starts_with('{') {
         chars.next();
         loop {
-            let key: String = chars.by_ref().map(|(_, c)| c).take_while(|&c| c != '=').collect();
+            let key: String = chars
+                .by_ref()
+                .map(|(_, c)| c)
+                .take_while(|&c| c != '=')
+                .collect();
             if chars.next().map(|(_, c)| c) != Some('"') {
                 return None;
             }
@@ -602,7 +800,9 @@ mod tests {
 
     #[test]
     fn reads_prometheus_samples() {
-        let (name, labels, v) = sample(r#"nv_inference_request_failure{model="a\"b",version="1",reason="CANCELED"} 3"#).unwrap();
+        let (name, labels, v) =
+            sample(r#"nv_inference_request_failure{model="a\"b",version="1",reason="CANCELED"} 3"#)
+                .unwrap();
         assert_eq!(name, "nv_inference_request_failure");
         assert_eq!(labels["model"], "a\"b");
         assert_eq!(labels["reason"], "CANCELED");
@@ -612,7 +812,10 @@ mod tests {
                     nv_inference_request_failure{model=\"ensemble\",version=\"1\",reason=\"REJECTED\"} 1\n\
                     nv_inference_count{model=\"ensemble\",version=\"1\"} 4\n";
         let c = &counts(text)["ensemble"];
-        assert_eq!((c.success, c.failed_early, c.failed_running, c.inferences), (2, 1, 0, 4));
+        assert_eq!(
+            (c.success, c.failed_early, c.failed_running, c.inferences),
+            (2, 1, 0, 4)
+        );
     }
 
     #[test]
@@ -622,7 +825,11 @@ mod tests {
             let mut unique = names.clone();
             unique.sort();
             unique.dedup();
-            assert_eq!(unique.len(), names.len(), "duplicate input names in {kind:?}");
+            assert_eq!(
+                unique.len(),
+                names.len(),
+                "duplicate input names in {kind:?}"
+            );
         }
         assert_eq!(IDS_INPUTS[1].name, "input_lengths");
     }

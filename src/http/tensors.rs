@@ -61,7 +61,9 @@ impl DataType {
 
     /// The protocol name (`INT32`).
     pub fn name(self) -> &'static str {
-        ALL.iter().find(|(d, _)| *d == self).map_or("BYTES", |(_, n)| n)
+        ALL.iter()
+            .find(|(d, _)| *d == self)
+            .map_or("BYTES", |(_, n)| n)
     }
 
     /// The model-configuration name (`TYPE_INT32`; BYTES is `TYPE_STRING` there).
@@ -132,7 +134,8 @@ impl Data {
             Data::Int(v) if v[i] < 0 => json!(v[i] as i64),
             Data::Int(v) => json!(v[i] as u64),
             Data::Float(v) => json!(v[i]),
-            Data::Bytes(v) => json!(std::str::from_utf8(&v[i]).map_err(|_| format!("element {i} is not valid UTF-8"))?),
+            Data::Bytes(v) => json!(std::str::from_utf8(&v[i])
+                .map_err(|_| format!("element {i} is not valid UTF-8"))?),
         })
     }
 }
@@ -169,7 +172,9 @@ impl InferRequest {
         match self.parameters.get("binary_data_output") {
             None | Some(Value::Null) => Ok(false),
             Some(Value::Bool(b)) => Ok(*b),
-            Some(_) => Err(bad("request parameter 'binary_data_output' must be a boolean".into())),
+            Some(_) => Err(bad(
+                "request parameter 'binary_data_output' must be a boolean".into(),
+            )),
         }
     }
 }
@@ -180,37 +185,20 @@ fn bad(m: String) -> ApiError {
 
 /// Splits and decodes a body. `header_length` is `Inference-Header-Content-Length`.
 pub fn decode_request(body: &[u8], header_length: Option<&HeaderValue>) -> ApiResult<InferRequest> {
-    let json_len = match header_length {
-        None => body.len(),
-        Some(h) => {
-            let n: usize = h
-                .to_str()
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .ok_or_else(|| bad(format!("the Inference-Header-Content-Length header {h:?} is not a byte count")))?;
-            if n > body.len() {
-                return Err(bad(format!(
-                    "Inference-Header-Content-Length is {n} but the request body holds only {} bytes",
-                    body.len()
-                )));
-            }
-            if n == 0 {
-                return Err(ApiError::Unsupported(
-                    "raw binary requests (Inference-Header-Content-Length: 0) are only for single-input models; send a JSON header".into(),
-                ));
-            }
-            n
-        }
-    };
-    let (head, mut blobs) = body.split_at(json_len);
-    if head.is_empty() {
-        return Err(bad("the request body is empty; expected a JSON inference request".into()));
-    }
+    let (head, mut blobs) = split_body(body, header_length)?;
     let head: Value = serde_json::from_slice(head).map_err(|e| {
-        let hint = if header_length.is_none() { " (binary tensors need the Inference-Header-Content-Length header)" } else { "" };
-        bad(format!("malformed JSON in the inference request: {e}{hint}"))
+        let hint = if header_length.is_none() {
+            " (binary tensors need the Inference-Header-Content-Length header)"
+        } else {
+            ""
+        };
+        bad(format!(
+            "malformed JSON in the inference request: {e}{hint}"
+        ))
     })?;
-    let head = head.as_object().ok_or_else(|| bad("the inference request must be a JSON object".into()))?;
+    let head = head
+        .as_object()
+        .ok_or_else(|| bad("the inference request must be a JSON object".into()))?;
     let id = match head.get("id") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s.is_empty() => None,
@@ -220,7 +208,9 @@ pub fn decode_request(body: &[u8], header_length: Option<&HeaderValue>) -> ApiRe
     let parameters = object(head.get("parameters"), "the request's 'parameters'")?;
     let inputs = match head.get("inputs") {
         Some(Value::Array(items)) => items,
-        None | Some(Value::Null) => return Err(bad("the inference request has no 'inputs'".into())),
+        None | Some(Value::Null) => {
+            return Err(bad("the inference request has no 'inputs'".into()))
+        }
         Some(_) => return Err(bad("'inputs' must be a list of tensors".into())),
     };
     let mut decoded = Vec::with_capacity(inputs.len());
@@ -235,10 +225,60 @@ pub fn decode_request(body: &[u8], header_length: Option<&HeaderValue>) -> ApiRe
     }
     let outputs = match head.get("outputs") {
         None | Some(Value::Null) => None,
-        Some(Value::Array(items)) => Some(items.iter().enumerate().map(|(i, o)| decode_output(i, o)).collect::<ApiResult<_>>()?),
+        Some(Value::Array(items)) => Some(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, o)| decode_output(i, o))
+                .collect::<ApiResult<_>>()?,
+        ),
         Some(_) => return Err(bad("'outputs' must be a list".into())),
     };
-    Ok(InferRequest { id, parameters, inputs: decoded, outputs })
+    Ok(InferRequest {
+        id,
+        parameters,
+        inputs: decoded,
+        outputs,
+    })
+}
+
+/// The JSON header and the binary part, split where `Inference-Header-Content-Length` says.
+fn split_body<'a>(
+    body: &'a [u8],
+    header_length: Option<&HeaderValue>,
+) -> ApiResult<(&'a [u8], &'a [u8])> {
+    let json_len = match header_length {
+        None => body.len(),
+        Some(h) => {
+            let n: usize = h
+                .to_str()
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .ok_or_else(|| {
+                    bad(format!(
+                        "the Inference-Header-Content-Length header {h:?} is not a byte count"
+                    ))
+                })?;
+            if n > body.len() {
+                return Err(bad(format!(
+                    "Inference-Header-Content-Length is {n} but the request body holds only {} bytes",
+                    body.len()
+                )));
+            }
+            if n == 0 {
+                return Err(ApiError::Unsupported(
+                    "raw binary requests (Inference-Header-Content-Length: 0) are only for single-input models; send a JSON header".into(),
+                ));
+            }
+            n
+        }
+    };
+    if json_len == 0 {
+        return Err(bad(
+            "the request body is empty; expected a JSON inference request".into(),
+        ));
+    }
+    Ok(body.split_at(json_len))
 }
 
 fn object(v: Option<&Value>, what: &str) -> ApiResult<Map<String, Value>> {
@@ -250,13 +290,16 @@ fn object(v: Option<&Value>, what: &str) -> ApiResult<Map<String, Value>> {
 }
 
 fn decode_input(index: usize, v: &Value, blobs: &mut &[u8]) -> ApiResult<Tensor> {
-    let t = v.as_object().ok_or_else(|| bad(format!("input {index} must be a JSON object")))?;
+    let t = v
+        .as_object()
+        .ok_or_else(|| bad(format!("input {index} must be a JSON object")))?;
     let name = match t.get("name") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         _ => return Err(bad(format!("input {index} has no 'name'"))),
     };
     let datatype = match t.get("datatype") {
-        Some(Value::String(s)) => DataType::parse(s).ok_or_else(|| bad(format!("input '{name}' has an unknown datatype '{s}'")))?,
+        Some(Value::String(s)) => DataType::parse(s)
+            .ok_or_else(|| bad(format!("input '{name}' has an unknown datatype '{s}'")))?,
         _ => return Err(bad(format!("input '{name}' has no 'datatype'"))),
     };
     let shape = decode_shape(&name, t.get("shape"))?;
@@ -266,22 +309,32 @@ fn decode_input(index: usize, v: &Value, blobs: &mut &[u8]) -> ApiResult<Tensor>
         .ok_or_else(|| bad(format!("input '{name}': shape {shape:?} is too large")))?;
     let params = object(t.get("parameters"), &format!("input '{name}' 'parameters'"))?;
     if params.contains_key("shared_memory_region") {
-        return Err(ApiError::Unsupported(format!("input '{name}': shared memory is not supported by this server")));
+        return Err(ApiError::Unsupported(format!(
+            "input '{name}': shared memory is not supported by this server"
+        )));
     }
     let data = match params.get("binary_data_size") {
         None | Some(Value::Null) => {
-            let data = t.get("data").ok_or_else(|| bad(format!("input '{name}' has neither 'data' nor parameters.binary_data_size")))?;
+            let data = t.get("data").ok_or_else(|| {
+                bad(format!(
+                    "input '{name}' has neither 'data' nor parameters.binary_data_size"
+                ))
+            })?;
             let mut flat = Vec::new();
             flatten(data, &mut flat);
             decode_json(&name, datatype, &flat)?
         }
         Some(size) => {
             if t.contains_key("data") {
-                return Err(bad(format!("input '{name}' has both 'data' and parameters.binary_data_size")));
+                return Err(bad(format!(
+                    "input '{name}' has both 'data' and parameters.binary_data_size"
+                )));
             }
-            let size = size
-                .as_u64()
-                .ok_or_else(|| bad(format!("input '{name}': binary_data_size must be a non-negative integer")))? as usize;
+            let size = size.as_u64().ok_or_else(|| {
+                bad(format!(
+                    "input '{name}': binary_data_size must be a non-negative integer"
+                ))
+            })? as usize;
             if size > blobs.len() {
                 return Err(bad(format!(
                     "input '{name}': binary_data_size is {size} but only {} bytes of binary data are left{}",
@@ -300,7 +353,12 @@ fn decode_input(index: usize, v: &Value, blobs: &mut &[u8]) -> ApiResult<Tensor>
             data.len()
         )));
     }
-    Ok(Tensor { name, datatype, shape, data })
+    Ok(Tensor {
+        name,
+        datatype,
+        shape,
+        data,
+    })
 }
 
 fn decode_shape(name: &str, v: Option<&Value>) -> ApiResult<Vec<usize>> {
@@ -310,9 +368,11 @@ fn decode_shape(name: &str, v: Option<&Value>) -> ApiResult<Vec<usize>> {
     items
         .iter()
         .map(|d| {
-            d.as_u64()
-                .map(|d| d as usize)
-                .ok_or_else(|| bad(format!("input '{name}': shape dimensions must be non-negative integers, got {d}")))
+            d.as_u64().map(|d| d as usize).ok_or_else(|| {
+                bad(format!(
+                    "input '{name}': shape dimensions must be non-negative integers, got {d}"
+                ))
+            })
         })
         .collect()
 }
@@ -325,33 +385,68 @@ fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
 }
 
 fn decode_json(name: &str, dt: DataType, items: &[&Value]) -> ApiResult<Data> {
-    let wrong = |i: usize, v: &Value| bad(format!("input '{name}': element {i} ({v}) is not a valid {} value", dt.name()));
+    let wrong = |i: usize, v: &Value| {
+        bad(format!(
+            "input '{name}': element {i} ({v}) is not a valid {} value",
+            dt.name()
+        ))
+    };
     Ok(match dt {
-        DataType::Bool => Data::Bool(items.iter().enumerate().map(|(i, v)| v.as_bool().ok_or_else(|| wrong(i, v))).collect::<ApiResult<_>>()?),
+        DataType::Bool => Data::Bool(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v.as_bool().ok_or_else(|| wrong(i, v)))
+                .collect::<ApiResult<_>>()?,
+        ),
         DataType::Bytes => Data::Bytes(
             items
                 .iter()
                 .enumerate()
-                .map(|(i, v)| v.as_str().map(|s| s.as_bytes().to_vec()).ok_or_else(|| wrong(i, v)))
+                .map(|(i, v)| {
+                    v.as_str()
+                        .map(|s| s.as_bytes().to_vec())
+                        .ok_or_else(|| wrong(i, v))
+                })
                 .collect::<ApiResult<_>>()?,
         ),
-        DataType::F16 | DataType::F32 | DataType::F64 => {
-            Data::Float(items.iter().enumerate().map(|(i, v)| v.as_f64().ok_or_else(|| wrong(i, v))).collect::<ApiResult<_>>()?)
+        DataType::F16 | DataType::F32 | DataType::F64 => Data::Float(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v.as_f64().ok_or_else(|| wrong(i, v)))
+                .collect::<ApiResult<_>>()?,
+        ),
+        DataType::Bf16 => {
+            return Err(bad(format!(
+                "input '{name}': BF16 data can only be sent in binary"
+            )))
         }
-        DataType::Bf16 => return Err(bad(format!("input '{name}': BF16 data can only be sent in binary"))),
         int => {
             let (lo, hi) = int.int_range().expect("integer type");
             let one = |i: usize, v: &Value| {
-                let x = v.as_i64().map(i128::from).or_else(|| v.as_u64().map(i128::from));
-                x.filter(|x| (lo..=hi).contains(x)).ok_or_else(|| wrong(i, v))
+                let x = v
+                    .as_i64()
+                    .map(i128::from)
+                    .or_else(|| v.as_u64().map(i128::from));
+                x.filter(|x| (lo..=hi).contains(x))
+                    .ok_or_else(|| wrong(i, v))
             };
-            Data::Int(items.iter().enumerate().map(|(i, v)| one(i, v)).collect::<ApiResult<_>>()?)
+            Data::Int(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| one(i, v))
+                    .collect::<ApiResult<_>>()?,
+            )
         }
     })
 }
 
 fn decode_binary(name: &str, dt: DataType, blob: &[u8], count: usize) -> ApiResult<Data> {
-    let Some(size) = dt.size() else { return decode_bytes(name, blob, count) };
+    let Some(size) = dt.size() else {
+        return decode_bytes(name, blob, count);
+    };
     if Some(blob.len()) != count.checked_mul(size) {
         return Err(bad(format!(
             "input '{name}': binary_data_size is {} bytes but {count} {} elements take {}",
@@ -373,7 +468,9 @@ fn decode_binary(name: &str, dt: DataType, blob: &[u8], count: usize) -> ApiResu
                 .enumerate()
                 .map(|(i, &b)| match b {
                     0 | 1 => Ok(b == 1),
-                    _ => Err(bad(format!("input '{name}': BOOL element {i} is byte {b}, not 0 or 1"))),
+                    _ => Err(bad(format!(
+                        "input '{name}': BOOL element {i} is byte {b}, not 0 or 1"
+                    ))),
                 })
                 .collect::<ApiResult<_>>()?,
         ),
@@ -382,9 +479,21 @@ fn decode_binary(name: &str, dt: DataType, blob: &[u8], count: usize) -> ApiResu
         I16 => Data::Int(chunks.map(|c| le(c) as u16 as i16 as i128).collect()),
         I32 => Data::Int(chunks.map(|c| le(c) as u32 as i32 as i128).collect()),
         I64 => Data::Int(chunks.map(|c| le(c) as i64 as i128).collect()),
-        F16 => Data::Float(chunks.map(|c| half::f16::from_bits(le(c) as u16).to_f64()).collect()),
-        Bf16 => Data::Float(chunks.map(|c| half::bf16::from_bits(le(c) as u16).to_f64()).collect()),
-        F32 => Data::Float(chunks.map(|c| f32::from_bits(le(c) as u32) as f64).collect()),
+        F16 => Data::Float(
+            chunks
+                .map(|c| half::f16::from_bits(le(c) as u16).to_f64())
+                .collect(),
+        ),
+        Bf16 => Data::Float(
+            chunks
+                .map(|c| half::bf16::from_bits(le(c) as u16).to_f64())
+                .collect(),
+        ),
+        F32 => Data::Float(
+            chunks
+                .map(|c| f32::from_bits(le(c) as u32) as f64)
+                .collect(),
+        ),
         F64 => Data::Float(chunks.map(|c| f64::from_bits(le(c))).collect()),
         Bytes => unreachable!("BYTES has no fixed size"),
     })
@@ -396,7 +505,10 @@ fn decode_bytes(name: &str, mut blob: &[u8], count: usize) -> ApiResult<Data> {
     while !blob.is_empty() {
         let i = out.len();
         if blob.len() < 4 {
-            return Err(bad(format!("input '{name}': BYTES element {i} has a truncated length prefix ({} bytes)", blob.len())));
+            return Err(bad(format!(
+                "input '{name}': BYTES element {i} has a truncated length prefix ({} bytes)",
+                blob.len()
+            )));
         }
         let n = u32::from_le_bytes([blob[0], blob[1], blob[2], blob[3]]) as usize;
         if n > blob.len() - 4 {
@@ -412,22 +524,35 @@ fn decode_bytes(name: &str, mut blob: &[u8], count: usize) -> ApiResult<Data> {
 }
 
 fn decode_output(index: usize, v: &Value) -> ApiResult<OutputRequest> {
-    let o = v.as_object().ok_or_else(|| bad(format!("output {index} must be a JSON object")))?;
+    let o = v
+        .as_object()
+        .ok_or_else(|| bad(format!("output {index} must be a JSON object")))?;
     let name = match o.get("name") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         _ => return Err(bad(format!("output {index} has no 'name'"))),
     };
-    let params = object(o.get("parameters"), &format!("output '{name}' 'parameters'"))?;
+    let params = object(
+        o.get("parameters"),
+        &format!("output '{name}' 'parameters'"),
+    )?;
     if params.contains_key("shared_memory_region") {
-        return Err(ApiError::Unsupported(format!("output '{name}': shared memory is not supported by this server")));
+        return Err(ApiError::Unsupported(format!(
+            "output '{name}': shared memory is not supported by this server"
+        )));
     }
     if params.get("classification").is_some_and(|c| !c.is_null()) {
-        return Err(ApiError::Unsupported(format!("output '{name}': the classification extension is not supported")));
+        return Err(ApiError::Unsupported(format!(
+            "output '{name}': the classification extension is not supported"
+        )));
     }
     let binary = match params.get("binary_data") {
         None | Some(Value::Null) => None,
         Some(Value::Bool(b)) => Some(*b),
-        Some(_) => return Err(bad(format!("output '{name}': parameters.binary_data must be a boolean"))),
+        Some(_) => {
+            return Err(bad(format!(
+                "output '{name}': parameters.binary_data must be a boolean"
+            )))
+        }
     };
     Ok(OutputRequest { name, binary })
 }
@@ -454,7 +579,10 @@ pub fn encode_response(mut head: Map<String, Value>, outputs: Vec<Output>) -> Ap
         if o.binary {
             let before = blobs.len();
             encode_binary(o.datatype, &o.data, &mut blobs);
-            e.insert("parameters".into(), json!({"binary_data_size": blobs.len() - before}));
+            e.insert(
+                "parameters".into(),
+                json!({"binary_data_size": blobs.len() - before}),
+            );
         } else {
             let data = (0..o.data.len())
                 .map(|i| o.data.json(i))
@@ -465,7 +593,8 @@ pub fn encode_response(mut head: Map<String, Value>, outputs: Vec<Output>) -> Ap
         entries.push(Value::Object(e));
     }
     head.insert("outputs".into(), Value::Array(entries));
-    let json = serde_json::to_vec(&Value::Object(head)).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let json =
+        serde_json::to_vec(&Value::Object(head)).map_err(|e| ApiError::Internal(e.to_string()))?;
     let builder = Response::builder().status(200);
     let response = if outputs.iter().any(|o| o.binary) {
         let json_len = json.len();
@@ -476,7 +605,9 @@ pub fn encode_response(mut head: Map<String, Value>, outputs: Vec<Output>) -> Ap
             .header(HEADER_LENGTH, json_len)
             .body(Body::from(body))
     } else {
-        builder.header(CONTENT_TYPE, "application/json").body(Body::from(json))
+        builder
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::from(json))
     };
     response.map_err(|e| ApiError::Internal(e.to_string()))
 }
@@ -562,7 +693,10 @@ mod tests {
             (Bf16, Data::Float(vec![1.0, -0.25])),
             (F32, Data::Float(vec![0.25, 3.5])),
             (F64, Data::Float(vec![1e-300, -1.5])),
-            (Bytes, Data::Bytes(vec![b"".to_vec(), "é\0x".as_bytes().to_vec()])),
+            (
+                Bytes,
+                Data::Bytes(vec![b"".to_vec(), "é\0x".as_bytes().to_vec()]),
+            ),
         ];
         for (dt, data) in cases {
             let mut blob = Vec::new();
@@ -576,12 +710,32 @@ mod tests {
         let int32 = r#"{"inputs":[{"name":"a","shape":[1],"datatype":"INT32","parameters":{"binary_data_size":SIZE}}]}"#;
         let cases: [(String, Option<&str>, &str); 9] = [
             ("{".into(), None, "malformed JSON"),
-            (r#"{"inputs":[{"name":"a","shape":[1],"datatype":"INT33","data":[1]}]}"#.into(), None, "unknown datatype 'INT33'"),
-            (r#"{"inputs":[{"name":"a","shape":[2],"datatype":"INT32","data":[1]}]}"#.into(), None, "has 1 elements but its shape [2] needs 2"),
-            (r#"{"inputs":[{"name":"a","shape":[1],"datatype":"INT8","data":[300]}]}"#.into(), None, "not a valid INT8"),
-            (r#"{"inputs":[{"name":"a","shape":[-1],"datatype":"INT8","data":[3]}]}"#.into(), None, "non-negative"),
+            (
+                r#"{"inputs":[{"name":"a","shape":[1],"datatype":"INT33","data":[1]}]}"#.into(),
+                None,
+                "unknown datatype 'INT33'",
+            ),
+            (
+                r#"{"inputs":[{"name":"a","shape":[2],"datatype":"INT32","data":[1]}]}"#.into(),
+                None,
+                "has 1 elements but its shape [2] needs 2",
+            ),
+            (
+                r#"{"inputs":[{"name":"a","shape":[1],"datatype":"INT8","data":[300]}]}"#.into(),
+                None,
+                "not a valid INT8",
+            ),
+            (
+                r#"{"inputs":[{"name":"a","shape":[-1],"datatype":"INT8","data":[3]}]}"#.into(),
+                None,
+                "non-negative",
+            ),
             (int32.replace("SIZE", "4"), None, "header missing"),
-            (int32.replace("SIZE", "4"), Some("xxxxx"), "sizes do not add up"),
+            (
+                int32.replace("SIZE", "4"),
+                Some("xxxxx"),
+                "sizes do not add up",
+            ),
             (int32.replace("SIZE", "3"), Some("xxx"), "take 4"),
             ("{}".into(), Some(""), "holds only 2 bytes"),
         ];
@@ -589,12 +743,18 @@ mod tests {
             let mut body = json.clone().into_bytes();
             let h = tail.map(|t| {
                 body.extend_from_slice(t.as_bytes());
-                header(if want.contains("holds only") { 500 } else { json.len() })
+                header(if want.contains("holds only") {
+                    500
+                } else {
+                    json.len()
+                })
             });
             let err = decode_request(&body, h.as_ref()).unwrap_err().to_string();
             assert!(err.contains(want), "{err:?} should contain {want:?}");
         }
-        let err = decode_bytes("s", b"\x09\x00\x00\x00abc", 1).unwrap_err().to_string();
+        let err = decode_bytes("s", b"\x09\x00\x00\x00abc", 1)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("claims 9 bytes"), "{err}");
     }
 }
