@@ -153,13 +153,17 @@ async fn cancelling_half_frees_every_block() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_after_ms_ends_the_request_on_time() {
     let handle = spawn("timeout", |_| {}).await;
-    let params = GenerationParams { stop_after_ms: Some(200), ..greedy(100_000.min(1900)) };
+    // 16 prompts of 2000 tokens each: far more work than 200 ms allows on any machine.
+    let params = GenerationParams { stop_after_ms: Some(200), ..greedy(2000) };
+    let prompts = (0..16).map(|i| prompt(i, 10)).collect();
     let start = Instant::now();
-    let chunks = collect(&handle, Request { id: None, prompts: vec![prompt(1, 10)], params }).await;
+    let chunks = collect(&handle, Request { id: None, prompts, params }).await;
     let elapsed = start.elapsed();
-    assert_eq!(chunks.last().unwrap().finish_reason, Some(FinishReason::Cancelled));
+    let finals: Vec<&Chunk> = chunks.iter().filter(|c| c.is_final()).collect();
+    assert_eq!(finals.len(), 16);
+    assert!(finals.iter().all(|c| c.finish_reason == Some(FinishReason::Cancelled)));
     assert!(elapsed >= Duration::from_millis(200) && elapsed < Duration::from_millis(400), "took {elapsed:?}");
-    assert!(tokens(&chunks).len() < 1900);
+    assert!(tokens(&chunks).len() < 16 * 2000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
