@@ -1,10 +1,15 @@
 //! Whole-row kernels of the sampler (the CPU twins of the GPU sampling kernels), written
-//! as straight lane loops so the compiler vectorises them: cleaning a row while finding
-//! its maximum, a fast `exp` for the non-positive scaled logits, and sums in f64 lanes.
+//! as element-wise loops and lane reductions so the compiler vectorises them (and built
+//! a second time for AVX2 when the CPU has it): cleaning a row and finding its maximum,
+//! a fast `exp` for the non-positive scaled logits, and their sum.
 
 /// Lanes of the hand-unrolled loops: independent accumulators the compiler can keep in
 /// vector registers (floating-point sums are not reassociated otherwise).
 const LANES: usize = 8;
+
+/// Block length of the reductions that skip ahead: long enough to amortise the check,
+/// short enough that an f32 partial sum of weights (at most 1 each) stays accurate.
+const BLOCK: usize = 512;
 
 /// Below this `exp` is 0: `exp(-87)` is still a normal f32, `exp(-88)` is not.
 const EXP_MIN: f32 = -87.0;
@@ -62,11 +67,23 @@ fn sanitize_lanes(logits: &mut [f32]) -> Option<(usize, f32)> {
             lanes[j] = max(lanes[j], chunk[j]);
         }
     }
-    let top = tail.iter().copied().fold(lanes.into_iter().fold(f32::NEG_INFINITY, max), max);
+    let top = tail
+        .iter()
+        .copied()
+        .fold(lanes.into_iter().fold(f32::NEG_INFINITY, max), max);
     if top == f32::NEG_INFINITY {
         return None;
     }
-    logits.iter().position(|&x| x == top).map(|i| (i, top))
+    // The first block holding the maximum, by an OR over each block (vectorised), then
+    // the first index in it.
+    let block = logits
+        .chunks(BLOCK)
+        .position(|b| b.iter().fold(false, |hit, &x| hit | (x == top)))?;
+    let start = block * BLOCK;
+    logits[start..]
+        .iter()
+        .position(|&x| x == top)
+        .map(|i| (start + i, top))
 }
 
 /// `exp(x)` for `x <= 0` (and up to 88), relative error about 1e-7; exactly 0 below
@@ -104,9 +121,9 @@ pub(crate) fn exp_fast(x: f32) -> f32 {
     }
 }
 
-/// Replaces each logit `x` by its weight `exp((x - max) * inv_t)` and returns their sum
-/// (in f64 lanes). Bit-identical with and without AVX2: the same operations in the same
-/// order, only wider (no fused multiply-add), so seeded draws do not depend on the CPU.
+/// Replaces each logit `x` by its weight `exp((x - max) * inv_t)` and returns their sum.
+/// Bit-identical with and without AVX2: the same operations in the same order, only
+/// wider (no fused multiply-add), so seeded draws do not depend on the CPU.
 pub(crate) fn exp_in_place(row: &mut [f32], max: f32, inv_t: f32) -> f64 {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
@@ -127,22 +144,59 @@ fn exp_in_place_lanes(row: &mut [f32], max: f32, inv_t: f32) -> f64 {
     for x in row.iter_mut() {
         *x = exp_fast((*x - max) * inv_t);
     }
-    // f32 lanes over blocks of BLOCK, each block's lanes added into f64: the f32 partial
-    // sums hold BLOCK / LANES weights of at most 1 each, so they stay exact to ~1e-7.
-    const BLOCK: usize = 512;
-    let mut total = 0.0f64;
-    for block in row.chunks(BLOCK) {
-        let mut lanes = [0.0f32; LANES];
-        let (chunks, tail) = block.as_chunks::<LANES>();
-        for chunk in chunks {
-            for j in 0..LANES {
-                lanes[j] += chunk[j];
+    row.chunks(BLOCK).map(block_sum).sum()
+}
+
+/// The sum of a block of weights in f32 lanes (an f32 partial sum then holds only
+/// `BLOCK / LANES` weights, so its relative error stays near 1e-7), finished in f64.
+#[inline(always)]
+fn block_sum(block: &[f32]) -> f64 {
+    let mut lanes = [0.0f32; LANES];
+    let (chunks, tail) = block.as_chunks::<LANES>();
+    for chunk in chunks {
+        for j in 0..LANES {
+            lanes[j] += chunk[j];
+        }
+    }
+    lanes.iter().map(|&l| l as f64).sum::<f64>() + tail.iter().map(|&w| w as f64).sum::<f64>()
+}
+
+/// The first index at which the running sum of `weights` exceeds `target`, or None when
+/// rounding leaves the target beyond the whole sum. Blocks entirely below the target are
+/// skipped by their [`block_sum`]; the running sum is exact only up to that rounding,
+/// which moves probabilities by about 1e-7 of their value.
+pub(crate) fn find_cumulative(weights: &[f32], target: f64) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { find_cumulative_avx2(weights, target) };
+    }
+    find_cumulative_lanes(weights, target)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn find_cumulative_avx2(weights: &[f32], target: f64) -> Option<usize> {
+    find_cumulative_lanes(weights, target)
+}
+
+#[inline(always)]
+fn find_cumulative_lanes(weights: &[f32], target: f64) -> Option<usize> {
+    let mut acc = 0.0f64;
+    for (b, block) in weights.chunks(BLOCK).enumerate() {
+        let sum = block_sum(block);
+        if acc + sum <= target {
+            acc += sum;
+            continue;
+        }
+        for (i, &w) in block.iter().enumerate() {
+            acc += w as f64;
+            if target < acc {
+                return Some(b * BLOCK + i);
             }
         }
-        total += lanes.iter().map(|&l| l as f64).sum::<f64>();
-        total += tail.iter().map(|&w| w as f64).sum::<f64>();
     }
-    total
+    None
 }
 
 /// Whether the AVX2 build of the kernels runs here.
@@ -189,8 +243,31 @@ mod tests {
     }
 
     #[test]
+    fn find_cumulative_matches_a_linear_walk_across_blocks() {
+        let w: Vec<f32> = (0..3000).map(|i| ((i * 37) % 11) as f32 / 10.0).collect();
+        let walk = |target: f64| {
+            let mut acc = 0.0f64;
+            w.iter().position(|&x| {
+                acc += x as f64;
+                target < acc
+            })
+        };
+        let total: f64 = w.iter().map(|&x| x as f64).sum();
+        for k in 0..200 {
+            // Targets away from block edges, where rounding could differ.
+            let target = total * (k as f64 + 0.37) / 200.0;
+            assert_eq!(find_cumulative(&w, target), walk(target), "target {target}");
+            assert_eq!(find_cumulative_lanes(&w, target), walk(target));
+        }
+        assert_eq!(find_cumulative(&w, 0.0), Some(1));
+        assert_eq!(find_cumulative(&w, total * 2.0), None);
+    }
+
+    #[test]
     fn exp_in_place_sums_match_a_plain_f64_sum_on_every_path() {
-        let row: Vec<f32> = (0..1003).map(|i| -((i * 7919) % 1000) as f32 / 100.0).collect();
+        let row: Vec<f32> = (0..1003)
+            .map(|i| -((i * 7919) % 1000) as f32 / 100.0)
+            .collect();
         let want: f64 = row.iter().map(|&x| ((x as f64 - 0.5) / 0.7).exp()).sum();
         let inv_t = 1.0 / 0.7;
         let mut w = row.clone();

@@ -9,11 +9,34 @@ use super::select::by_rank;
 const SHIFT: u32 = 16;
 /// Weights below 2^-30 (of the largest, which is 1) share the lowest bucket.
 const FLOOR_KEY: u32 = (127 - 30) << (23 - SHIFT);
+/// The bucket of weight 1, the highest.
+const TOP_BUCKET: usize = ((1.0f32.to_bits() >> SHIFT) - FLOOR_KEY) as usize;
+/// Sub-histograms filled in turn, so that runs of equal buckets do not wait on each
+/// other's stores.
+const WAYS: usize = 4;
 
-/// The bucket of a weight in `[0, 1]`; larger weights never get lower buckets.
+/// The bucket of a weight in `[0, 1]` (clamped); larger weights never get lower buckets.
 #[inline(always)]
 fn bucket(w: f32) -> usize {
-    ((w.to_bits() >> SHIFT).saturating_sub(FLOOR_KEY)) as usize
+    ((w.to_bits() >> SHIFT).saturating_sub(FLOOR_KEY) as usize).min(TOP_BUCKET)
+}
+
+/// The weight in each bucket.
+fn histogram(weights: &[f32]) -> Vec<f64> {
+    let nb = TOP_BUCKET + 1;
+    let mut ways = vec![0.0f64; WAYS * nb];
+    let (chunks, tail) = weights.as_chunks::<WAYS>();
+    for chunk in chunks {
+        for (way, &w) in chunk.iter().enumerate() {
+            ways[way * nb + bucket(w)] += w as f64;
+        }
+    }
+    for &w in tail {
+        ways[bucket(w)] += w as f64;
+    }
+    (0..nb)
+        .map(|b| (0..WAYS).map(|way| ways[way * nb + b]).sum())
+        .collect()
 }
 
 /// The nucleus of a row of weights (in `[0, 1]`, the largest 1): the tokens of the
@@ -21,10 +44,7 @@ fn bucket(w: f32) -> usize {
 /// at least one. Returned as `(id, weight)`: first those of the buckets above the
 /// boundary in id order, then the boundary's kept ones from the largest.
 pub(crate) fn nucleus(weights: &[f32], target: f64) -> Vec<(u32, f32)> {
-    let mut mass = vec![0.0f64; bucket(1.0) + 1];
-    for &w in weights {
-        mass[bucket(w)] += w as f64;
-    }
+    let mass = histogram(weights);
     // The boundary: the first bucket from the top, holding some weight, where the running
     // sum reaches the target (the lowest if rounding leaves the whole row short).
     let mut acc = 0.0f64;
@@ -110,6 +130,8 @@ mod tests {
 
     #[test]
     fn zero_weights_are_kept_only_when_the_target_needs_everything() {
+        assert_eq!(bucket(2.0), TOP_BUCKET);
+        assert_eq!(bucket(0.0), 0);
         let row = [1.0, 0.0, 0.5, 0.0];
         assert_eq!(ids(&nucleus(&row, 1.2)), vec![0, 2]);
         assert_eq!(ids(&nucleus(&row, 0.0)), vec![0]);

@@ -3,18 +3,22 @@
 //!
 //! Rows hold 49k-128k logits, so nothing here sorts a whole row: top-k keeps a small heap
 //! (or partitions with `select_nth_unstable` when k is large) and sorts only its k
-//! candidates; top-p alone goes through a histogram (see `nucleus`).
+//! candidates; top-p alone tries the 64 best, then goes through a histogram (see
+//! `nucleus`).
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use rand::Rng;
 
-use super::math::{exp_fast, exp_in_place};
+use super::math::{exp_fast, exp_in_place, find_cumulative};
 use super::nucleus::nucleus;
 
 /// Largest k for which top-k keeps a heap instead of partitioning a copy of the row.
 const HEAP_MAX_K: usize = 1024;
+/// Top-p alone first tries this many best tokens (enough for the peaked rows of a
+/// language model); only flatter rows go through the histogram.
+const NUCLEUS_FIRST_K: usize = 64;
 
 /// The chosen token and, when asked, its log-probability.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -77,7 +81,7 @@ pub(crate) fn draw(
         let mut cands = top_candidates(logits, k);
         cands.iter_mut().for_each(|c| c.1 = weight_of(c.1));
         let total: f64 = cands.iter().map(|c| c.1 as f64).sum();
-        cands.truncate(nucleus_len(&cands, total * cuts.top_p as f64));
+        cands.truncate(nucleus_len(&cands, total * cuts.top_p as f64).unwrap_or(k));
         let (token, weight) = cands[pick_candidate(&cands, rng)];
         let log_prob =
             want_log_prob.then(|| log_prob(weight, exp_in_place(logits, max, cuts.inv_t)));
@@ -86,10 +90,18 @@ pub(crate) fn draw(
     // From here the row holds the weights.
     let total = exp_in_place(logits, max, cuts.inv_t);
     let (token, weight) = if cuts.top_p >= 1.0 {
-        let i = pick(logits, |&w| w, total, rng);
+        let i = find_cumulative(logits, rng.gen::<f64>() * total)
+            .or_else(|| logits.iter().rposition(|&w| w > 0.0))
+            .unwrap_or(0);
         (i as u32, logits[i])
     } else {
-        let cands = nucleus(logits, total * cuts.top_p as f64);
+        let target = total * cuts.top_p as f64;
+        // Ranked by weight, like the histogram: the same nucleus either way.
+        let mut cands = top_candidates(logits, NUCLEUS_FIRST_K);
+        match nucleus_len(&cands, target) {
+            Some(keep) => cands.truncate(keep),
+            None => cands = nucleus(logits, target),
+        }
         cands[pick_candidate(&cands, rng)]
     };
     Choice {
@@ -99,16 +111,16 @@ pub(crate) fn draw(
 }
 
 /// The length of the shortest prefix of `cands` (weights, from the most likely) whose sum
-/// reaches `target`; at least 1, all of them when they fall short.
-fn nucleus_len(cands: &[(u32, f32)], target: f64) -> usize {
+/// reaches `target`, at least 1; None when they all fall short.
+fn nucleus_len(cands: &[(u32, f32)], target: f64) -> Option<usize> {
     let mut acc = 0.0f64;
     for (i, c) in cands.iter().enumerate() {
         acc += c.1 as f64;
         if acc >= target {
-            return i + 1;
+            return Some(i + 1);
         }
     }
-    cands.len()
+    None
 }
 
 /// An index drawn with probability proportional to `weight` (non-negative, some positive,
@@ -219,10 +231,10 @@ mod tests {
     #[test]
     fn nucleus_len_keeps_at_least_one_and_stops_at_the_target() {
         let c = [(0, 0.5), (1, 0.3), (2, 0.2)];
-        assert_eq!(nucleus_len(&c, 0.0), 1);
-        assert_eq!(nucleus_len(&c, 0.8), 2);
-        assert_eq!(nucleus_len(&c, 0.81), 3);
-        assert_eq!(nucleus_len(&c[..2], 0.9), 2);
+        assert_eq!(nucleus_len(&c, 0.0), Some(1));
+        assert_eq!(nucleus_len(&c, 0.8), Some(2));
+        assert_eq!(nucleus_len(&c, 0.81), Some(3));
+        assert_eq!(nucleus_len(&c[..2], 0.9), None);
     }
 
     #[test]

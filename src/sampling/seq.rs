@@ -86,7 +86,10 @@ impl SeqSampler {
     ///
     /// Order: penalties on the raw logits, then masks (bad words, `min_length`), then NaN
     /// to -inf; then greedy (the first maximum) when temperature is 0 or top_k is 1, else
-    /// temperature, top-k, top-p and a draw from this sequence's generator.
+    /// temperature, top-k, top-p and a draw from this sequence's generator. Bad and stop
+    /// words are matched against the prompt's tail and the generated tokens together, as
+    /// in TensorRT-LLM (a stop word may begin in the prompt; it always ends at the new
+    /// token).
     ///
     /// `log_prob` is the log-softmax of the logits after penalties, masks and temperature
     /// (temperature 1 when it is 0), before the top-k/top-p cuts: the probability of the
