@@ -151,3 +151,20 @@ impl Chunk {
         self.finish_reason.is_some()
     }
 }
+
+/// Each prompt's whole answer, from the chunks of a request (by `batch_index`).
+pub fn answers(chunks: Vec<Chunk>, prompts: usize) -> Vec<Chunk> {
+    let mut out: Vec<Chunk> = (0..prompts).map(|i| Chunk { batch_index: i, ..Chunk::default() }).collect();
+    for c in chunks {
+        let Some(slot) = out.get_mut(c.batch_index) else { continue };
+        slot.text.push_str(&c.text);
+        slot.token_ids.extend(c.token_ids);
+        slot.log_probs.extend(c.log_probs);
+        slot.cum_log_prob = c.cum_log_prob.or(slot.cum_log_prob);
+        slot.finish_reason = c.finish_reason.or(slot.finish_reason);
+        slot.error = c.error.or(slot.error.take());
+        slot.prompt_tokens = slot.prompt_tokens.max(c.prompt_tokens);
+        slot.output_tokens = slot.output_tokens.max(c.output_tokens);
+    }
+    out
+}

@@ -123,6 +123,16 @@ pub fn request_id(fields: &Fields<'_>) -> ApiResult<Option<String>> {
     }
 }
 
+/// The id to cancel, when the body is TRT-LLM's stop request (`"stop": true`).
+pub fn stop_target(fields: &Fields<'_>) -> ApiResult<Option<String>> {
+    if fields.bool(&["stop"])? != Some(true) {
+        return Ok(None);
+    }
+    request_id(fields)?
+        .map(Some)
+        .ok_or_else(|| ApiError::BadRequest("Trying to stop a request but request ID is not provided".into()))
+}
+
 /// The prompts: `text_input` (a string or a list: a batch) for text models, `input_ids`
 /// (a list of ids, or a list of lists: a batch) for the core model.
 fn prompts(fields: &Fields<'_>, kind: ModelKind) -> ApiResult<Vec<Prompt>> {

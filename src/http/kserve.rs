@@ -22,7 +22,7 @@ use axum::{Json, Router};
 use futures::StreamExt;
 use serde_json::{json, Map, Value};
 
-use super::fields::{build_request, request_id, Fields};
+use super::fields::{build_request, stop_target, Fields};
 use super::tensors::{self, Data, DataType, InferRequest, Output, Tensor};
 use super::{
     versioned_get, versioned_post, ApiError, ApiResult, AppState, ModelKind, BLS, CORE, ENSEMBLE,
@@ -355,11 +355,8 @@ async fn infer(
     let wanted = select_outputs(model, kind, &req)?;
     let object = Value::Object(field_object(model, kind, &req)?);
     let fields = Fields::new(&object)?;
-    if fields.bool(&["stop"])? == Some(true) {
+    if let Some(id) = stop_target(&fields)? {
         // TRT-LLM's stop request: cancel the request with this id, answer with no outputs.
-        let id = request_id(&fields)?.ok_or_else(|| {
-            ApiError::BadRequest("Trying to stop a request but request ID is not provided".into())
-        })?;
         state.model().cancel(&id);
         return Ok(Json(
             json!({"model_name": model, "model_version": "1", "id": id, "outputs": []}),
@@ -388,7 +385,7 @@ async fn infer(
     if let Some(err) = chunks.iter().find_map(|c| c.error.clone()) {
         return Err(ApiError::Unavailable(err));
     }
-    let answers = per_prompt(chunks, prompts);
+    let answers = crate::request::answers(chunks, prompts);
     let outputs = wanted
         .into_iter()
         .map(|(spec, binary)| output(spec, binary, &answers, pad, logprobs))
@@ -577,21 +574,6 @@ fn trim_ids(rows: Vec<Vec<Value>>, lengths: Option<&[Vec<Value>]>) -> ApiResult<
             Ok(Value::Array(row))
         })
         .collect()
-}
-
-/// Each prompt's whole answer, from the chunks of a non-streamed request.
-fn per_prompt(chunks: Vec<Chunk>, prompts: usize) -> Vec<Chunk> {
-    let mut out = vec![Chunk::default(); prompts];
-    for c in chunks {
-        let slot = &mut out[c.batch_index.min(prompts - 1)];
-        slot.text.push_str(&c.text);
-        slot.token_ids.extend(c.token_ids);
-        slot.log_probs.extend(c.log_probs);
-        slot.cum_log_prob = c.cum_log_prob.or(slot.cum_log_prob);
-        slot.finish_reason = c.finish_reason.or(slot.finish_reason);
-        slot.prompt_tokens = slot.prompt_tokens.max(c.prompt_tokens);
-    }
-    out
 }
 
 /// One output tensor over the batch; ragged rows are padded (ids with `pad`, 0.0).

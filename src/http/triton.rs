@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use futures::StreamExt;
 use serde_json::{json, Map, Value};
 
-use super::fields::{build_request, request_id, Fields};
+use super::fields::{build_request, stop_target, Fields};
 use super::{parse_json, versioned_post, ApiError, ApiResult, AppState, ModelKind};
 use crate::request::{Chunk, FinishReason};
 
@@ -34,11 +34,9 @@ pub struct ModelPath {
 
 /// A stop request, when the body is one: cancels and answers with an empty response.
 fn stop_request(state: &AppState, model: &str, fields: &Fields<'_>) -> ApiResult<Option<Value>> {
-    if fields.bool(&["stop"])? != Some(true) {
+    let Some(id) = stop_target(fields)? else {
         return Ok(None);
-    }
-    let id = request_id(fields)?
-        .ok_or_else(|| ApiError::BadRequest("Trying to stop a request but request ID is not provided".into()))?;
+    };
     state.model().cancel(&id);
     Ok(Some(json!({"model_name": model, "model_version": "1", "id": id})))
 }
@@ -60,16 +58,7 @@ async fn generate(State(state): State<AppState>, Path(p): Path<ModelPath>, body:
     if let Some(err) = chunks.iter().find_map(|c| c.error.clone()) {
         return Err(ApiError::Internal(err).with_public());
     }
-    let mut per_prompt = vec![Chunk::default(); prompts];
-    for c in chunks {
-        let slot = &mut per_prompt[c.batch_index.min(prompts - 1)];
-        slot.text.push_str(&c.text);
-        slot.token_ids.extend(c.token_ids);
-        slot.log_probs.extend(c.log_probs);
-        slot.cum_log_prob = c.cum_log_prob.or(slot.cum_log_prob);
-        slot.finish_reason = c.finish_reason.or(slot.finish_reason);
-        slot.batch_index = c.batch_index;
-    }
+    let per_prompt = crate::request::answers(chunks, prompts);
     let objects: Vec<Map<String, Value>> = per_prompt.iter().map(|c| response(&p.model, id.as_deref(), kind, c, want_logprobs)).collect();
     Ok(Json(merge_batch(objects)).into_response())
 }

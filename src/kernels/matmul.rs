@@ -7,8 +7,7 @@
 //! storage halves the bytes moved for weights that came from half or quantized sources.
 
 use half::f16;
-use rayon::prelude::*;
-
+use super::parallel::{add_bias, for_row_ranges, SendPtr};
 use super::qmatmul::{qlinear, QMatrix};
 
 /// A weight matrix's storage.
@@ -107,19 +106,6 @@ const TW: usize = 3;
 /// Weight rows per parallel job (a multiple of TW): 48 rows of 576 floats fit in L2.
 const ROWS_PER_JOB: usize = 48;
 
-/// A raw pointer handed to parallel jobs that each write a disjoint set of elements.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: jobs write disjoint elements (distinct weight rows → distinct output columns).
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    /// Taken through a method so closures capture the whole (Send) wrapper.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
 
 /// One product's operands: `x` `[n, k]`, `w` `[m, k]`, output `y` `[n, m]`.
 #[derive(Clone, Copy)]
@@ -169,11 +155,8 @@ fn linear_t<W: Elem>(
         assert_eq!(b.len(), m, "bias is not [m]");
     }
     let fma = has_fma();
-    let g = Gemm { x, w, n, k, m, y: SendPtr(y.as_mut_ptr()) };
-    let jobs = m.div_ceil(ROWS_PER_JOB);
-    let run = |job: usize| {
-        let o0 = job * ROWS_PER_JOB;
-        let o1 = (o0 + ROWS_PER_JOB).min(m);
+    let g = Gemm { x, w, n, k, m, y: SendPtr::new(y) };
+    for_row_ranges(m, ROWS_PER_JOB, n * m * k, |o0, o1| {
         // SAFETY: this job writes only columns o0..o1 of y, which no other job touches, and
         // `y` outlives the parallel loop.
         unsafe {
@@ -183,19 +166,8 @@ fn linear_t<W: Elem>(
                 rows_generic(g, o0, o1)
             }
         }
-    };
-    if n * m * k < 1 << 16 {
-        (0..jobs).for_each(run);
-    } else {
-        (0..jobs).into_par_iter().for_each(run);
-    }
-    if let Some(b) = bias {
-        for row in y.chunks_exact_mut(m) {
-            for (v, bb) in row.iter_mut().zip(b) {
-                *v += bb;
-            }
-        }
-    }
+    });
+    add_bias(y, bias);
 }
 
 /// Whether the AVX2+FMA+F16C build runs here.

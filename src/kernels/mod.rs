@@ -3,4 +3,5 @@
 
 pub mod cpu;
 pub mod matmul;
+pub mod parallel;
 pub mod qmatmul;

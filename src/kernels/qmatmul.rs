@@ -6,7 +6,8 @@
 //! than with f16 or f32 weights.
 
 use half::f16;
-use rayon::prelude::*;
+
+use super::parallel::{add_bias, for_row_ranges, SendPtr};
 
 use crate::model::quant::{GgmlType, QK};
 
@@ -167,19 +168,6 @@ fn quantize_acts(x: &[f32]) -> QActs {
     a
 }
 
-/// A raw pointer handed to parallel jobs that each write a disjoint set of elements.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: jobs write disjoint elements (distinct weight rows → distinct output columns).
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    /// Taken through a method so closures capture the whole (Send) wrapper.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
 
 const ROWS_PER_JOB: usize = 32;
 
@@ -190,9 +178,8 @@ pub fn qlinear(x: &[f32], w: &QMatrix, bias: Option<&[f32]>, n: usize, y: &mut [
     assert_eq!(y.len(), n * m, "y is not [n, m]");
     let acts = quantize_acts(x);
     let avx = has_avx2();
-    let out = SendPtr(y.as_mut_ptr());
-    let run = |job: usize| {
-        let (o0, o1) = (job * ROWS_PER_JOB, ((job + 1) * ROWS_PER_JOB).min(m));
+    let out = SendPtr::new(y);
+    for_row_ranges(m, ROWS_PER_JOB, n * m * k, |o0, o1| {
         for o in o0..o1 {
             for t in 0..n {
                 let v = dot_row(w, o, &acts, t, avx);
@@ -200,20 +187,8 @@ pub fn qlinear(x: &[f32], w: &QMatrix, bias: Option<&[f32]>, n: usize, y: &mut [
                 unsafe { *out.get().add(t * m + o) = v };
             }
         }
-    };
-    let jobs = m.div_ceil(ROWS_PER_JOB);
-    if n * m * k < 1 << 16 {
-        (0..jobs).for_each(run);
-    } else {
-        (0..jobs).into_par_iter().for_each(run);
-    }
-    if let Some(b) = bias {
-        for row in y.chunks_exact_mut(m) {
-            for (v, bb) in row.iter_mut().zip(b) {
-                *v += bb;
-            }
-        }
-    }
+    });
+    add_bias(y, bias);
 }
 
 fn has_avx2() -> bool {
