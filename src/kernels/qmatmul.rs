@@ -170,6 +170,8 @@ fn quantize_acts(x: &[f32]) -> QActs {
 
 
 const ROWS_PER_JOB: usize = 32;
+/// Activation rows sharing one unpacked weight block.
+const TOKENS: usize = 4;
 
 /// `y[t, o] = Σ_i x[t, i] · w[o, i] (+ bias[o])` with `x` `[n, w.cols]`, `y` `[n, w.rows]`.
 pub fn qlinear(x: &[f32], w: &QMatrix, bias: Option<&[f32]>, n: usize, y: &mut [f32]) {
@@ -181,10 +183,18 @@ pub fn qlinear(x: &[f32], w: &QMatrix, bias: Option<&[f32]>, n: usize, y: &mut [
     let out = SendPtr::new(y);
     for_row_ranges(m, ROWS_PER_JOB, n * m * k, |o0, o1| {
         for o in o0..o1 {
-            for t in 0..n {
-                let v = dot_row(w, o, &acts, t, avx);
-                // SAFETY: t < n and o < m; only this job writes column o.
-                unsafe { *out.get().add(t * m + o) = v };
+            // Up to TOKENS rows of x per pass, so each weight block is unpacked once for
+            // all of them; every row's sum is formed in the same order whatever the group.
+            let mut t = 0;
+            while t < n {
+                let rows = (n - t).min(TOKENS);
+                let mut v = [0f32; TOKENS];
+                dot_rows(w, o, &acts, t, rows, avx, &mut v);
+                for (r, value) in v[..rows].iter().enumerate() {
+                    // SAFETY: t + r < n and o < m; only this job writes column o.
+                    unsafe { *out.get().add((t + r) * m + o) = *value };
+                }
+                t += rows;
             }
         }
     });
@@ -202,14 +212,38 @@ fn has_avx2() -> bool {
     }
 }
 
+/// Dot products of weight row `o` with activation rows `t..t + rows` (rows <= TOKENS).
+#[inline]
+fn dot_rows(w: &QMatrix, o: usize, a: &QActs, t: usize, rows: usize, avx: bool, out: &mut [f32; TOKENS]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        let bpr = w.cols / QK;
+        // SAFETY: AVX2 and FMA are present (checked at run time); rows <= TOKENS.
+        unsafe {
+            match rows {
+                1 => dot_rows_avx2::<1>(w, o, a, t, bpr, out),
+                2 => dot_rows_avx2::<2>(w, o, a, t, bpr, out),
+                3 => dot_rows_avx2::<3>(w, o, a, t, bpr, out),
+                _ => dot_rows_avx2::<4>(w, o, a, t, bpr, out),
+            }
+        }
+        return;
+    }
+    for r in 0..rows {
+        out[r] = dot_row(w, o, a, t + r, avx);
+    }
+}
+
 /// Dot product of weight row `o` with activation row `t`.
 #[inline]
 fn dot_row(w: &QMatrix, o: usize, a: &QActs, t: usize, avx: bool) -> f32 {
     let bpr = w.cols / QK;
     #[cfg(target_arch = "x86_64")]
     if avx {
+        let mut v = [0f32; TOKENS];
         // SAFETY: AVX2 and FMA are present (checked at run time).
-        return unsafe { dot_row_avx2(w, o, a, t, bpr) };
+        unsafe { dot_rows_avx2::<1>(w, o, a, t, bpr, &mut v) };
+        return v[0];
     }
     let _ = avx;
     let bb = w.block_bytes();
@@ -232,47 +266,56 @@ fn dot_row(w: &QMatrix, o: usize, a: &QActs, t: usize, avx: bool) -> f32 {
     acc
 }
 
+/// The AVX2 kernel for `R` activation rows: per block, the weights are unpacked once and
+/// met with each row's int8 values. Each row accumulates exactly as a single row would.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_row_avx2(w: &QMatrix, o: usize, a: &QActs, t: usize, bpr: usize) -> f32 {
+unsafe fn dot_rows_avx2<const R: usize>(w: &QMatrix, o: usize, a: &QActs, t: usize, bpr: usize, out: &mut [f32; TOKENS]) {
     use std::arch::x86_64::*;
     let ones = _mm256_set1_epi16(1);
-    let mut acc = _mm256_setzero_ps();
-    let mut offset = 0f32;
-    let qx = a.q.as_ptr().add(t * bpr * QK);
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut offset = [0f32; R];
+    let qx: [*const i8; R] = std::array::from_fn(|r| a.q.as_ptr().add((t + r) * bpr * QK));
+    let ad: [&[f32]; R] = std::array::from_fn(|r| &a.d[(t + r) * bpr..(t + r + 1) * bpr]);
+    let wd = &w.d[o * bpr..(o + 1) * bpr];
     match w.format {
         QFormat::Q4 => {
             let qs = w.qs.as_ptr().add(o * bpr * QK / 2);
+            let wm = &w.m[o * bpr..(o + 1) * bpr];
             let low = _mm_set1_epi8(0x0f);
             for b in 0..bpr {
                 let packed = _mm_loadu_si128(qs.add(b * QK / 2) as *const __m128i);
                 let lo = _mm_and_si128(packed, low);
                 let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
                 let wq = _mm256_set_m128i(hi, lo);
-                let xq = _mm256_loadu_si256(qx.add(b * QK) as *const __m256i);
-                let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);
-                let scale = _mm256_set1_ps(w.d[o * bpr + b] * a.d[t * bpr + b]);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc);
-                offset += w.m[o * bpr + b] * a.s[t * bpr + b];
+                for r in 0..R {
+                    let xq = _mm256_loadu_si256(qx[r].add(b * QK) as *const __m256i);
+                    let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);
+                    let scale = _mm256_set1_ps(wd[b] * ad[r][b]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r]);
+                    offset[r] += wm[b] * a.s[(t + r) * bpr + b];
+                }
             }
         }
         QFormat::Q8 => {
             let qs = w.qs.as_ptr().add(o * bpr * QK);
             for b in 0..bpr {
                 let wq = _mm256_loadu_si256(qs.add(b * QK) as *const __m256i);
-                let xq = _mm256_loadu_si256(qx.add(b * QK) as *const __m256i);
                 // maddubs takes unsigned × signed: move w's sign onto x.
-                let sums = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq)),
-                    ones,
-                );
-                let scale = _mm256_set1_ps(w.d[o * bpr + b] * a.d[t * bpr + b]);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc);
+                let wabs = _mm256_sign_epi8(wq, wq);
+                for r in 0..R {
+                    let xq = _mm256_loadu_si256(qx[r].add(b * QK) as *const __m256i);
+                    let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq)), ones);
+                    let scale = _mm256_set1_ps(wd[b] * ad[r][b]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r]);
+                }
             }
         }
     }
-    let lanes: [f32; 8] = std::mem::transmute(acc);
-    lanes.iter().sum::<f32>() + offset
+    for r in 0..R {
+        let lanes: [f32; 8] = std::mem::transmute(acc[r]);
+        out[r] = lanes.iter().sum::<f32>() + offset[r];
+    }
 }
 
 #[cfg(test)]
@@ -312,6 +355,25 @@ mod tests {
                     let b = dot_row(&q, o, &acts, 0, has_avx2());
                     assert!((a - b).abs() <= 1e-4 * (1.0 + a.abs()), "{ty:?}: {a} vs {b}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_rows_equal_single_rows_exactly() {
+        // Batch invariance: a token's result must not depend on which tokens share its pass.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            let (n, k, m) = (7, 96, 5);
+            let wf: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let x: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let q = QMatrix::from_ggml(ty, &encode(ty, &wf), m, k).unwrap();
+            let mut batched = vec![0f32; n * m];
+            qlinear(&x, &q, None, n, &mut batched);
+            for t in 0..n {
+                let mut alone = vec![0f32; m];
+                qlinear(&x[t * k..(t + 1) * k], &q, None, 1, &mut alone);
+                assert_eq!(&batched[t * m..(t + 1) * m], &alone[..], "{ty:?} token {t}");
             }
         }
     }
