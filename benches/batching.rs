@@ -13,8 +13,14 @@ use inflight::{GenerationParams, ModelHandle, ModelOptions, Prompt, Request};
 const OUTPUT_TOKENS: usize = 64;
 
 fn prompt(i: usize) -> String {
-    let words = ["the", "model", "serves", "many", "requests", "at", "once", "while", "blocks", "of", "cache", "move"];
-    (0..110).map(|j| words[(i * 7 + j * 3) % words.len()]).collect::<Vec<_>>().join(" ")
+    let words = [
+        "the", "model", "serves", "many", "requests", "at", "once", "while", "blocks", "of",
+        "cache", "move",
+    ];
+    (0..110)
+        .map(|j| words[(i * 7 + j * 3) % words.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 async fn run(handle: &ModelHandle, concurrency: usize, total: usize) -> (f64, f64) {
@@ -26,10 +32,21 @@ async fn run(handle: &ModelHandle, concurrency: usize, total: usize) -> (f64, f6
             let mut tokens = 0;
             let mut i = worker;
             while i < total {
-                let params = GenerationParams { max_tokens: OUTPUT_TOKENS, ignore_eos: true, ..Default::default() };
-                let req = Request { id: None, prompts: vec![Prompt::Text(prompt(i))], params };
+                let params = GenerationParams {
+                    max_tokens: OUTPUT_TOKENS,
+                    ignore_eos: true,
+                    ..Default::default()
+                };
+                let req = Request {
+                    id: None,
+                    prompts: vec![Prompt::Text(prompt(i))],
+                    params,
+                };
                 let stream = h.submit(req).await.expect("accepted");
-                tokens += stream.map(|c| c.token_ids.len()).fold(0, |a, n| async move { a + n }).await;
+                tokens += stream
+                    .map(|c| c.token_ids.len())
+                    .fold(0, |a, n| async move { a + n })
+                    .await;
                 i += concurrency;
             }
             tokens
@@ -45,8 +62,15 @@ async fn run(handle: &ModelHandle, concurrency: usize, total: usize) -> (f64, f6
 
 #[tokio::main]
 async fn main() {
-    let levels: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let levels = if levels.is_empty() { vec![1, 4, 16, 64] } else { levels };
+    let levels: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let levels = if levels.is_empty() {
+        vec![1, 4, 16, 64]
+    } else {
+        levels
+    };
     let path = inflight::fetch::default_model_path().expect("default model");
     let model = LoadedModel::load(&path).expect("loads");
     let mut options = ModelOptions::for_model(model.model.config(), 64 * 1024);

@@ -25,7 +25,10 @@ async fn main() -> inflight::Result<()> {
     let request = Request {
         id: Some("colors".into()),
         prompts: vec![Prompt::Chat(vec![question])],
-        params: GenerationParams { max_tokens: 48, ..GenerationParams::default() },
+        params: GenerationParams {
+            max_tokens: 48,
+            ..GenerationParams::default()
+        },
     };
     let mut stream = handle.submit(request).await.expect("accepted");
     while let Some(chunk) = stream.next().await {
@@ -39,7 +42,11 @@ async fn main() -> inflight::Result<()> {
     let long = Request {
         id: Some("long".into()),
         prompts: vec![Prompt::Text("Once upon a time".into())],
-        params: GenerationParams { max_tokens: 1000, ignore_eos: true, ..GenerationParams::default() },
+        params: GenerationParams {
+            max_tokens: 1000,
+            ignore_eos: true,
+            ..GenerationParams::default()
+        },
     };
     let mut stream = handle.submit(long).await.expect("accepted");
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -53,7 +60,10 @@ async fn main() -> inflight::Result<()> {
     }
 
     let stats = handle.stats().await?;
-    println!("[free KV blocks: {}/{}]", stats.free_blocks, stats.total_blocks);
+    println!(
+        "[free KV blocks: {}/{}]",
+        stats.free_blocks, stats.total_blocks
+    );
     handle.shutdown(Duration::from_secs(5)).await;
     Ok(())
 }

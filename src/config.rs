@@ -102,7 +102,8 @@ impl ServeConfig {
     /// Reads a file; a relative model path is resolved against its folder.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let mut cfg = Self::from_toml(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        let mut cfg = Self::from_toml(&text)
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         if !cfg.model.path.is_empty() && Path::new(&cfg.model.path).is_relative() {
             if let Some(dir) = path.parent() {
                 cfg.model.path = dir.join(&cfg.model.path).to_string_lossy().into_owned();
@@ -134,12 +135,17 @@ impl ServeConfig {
                 m.kv_cache_free_gpu_mem_fraction
             )));
         }
-        let max_seq_len = if m.max_seq_len == 0 { model.max_position_embeddings } else { m.max_seq_len };
+        let max_seq_len = if m.max_seq_len == 0 {
+            model.max_position_embeddings
+        } else {
+            m.max_seq_len
+        };
         let per_token = crate::model::KvCache::bytes_per_token(model);
         let kv_tokens = match m.max_tokens_in_paged_kv_cache {
             Some(t) => t,
             None => {
-                let budget = (available_memory() as f64 * m.kv_cache_free_gpu_mem_fraction) as usize;
+                let budget =
+                    (available_memory() as f64 * m.kv_cache_free_gpu_mem_fraction) as usize;
                 budget.min(CPU_KV_CAP_BYTES) / per_token.max(1)
             }
         };
@@ -178,7 +184,9 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_named() {
-        let e = ServeConfig::from_toml("[model]\nmax_batch_sise = 8\n").unwrap_err().to_string();
+        let e = ServeConfig::from_toml("[model]\nmax_batch_sise = 8\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("max_batch_sise"), "{e}");
         let e = ServeConfig::from_toml("[sever]\n").unwrap_err().to_string();
         assert!(e.contains("sever"), "{e}");
@@ -201,8 +209,15 @@ mod tests {
         assert_eq!((s.max_batch_size, s.block_size, s.num_blocks), (8, 16, 256));
         assert_eq!(s.policy, SchedulerPolicy::MaxUtilization);
         assert!(s.enable_chunked_context);
-        assert_eq!((s.max_num_tokens, s.max_queue_size, s.max_seq_len), (512, 3, 2048));
+        assert_eq!(
+            (s.max_num_tokens, s.max_queue_size, s.max_seq_len),
+            (512, 3, 2048)
+        );
         let bad = ServeConfig::from_toml("[model]\nbatch_scheduler_policy = \"fifo\"\n").unwrap();
-        assert!(bad.scheduler(&model).unwrap_err().to_string().contains("fifo"));
+        assert!(bad
+            .scheduler(&model)
+            .unwrap_err()
+            .to_string()
+            .contains("fifo"));
     }
 }

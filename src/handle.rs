@@ -95,7 +95,8 @@ impl ModelHandle {
         let (supervisor, _) = Actor::spawn(None, ModelSupervisor, args)
             .await
             .map_err(|e| Error::Model(format!("starting the model's actors: {e}")))?;
-        let refs = call!(supervisor, SupervisorMsg::Refs).map_err(|e| Error::Model(format!("model actors: {e}")))?;
+        let refs = call!(supervisor, SupervisorMsg::Refs)
+            .map_err(|e| Error::Model(format!("model actors: {e}")))?;
         Ok(ModelHandle {
             inner: Arc::new(Inner {
                 name: model.name,
@@ -138,7 +139,9 @@ impl ModelHandle {
     pub async fn submit(&self, request: Request) -> Result<ResponseStream, SubmitError> {
         let inner = &self.inner;
         if !inner.accepting.load(Ordering::Relaxed) {
-            return Err(SubmitError::Unavailable("the server is shutting down".into()));
+            return Err(SubmitError::Unavailable(
+                "the server is shutting down".into(),
+            ));
         }
         if !*inner.ready.borrow() {
             return Err(SubmitError::Unavailable("the model is not ready".into()));
@@ -147,7 +150,8 @@ impl ModelHandle {
         let id = request.id.clone().unwrap_or_else(|| format!("req-{rid}"));
         let prompts = request.prompts.len();
         let (tx, rx) = mpsc::unbounded_channel();
-        let worker = &inner.refs.preprocess[inner.round_robin.fetch_add(1, Ordering::Relaxed) % inner.refs.preprocess.len()];
+        let worker = &inner.refs.preprocess
+            [inner.round_robin.fetch_add(1, Ordering::Relaxed) % inner.refs.preprocess.len()];
         let submitted = call!(worker, |reply| PreprocessMsg::Submit {
             rid,
             request: id.clone(),
@@ -156,7 +160,8 @@ impl ModelHandle {
             stream: tx,
             reply,
         });
-        submitted.map_err(|e| SubmitError::Unavailable(format!("the model is not running: {e}")))??;
+        submitted
+            .map_err(|e| SubmitError::Unavailable(format!("the model is not running: {e}")))??;
         Ok(ResponseStream {
             id,
             rx,
@@ -176,13 +181,18 @@ impl ModelHandle {
 
     /// Queue, batch and KV block counts.
     pub async fn stats(&self) -> Result<SchedulerStats> {
-        call!(self.inner.refs.scheduler, SchedulerMsg::Stats).map_err(|e| Error::Model(format!("scheduler: {e}")))
+        call!(self.inner.refs.scheduler, SchedulerMsg::Stats)
+            .map_err(|e| Error::Model(format!("scheduler: {e}")))
     }
 
     /// Stops admitting, waits up to `timeout` for running requests, then stops the tree.
     pub async fn shutdown(&self, timeout: Duration) {
         self.inner.accepting.store(false, Ordering::Relaxed);
-        let drained = ractor::call_t!(self.inner.refs.scheduler, SchedulerMsg::Drain, timeout.as_millis() as u64);
+        let drained = ractor::call_t!(
+            self.inner.refs.scheduler,
+            SchedulerMsg::Drain,
+            timeout.as_millis() as u64
+        );
         if drained.is_err() {
             tracing::warn!(model = %self.inner.name, "shutdown: requests still running after {timeout:?}; stopping anyway");
         }

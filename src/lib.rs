@@ -16,12 +16,13 @@
 //! - [`request`], [`output`]: what clients send and receive, and how output is built.
 
 pub mod actors;
+pub mod bench;
 pub mod config;
 pub mod error;
 pub mod fetch;
 pub mod generate;
-pub mod http;
 pub mod handle;
+pub mod http;
 pub mod kernels;
 pub mod metrics;
 pub mod model;

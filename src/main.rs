@@ -13,10 +13,10 @@ use std::time::Duration;
 use inflight::config::ServeConfig;
 use inflight::generate::{generate, GenerateOptions};
 use inflight::http::{serve, AppState};
-use inflight::{ModelHandle, ModelOptions};
 use inflight::model::LoadedModel;
 use inflight::request::GenerationParams;
 use inflight::tokenizer::chat::{ChatMessage, ChatTemplate};
+use inflight::{ModelHandle, ModelOptions};
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +35,8 @@ enum Command {
     Serve(ServeArgs),
     /// Generate a completion for one prompt, streaming text to stdout.
     Generate(GenerateArgs),
+    /// Benchmark a running server (ours or any OpenAI-compatible one) with seeded traffic.
+    Bench(Box<inflight::bench::BenchArgs>),
     /// Fetch the default model (SmolLM2-135M-Instruct) into the cache folder.
     FetchModel {
         /// Folder to put it in (default: $INFLIGHT_MODEL_DIR or ~/.cache/inflight).
@@ -100,6 +102,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => run_serve(args),
         Command::Generate(args) => run_generate(args),
+        Command::Bench(args) => return inflight::bench::main(*args),
         Command::FetchModel { dir } => {
             let dir = dir.unwrap_or_else(inflight::fetch::cache_dir);
             inflight::fetch::fetch_default_model(&dir).map(|p| println!("{}", p.display()))
@@ -157,12 +160,20 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
         max_batch_size = options.scheduler.max_batch_size,
         "KV cache"
     );
-    let runtime = tokio::runtime::Runtime::new().map_err(|e| inflight::Error::Config(format!("tokio: {e}")))?;
+    let runtime = tokio::runtime::Runtime::new()
+        .map_err(|e| inflight::Error::Config(format!("tokio: {e}")))?;
     runtime.block_on(async move {
         let handle = ModelHandle::spawn(loaded, options).await?;
         let state = AppState::new(handle);
         let drain = Duration::from_secs(cfg.server.shutdown_timeout_s);
-        serve(state, &cfg.server.host, cfg.server.http_port, cfg.server.metrics_port, drain).await
+        serve(
+            state,
+            &cfg.server.host,
+            cfg.server.http_port,
+            cfg.server.metrics_port,
+            drain,
+        )
+        .await
     })
 }
 

@@ -78,7 +78,8 @@ impl RequestTiming {
             self.first_token = Some(first);
             if tokens > 1 {
                 let gap = now.duration_since(first) / (tokens - 1) as u32;
-                self.inter_token.extend(std::iter::repeat_n(gap, tokens - 1));
+                self.inter_token
+                    .extend(std::iter::repeat_n(gap, tokens - 1));
             }
             self.last_token = Some(now);
             self.output_tokens += tokens;
@@ -126,47 +127,111 @@ impl Metrics {
 
     fn describe(&self) {
         let r = &self.recorder;
-        let c = |name: &'static str, help: &'static str| r.describe_counter(name.into(), None, help.into());
-        c("nv_inference_request_success", "Number of successful inference requests, all batch sizes");
-        c("nv_inference_request_failure", "Number of failed inference requests, all batch sizes");
-        c("nv_inference_count", "Number of inferences performed (batch elements)");
-        c("nv_inference_exec_count", "Number of model executions performed (engine iterations)");
-        c("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds");
-        c("nv_inference_queue_duration_us", "Cumulative time requests spend waiting to be scheduled, in microseconds");
-        let g = |name: &'static str, help: &'static str| r.describe_gauge(name.into(), None, help.into());
-        g("nv_inference_pending_request_count", "Instantaneous number of pending requests awaiting execution");
+        let c = |name: &'static str, help: &'static str| {
+            r.describe_counter(name.into(), None, help.into())
+        };
+        c(
+            "nv_inference_request_success",
+            "Number of successful inference requests, all batch sizes",
+        );
+        c(
+            "nv_inference_request_failure",
+            "Number of failed inference requests, all batch sizes",
+        );
+        c(
+            "nv_inference_count",
+            "Number of inferences performed (batch elements)",
+        );
+        c(
+            "nv_inference_exec_count",
+            "Number of model executions performed (engine iterations)",
+        );
+        c(
+            "nv_inference_request_duration_us",
+            "Cumulative inference request duration in microseconds",
+        );
+        c(
+            "nv_inference_queue_duration_us",
+            "Cumulative time requests spend waiting to be scheduled, in microseconds",
+        );
+        let g = |name: &'static str, help: &'static str| {
+            r.describe_gauge(name.into(), None, help.into())
+        };
+        g(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution",
+        );
         g("nv_trt_llm_request_metrics", "TRT LLM request metrics");
-        g("nv_trt_llm_runtime_memory_metrics", "TRT LLM runtime memory metrics");
-        g("nv_trt_llm_kv_cache_block_metrics", "TRT LLM KV cache block metrics");
-        g("nv_trt_llm_inflight_batcher_metrics", "TRT LLM inflight batcher metrics");
+        g(
+            "nv_trt_llm_runtime_memory_metrics",
+            "TRT LLM runtime memory metrics",
+        );
+        g(
+            "nv_trt_llm_kv_cache_block_metrics",
+            "TRT LLM KV cache block metrics",
+        );
+        g(
+            "nv_trt_llm_inflight_batcher_metrics",
+            "TRT LLM inflight batcher metrics",
+        );
         g("nv_trt_llm_general_metrics", "General TRT LLM metrics");
-        let h = |name: &'static str, help: &'static str| r.describe_histogram(name.into(), Some(Unit::Seconds), help.into());
-        h("inflight_time_to_first_token_seconds", "Time from a request's arrival to its first output token");
-        h("inflight_inter_token_latency_seconds", "Time between consecutive output tokens of a request");
-        h("inflight_e2e_request_latency_seconds", "Time from a request's arrival to its last chunk");
+        let h = |name: &'static str, help: &'static str| {
+            r.describe_histogram(name.into(), Some(Unit::Seconds), help.into())
+        };
+        h(
+            "inflight_time_to_first_token_seconds",
+            "Time from a request's arrival to its first output token",
+        );
+        h(
+            "inflight_inter_token_latency_seconds",
+            "Time between consecutive output tokens of a request",
+        );
+        h(
+            "inflight_e2e_request_latency_seconds",
+            "Time from a request's arrival to its last chunk",
+        );
     }
 
     fn key(name: &'static str, labels: &[(&'static str, String)]) -> Key {
-        Key::from_parts(name, labels.iter().map(|(k, v)| Label::new(*k, v.clone())).collect::<Vec<_>>())
+        Key::from_parts(
+            name,
+            labels
+                .iter()
+                .map(|(k, v)| Label::new(*k, v.clone()))
+                .collect::<Vec<_>>(),
+        )
     }
 
     fn counter(&self, name: &'static str, labels: &[(&'static str, String)], by: u64) {
-        self.recorder.register_counter(&Self::key(name, labels), &META).increment(by);
+        self.recorder
+            .register_counter(&Self::key(name, labels), &META)
+            .increment(by);
     }
 
     fn gauge(&self, name: &'static str, labels: &[(&'static str, String)], value: f64) {
-        self.recorder.register_gauge(&Self::key(name, labels), &META).set(value);
+        self.recorder
+            .register_gauge(&Self::key(name, labels), &META)
+            .set(value);
     }
 
     fn histogram(&self, name: &'static str, model: &str, value: f64) {
         let labels = [("model", model.to_string())];
-        self.recorder.register_histogram(&Self::key(name, &labels), &META).record(value);
+        self.recorder
+            .register_histogram(&Self::key(name, &labels), &META)
+            .record(value);
     }
 
     /// Records a finished (or refused) request of `model` with `prompts` batch elements.
     /// As in Triton, a request to the ensemble (or the BLS model) counts for it and for
     /// its composing model, `tensorrt_llm`.
-    pub fn request_done(&self, model: &str, outcome: Outcome, prompts: usize, timing: &RequestTiming, queue: Duration) {
+    pub fn request_done(
+        &self,
+        model: &str,
+        outcome: Outcome,
+        prompts: usize,
+        timing: &RequestTiming,
+        queue: Duration,
+    ) {
         self.request_counters(model, outcome, prompts, timing, queue);
         if model == "ensemble" || model == "tensorrt_llm_bls" {
             self.request_counters("tensorrt_llm", outcome, prompts, timing, queue);
@@ -175,15 +240,34 @@ impl Metrics {
             return;
         }
         if let Some(t) = timing.ttft() {
-            self.histogram("inflight_time_to_first_token_seconds", model, t.as_secs_f64());
+            self.histogram(
+                "inflight_time_to_first_token_seconds",
+                model,
+                t.as_secs_f64(),
+            );
         }
         for gap in &timing.inter_token {
-            self.histogram("inflight_inter_token_latency_seconds", model, gap.as_secs_f64());
+            self.histogram(
+                "inflight_inter_token_latency_seconds",
+                model,
+                gap.as_secs_f64(),
+            );
         }
-        self.histogram("inflight_e2e_request_latency_seconds", model, timing.arrived.elapsed().as_secs_f64());
+        self.histogram(
+            "inflight_e2e_request_latency_seconds",
+            model,
+            timing.arrived.elapsed().as_secs_f64(),
+        );
     }
 
-    fn request_counters(&self, model: &str, outcome: Outcome, prompts: usize, timing: &RequestTiming, queue: Duration) {
+    fn request_counters(
+        &self,
+        model: &str,
+        outcome: Outcome,
+        prompts: usize,
+        timing: &RequestTiming,
+        queue: Duration,
+    ) {
         let labels = [("model", model.to_string()), ("version", "1".to_string())];
         match outcome {
             Outcome::Success => self.counter("nv_inference_request_success", &labels, 1),
@@ -194,7 +278,11 @@ impl Metrics {
                     Outcome::Backend => "BACKEND",
                     _ => "OTHER",
                 };
-                let l = [labels[0].clone(), labels[1].clone(), ("reason", reason.to_string())];
+                let l = [
+                    labels[0].clone(),
+                    labels[1].clone(),
+                    ("reason", reason.to_string()),
+                ];
                 self.counter("nv_inference_request_failure", &l, 1);
             }
         }
@@ -203,49 +291,150 @@ impl Metrics {
         }
         self.counter("nv_inference_count", &labels, prompts as u64);
         let total = timing.arrived.elapsed();
-        self.counter("nv_inference_request_duration_us", &labels, total.as_micros() as u64);
-        self.counter("nv_inference_queue_duration_us", &labels, queue.as_micros() as u64);
+        self.counter(
+            "nv_inference_request_duration_us",
+            &labels,
+            total.as_micros() as u64,
+        );
+        self.counter(
+            "nv_inference_queue_duration_us",
+            &labels,
+            queue.as_micros() as u64,
+        );
     }
 
     /// Sets the batcher and KV cache gauges from the scheduler's counts (at scrape time).
-    pub fn scheduler(&self, models: &[&str], s: &SchedulerStats, iterations_total: u64, kv_bytes: usize) {
+    pub fn scheduler(
+        &self,
+        models: &[&str],
+        s: &SchedulerStats,
+        iterations_total: u64,
+        kv_bytes: usize,
+    ) {
         let trt = |kind: &'static str, v: &'static str| {
-            [(kind, v.to_string()), ("model", "tensorrt_llm".to_string()), ("version", "1".to_string())]
+            [
+                (kind, v.to_string()),
+                ("model", "tensorrt_llm".to_string()),
+                ("version", "1".to_string()),
+            ]
         };
         let req = "request_type";
-        self.gauge("nv_trt_llm_request_metrics", &trt(req, "active"), s.active_requests as f64);
-        self.gauge("nv_trt_llm_request_metrics", &trt(req, "max"), s.max_batch_size as f64);
-        self.gauge("nv_trt_llm_request_metrics", &trt(req, "scheduled"), s.running as f64);
-        self.gauge("nv_trt_llm_request_metrics", &trt(req, "context"), s.context_requests as f64);
-        self.gauge("nv_trt_llm_request_metrics", &trt(req, "waiting"), s.waiting as f64);
+        self.gauge(
+            "nv_trt_llm_request_metrics",
+            &trt(req, "active"),
+            s.active_requests as f64,
+        );
+        self.gauge(
+            "nv_trt_llm_request_metrics",
+            &trt(req, "max"),
+            s.max_batch_size as f64,
+        );
+        self.gauge(
+            "nv_trt_llm_request_metrics",
+            &trt(req, "scheduled"),
+            s.running as f64,
+        );
+        self.gauge(
+            "nv_trt_llm_request_metrics",
+            &trt(req, "context"),
+            s.context_requests as f64,
+        );
+        self.gauge(
+            "nv_trt_llm_request_metrics",
+            &trt(req, "waiting"),
+            s.waiting as f64,
+        );
         let kv = "kv_cache_block_type";
         let used = s.total_blocks - s.free_blocks;
-        self.gauge("nv_trt_llm_kv_cache_block_metrics", &trt(kv, "max"), s.total_blocks as f64);
-        self.gauge("nv_trt_llm_kv_cache_block_metrics", &trt(kv, "free"), s.free_blocks as f64);
-        self.gauge("nv_trt_llm_kv_cache_block_metrics", &trt(kv, "used"), used as f64);
-        self.gauge("nv_trt_llm_kv_cache_block_metrics", &trt(kv, "tokens_per"), s.block_size as f64);
-        let fraction = if s.total_blocks == 0 { 0.0 } else { used as f64 / s.total_blocks as f64 };
-        self.gauge("nv_trt_llm_kv_cache_block_metrics", &trt(kv, "fraction"), fraction);
+        self.gauge(
+            "nv_trt_llm_kv_cache_block_metrics",
+            &trt(kv, "max"),
+            s.total_blocks as f64,
+        );
+        self.gauge(
+            "nv_trt_llm_kv_cache_block_metrics",
+            &trt(kv, "free"),
+            s.free_blocks as f64,
+        );
+        self.gauge(
+            "nv_trt_llm_kv_cache_block_metrics",
+            &trt(kv, "used"),
+            used as f64,
+        );
+        self.gauge(
+            "nv_trt_llm_kv_cache_block_metrics",
+            &trt(kv, "tokens_per"),
+            s.block_size as f64,
+        );
+        let fraction = if s.total_blocks == 0 {
+            0.0
+        } else {
+            used as f64 / s.total_blocks as f64
+        };
+        self.gauge(
+            "nv_trt_llm_kv_cache_block_metrics",
+            &trt(kv, "fraction"),
+            fraction,
+        );
         let ib = "inflight_batcher_specific_metric";
-        self.gauge("nv_trt_llm_inflight_batcher_metrics", &trt(ib, "micro_batch_id"), 0.0);
-        self.gauge("nv_trt_llm_inflight_batcher_metrics", &trt(ib, "generation_requests"), s.generation_requests as f64);
-        self.gauge("nv_trt_llm_inflight_batcher_metrics", &trt(ib, "total_context_tokens"), s.context_tokens as f64);
+        self.gauge(
+            "nv_trt_llm_inflight_batcher_metrics",
+            &trt(ib, "micro_batch_id"),
+            0.0,
+        );
+        self.gauge(
+            "nv_trt_llm_inflight_batcher_metrics",
+            &trt(ib, "generation_requests"),
+            s.generation_requests as f64,
+        );
+        self.gauge(
+            "nv_trt_llm_inflight_batcher_metrics",
+            &trt(ib, "total_context_tokens"),
+            s.context_tokens as f64,
+        );
         let gen = "general_type";
-        self.gauge("nv_trt_llm_general_metrics", &trt(gen, "iteration_counter"), iterations_total as f64);
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        self.gauge("nv_trt_llm_general_metrics", &trt(gen, "timestamp"), now.as_micros() as f64);
+        self.gauge(
+            "nv_trt_llm_general_metrics",
+            &trt(gen, "iteration_counter"),
+            iterations_total as f64,
+        );
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        self.gauge(
+            "nv_trt_llm_general_metrics",
+            &trt(gen, "timestamp"),
+            now.as_micros() as f64,
+        );
         let mem = "memory_type";
-        self.gauge("nv_trt_llm_runtime_memory_metrics", &trt(mem, "cpu"), kv_bytes as f64);
+        self.gauge(
+            "nv_trt_llm_runtime_memory_metrics",
+            &trt(mem, "cpu"),
+            kv_bytes as f64,
+        );
         self.gauge("nv_trt_llm_runtime_memory_metrics", &trt(mem, "gpu"), 0.0);
-        self.gauge("nv_trt_llm_runtime_memory_metrics", &trt(mem, "pinned"), 0.0);
+        self.gauge(
+            "nv_trt_llm_runtime_memory_metrics",
+            &trt(mem, "pinned"),
+            0.0,
+        );
         for model in models {
             let labels = [("model", model.to_string()), ("version", "1".to_string())];
-            self.gauge("nv_inference_pending_request_count", &labels, s.waiting as f64);
+            self.gauge(
+                "nv_inference_pending_request_count",
+                &labels,
+                s.waiting as f64,
+            );
         }
         // Every engine iteration is one model execution of the composing model.
-        let exec = [("model", "tensorrt_llm".to_string()), ("version", "1".to_string())];
+        let exec = [
+            ("model", "tensorrt_llm".to_string()),
+            ("version", "1".to_string()),
+        ];
         let key = Self::key("nv_inference_exec_count", &exec);
-        self.recorder.register_counter(&key, &META).absolute(iterations_total);
+        self.recorder
+            .register_counter(&key, &META)
+            .absolute(iterations_total);
     }
 
     /// Prometheus text exposition.

@@ -55,8 +55,17 @@ impl SeqOutputState {
             batch_index,
             stream: params.stream,
             detok: Detokenizer::new(),
-            stop_strings: params.stop_strings.iter().filter(|s| !s.is_empty()).cloned().collect(),
-            end_ids: if params.ignore_eos { Vec::new() } else { end_ids },
+            stop_strings: params
+                .stop_strings
+                .iter()
+                .filter(|s| !s.is_empty())
+                .cloned()
+                .collect(),
+            end_ids: if params.ignore_eos {
+                Vec::new()
+            } else {
+                end_ids
+            },
             return_log_probs: params.return_log_probs,
             held: String::new(),
             pending,
@@ -73,9 +82,18 @@ impl SeqOutputState {
     }
 
     /// Adds one generated token.
-    pub fn push(&mut self, tokenizer: &Tokenizer, token: u32, log_prob: Option<f32>, queued: Option<std::time::Duration>) -> Pushed {
+    pub fn push(
+        &mut self,
+        tokenizer: &Tokenizer,
+        token: u32,
+        log_prob: Option<f32>,
+        queued: Option<std::time::Duration>,
+    ) -> Pushed {
         if self.done {
-            return Pushed { chunk: None, stop_string: false };
+            return Pushed {
+                chunk: None,
+                stop_string: false,
+            };
         }
         let mut chunk = Chunk {
             batch_index: self.batch_index,
@@ -85,7 +103,8 @@ impl SeqOutputState {
         // End tokens close the sequence; they are not part of the answer.
         if !self.end_ids.contains(&token) {
             self.output_tokens += 1;
-            self.first_token_at.get_or_insert_with(std::time::Instant::now);
+            self.first_token_at
+                .get_or_insert_with(std::time::Instant::now);
             chunk.token_ids.push(token);
             if self.return_log_probs {
                 let lp = log_prob.unwrap_or(0.0);
@@ -105,17 +124,28 @@ impl SeqOutputState {
             chunk.cum_log_prob = Some(self.cum_log_prob);
         }
         if self.stream {
-            Pushed { chunk: Some(chunk), stop_string }
+            Pushed {
+                chunk: Some(chunk),
+                stop_string,
+            }
         } else {
             self.accumulate(chunk);
-            Pushed { chunk: None, stop_string }
+            Pushed {
+                chunk: None,
+                stop_string,
+            }
         }
     }
 
     /// Moves held text that cannot start a stop string into `out`. Returns true when a
     /// stop string is complete (the text before it is released, the rest dropped).
     fn release(&mut self, out: &mut String) -> bool {
-        if let Some(pos) = self.stop_strings.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(pos) = self
+            .stop_strings
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             out.push_str(&self.held[..pos]);
             self.held.clear();
             return true;
@@ -186,7 +216,9 @@ fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
     let max = stop.len().saturating_sub(1).min(text.len());
     (1..=max)
         .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && stop.starts_with(&text[text.len() - n..]))
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n) && stop.starts_with(&text[text.len() - n..])
+        })
         .unwrap_or(0)
 }
 

@@ -154,9 +154,16 @@ impl Chunk {
 
 /// Each prompt's whole answer, from the chunks of a request (by `batch_index`).
 pub fn answers(chunks: Vec<Chunk>, prompts: usize) -> Vec<Chunk> {
-    let mut out: Vec<Chunk> = (0..prompts).map(|i| Chunk { batch_index: i, ..Chunk::default() }).collect();
+    let mut out: Vec<Chunk> = (0..prompts)
+        .map(|i| Chunk {
+            batch_index: i,
+            ..Chunk::default()
+        })
+        .collect();
     for c in chunks {
-        let Some(slot) = out.get_mut(c.batch_index) else { continue };
+        let Some(slot) = out.get_mut(c.batch_index) else {
+            continue;
+        };
         slot.text.push_str(&c.text);
         slot.token_ids.extend(c.token_ids);
         slot.log_probs.extend(c.log_probs);

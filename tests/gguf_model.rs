@@ -4,12 +4,12 @@
 
 use std::path::PathBuf;
 
+use inflight::model::config::KvDtype;
 use inflight::model::gguf::{GgufFile, MetaValue};
 use inflight::model::gguf_writer::GgufWriter;
 use inflight::model::quant::GgmlType;
 use inflight::model::safetensors::HfCheckpoint;
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
-use inflight::model::config::KvDtype;
 use inflight::model::{KvCache, Llama, SeqChunk};
 
 fn temp_dir(tag: &str) -> PathBuf {
@@ -141,7 +141,11 @@ fn gguf_and_safetensors_give_the_same_logits() {
     let want = all_logits(&hf, &tokens);
 
     let f32_model = Llama::from_gguf(&to_gguf(&ckpt, GgmlType::F32)).unwrap();
-    assert_eq!(f32_model.config().kv_dtype, KvDtype::F16, "GGUF models default to an f16 cache");
+    assert_eq!(
+        f32_model.config().kv_dtype,
+        KvDtype::F16,
+        "GGUF models default to an f16 cache"
+    );
     assert_eq!(f32_model.config().num_kv_heads, spec.num_kv_heads);
     let got = all_logits(&f32_model, &tokens);
     let max_diff = got

@@ -16,7 +16,12 @@ fn client() -> reqwest::Client {
 }
 
 async fn post(s: &TestServer, path: &str, body: Value) -> (u16, Value) {
-    let r = client().post(s.url(path)).body(body.to_string()).send().await.unwrap();
+    let r = client()
+        .post(s.url(path))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
@@ -28,7 +33,10 @@ fn sse_events(body: &str) -> Vec<Value> {
         if let Some(data) = line.strip_prefix("data: ") {
             out.push(serde_json::from_str(data).expect("event is JSON"));
         } else {
-            assert!(line.is_empty() || line.starts_with(':'), "unexpected SSE line {line:?}");
+            assert!(
+                line.is_empty() || line.starts_with(':'),
+                "unexpected SSE line {line:?}"
+            );
         }
     }
     out
@@ -47,7 +55,14 @@ async fn wait_idle(s: &TestServer) {
 }
 
 async fn metric(s: &TestServer, line_start: &str) -> f64 {
-    let text = client().get(format!("{}/metrics", s.metrics)).send().await.unwrap().text().await.unwrap();
+    let text = client()
+        .get(format!("{}/metrics", s.metrics))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     text.lines()
         .find(|l| l.starts_with(line_start))
         .and_then(|l| l.rsplit(' ').next())
@@ -70,13 +85,26 @@ async fn generate_answers_with_triton_keys() {
     // exclude_input_in_output drops the echo; return_log_probs gives real values.
     let (_, body) = post(&s, "/v2/models/tensorrt_llm_bls/generate", json!({"text_input": ["hello there"], "parameters": {"max_tokens": 4, "exclude_input_in_output": true, "return_log_probs": true, "ignore_eos": true}})).await;
     assert!(!body["text_output"].as_str().unwrap().starts_with("hello"));
-    let lps: Vec<f64> = body["output_log_probs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let lps: Vec<f64> = body["output_log_probs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     assert_eq!(lps.len(), 4);
-    assert!(lps.iter().all(|&l| l <= 0.0) && lps.iter().any(|&l| l < 0.0), "{lps:?}");
+    assert!(
+        lps.iter().all(|&l| l <= 0.0) && lps.iter().any(|&l| l < 0.0),
+        "{lps:?}"
+    );
     let cum = body["cum_log_probs"].as_f64().unwrap();
     assert!((cum - lps.iter().sum::<f64>()).abs() < 1e-3);
     // The core model takes and returns ids.
-    let (status, body) = post(&s, "/v2/models/tensorrt_llm/generate", json!({"input_ids": [5, 6, 7], "request_output_len": 5, "ignore_eos": true})).await;
+    let (status, body) = post(
+        &s,
+        "/v2/models/tensorrt_llm/generate",
+        json!({"input_ids": [5, 6, 7], "request_output_len": 5, "ignore_eos": true}),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["output_ids"].as_array().unwrap().len(), 5);
     assert_eq!(body["sequence_length"], 5);
@@ -92,19 +120,36 @@ async fn generate_stream_sends_sse_events_with_batch_index() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
     let events = sse_events(&r.text().await.unwrap());
     for i in 0..3 {
         let mine: Vec<&Value> = events.iter().filter(|e| e["batch_index"] == i).collect();
-        assert_eq!(mine.len(), 6, "5 token events and a final one for prompt {i}");
+        assert_eq!(
+            mine.len(),
+            6,
+            "5 token events and a final one for prompt {i}"
+        );
         assert!(mine.last().unwrap()["finish_reason"] == "length");
     }
     // Non-streamed through generate_stream: one event per prompt with the whole answer.
-    let r = client().post(s.url("/v2/models/ensemble/generate_stream")).body(json!({"text_input": "one", "max_tokens": 5, "ignore_eos": true}).to_string()).send().await.unwrap();
+    let r = client()
+        .post(s.url("/v2/models/ensemble/generate_stream"))
+        .body(json!({"text_input": "one", "max_tokens": 5, "ignore_eos": true}).to_string())
+        .send()
+        .await
+        .unwrap();
     let events = sse_events(&r.text().await.unwrap());
     assert_eq!(events.len(), 1);
     // A batch through generate: per-prompt keys become lists.
-    let (_, body) = post(&s, "/v2/models/ensemble/generate", json!({"text_input": ["one", "two"], "max_tokens": 3})).await;
+    let (_, body) = post(
+        &s,
+        "/v2/models/ensemble/generate",
+        json!({"text_input": ["one", "two"], "max_tokens": 3}),
+    )
+    .await;
     assert_eq!(body["batch_index"], json!([0, 1]));
     assert_eq!(body["text_output"].as_array().unwrap().len(), 2);
 }
@@ -114,9 +159,19 @@ async fn three_ways_to_cancel_free_the_blocks() {
     let s = start_tiny("cancel", |_| {}).await;
     let long = |id: &str| json!({"id": id, "text_input": "a long one", "max_tokens": 1500, "stream": true, "ignore_eos": true});
     // 1. A stop request with the same id.
-    let stream = client().post(s.url("/v2/models/ensemble/generate_stream")).body(long("x1").to_string()).send().await.unwrap();
+    let stream = client()
+        .post(s.url("/v2/models/ensemble/generate_stream"))
+        .body(long("x1").to_string())
+        .send()
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let (status, body) = post(&s, "/v2/models/ensemble/generate", json!({"id": "x1", "stop": true})).await;
+    let (status, body) = post(
+        &s,
+        "/v2/models/ensemble/generate",
+        json!({"id": "x1", "stop": true}),
+    )
+    .await;
     assert_eq!((status, &body["id"]), (200, &json!("x1")));
     let events = sse_events(&stream.text().await.unwrap());
     assert_eq!(events.last().unwrap()["finish_reason"], "cancelled");
@@ -125,24 +180,54 @@ async fn three_ways_to_cancel_free_the_blocks() {
     let start = Instant::now();
     let mut body = long("x2");
     body["stop_after_ms"] = json!(150);
-    let stream = client().post(s.url("/v2/models/ensemble/generate_stream")).body(body.to_string()).send().await.unwrap();
+    let stream = client()
+        .post(s.url("/v2/models/ensemble/generate_stream"))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
     let events = sse_events(&stream.text().await.unwrap());
     assert_eq!(events.last().unwrap()["finish_reason"], "cancelled");
     assert!(start.elapsed() < Duration::from_secs(2));
     // 3. The client hangs up mid-stream.
-    let r = client().post(s.url("/v2/models/ensemble/generate_stream")).body(long("x3").to_string()).send().await.unwrap();
+    let r = client()
+        .post(s.url("/v2/models/ensemble/generate_stream"))
+        .body(long("x3").to_string())
+        .send()
+        .await
+        .unwrap();
     let mut bytes = r.bytes_stream();
     let _ = bytes.next().await;
     drop(bytes);
     wait_idle(&s).await;
-    assert_eq!(metric(&s, "nv_trt_llm_request_metrics{request_type=\"active\"").await, 0.0);
-    assert_eq!(metric(&s, "nv_inference_request_failure{model=\"ensemble\",version=\"1\",reason=\"CANCELED\"}").await, 3.0);
+    assert_eq!(
+        metric(&s, "nv_trt_llm_request_metrics{request_type=\"active\"").await,
+        0.0
+    );
+    assert_eq!(
+        metric(
+            &s,
+            "nv_inference_request_failure{model=\"ensemble\",version=\"1\",reason=\"CANCELED\"}"
+        )
+        .await,
+        3.0
+    );
     let st = s.state.model().stats().await.unwrap();
-    assert_eq!(metric(&s, "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"free\"").await, st.total_blocks as f64);
+    assert_eq!(
+        metric(
+            &s,
+            "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"free\""
+        )
+        .await,
+        st.total_blocks as f64
+    );
     // A stop request without an id is refused, as TRT-LLM does.
     let (status, body) = post(&s, "/v2/models/ensemble/generate", json!({"stop": true})).await;
     assert_eq!(status, 400);
-    assert!(body["error"].as_str().unwrap().contains("request ID is not provided"));
+    assert!(body["error"]
+        .as_str()
+        .unwrap()
+        .contains("request ID is not provided"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,54 +236,215 @@ async fn malformed_requests_get_clear_errors_and_the_server_stays_healthy() {
     let ctx = s.state.model().config().max_position_embeddings;
     let long_prompt: String = "word ".repeat(ctx + 10);
     let cases: Vec<(&str, String, u16, &str)> = vec![
-        ("/v2/models/ensemble/generate", "{not json".into(), 400, "malformed JSON"),
+        (
+            "/v2/models/ensemble/generate",
+            "{not json".into(),
+            400,
+            "malformed JSON",
+        ),
         ("/v2/models/ensemble/generate", "".into(), 400, "empty"),
-        ("/v2/models/ensemble/generate", "[1,2]".into(), 400, "JSON object"),
-        ("/v2/models/ensemble/generate", json!({"max_tokens": 5}).to_string(), 400, "text_input"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi"}).to_string(), 400, "max_tokens"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": -3}).to_string(), 400, "at least 1"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 0}).to_string(), 400, "at least 1"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 10_000_000}).to_string(), 400, "context length"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": "five"}).to_string(), 400, "'max_tokens' must be an integer"),
-        ("/v2/models/ensemble/generate", json!({"text_input": 42, "max_tokens": 5}).to_string(), 400, "text_input"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 5, "temperature": "hot"}).to_string(), 400, "temperature"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 5, "temperature": -1.0}).to_string(), 400, "temperature"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 5, "top_p": 2.0}).to_string(), 400, "top_p"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 5, "repetition_penalty": 0.0}).to_string(), 400, "repetition_penalty"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 5, "beam_width": 4}).to_string(), 400, "beam_width"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 5, "return_context_logits": true}).to_string(), 400, "return_context_logits"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 5, "num_draft_tokens": 4}).to_string(), 400, "num_draft_tokens"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 5, "end_id": 99_999_999}).to_string(), 400, "vocabulary"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 5, "parameters": 3}).to_string(), 400, "parameters"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 5, "random_seed": -1}).to_string(), 400, "negative"),
-        ("/v2/models/ensemble/generate", json!({"text_input": long_prompt, "max_tokens": 5}).to_string(), 400, "context"),
-        ("/v2/models/nope/generate", json!({"text_input": "hi", "max_tokens": 5}).to_string(), 400, "unknown model"),
-        ("/v2/models/tensorrt_llm/generate", json!({"input_ids": ["a"], "max_tokens": 5}).to_string(), 400, "input_ids"),
-        ("/v2/models/tensorrt_llm/generate", json!({"input_ids": [1, 99_999_999], "max_tokens": 5}).to_string(), 400, "vocabulary"),
-        ("/v2/models/tensorrt_llm/generate", json!({"text_input": "hi", "max_tokens": 5}).to_string(), 400, "input_ids"),
-        ("/v2/models/ensemble/generate_stream", "{\"text_input\":".into(), 400, "malformed JSON"),
-        ("/v2/models/ensemble/generate_stream", json!({"text_input": "hi", "max_tokens": 5, "stream": "yes"}).to_string(), 400, "boolean"),
-        ("/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 5, "id": {"x": 1}}).to_string(), 400, "id"),
+        (
+            "/v2/models/ensemble/generate",
+            "[1,2]".into(),
+            400,
+            "JSON object",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"max_tokens": 5}).to_string(),
+            400,
+            "text_input",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi"}).to_string(),
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": -3}).to_string(),
+            400,
+            "at least 1",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 0}).to_string(),
+            400,
+            "at least 1",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 10_000_000}).to_string(),
+            400,
+            "context length",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": "five"}).to_string(),
+            400,
+            "'max_tokens' must be an integer",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": 42, "max_tokens": 5}).to_string(),
+            400,
+            "text_input",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 5, "temperature": "hot"}).to_string(),
+            400,
+            "temperature",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 5, "temperature": -1.0}).to_string(),
+            400,
+            "temperature",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 5, "top_p": 2.0}).to_string(),
+            400,
+            "top_p",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 5, "repetition_penalty": 0.0}).to_string(),
+            400,
+            "repetition_penalty",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 5, "beam_width": 4}).to_string(),
+            400,
+            "beam_width",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 5, "return_context_logits": true}).to_string(),
+            400,
+            "return_context_logits",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 5, "num_draft_tokens": 4}).to_string(),
+            400,
+            "num_draft_tokens",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 5, "end_id": 99_999_999}).to_string(),
+            400,
+            "vocabulary",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 5, "parameters": 3}).to_string(),
+            400,
+            "parameters",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 5, "random_seed": -1}).to_string(),
+            400,
+            "negative",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": long_prompt, "max_tokens": 5}).to_string(),
+            400,
+            "context",
+        ),
+        (
+            "/v2/models/nope/generate",
+            json!({"text_input": "hi", "max_tokens": 5}).to_string(),
+            400,
+            "unknown model",
+        ),
+        (
+            "/v2/models/tensorrt_llm/generate",
+            json!({"input_ids": ["a"], "max_tokens": 5}).to_string(),
+            400,
+            "input_ids",
+        ),
+        (
+            "/v2/models/tensorrt_llm/generate",
+            json!({"input_ids": [1, 99_999_999], "max_tokens": 5}).to_string(),
+            400,
+            "vocabulary",
+        ),
+        (
+            "/v2/models/tensorrt_llm/generate",
+            json!({"text_input": "hi", "max_tokens": 5}).to_string(),
+            400,
+            "input_ids",
+        ),
+        (
+            "/v2/models/ensemble/generate_stream",
+            "{\"text_input\":".into(),
+            400,
+            "malformed JSON",
+        ),
+        (
+            "/v2/models/ensemble/generate_stream",
+            json!({"text_input": "hi", "max_tokens": 5, "stream": "yes"}).to_string(),
+            400,
+            "boolean",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 5, "id": {"x": 1}}).to_string(),
+            400,
+            "id",
+        ),
     ];
     assert!(cases.len() >= 25);
     for (path, body, status, needle) in &cases {
-        let r = client().post(s.url(path)).body(body.clone()).send().await.unwrap();
+        let r = client()
+            .post(s.url(path))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status().as_u16(), *status, "{path} {body:.80}");
         let v: Value = r.json().await.expect("error body is JSON");
-        let msg = v["error"].as_str().unwrap_or_else(|| panic!("no error string for {body:.80}: {v}"));
-        assert!(msg.to_lowercase().contains(&needle.to_lowercase()), "{body:.80}: {msg}");
-        let ready = client().get(s.url("/v2/health/ready")).send().await.unwrap();
+        let msg = v["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error string for {body:.80}: {v}"));
+        assert!(
+            msg.to_lowercase().contains(&needle.to_lowercase()),
+            "{body:.80}: {msg}"
+        );
+        let ready = client()
+            .get(s.url("/v2/health/ready"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(ready.status(), 200, "not ready after {body:.80}");
     }
     // Wrong method and unknown path.
-    let r = client().get(s.url("/v2/models/ensemble/generate")).send().await.unwrap();
+    let r = client()
+        .get(s.url("/v2/models/ensemble/generate"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 405);
-    assert_eq!(r.json::<Value>().await.unwrap()["error"], "Method Not Allowed");
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"],
+        "Method Not Allowed"
+    );
     let r = client().get(s.url("/v3/nothing")).send().await.unwrap();
     assert_eq!(r.status(), 404);
     assert!(r.json::<Value>().await.unwrap()["error"].is_string());
     // Still serving.
-    let (status, _) = post(&s, "/v2/models/ensemble/generate", json!({"text_input": "hi", "max_tokens": 2})).await;
+    let (status, _) = post(
+        &s,
+        "/v2/models/ensemble/generate",
+        json!({"text_input": "hi", "max_tokens": 2}),
+    )
+    .await;
     assert_eq!(status, 200);
 }
 
@@ -213,7 +459,12 @@ async fn a_full_queue_is_503_and_metrics_count_it() {
     let mut held = Vec::new();
     let mut refused = None;
     for _ in 0..6 {
-        let r = client().post(s.url("/v2/models/ensemble/generate_stream")).body(long.to_string()).send().await.unwrap();
+        let r = client()
+            .post(s.url("/v2/models/ensemble/generate_stream"))
+            .body(long.to_string())
+            .send()
+            .await
+            .unwrap();
         if r.status() == 503 {
             refused = Some(r.json::<Value>().await.unwrap());
             break;
@@ -222,7 +473,14 @@ async fn a_full_queue_is_503_and_metrics_count_it() {
     }
     let body = refused.expect("the queue filled");
     assert!(body["error"].as_str().unwrap().contains("queue"), "{body}");
-    assert_eq!(metric(&s, "nv_inference_request_failure{model=\"ensemble\",version=\"1\",reason=\"REJECTED\"}").await, 1.0);
+    assert_eq!(
+        metric(
+            &s,
+            "nv_inference_request_failure{model=\"ensemble\",version=\"1\",reason=\"REJECTED\"}"
+        )
+        .await,
+        1.0
+    );
     drop(held);
     wait_idle(&s).await;
 }
@@ -231,23 +489,75 @@ async fn a_full_queue_is_503_and_metrics_count_it() {
 async fn metrics_move_with_requests() {
     let s = start_tiny("metrics", |_| {}).await;
     for _ in 0..3 {
-        post(&s, "/v2/models/ensemble/generate", json!({"text_input": "count me", "max_tokens": 4, "ignore_eos": true})).await;
+        post(
+            &s,
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "count me", "max_tokens": 4, "ignore_eos": true}),
+        )
+        .await;
     }
-    let text = client().get(format!("{}/metrics", s.metrics)).send().await.unwrap().text().await.unwrap();
+    let text = client()
+        .get(format!("{}/metrics", s.metrics))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for name in [
-        "nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count", "nv_inference_request_duration_us",
-        "nv_inference_queue_duration_us", "nv_inference_pending_request_count", "nv_trt_llm_request_metrics",
-        "nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_inflight_batcher_metrics", "nv_trt_llm_general_metrics",
-        "nv_trt_llm_runtime_memory_metrics", "inflight_time_to_first_token_seconds", "inflight_inter_token_latency_seconds",
+        "nv_inference_request_success",
+        "nv_inference_count",
+        "nv_inference_exec_count",
+        "nv_inference_request_duration_us",
+        "nv_inference_queue_duration_us",
+        "nv_inference_pending_request_count",
+        "nv_trt_llm_request_metrics",
+        "nv_trt_llm_kv_cache_block_metrics",
+        "nv_trt_llm_inflight_batcher_metrics",
+        "nv_trt_llm_general_metrics",
+        "nv_trt_llm_runtime_memory_metrics",
+        "inflight_time_to_first_token_seconds",
+        "inflight_inter_token_latency_seconds",
         "inflight_e2e_request_latency_seconds",
     ] {
         assert!(text.contains(name), "missing {name}");
     }
-    assert_eq!(metric(&s, "nv_inference_request_success{model=\"ensemble\",version=\"1\"}").await, 3.0);
-    assert_eq!(metric(&s, "nv_inference_count{model=\"ensemble\",version=\"1\"}").await, 3.0);
-    assert_eq!(metric(&s, "inflight_time_to_first_token_seconds_count{model=\"ensemble\"}").await, 3.0);
-    assert_eq!(metric(&s, "inflight_inter_token_latency_seconds_count{model=\"ensemble\"}").await, 9.0);
-    assert!(metric(&s, "nv_inference_exec_count{model=\"tensorrt_llm\",version=\"1\"}").await >= 4.0);
+    assert_eq!(
+        metric(
+            &s,
+            "nv_inference_request_success{model=\"ensemble\",version=\"1\"}"
+        )
+        .await,
+        3.0
+    );
+    assert_eq!(
+        metric(&s, "nv_inference_count{model=\"ensemble\",version=\"1\"}").await,
+        3.0
+    );
+    assert_eq!(
+        metric(
+            &s,
+            "inflight_time_to_first_token_seconds_count{model=\"ensemble\"}"
+        )
+        .await,
+        3.0
+    );
+    assert_eq!(
+        metric(
+            &s,
+            "inflight_inter_token_latency_seconds_count{model=\"ensemble\"}"
+        )
+        .await,
+        9.0
+    );
+    assert!(
+        metric(
+            &s,
+            "nv_inference_exec_count{model=\"tensorrt_llm\",version=\"1\"}"
+        )
+        .await
+            >= 4.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,7 +565,12 @@ async fn stopping_lets_running_requests_finish() {
     let s = start_tiny("drain", |_| {}).await;
     let url = s.url("/v2/models/ensemble/generate");
     let running = tokio::spawn(async move {
-        let r = client().post(url).body(json!({"text_input": "x", "max_tokens": 300, "ignore_eos": true}).to_string()).send().await.unwrap();
+        let r = client()
+            .post(url)
+            .body(json!({"text_input": "x", "max_tokens": 300, "ignore_eos": true}).to_string())
+            .send()
+            .await
+            .unwrap();
         (r.status().as_u16(), r.json::<Value>().await.unwrap())
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -265,5 +580,9 @@ async fn stopping_lets_running_requests_finish() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["finish_reason"], "length");
     // The listener is gone.
-    assert!(client().get(format!("{base}/v2/health/live")).send().await.is_err());
+    assert!(client()
+        .get(format!("{base}/v2/health/live"))
+        .send()
+        .await
+        .is_err());
 }

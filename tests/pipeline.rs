@@ -17,7 +17,10 @@ fn tiny_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("inflight-pipeline-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let spec = TinySpec { num_layers: 2, ..TinySpec::default() };
+    let spec = TinySpec {
+        num_layers: 2,
+        ..TinySpec::default()
+    };
     write_tiny_checkpoint(&dir, &spec).unwrap();
     dir
 }
@@ -32,12 +35,20 @@ async fn spawn(tag: &str, tweak: impl FnOnce(&mut ModelOptions)) -> ModelHandle 
 }
 
 fn greedy(max_tokens: usize) -> GenerationParams {
-    GenerationParams { max_tokens, ignore_eos: true, ..GenerationParams::default() }
+    GenerationParams {
+        max_tokens,
+        ignore_eos: true,
+        ..GenerationParams::default()
+    }
 }
 
 /// A prompt of `n` tokens that differs per `seed`.
 fn prompt(seed: usize, n: usize) -> Prompt {
-    Prompt::Tokens((0..n).map(|i| ((seed * 131 + i * 17) % 500) as u32).collect())
+    Prompt::Tokens(
+        (0..n)
+            .map(|i| ((seed * 131 + i * 17) % 500) as u32)
+            .collect(),
+    )
 }
 
 async fn collect(handle: &ModelHandle, request: Request) -> Vec<Chunk> {
@@ -46,7 +57,10 @@ async fn collect(handle: &ModelHandle, request: Request) -> Vec<Chunk> {
 }
 
 fn tokens(chunks: &[Chunk]) -> Vec<u32> {
-    chunks.iter().flat_map(|c| c.token_ids.iter().copied()).collect()
+    chunks
+        .iter()
+        .flat_map(|c| c.token_ids.iter().copied())
+        .collect()
 }
 
 async fn wait_idle(handle: &ModelHandle) -> inflight::actors::messages::SchedulerStats {
@@ -62,10 +76,20 @@ async fn wait_idle(handle: &ModelHandle) -> inflight::actors::messages::Schedule
 }
 
 async fn batching_matches_alone(handle: ModelHandle) {
-    let cases: Vec<(Prompt, usize)> = (0..64).map(|i| (prompt(i, 3 + (i * 7) % 60), 4 + (i * 5) % 28)).collect();
+    let cases: Vec<(Prompt, usize)> = (0..64)
+        .map(|i| (prompt(i, 3 + (i * 7) % 60), 4 + (i * 5) % 28))
+        .collect();
     let mut alone = Vec::new();
     for (p, n) in &cases {
-        let chunks = collect(&handle, Request { id: None, prompts: vec![p.clone()], params: greedy(*n) }).await;
+        let chunks = collect(
+            &handle,
+            Request {
+                id: None,
+                prompts: vec![p.clone()],
+                params: greedy(*n),
+            },
+        )
+        .await;
         alone.push(tokens(&chunks));
     }
     let monitor = {
@@ -83,21 +107,36 @@ async fn batching_matches_alone(handle: ModelHandle) {
         .iter()
         .map(|(p, n)| {
             let h = handle.clone();
-            let req = Request { id: None, prompts: vec![p.clone()], params: greedy(*n) };
+            let req = Request {
+                id: None,
+                prompts: vec![p.clone()],
+                params: greedy(*n),
+            };
             tokio::spawn(async move { collect(&h, req).await })
         })
         .collect();
     for (i, t) in tasks.into_iter().enumerate() {
         let chunks = t.await.unwrap();
         let last = chunks.last().unwrap();
-        assert_eq!(last.finish_reason, Some(FinishReason::Length), "request {i}: {last:?}");
-        assert_eq!(tokens(&chunks), alone[i], "request {i} differs when batched");
+        assert_eq!(
+            last.finish_reason,
+            Some(FinishReason::Length),
+            "request {i}: {last:?}"
+        );
+        assert_eq!(
+            tokens(&chunks),
+            alone[i],
+            "request {i} differs when batched"
+        );
         assert_eq!(alone[i].len(), cases[i].1);
     }
     let s = wait_idle(&handle).await;
     assert_eq!(s.free_blocks, s.total_blocks);
     let peak = monitor.await.unwrap();
-    assert!(peak >= 8, "requests were not batched together (peak running {peak})");
+    assert!(
+        peak >= 8,
+        "requests were not batched together (peak running {peak})"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,7 +162,11 @@ async fn cancelling_half_frees_every_block() {
     let total = handle.stats().await.unwrap().total_blocks;
     let mut streams = Vec::new();
     for i in 0..60 {
-        let req = Request { id: Some(format!("r{i}")), prompts: vec![prompt(i, 20)], params: greedy(200) };
+        let req = Request {
+            id: Some(format!("r{i}")),
+            prompts: vec![prompt(i, 20)],
+            params: greedy(200),
+        };
         streams.push(handle.submit(req).await.unwrap());
     }
     // Let every request start, then cancel the even ones three different ways.
@@ -143,7 +186,11 @@ async fn cancelling_half_frees_every_block() {
     for (i, s) in kept {
         let chunks: Vec<Chunk> = s.collect().await;
         let reason = chunks.last().unwrap().finish_reason;
-        let want = if i % 2 == 0 { FinishReason::Cancelled } else { FinishReason::Length };
+        let want = if i % 2 == 0 {
+            FinishReason::Cancelled
+        } else {
+            FinishReason::Length
+        };
         assert_eq!(reason, Some(want), "request {i}");
     }
     let s = wait_idle(&handle).await;
@@ -154,15 +201,31 @@ async fn cancelling_half_frees_every_block() {
 async fn stop_after_ms_ends_the_request_on_time() {
     let handle = spawn("timeout", |_| {}).await;
     // 16 prompts of 2000 tokens each: far more work than 200 ms allows on any machine.
-    let params = GenerationParams { stop_after_ms: Some(200), ..greedy(2000) };
+    let params = GenerationParams {
+        stop_after_ms: Some(200),
+        ..greedy(2000)
+    };
     let prompts = (0..16).map(|i| prompt(i, 10)).collect();
     let start = Instant::now();
-    let chunks = collect(&handle, Request { id: None, prompts, params }).await;
+    let chunks = collect(
+        &handle,
+        Request {
+            id: None,
+            prompts,
+            params,
+        },
+    )
+    .await;
     let elapsed = start.elapsed();
     let finals: Vec<&Chunk> = chunks.iter().filter(|c| c.is_final()).collect();
     assert_eq!(finals.len(), 16);
-    assert!(finals.iter().all(|c| c.finish_reason == Some(FinishReason::Cancelled)));
-    assert!(elapsed >= Duration::from_millis(200) && elapsed < Duration::from_millis(400), "took {elapsed:?}");
+    assert!(finals
+        .iter()
+        .all(|c| c.finish_reason == Some(FinishReason::Cancelled)));
+    assert!(
+        elapsed >= Duration::from_millis(200) && elapsed < Duration::from_millis(400),
+        "took {elapsed:?}"
+    );
     assert!(tokens(&chunks).len() < 16 * 2000);
 }
 
@@ -171,23 +234,54 @@ async fn engine_panic_fails_held_requests_and_recovers() {
     let handle = spawn("panic", |_| {}).await;
     let mut streams = Vec::new();
     for i in 0..4 {
-        streams.push(handle.submit(Request { id: None, prompts: vec![prompt(i, 8)], params: greedy(1000) }).await.unwrap());
+        streams.push(
+            handle
+                .submit(Request {
+                    id: None,
+                    prompts: vec![prompt(i, 8)],
+                    params: greedy(1000),
+                })
+                .await
+                .unwrap(),
+        );
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     handle.inject_engine_fault();
     for s in streams {
-        let chunks: Vec<Chunk> = tokio::time::timeout(Duration::from_secs(10), s.collect()).await.expect("no hang");
+        let chunks: Vec<Chunk> = tokio::time::timeout(Duration::from_secs(10), s.collect())
+            .await
+            .expect("no hang");
         let last = chunks.last().unwrap();
         assert_eq!(last.finish_reason, Some(FinishReason::Error));
-        assert!(last.error.as_deref().unwrap_or("").contains("engine failed"), "{last:?}");
+        assert!(
+            last.error
+                .as_deref()
+                .unwrap_or("")
+                .contains("engine failed"),
+            "{last:?}"
+        );
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while !handle.is_ready() {
-        assert!(Instant::now() < deadline, "not ready again after the restart");
+        assert!(
+            Instant::now() < deadline,
+            "not ready again after the restart"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let chunks = collect(&handle, Request { id: None, prompts: vec![prompt(9, 8)], params: greedy(5) }).await;
-    assert_eq!(chunks.last().unwrap().finish_reason, Some(FinishReason::Length));
+    let chunks = collect(
+        &handle,
+        Request {
+            id: None,
+            prompts: vec![prompt(9, 8)],
+            params: greedy(5),
+        },
+    )
+    .await;
+    assert_eq!(
+        chunks.last().unwrap().finish_reason,
+        Some(FinishReason::Length)
+    );
     assert_eq!(tokens(&chunks).len(), 5);
     let s = wait_idle(&handle).await;
     assert_eq!(s.free_blocks, s.total_blocks);
@@ -200,16 +294,45 @@ async fn a_batch_of_prompts_streams_with_batch_index() {
     let lens = [3, 7, 5];
     let mut alone = Vec::new();
     for (p, n) in prompts.iter().zip(lens) {
-        alone.push(tokens(&collect(&handle, Request { id: None, prompts: vec![p.clone()], params: greedy(n) }).await));
+        alone.push(tokens(
+            &collect(
+                &handle,
+                Request {
+                    id: None,
+                    prompts: vec![p.clone()],
+                    params: greedy(n),
+                },
+            )
+            .await,
+        ));
     }
     // One request, three prompts; a per-prompt max_tokens is not a thing, so use the max
     // and compare prefixes.
-    let chunks = collect(&handle, Request { id: None, prompts: prompts.clone(), params: greedy(7) }).await;
+    let chunks = collect(
+        &handle,
+        Request {
+            id: None,
+            prompts: prompts.clone(),
+            params: greedy(7),
+        },
+    )
+    .await;
     for (i, want) in alone.iter().enumerate() {
-        let got: Vec<u32> = chunks.iter().filter(|c| c.batch_index == i).flat_map(|c| c.token_ids.clone()).collect();
+        let got: Vec<u32> = chunks
+            .iter()
+            .filter(|c| c.batch_index == i)
+            .flat_map(|c| c.token_ids.clone())
+            .collect();
         assert_eq!(got.len(), 7);
-        assert_eq!(&got[..want.len().min(7)], &want[..want.len().min(7)], "prompt {i}");
-        let finals = chunks.iter().filter(|c| c.batch_index == i && c.is_final()).count();
+        assert_eq!(
+            &got[..want.len().min(7)],
+            &want[..want.len().min(7)],
+            "prompt {i}"
+        );
+        let finals = chunks
+            .iter()
+            .filter(|c| c.batch_index == i && c.is_final())
+            .count();
         assert_eq!(finals, 1, "prompt {i} has one final chunk");
     }
     assert!(chunks.iter().all(|c| c.batch_index < 3));
@@ -225,7 +348,14 @@ async fn a_full_queue_rejects_at_once() {
     let mut held = Vec::new();
     let mut rejected = None;
     for i in 0..10 {
-        match handle.submit(Request { id: None, prompts: vec![prompt(i, 4)], params: greedy(500) }).await {
+        match handle
+            .submit(Request {
+                id: None,
+                prompts: vec![prompt(i, 4)],
+                params: greedy(500),
+            })
+            .await
+        {
             Ok(s) => held.push(s),
             Err(e) => {
                 rejected = Some(e);
@@ -234,7 +364,10 @@ async fn a_full_queue_rejects_at_once() {
         }
     }
     let e = rejected.expect("the queue filled up");
-    assert!(matches!(e, inflight::actors::messages::SubmitError::QueueFull(_)), "{e:?}");
+    assert!(
+        matches!(e, inflight::actors::messages::SubmitError::QueueFull(_)),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("queue"), "{e}");
     drop(held);
     wait_idle(&handle).await;

@@ -37,7 +37,11 @@ impl Actor for Engine {
     type State = EngineState;
     type Arguments = EngineArgs;
 
-    async fn pre_start(&self, _: ActorRef<EngineMsg>, args: EngineArgs) -> Result<EngineState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _: ActorRef<EngineMsg>,
+        args: EngineArgs,
+    ) -> Result<EngineState, ActorProcessingErr> {
         let cache = KvCache::new(args.model.config(), args.block_size, args.num_blocks);
         Ok(EngineState {
             model: args.model,
@@ -48,10 +52,20 @@ impl Actor for Engine {
         })
     }
 
-    async fn handle(&self, _: ActorRef<EngineMsg>, msg: EngineMsg, state: &mut EngineState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _: ActorRef<EngineMsg>,
+        msg: EngineMsg,
+        state: &mut EngineState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             EngineMsg::InjectFault => state.fault = true,
-            EngineMsg::Step { iteration, seqs, dropped, reply_to } => {
+            EngineMsg::Step {
+                iteration,
+                seqs,
+                dropped,
+                reply_to,
+            } => {
                 for id in dropped {
                     state.tables.remove(&id);
                 }
@@ -59,7 +73,12 @@ impl Actor for Engine {
                     panic!("injected engine fault at iteration {iteration}");
                 }
                 let (sampled, logits) = step(state, seqs).await?;
-                state.sampler.cast(SamplerMsg::Sample { iteration, seqs: sampled, logits, reply_to })?;
+                state.sampler.cast(SamplerMsg::Sample {
+                    iteration,
+                    seqs: sampled,
+                    logits,
+                    reply_to,
+                })?;
             }
         }
         Ok(())
@@ -68,7 +87,10 @@ impl Actor for Engine {
 
 /// Applies the block deltas, runs the forward pass off the async runtime, and returns
 /// the sampling sequences with their logits rows.
-async fn step(state: &mut EngineState, seqs: Vec<StepSeq>) -> Result<(Vec<SeqId>, Vec<f32>), ActorProcessingErr> {
+async fn step(
+    state: &mut EngineState,
+    seqs: Vec<StepSeq>,
+) -> Result<(Vec<SeqId>, Vec<f32>), ActorProcessingErr> {
     let mut work = Vec::with_capacity(seqs.len());
     for s in seqs {
         let table = state.tables.entry(s.seq).or_default();

@@ -98,7 +98,10 @@ pub enum SchedulerMsg {
         reply: RpcReplyPort<Result<(), SubmitError>>,
     },
     /// Drop a request's sequences and free their blocks this iteration.
-    Cancel { request: RequestId, reason: CancelReason },
+    Cancel {
+        request: RequestId,
+        reason: CancelReason,
+    },
     /// A stop string completed this sequence's answer: stop generating it.
     EndSeq(SeqId),
     /// The sampled tokens of one batch (with their log-probabilities when asked).
@@ -168,9 +171,18 @@ pub enum SeqOutput {
         /// Set on a sequence's first token: how long it waited to be scheduled.
         queued: Option<std::time::Duration>,
     },
-    Finished { seq: SeqId, reason: SeqFinish },
-    Cancelled { seq: SeqId, reason: CancelReason },
-    Failed { seq: SeqId, error: String },
+    Finished {
+        seq: SeqId,
+        reason: SeqFinish,
+    },
+    Cancelled {
+        seq: SeqId,
+        reason: CancelReason,
+    },
+    Failed {
+        seq: SeqId,
+        error: String,
+    },
 }
 
 pub enum PostprocessMsg {

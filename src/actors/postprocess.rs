@@ -44,7 +44,11 @@ impl Actor for Postprocess {
     type State = PostprocessState;
     type Arguments = PostprocessArgs;
 
-    async fn pre_start(&self, _: ActorRef<PostprocessMsg>, args: PostprocessArgs) -> Result<PostprocessState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _: ActorRef<PostprocessMsg>,
+        args: PostprocessArgs,
+    ) -> Result<PostprocessState, ActorProcessingErr> {
         Ok(PostprocessState {
             tokenizer: args.tokenizer,
             requests: HashMap::new(),
@@ -52,18 +56,39 @@ impl Actor for Postprocess {
         })
     }
 
-    async fn handle(&self, _: ActorRef<PostprocessMsg>, msg: PostprocessMsg, state: &mut PostprocessState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _: ActorRef<PostprocessMsg>,
+        msg: PostprocessMsg,
+        state: &mut PostprocessState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
-            PostprocessMsg::Open { rid, request, seqs, prompt_texts, stream, scheduler } => {
+            PostprocessMsg::Open {
+                rid,
+                request,
+                seqs,
+                prompt_texts,
+                stream,
+                scheduler,
+            } => {
                 let end_ids = state.tokenizer.eos_token_ids().to_vec();
                 for (s, text) in seqs.iter().zip(prompt_texts) {
                     let mut ends = end_ids.clone();
                     ends.extend(s.params.end_id);
-                    let out = SeqOutputState::new(s.batch_index, s.prompt.len(), text, &s.params, ends);
+                    let out =
+                        SeqOutputState::new(s.batch_index, s.prompt.len(), text, &s.params, ends);
                     state.seqs.insert(s.seq, (rid, out));
                 }
                 let live = seqs.len();
-                state.requests.insert(rid, OpenRequest { request, stream, scheduler, live });
+                state.requests.insert(
+                    rid,
+                    OpenRequest {
+                        request,
+                        stream,
+                        scheduler,
+                        live,
+                    },
+                );
             }
             PostprocessMsg::Discard { rid } => {
                 state.requests.remove(&rid);
@@ -95,7 +120,12 @@ fn emit(state: &mut PostprocessState, output: SeqOutput) {
     };
     let rid = *rid;
     let (chunk, ends, stop_string) = match output {
-        SeqOutput::Token { token, log_prob, queued, .. } => {
+        SeqOutput::Token {
+            token,
+            log_prob,
+            queued,
+            ..
+        } => {
             let pushed = out.push(&state.tokenizer, token, log_prob, queued);
             if pushed.stop_string {
                 // The token's chunk (text before the stop string) and the final one, as one.

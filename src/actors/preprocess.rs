@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use ractor::{call, Actor, ActorProcessingErr, ActorRef};
 
-use super::messages::{CancelReason, PostprocessMsg, PreprocessMsg, SchedulerMsg, SeqInit, SubmitError};
+use super::messages::{
+    CancelReason, PostprocessMsg, PreprocessMsg, SchedulerMsg, SeqInit, SubmitError,
+};
 use crate::request::{GenerationParams, Prompt};
 use crate::tokenizer::chat::ChatTemplate;
 use crate::tokenizer::Tokenizer;
@@ -38,13 +40,29 @@ impl Actor for Preprocess {
     type State = PreprocessState;
     type Arguments = PreprocessArgs;
 
-    async fn pre_start(&self, _: ActorRef<PreprocessMsg>, args: PreprocessArgs) -> Result<PreprocessState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _: ActorRef<PreprocessMsg>,
+        args: PreprocessArgs,
+    ) -> Result<PreprocessState, ActorProcessingErr> {
         let template = ChatTemplate::for_tokenizer(&args.tokenizer).map_err(|e| e.to_string());
         Ok(PreprocessState { args, template })
     }
 
-    async fn handle(&self, _: ActorRef<PreprocessMsg>, msg: PreprocessMsg, state: &mut PreprocessState) -> Result<(), ActorProcessingErr> {
-        let PreprocessMsg::Submit { rid, request, prompts, params, stream, reply } = msg;
+    async fn handle(
+        &self,
+        _: ActorRef<PreprocessMsg>,
+        msg: PreprocessMsg,
+        state: &mut PreprocessState,
+    ) -> Result<(), ActorProcessingErr> {
+        let PreprocessMsg::Submit {
+            rid,
+            request,
+            prompts,
+            params,
+            stream,
+            reply,
+        } = msg;
         let prepared = state.prepare(&prompts, &params);
         let (token_lists, prompt_texts) = match prepared {
             Ok(p) => p,
@@ -77,12 +95,20 @@ impl Actor for Preprocess {
             scheduler: a.scheduler.clone(),
         })?;
         let queued = call!(a.scheduler, |reply| SchedulerMsg::Enqueue { seqs, reply })
-            .unwrap_or_else(|e| Err(SubmitError::Unavailable(format!("scheduler unavailable: {e}"))));
+            .unwrap_or_else(|e| {
+                Err(SubmitError::Unavailable(format!(
+                    "scheduler unavailable: {e}"
+                )))
+            });
         if queued.is_err() {
             worker.cast(PostprocessMsg::Discard { rid })?;
         } else if let Some(ms) = params.stop_after_ms {
-            let cancel = SchedulerMsg::Cancel { request, reason: CancelReason::Timeout };
-            a.scheduler.send_after(Duration::from_millis(ms), move || cancel);
+            let cancel = SchedulerMsg::Cancel {
+                request,
+                reason: CancelReason::Timeout,
+            };
+            a.scheduler
+                .send_after(Duration::from_millis(ms), move || cancel);
         }
         let _ = reply.send(queued);
         Ok(())
@@ -92,7 +118,11 @@ impl Actor for Preprocess {
 impl PreprocessState {
     /// Token ids of every prompt, and the text echoed before a non-streamed answer.
     #[allow(clippy::type_complexity)]
-    fn prepare(&self, prompts: &[Prompt], params: &GenerationParams) -> Result<(Vec<Vec<u32>>, Vec<Option<String>>), SubmitError> {
+    fn prepare(
+        &self,
+        prompts: &[Prompt],
+        params: &GenerationParams,
+    ) -> Result<(Vec<Vec<u32>>, Vec<Option<String>>), SubmitError> {
         let a = &self.args;
         validate(params, a.vocab_size)?;
         if prompts.is_empty() {
@@ -113,8 +143,13 @@ impl PreprocessState {
                     (t.clone(), a.tokenizer.decode(t, true).ok())
                 }
                 Prompt::Chat(messages) => {
-                    let template = self.template.as_ref().map_err(|e| SubmitError::Invalid(e.clone()))?;
-                    let text = template.apply(messages, true).map_err(|e| SubmitError::Invalid(e.to_string()))?;
+                    let template = self
+                        .template
+                        .as_ref()
+                        .map_err(|e| SubmitError::Invalid(e.clone()))?;
+                    let text = template
+                        .apply(messages, true)
+                        .map_err(|e| SubmitError::Invalid(e.to_string()))?;
                     (self.encode(&text)?, Some(text))
                 }
             };
@@ -135,7 +170,10 @@ impl PreprocessState {
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>, SubmitError> {
-        self.args.tokenizer.encode(text, true).map_err(|e| SubmitError::Invalid(e.to_string()))
+        self.args
+            .tokenizer
+            .encode(text, true)
+            .map_err(|e| SubmitError::Invalid(e.to_string()))
     }
 }
 
@@ -146,23 +184,39 @@ pub fn validate(p: &GenerationParams, vocab_size: usize) -> Result<(), SubmitErr
         return bad("max_tokens must be at least 1".into());
     }
     if !p.temperature.is_finite() || p.temperature < 0.0 {
-        return bad(format!("temperature must be a finite number >= 0, got {}", p.temperature));
+        return bad(format!(
+            "temperature must be a finite number >= 0, got {}",
+            p.temperature
+        ));
     }
     if !(p.top_p > 0.0 && p.top_p <= 1.0) {
         return bad(format!("top_p must be in (0, 1], got {}", p.top_p));
     }
     if !p.repetition_penalty.is_finite() || p.repetition_penalty <= 0.0 {
-        return bad(format!("repetition_penalty must be > 0, got {}", p.repetition_penalty));
+        return bad(format!(
+            "repetition_penalty must be > 0, got {}",
+            p.repetition_penalty
+        ));
     }
-    for (name, v) in [("presence_penalty", p.presence_penalty), ("frequency_penalty", p.frequency_penalty)] {
+    for (name, v) in [
+        ("presence_penalty", p.presence_penalty),
+        ("frequency_penalty", p.frequency_penalty),
+    ] {
         if !v.is_finite() {
             return bad(format!("{name} must be a finite number, got {v}"));
         }
     }
-    let ids = p.end_id.iter().chain(p.pad_id.iter()).chain(p.bad_words.iter().flatten()).chain(p.stop_words.iter().flatten());
+    let ids = p
+        .end_id
+        .iter()
+        .chain(p.pad_id.iter())
+        .chain(p.bad_words.iter().flatten())
+        .chain(p.stop_words.iter().flatten());
     for &id in ids {
         if id as usize >= vocab_size {
-            return bad(format!("token id {id} is outside the vocabulary ({vocab_size} tokens)"));
+            return bad(format!(
+                "token id {id} is outside the vocabulary ({vocab_size} tokens)"
+            ));
         }
     }
     Ok(())

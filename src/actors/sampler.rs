@@ -32,7 +32,11 @@ impl Actor for Sampler {
     type State = SamplerState;
     type Arguments = SamplerArgs;
 
-    async fn pre_start(&self, _: ActorRef<SamplerMsg>, args: SamplerArgs) -> Result<SamplerState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _: ActorRef<SamplerMsg>,
+        args: SamplerArgs,
+    ) -> Result<SamplerState, ActorProcessingErr> {
         Ok(SamplerState {
             vocab_size: args.vocab_size,
             eos_ids: args.eos_ids,
@@ -40,7 +44,12 @@ impl Actor for Sampler {
         })
     }
 
-    async fn handle(&self, _: ActorRef<SamplerMsg>, msg: SamplerMsg, state: &mut SamplerState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _: ActorRef<SamplerMsg>,
+        msg: SamplerMsg,
+        state: &mut SamplerState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             SamplerMsg::Register(inits) => {
                 for s in inits {
@@ -53,9 +62,18 @@ impl Actor for Sampler {
                     state.seqs.remove(&id);
                 }
             }
-            SamplerMsg::Sample { iteration, seqs, mut logits, reply_to } => {
+            SamplerMsg::Sample {
+                iteration,
+                seqs,
+                mut logits,
+                reply_to,
+            } => {
                 let (output, log_probs) = sample_rows(state, &seqs, &mut logits);
-                reply_to.cast(SchedulerMsg::StepDone { iteration, output, log_probs })?;
+                reply_to.cast(SchedulerMsg::StepDone {
+                    iteration,
+                    output,
+                    log_probs,
+                })?;
             }
         }
         Ok(())
@@ -63,7 +81,11 @@ impl Actor for Sampler {
 }
 
 /// One token per row; a row whose sequence is gone (cancelled meanwhile) is skipped.
-fn sample_rows(state: &mut SamplerState, seqs: &[SeqId], logits: &mut [f32]) -> (StepOutput, Vec<Option<f32>>) {
+fn sample_rows(
+    state: &mut SamplerState,
+    seqs: &[SeqId],
+    logits: &mut [f32],
+) -> (StepOutput, Vec<Option<f32>>) {
     let v = state.vocab_size;
     let mut output = StepOutput::default();
     let mut log_probs = Vec::with_capacity(seqs.len());

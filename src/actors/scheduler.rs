@@ -60,8 +60,13 @@ impl Actor for SchedulerActor {
     type State = SchedulerState;
     type Arguments = SchedulerArgs;
 
-    async fn pre_start(&self, _: ActorRef<SchedulerMsg>, args: SchedulerArgs) -> Result<SchedulerState, ActorProcessingErr> {
-        let core = crate::scheduler::Scheduler::new(args.config).map_err(|e| format!("scheduler config: {e}"))?;
+    async fn pre_start(
+        &self,
+        _: ActorRef<SchedulerMsg>,
+        args: SchedulerArgs,
+    ) -> Result<SchedulerState, ActorProcessingErr> {
+        let core = crate::scheduler::Scheduler::new(args.config)
+            .map_err(|e| format!("scheduler config: {e}"))?;
         Ok(SchedulerState {
             core,
             engine: None,
@@ -75,14 +80,23 @@ impl Actor for SchedulerActor {
         })
     }
 
-    async fn handle(&self, myself: ActorRef<SchedulerMsg>, msg: SchedulerMsg, state: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<SchedulerMsg>,
+        msg: SchedulerMsg,
+        state: &mut SchedulerState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             SchedulerMsg::Enqueue { seqs, reply } => {
                 let _ = reply.send(state.enqueue(seqs));
             }
             SchedulerMsg::Cancel { request, reason } => state.cancel(&request, reason),
             SchedulerMsg::EndSeq(seq) => state.end_seq(seq),
-            SchedulerMsg::StepDone { iteration, output, log_probs } => state.step_done(iteration, output, log_probs),
+            SchedulerMsg::StepDone {
+                iteration,
+                output,
+                log_probs,
+            } => state.step_done(iteration, output, log_probs),
             SchedulerMsg::EngineFailed { error } => state.engine_failed(&error),
             SchedulerMsg::EngineReady(engine) => state.engine = Some(engine),
             SchedulerMsg::Stats(reply) => {
@@ -135,7 +149,8 @@ impl SchedulerState {
             };
             self.seqs.insert(s.seq, meta);
         }
-        self.requests.insert(request, seqs.iter().map(|s| s.seq).collect());
+        self.requests
+            .insert(request, seqs.iter().map(|s| s.seq).collect());
         let _ = self.sampler.cast(SamplerMsg::Register(seqs));
         Ok(())
     }
@@ -180,14 +195,23 @@ impl SchedulerState {
         let Some(batch) = self.in_flight.take_if(|b| b.iteration == iteration) else {
             return;
         };
-        let lp: HashMap<SeqId, Option<f32>> = output.tokens.iter().map(|t| t.id).zip(log_probs).collect();
+        let lp: HashMap<SeqId, Option<f32>> =
+            output.tokens.iter().map(|t| t.id).zip(log_probs).collect();
         let mut outs = Vec::new();
         for event in self.core.update(&batch, &output) {
             match event {
                 SeqEvent::Token { id, token } => {
                     let log_prob = lp.get(&id).copied().flatten();
                     let queued = self.seqs.get_mut(&id).and_then(|m| m.queued.take());
-                    outs.push((self.rid(id), SeqOutput::Token { seq: id, token, log_prob, queued }));
+                    outs.push((
+                        self.rid(id),
+                        SeqOutput::Token {
+                            seq: id,
+                            token,
+                            log_prob,
+                            queued,
+                        },
+                    ));
                 }
                 SeqEvent::Finished { id, reason } => {
                     outs.push((self.rid(id), SeqOutput::Finished { seq: id, reason }));
@@ -223,7 +247,12 @@ impl SchedulerState {
         self.engine = None;
         self.in_flight = None;
         self.dropped.clear();
-        let held: Vec<SeqId> = self.seqs.iter().filter(|(_, m)| m.started).map(|(&s, _)| s).collect();
+        let held: Vec<SeqId> = self
+            .seqs
+            .iter()
+            .filter(|(_, m)| m.started)
+            .map(|(&s, _)| s)
+            .collect();
         let mut failed_requests = Vec::new();
         for seq in &held {
             if let Some(m) = self.seqs.get(seq) {
@@ -262,7 +291,10 @@ impl SchedulerState {
         }
         let mut seqs = Vec::with_capacity(batch.seqs.len());
         for s in &batch.seqs {
-            let meta = self.seqs.get_mut(&s.id).ok_or("scheduled a sequence with no metadata")?;
+            let meta = self
+                .seqs
+                .get_mut(&s.id)
+                .ok_or("scheduled a sequence with no metadata")?;
             let reset = !meta.started;
             let from = if reset { 0 } else { meta.sent_blocks };
             if !meta.first_scheduled {
@@ -281,7 +313,12 @@ impl SchedulerState {
             });
         }
         let dropped = std::mem::take(&mut self.dropped);
-        engine.cast(EngineMsg::Step { iteration: batch.iteration, seqs, dropped, reply_to: myself.clone() })?;
+        engine.cast(EngineMsg::Step {
+            iteration: batch.iteration,
+            seqs,
+            dropped,
+            reply_to: myself.clone(),
+        })?;
         self.in_flight = Some(batch);
         Ok(())
     }
@@ -295,7 +332,8 @@ impl SchedulerState {
     /// Sends outputs to the Postprocess worker that owns each one's request.
     fn emit(&self, outs: Vec<(u64, SeqOutput)>) {
         let n = self.postprocess.len() as u64;
-        let mut per_worker: Vec<Vec<SeqOutput>> = self.postprocess.iter().map(|_| Vec::new()).collect();
+        let mut per_worker: Vec<Vec<SeqOutput>> =
+            self.postprocess.iter().map(|_| Vec::new()).collect();
         for (rid, o) in outs {
             per_worker[(rid % n) as usize].push(o);
         }

@@ -78,18 +78,35 @@ impl Actor for ModelSupervisor {
     type State = SupervisorState;
     type Arguments = SupervisorArgs;
 
-    async fn pre_start(&self, myself: ActorRef<SupervisorMsg>, args: SupervisorArgs) -> Result<SupervisorState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        args: SupervisorArgs,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
         let cell = myself.get_cell();
         let cfg = args.model.config().clone();
-        let sampler_args = SamplerArgs { vocab_size: cfg.vocab_size, eos_ids: args.tokenizer.eos_token_ids().to_vec() };
+        let sampler_args = SamplerArgs {
+            vocab_size: cfg.vocab_size,
+            eos_ids: args.tokenizer.eos_token_ids().to_vec(),
+        };
         let (sampler, _) = Actor::spawn_linked(None, Sampler, sampler_args, cell.clone()).await?;
         let mut postprocess = Vec::new();
         for _ in 0..args.postprocess_workers.max(1) {
-            let pa = PostprocessArgs { tokenizer: args.tokenizer.clone() };
-            postprocess.push(Actor::spawn_linked(None, Postprocess, pa, cell.clone()).await?.0);
+            let pa = PostprocessArgs {
+                tokenizer: args.tokenizer.clone(),
+            };
+            postprocess.push(
+                Actor::spawn_linked(None, Postprocess, pa, cell.clone())
+                    .await?
+                    .0,
+            );
         }
         let (block_size, num_blocks) = (args.scheduler.block_size, args.scheduler.num_blocks);
-        let sa = SchedulerArgs { config: args.scheduler, sampler: sampler.clone(), postprocess: postprocess.clone() };
+        let sa = SchedulerArgs {
+            config: args.scheduler,
+            sampler: sampler.clone(),
+            postprocess: postprocess.clone(),
+        };
         let (scheduler, _) = Actor::spawn_linked(None, SchedulerActor, sa, cell.clone()).await?;
         let engine = spawn_engine(&myself, &args.model, block_size, num_blocks, &sampler).await?;
         scheduler.cast(SchedulerMsg::EngineReady(engine.clone()))?;
@@ -104,7 +121,11 @@ impl Actor for ModelSupervisor {
                 postprocess: postprocess.clone(),
                 next_seq: next_seq.clone(),
             };
-            preprocess.push(Actor::spawn_linked(None, Preprocess, pa, cell.clone()).await?.0);
+            preprocess.push(
+                Actor::spawn_linked(None, Preprocess, pa, cell.clone())
+                    .await?
+                    .0,
+            );
         }
         let _ = args.ready.send(true);
         Ok(SupervisorState {
@@ -121,7 +142,12 @@ impl Actor for ModelSupervisor {
         })
     }
 
-    async fn handle(&self, _: ActorRef<SupervisorMsg>, msg: SupervisorMsg, state: &mut SupervisorState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _: ActorRef<SupervisorMsg>,
+        msg: SupervisorMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             SupervisorMsg::Refs(reply) => {
                 let _ = reply.send(TreeRefs {
@@ -135,10 +161,17 @@ impl Actor for ModelSupervisor {
         Ok(())
     }
 
-    async fn handle_supervisor_evt(&self, myself: ActorRef<SupervisorMsg>, event: SupervisionEvent, state: &mut SupervisorState) -> Result<(), ActorProcessingErr> {
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
         let (who, error) = match event {
             SupervisionEvent::ActorFailed(who, err) => (who, err.to_string()),
-            SupervisionEvent::ActorTerminated(who, _, reason) => (who, reason.unwrap_or_else(|| "stopped".into())),
+            SupervisionEvent::ActorTerminated(who, _, reason) => {
+                (who, reason.unwrap_or_else(|| "stopped".into()))
+            }
             _ => return Ok(()),
         };
         if who.get_id() != state.engine.get_id() {
@@ -151,19 +184,38 @@ impl Actor for ModelSupervisor {
         let _ = state.ready.send(false);
         state.scheduler.cast(SchedulerMsg::EngineFailed { error })?;
         let now = Instant::now();
-        state.restarts.retain(|t| now.duration_since(*t) < RESTART_WINDOW);
+        state
+            .restarts
+            .retain(|t| now.duration_since(*t) < RESTART_WINDOW);
         state.restarts.push(now);
         if state.restarts.len() > MAX_RESTARTS {
-            tracing::error!("engine failed {} times within {:?}; giving up", state.restarts.len(), RESTART_WINDOW);
+            tracing::error!(
+                "engine failed {} times within {:?}; giving up",
+                state.restarts.len(),
+                RESTART_WINDOW
+            );
             return Ok(());
         }
-        state.engine = spawn_engine(&myself, &state.model, state.block_size, state.num_blocks, &state.sampler).await?;
-        state.scheduler.cast(SchedulerMsg::EngineReady(state.engine.clone()))?;
+        state.engine = spawn_engine(
+            &myself,
+            &state.model,
+            state.block_size,
+            state.num_blocks,
+            &state.sampler,
+        )
+        .await?;
+        state
+            .scheduler
+            .cast(SchedulerMsg::EngineReady(state.engine.clone()))?;
         let _ = state.ready.send(true);
         Ok(())
     }
 
-    async fn post_stop(&self, _: ActorRef<SupervisorMsg>, state: &mut SupervisorState) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        _: ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
         let _ = state.ready.send(false);
         for p in &state.preprocess {
             p.stop(None);
@@ -185,6 +237,15 @@ async fn spawn_engine(
     num_blocks: usize,
     sampler: &ActorRef<SamplerMsg>,
 ) -> Result<ActorRef<EngineMsg>, ActorProcessingErr> {
-    let args = EngineArgs { model: model.clone(), block_size, num_blocks, sampler: sampler.clone() };
-    Ok(Actor::spawn_linked(None, Engine, args, supervisor.get_cell()).await?.0)
+    let args = EngineArgs {
+        model: model.clone(),
+        block_size,
+        num_blocks,
+        sampler: sampler.clone(),
+    };
+    Ok(
+        Actor::spawn_linked(None, Engine, args, supervisor.get_cell())
+            .await?
+            .0,
+    )
 }

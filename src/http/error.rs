@@ -33,7 +33,9 @@ pub enum ApiError {
 impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest(_) | ApiError::UnknownModel(_) | ApiError::Unsupported(_) => StatusCode::BAD_REQUEST,
+            ApiError::BadRequest(_) | ApiError::UnknownModel(_) | ApiError::Unsupported(_) => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -56,7 +58,11 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(detail) = &self {
             tracing::error!(%detail, "internal error");
         }
-        (self.status(), Json(serde_json::json!({ "error": self.to_string() }))).into_response()
+        (
+            self.status(),
+            Json(serde_json::json!({ "error": self.to_string() })),
+        )
+            .into_response()
     }
 }
 

@@ -22,18 +22,26 @@ impl<'a> Fields<'a> {
         let params = match top.get("parameters") {
             None | Some(Value::Null) => None,
             Some(Value::Object(p)) => Some(p),
-            Some(_) => return Err(ApiError::BadRequest("'parameters' must be a JSON object".into())),
+            Some(_) => {
+                return Err(ApiError::BadRequest(
+                    "'parameters' must be a JSON object".into(),
+                ))
+            }
         };
         Ok(Fields { top, params })
     }
 
     pub fn get(&self, key: &str) -> Option<&'a Value> {
-        self.top.get(key).or_else(|| self.params.and_then(|p| p.get(key))).filter(|v| !v.is_null())
+        self.top
+            .get(key)
+            .or_else(|| self.params.and_then(|p| p.get(key)))
+            .filter(|v| !v.is_null())
     }
 
     /// The first of `keys` present, unwrapped from single-element lists.
     fn scalar<'k>(&self, keys: &[&'k str]) -> Option<(&'k str, &'a Value)> {
-        keys.iter().find_map(|&k| self.get(k).map(|v| (k, unwrap_single(v))))
+        keys.iter()
+            .find_map(|&k| self.get(k).map(|v| (k, unwrap_single(v))))
     }
 
     pub fn int(&self, keys: &[&str]) -> ApiResult<Option<i64>> {
@@ -41,7 +49,11 @@ impl<'a> Fields<'a> {
             None => Ok(None),
             Some((k, v)) => v
                 .as_i64()
-                .or_else(|| v.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9e15).map(|f| f as i64))
+                .or_else(|| {
+                    v.as_f64()
+                        .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
+                        .map(|f| f as i64)
+                })
                 .map(Some)
                 .ok_or_else(|| wrong_type(k, "an integer", v)),
         }
@@ -49,7 +61,10 @@ impl<'a> Fields<'a> {
 
     pub fn uint(&self, keys: &[&str]) -> ApiResult<Option<u64>> {
         match self.int(keys)? {
-            Some(v) if v < 0 => Err(ApiError::BadRequest(format!("'{}' must not be negative, got {v}", keys[0]))),
+            Some(v) if v < 0 => Err(ApiError::BadRequest(format!(
+                "'{}' must not be negative, got {v}",
+                keys[0]
+            ))),
             v => Ok(v.map(|v| v as u64)),
         }
     }
@@ -57,7 +72,10 @@ impl<'a> Fields<'a> {
     pub fn float(&self, keys: &[&str]) -> ApiResult<Option<f32>> {
         match self.scalar(keys) {
             None => Ok(None),
-            Some((k, v)) => v.as_f64().map(|f| Some(f as f32)).ok_or_else(|| wrong_type(k, "a number", v)),
+            Some((k, v)) => v
+                .as_f64()
+                .map(|f| Some(f as f32))
+                .ok_or_else(|| wrong_type(k, "a number", v)),
         }
     }
 
@@ -65,14 +83,18 @@ impl<'a> Fields<'a> {
         match self.scalar(keys) {
             None => Ok(None),
             Some((_, Value::Bool(b))) => Ok(Some(*b)),
-            Some((_, Value::Number(n))) if n.as_i64() == Some(0) || n.as_i64() == Some(1) => Ok(Some(n.as_i64() == Some(1))),
+            Some((_, Value::Number(n))) if n.as_i64() == Some(0) || n.as_i64() == Some(1) => {
+                Ok(Some(n.as_i64() == Some(1)))
+            }
             Some((k, v)) => Err(wrong_type(k, "a boolean", v)),
         }
     }
 
     /// A string or a list of strings (flattened); empty strings dropped.
     pub fn strings(&self, key: &str) -> ApiResult<Vec<String>> {
-        let Some(v) = self.get(key) else { return Ok(Vec::new()) };
+        let Some(v) = self.get(key) else {
+            return Ok(Vec::new());
+        };
         let mut out = Vec::new();
         collect_strings(key, v, &mut out)?;
         out.retain(|s| !s.is_empty());
@@ -128,9 +150,9 @@ pub fn stop_target(fields: &Fields<'_>) -> ApiResult<Option<String>> {
     if fields.bool(&["stop"])? != Some(true) {
         return Ok(None);
     }
-    request_id(fields)?
-        .map(Some)
-        .ok_or_else(|| ApiError::BadRequest("Trying to stop a request but request ID is not provided".into()))
+    request_id(fields)?.map(Some).ok_or_else(|| {
+        ApiError::BadRequest("Trying to stop a request but request ID is not provided".into())
+    })
 }
 
 /// The prompts: `text_input` (a string or a list: a batch) for text models, `input_ids`
@@ -138,7 +160,9 @@ pub fn stop_target(fields: &Fields<'_>) -> ApiResult<Option<String>> {
 fn prompts(fields: &Fields<'_>, kind: ModelKind) -> ApiResult<Vec<Prompt>> {
     match kind {
         ModelKind::Text => {
-            let v = fields.get("text_input").ok_or_else(|| ApiError::BadRequest("'text_input' is required".into()))?;
+            let v = fields
+                .get("text_input")
+                .ok_or_else(|| ApiError::BadRequest("'text_input' is required".into()))?;
             let mut texts = Vec::new();
             collect_strings("text_input", v, &mut texts)?;
             if texts.is_empty() {
@@ -147,18 +171,32 @@ fn prompts(fields: &Fields<'_>, kind: ModelKind) -> ApiResult<Vec<Prompt>> {
             Ok(texts.into_iter().map(Prompt::Text).collect())
         }
         ModelKind::Ids => {
-            let v = fields.get("input_ids").ok_or_else(|| ApiError::BadRequest("'input_ids' is required".into()))?;
-            let bad = || ApiError::BadRequest("'input_ids' must be a list of token ids or a list of such lists".into());
+            let v = fields
+                .get("input_ids")
+                .ok_or_else(|| ApiError::BadRequest("'input_ids' is required".into()))?;
+            let bad = || {
+                ApiError::BadRequest(
+                    "'input_ids' must be a list of token ids or a list of such lists".into(),
+                )
+            };
             let as_ids = |v: &Value| -> ApiResult<Vec<u32>> {
                 v.as_array()
                     .ok_or_else(bad)?
                     .iter()
-                    .map(|x| x.as_u64().filter(|&i| i <= u32::MAX as u64).map(|i| i as u32).ok_or_else(bad))
+                    .map(|x| {
+                        x.as_u64()
+                            .filter(|&i| i <= u32::MAX as u64)
+                            .map(|i| i as u32)
+                            .ok_or_else(bad)
+                    })
                     .collect()
             };
             let items = v.as_array().ok_or_else(bad)?;
             if items.first().is_some_and(|x| x.is_array()) {
-                items.iter().map(|x| as_ids(x).map(Prompt::Tokens)).collect()
+                items
+                    .iter()
+                    .map(|x| as_ids(x).map(Prompt::Tokens))
+                    .collect()
             } else {
                 Ok(vec![Prompt::Tokens(as_ids(v)?)])
             }
@@ -167,13 +205,20 @@ fn prompts(fields: &Fields<'_>, kind: ModelKind) -> ApiResult<Vec<Prompt>> {
 }
 
 /// Builds the request of a generate call. `max_tokens` is required, as in the ensemble.
-pub fn build_request(fields: &Fields<'_>, kind: ModelKind, tokenizer: &Tokenizer, max_seq_len: usize) -> ApiResult<Request> {
+pub fn build_request(
+    fields: &Fields<'_>,
+    kind: ModelKind,
+    tokenizer: &Tokenizer,
+    max_seq_len: usize,
+) -> ApiResult<Request> {
     let prompts = prompts(fields, kind)?;
     let max_tokens = fields
         .int(&["max_tokens", "request_output_len"])?
         .ok_or_else(|| ApiError::BadRequest("'max_tokens' is required".into()))?;
     if max_tokens < 1 {
-        return Err(ApiError::BadRequest(format!("'max_tokens' must be at least 1, got {max_tokens}")));
+        return Err(ApiError::BadRequest(format!(
+            "'max_tokens' must be at least 1, got {max_tokens}"
+        )));
     }
     if max_tokens as usize >= max_seq_len {
         return Err(ApiError::BadRequest(format!(
@@ -186,19 +231,35 @@ pub fn build_request(fields: &Fields<'_>, kind: ModelKind, tokenizer: &Tokenizer
         fields
             .strings(key)?
             .iter()
-            .map(|w| tokenizer.encode(w, false).map_err(|e| ApiError::BadRequest(format!("'{key}': {e}"))))
+            .map(|w| {
+                tokenizer
+                    .encode(w, false)
+                    .map_err(|e| ApiError::BadRequest(format!("'{key}': {e}")))
+            })
             .filter(|r| r.as_ref().map_or(true, |ids| !ids.is_empty()))
             .collect()
     };
     let params = GenerationParams {
         max_tokens: max_tokens as usize,
         temperature: fields.float(&["temperature"])?.unwrap_or(d.temperature),
-        top_k: fields.uint(&["top_k", "runtime_top_k"])?.map_or(d.top_k, |v| v as usize),
-        top_p: fields.float(&["top_p", "runtime_top_p"])?.unwrap_or(d.top_p),
-        repetition_penalty: fields.float(&["repetition_penalty"])?.unwrap_or(d.repetition_penalty),
-        presence_penalty: fields.float(&["presence_penalty"])?.unwrap_or(d.presence_penalty),
-        frequency_penalty: fields.float(&["frequency_penalty"])?.unwrap_or(d.frequency_penalty),
-        min_length: fields.uint(&["min_length", "min_tokens"])?.map_or(0, |v| v as usize),
+        top_k: fields
+            .uint(&["top_k", "runtime_top_k"])?
+            .map_or(d.top_k, |v| v as usize),
+        top_p: fields
+            .float(&["top_p", "runtime_top_p"])?
+            .unwrap_or(d.top_p),
+        repetition_penalty: fields
+            .float(&["repetition_penalty"])?
+            .unwrap_or(d.repetition_penalty),
+        presence_penalty: fields
+            .float(&["presence_penalty"])?
+            .unwrap_or(d.presence_penalty),
+        frequency_penalty: fields
+            .float(&["frequency_penalty"])?
+            .unwrap_or(d.frequency_penalty),
+        min_length: fields
+            .uint(&["min_length", "min_tokens"])?
+            .map_or(0, |v| v as usize),
         random_seed: fields.uint(&["random_seed", "seed"])?,
         end_id: fields.uint(&["end_id"])?.map(|v| v as u32),
         pad_id: fields.uint(&["pad_id"])?.map(|v| v as u32),
@@ -211,7 +272,11 @@ pub fn build_request(fields: &Fields<'_>, kind: ModelKind, tokenizer: &Tokenizer
         stop_after_ms: fields.uint(&["stop_after_ms"])?,
         ignore_eos: fields.bool(&["ignore_eos"])?.unwrap_or(false),
     };
-    Ok(Request { id: request_id(fields)?, prompts, params })
+    Ok(Request {
+        id: request_id(fields)?,
+        prompts,
+        params,
+    })
 }
 
 /// Options we recognise but do not implement: refused with a clear message.
@@ -219,7 +284,9 @@ fn unsupported(fields: &Fields<'_>) -> ApiResult<()> {
     let no = |m: String| Err(ApiError::Unsupported(m));
     if let Some(b) = fields.int(&["beam_width"])? {
         if b != 1 {
-            return no(format!("beam_width {b} is not supported: only 1 (sampling or greedy, no beam search)"));
+            return no(format!(
+                "beam_width {b} is not supported: only 1 (sampling or greedy, no beam search)"
+            ));
         }
     }
     if let Some(n) = fields.int(&["num_return_sequences"])? {
@@ -227,7 +294,11 @@ fn unsupported(fields: &Fields<'_>) -> ApiResult<()> {
             return no(format!("num_return_sequences {n} is not supported: only 1"));
         }
     }
-    for key in ["return_context_logits", "return_generation_logits", "return_perf_metrics"] {
+    for key in [
+        "return_context_logits",
+        "return_generation_logits",
+        "return_perf_metrics",
+    ] {
         if fields.bool(&[key])? == Some(true) {
             return no(format!("'{key}' is not supported yet"));
         }
@@ -238,7 +309,9 @@ fn unsupported(fields: &Fields<'_>) -> ApiResult<()> {
         }
     }
     if !fields.strings("decoder_text_input")?.is_empty() {
-        return no("'decoder_text_input' is for encoder-decoder models; this model is decoder-only".into());
+        return no(
+            "'decoder_text_input' is for encoder-decoder models; this model is decoder-only".into(),
+        );
     }
     Ok(())
 }

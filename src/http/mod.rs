@@ -96,7 +96,12 @@ impl AppState {
 
     /// Names listed by metadata endpoints.
     pub fn served_names(&self) -> Vec<String> {
-        vec![ENSEMBLE.into(), BLS.into(), CORE.into(), self.model().name().to_string()]
+        vec![
+            ENSEMBLE.into(),
+            BLS.into(),
+            CORE.into(),
+            self.model().name().to_string(),
+        ]
     }
 
     /// Submits a request for `model`; a refusal is counted and returned as an HTTP error.
@@ -105,13 +110,26 @@ impl AppState {
         let prompts = request.prompts.len();
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
         match self.model().submit(request).await {
-            Ok(stream) => Ok(TrackedStream::new(stream, self.clone(), model, prompts, timing)),
+            Ok(stream) => Ok(TrackedStream::new(
+                stream,
+                self.clone(),
+                model,
+                prompts,
+                timing,
+            )),
             Err(e) => {
                 let outcome = match e {
-                    crate::actors::messages::SubmitError::QueueFull(_) | crate::actors::messages::SubmitError::Unavailable(_) => Outcome::Rejected,
+                    crate::actors::messages::SubmitError::QueueFull(_)
+                    | crate::actors::messages::SubmitError::Unavailable(_) => Outcome::Rejected,
                     _ => Outcome::Other,
                 };
-                self.metrics().request_done(model, outcome, prompts, &timing, std::time::Duration::ZERO);
+                self.metrics().request_done(
+                    model,
+                    outcome,
+                    prompts,
+                    &timing,
+                    std::time::Duration::ZERO,
+                );
                 Err(e.into())
             }
         }
@@ -122,7 +140,8 @@ impl AppState {
         if let Ok(stats) = self.model().stats().await {
             let names = [ENSEMBLE, BLS, CORE];
             let kv = self.model().kv_cache_bytes();
-            self.metrics().scheduler(&names, &stats, stats.iteration, kv);
+            self.metrics()
+                .scheduler(&names, &stats, stats.iteration, kv);
         }
         self.metrics().render()
     }
@@ -131,9 +150,12 @@ impl AppState {
 /// Parses a JSON body whatever its Content-Type (tritonclient sends none).
 pub fn parse_json(body: &Bytes) -> ApiResult<serde_json::Value> {
     if body.is_empty() {
-        return Err(ApiError::BadRequest("the request body is empty; expected a JSON object".into()));
+        return Err(ApiError::BadRequest(
+            "the request body is empty; expected a JSON object".into(),
+        ));
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("malformed JSON in the request body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("malformed JSON in the request body: {e}")))
 }
 
 /// The inference port's routes.
@@ -151,12 +173,22 @@ pub fn app(state: AppState) -> Router {
 
 /// The metrics port's routes (Triton serves Prometheus text on :8002/metrics).
 pub fn metrics_app(state: AppState) -> Router {
-    Router::new().route("/metrics", get(metrics)).fallback(not_found).with_state(state)
+    Router::new()
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let body = state.render_metrics().await;
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        body,
+    )
+        .into_response()
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
@@ -164,25 +196,41 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
 }
 
 async fn method_not_allowed() -> Response {
-    (StatusCode::METHOD_NOT_ALLOWED, axum::Json(serde_json::json!({"error": "Method Not Allowed"}))).into_response()
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        axum::Json(serde_json::json!({"error": "Method Not Allowed"})),
+    )
+        .into_response()
 }
 
 /// Registers a POST route and its `/versions/{version}` twin.
-pub(crate) fn versioned_post<H, T>(router: Router<AppState>, path: &str, handler: H) -> Router<AppState>
+pub(crate) fn versioned_post<H, T>(
+    router: Router<AppState>,
+    path: &str,
+    handler: H,
+) -> Router<AppState>
 where
     H: axum::handler::Handler<T, AppState> + Clone,
     T: 'static,
 {
     let versioned = path.replacen("/models/{model}", "/models/{model}/versions/{version}", 1);
-    router.route(path, post(handler.clone())).route(&versioned, post(handler))
+    router
+        .route(path, post(handler.clone()))
+        .route(&versioned, post(handler))
 }
 
 /// Registers a GET route and its `/versions/{version}` twin.
-pub(crate) fn versioned_get<H, T>(router: Router<AppState>, path: &str, handler: H) -> Router<AppState>
+pub(crate) fn versioned_get<H, T>(
+    router: Router<AppState>,
+    path: &str,
+    handler: H,
+) -> Router<AppState>
 where
     H: axum::handler::Handler<T, AppState> + Clone,
     T: 'static,
 {
     let versioned = path.replacen("/models/{model}", "/models/{model}/versions/{version}", 1);
-    router.route(path, get(handler.clone())).route(&versioned, get(handler))
+    router
+        .route(path, get(handler.clone()))
+        .route(&versioned, get(handler))
 }

@@ -23,12 +23,16 @@ pub async fn serve_on(
         let _ = rx.wait_for(|s| *s).await;
     };
     let model = state.model().clone();
-    let http_server = axum::serve(http, app(state.clone())).with_graceful_shutdown(wait(stop_rx.clone()));
-    let metrics_server = axum::serve(metrics, metrics_app(state)).with_graceful_shutdown(wait(stop_rx));
+    let http_server =
+        axum::serve(http, app(state.clone())).with_graceful_shutdown(wait(stop_rx.clone()));
+    let metrics_server =
+        axum::serve(metrics, metrics_app(state)).with_graceful_shutdown(wait(stop_rx));
     let http_task = tokio::spawn(async move { http_server.await });
     let metrics_task = tokio::spawn(async move { metrics_server.await });
     shutdown.await;
-    tracing::info!("shutting down: no new requests; waiting up to {drain_timeout:?} for running ones");
+    tracing::info!(
+        "shutting down: no new requests; waiting up to {drain_timeout:?} for running ones"
+    );
     // Stop admitting and let running requests finish before the connections close.
     model.shutdown(drain_timeout).await;
     let _ = stop_tx.send(true);
@@ -44,12 +48,20 @@ pub async fn serve_on(
 }
 
 /// Binds `host:http_port` and `host:metrics_port` and serves until SIGTERM or Ctrl-C.
-pub async fn serve(state: AppState, host: &str, http_port: u16, metrics_port: u16, drain_timeout: Duration) -> Result<()> {
+pub async fn serve(
+    state: AppState,
+    host: &str,
+    http_port: u16,
+    metrics_port: u16,
+    drain_timeout: Duration,
+) -> Result<()> {
     let bind = |port: u16| async move {
         let addr: SocketAddr = format!("{host}:{port}")
             .parse()
             .map_err(|e| Error::Config(format!("bad listen address {host}:{port}: {e}")))?;
-        TcpListener::bind(addr).await.map_err(|e| Error::Config(format!("cannot listen on {addr}: {e}")))
+        TcpListener::bind(addr)
+            .await
+            .map_err(|e| Error::Config(format!("cannot listen on {addr}: {e}")))
     };
     let http = bind(http_port).await?;
     let metrics = bind(metrics_port).await?;

@@ -27,7 +27,13 @@ pub struct TrackedStream {
 }
 
 impl TrackedStream {
-    pub fn new(inner: ResponseStream, state: AppState, model: &str, prompts: usize, timing: RequestTiming) -> Self {
+    pub fn new(
+        inner: ResponseStream,
+        state: AppState,
+        model: &str,
+        prompts: usize,
+        timing: RequestTiming,
+    ) -> Self {
         TrackedStream {
             inner,
             state,
@@ -55,8 +61,12 @@ impl TrackedStream {
             self.timing.prompt_tokens += c.prompt_tokens;
             // The request's outcome is its worst prompt's.
             self.reason = match (self.reason, r) {
-                (Some(FinishReason::Error), _) | (_, FinishReason::Error) => Some(FinishReason::Error),
-                (Some(FinishReason::Cancelled), _) | (_, FinishReason::Cancelled) => Some(FinishReason::Cancelled),
+                (Some(FinishReason::Error), _) | (_, FinishReason::Error) => {
+                    Some(FinishReason::Error)
+                }
+                (Some(FinishReason::Cancelled), _) | (_, FinishReason::Cancelled) => {
+                    Some(FinishReason::Cancelled)
+                }
                 _ => Some(r),
             };
         }
@@ -67,8 +77,18 @@ impl TrackedStream {
             return;
         }
         self.done = true;
-        let reason = if self.open > 0 { Some(FinishReason::Cancelled) } else { self.reason };
-        self.state.metrics().request_done(&self.model, Outcome::of(reason), self.prompts, &self.timing, self.queue);
+        let reason = if self.open > 0 {
+            Some(FinishReason::Cancelled)
+        } else {
+            self.reason
+        };
+        self.state.metrics().request_done(
+            &self.model,
+            Outcome::of(reason),
+            self.prompts,
+            &self.timing,
+            self.queue,
+        );
         let t = &self.timing;
         tracing::info!(
             id = %self.inner.id(),

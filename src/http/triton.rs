@@ -38,17 +38,28 @@ fn stop_request(state: &AppState, model: &str, fields: &Fields<'_>) -> ApiResult
         return Ok(None);
     };
     state.model().cancel(&id);
-    Ok(Some(json!({"model_name": model, "model_version": "1", "id": id})))
+    Ok(Some(
+        json!({"model_name": model, "model_version": "1", "id": id}),
+    ))
 }
 
-async fn generate(State(state): State<AppState>, Path(p): Path<ModelPath>, body: Bytes) -> ApiResult<Response> {
+async fn generate(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let kind = state.kind(&p.model)?;
     let body = parse_json(&body)?;
     let fields = Fields::new(&body)?;
     if let Some(answer) = stop_request(&state, &p.model, &fields)? {
         return Ok(Json(answer).into_response());
     }
-    let mut request = build_request(&fields, kind, state.model().tokenizer(), state.model().config().max_position_embeddings)?;
+    let mut request = build_request(
+        &fields,
+        kind,
+        state.model().tokenizer(),
+        state.model().config().max_position_embeddings,
+    )?;
     request.params.stream = false;
     let id = request.id.clone();
     let prompts = request.prompts.len();
@@ -59,19 +70,33 @@ async fn generate(State(state): State<AppState>, Path(p): Path<ModelPath>, body:
         return Err(ApiError::Internal(err).with_public());
     }
     let per_prompt = crate::request::answers(chunks, prompts);
-    let objects: Vec<Map<String, Value>> = per_prompt.iter().map(|c| response(&p.model, id.as_deref(), kind, c, want_logprobs)).collect();
+    let objects: Vec<Map<String, Value>> = per_prompt
+        .iter()
+        .map(|c| response(&p.model, id.as_deref(), kind, c, want_logprobs))
+        .collect();
     Ok(Json(merge_batch(objects)).into_response())
 }
 
-async fn generate_stream(State(state): State<AppState>, Path(p): Path<ModelPath>, body: Bytes) -> ApiResult<Response> {
+async fn generate_stream(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let kind = state.kind(&p.model)?;
     let body = parse_json(&body)?;
     let fields = Fields::new(&body)?;
     if let Some(answer) = stop_request(&state, &p.model, &fields)? {
-        let once = futures::stream::once(async move { Ok::<_, Infallible>(Event::default().data(answer.to_string())) });
+        let once = futures::stream::once(async move {
+            Ok::<_, Infallible>(Event::default().data(answer.to_string()))
+        });
         return Ok(Sse::new(once).into_response());
     }
-    let request = build_request(&fields, kind, state.model().tokenizer(), state.model().config().max_position_embeddings)?;
+    let request = build_request(
+        &fields,
+        kind,
+        state.model().tokenizer(),
+        state.model().config().max_position_embeddings,
+    )?;
     let id = request.id.clone();
     let want_logprobs = request.params.return_log_probs;
     let model = p.model.clone();
@@ -83,11 +108,19 @@ async fn generate_stream(State(state): State<AppState>, Path(p): Path<ModelPath>
         };
         Ok::<_, Infallible>(Event::default().data(body.to_string()))
     });
-    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
 }
 
 /// One response object: TRT-LLM's output tensors as keys (single values as scalars).
-fn response(model: &str, id: Option<&str>, kind: ModelKind, c: &Chunk, logprobs: bool) -> Map<String, Value> {
+fn response(
+    model: &str,
+    id: Option<&str>,
+    kind: ModelKind,
+    c: &Chunk,
+    logprobs: bool,
+) -> Map<String, Value> {
     let mut m = Map::new();
     m.insert("model_name".into(), json!(model));
     m.insert("model_version".into(), json!("1"));
@@ -103,9 +136,16 @@ fn response(model: &str, id: Option<&str>, kind: ModelKind, c: &Chunk, logprobs:
     };
     m.insert("batch_index".into(), json!(c.batch_index));
     m.insert("sequence_index".into(), json!(0));
-    let output_log_probs = if logprobs { c.log_probs.clone() } else { vec![0.0; c.token_ids.len()] };
+    let output_log_probs = if logprobs {
+        c.log_probs.clone()
+    } else {
+        vec![0.0; c.token_ids.len()]
+    };
     m.insert("output_log_probs".into(), json!(output_log_probs));
-    m.insert("cum_log_probs".into(), json!(c.cum_log_prob.filter(|_| logprobs).unwrap_or(0.0)));
+    m.insert(
+        "cum_log_probs".into(),
+        json!(c.cum_log_prob.filter(|_| logprobs).unwrap_or(0.0)),
+    );
     m.insert("context_logits".into(), json!(0.0));
     m.insert("generation_logits".into(), json!(0.0));
     if let Some(r) = c.finish_reason {
@@ -134,7 +174,15 @@ fn merge_batch(mut objects: Vec<Map<String, Value>>) -> Value {
     }
     for (k, _) in objects[0].clone() {
         if !out.contains_key(&k) {
-            out.insert(k.clone(), Value::Array(objects.iter().map(|o| o.get(&k).cloned().unwrap_or(Value::Null)).collect()));
+            out.insert(
+                k.clone(),
+                Value::Array(
+                    objects
+                        .iter()
+                        .map(|o| o.get(&k).cloned().unwrap_or(Value::Null))
+                        .collect(),
+                ),
+            );
         }
     }
     Value::Object(out)

@@ -175,7 +175,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[l] += x[l] * y[l];
         }
     }
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
     acc.iter().sum::<f32>() + tail
 }
 
@@ -216,11 +221,30 @@ mod tests {
             kd[s..s + 2].copy_from_slice(&keys[p]);
             vd[s..s + 2].copy_from_slice(&vals[p]);
         }
-        let k = PagedView::<f32> { data: &kd, block_size, kv_dim: 2 };
-        let v = PagedView::<f32> { data: &vd, block_size, kv_dim: 2 };
+        let k = PagedView::<f32> {
+            data: &kd,
+            block_size,
+            kv_dim: 2,
+        };
+        let v = PagedView::<f32> {
+            data: &vd,
+            block_size,
+            kv_dim: 2,
+        };
         let q = [2.0f32, 0.0];
         let mut out = [0f32; 2];
-        paged_attention(&q, &[AttnRow { block_table: &table, pos: 2 }], &k, &v, 1, 2, &mut out);
+        paged_attention(
+            &q,
+            &[AttnRow {
+                block_table: &table,
+                pos: 2,
+            }],
+            &k,
+            &v,
+            1,
+            2,
+            &mut out,
+        );
         let s: Vec<f32> = keys.iter().map(|kk| (2.0 * kk[0]) / 2f32.sqrt()).collect();
         let e: Vec<f32> = s.iter().map(|x| x.exp()).collect();
         let z: f32 = e.iter().sum();

@@ -6,9 +6,9 @@
 //! Decode reads every weight once per token, so it is bound by memory bandwidth: f16
 //! storage halves the bytes moved for weights that came from half or quantized sources.
 
-use half::f16;
 use super::parallel::{add_bias, for_row_ranges, SendPtr};
 use super::qmatmul::{qlinear, QMatrix};
+use half::f16;
 
 /// A weight matrix's storage.
 pub enum Matrix {
@@ -106,7 +106,6 @@ const TW: usize = 3;
 /// Weight rows per parallel job (a multiple of TW): 48 rows of 576 floats fit in L2.
 const ROWS_PER_JOB: usize = 48;
 
-
 /// One product's operands: `x` `[n, k]`, `w` `[m, k]`, output `y` `[n, m]`.
 #[derive(Clone, Copy)]
 struct Gemm<'a, W> {
@@ -155,7 +154,14 @@ fn linear_t<W: Elem>(
         assert_eq!(b.len(), m, "bias is not [m]");
     }
     let fma = has_fma();
-    let g = Gemm { x, w, n, k, m, y: SendPtr::new(y) };
+    let g = Gemm {
+        x,
+        w,
+        n,
+        k,
+        m,
+        y: SendPtr::new(y),
+    };
     for_row_ranges(m, ROWS_PER_JOB, n * m * k, |o0, o1| {
         // SAFETY: this job writes only columns o0..o1 of y, which no other job touches, and
         // `y` outlives the parallel loop.

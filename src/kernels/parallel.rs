@@ -24,7 +24,12 @@ impl SendPtr {
 
 /// Runs `job(o0, o1)` over `0..m` in ranges of `rows_per_job`, on the thread pool unless
 /// the product (`flops` multiply-adds) is too small to pay for it.
-pub fn for_row_ranges(m: usize, rows_per_job: usize, flops: usize, job: impl Fn(usize, usize) + Sync + Send) {
+pub fn for_row_ranges(
+    m: usize,
+    rows_per_job: usize,
+    flops: usize,
+    job: impl Fn(usize, usize) + Sync + Send,
+) {
     let jobs = m.div_ceil(rows_per_job);
     let run = |j: usize| job(j * rows_per_job, ((j + 1) * rows_per_job).min(m));
     if flops < 1 << 16 {

@@ -43,7 +43,11 @@ impl QMatrix {
         let h = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
         let blocks = bytes.chunks_exact(ty.block_bytes());
         let mut q = QMatrix {
-            format: if ty == GgmlType::Q8_0 { QFormat::Q8 } else { QFormat::Q4 },
+            format: if ty == GgmlType::Q8_0 {
+                QFormat::Q8
+            } else {
+                QFormat::Q4
+            },
             rows,
             cols,
             d: Vec::with_capacity(blocks.len()),
@@ -84,7 +88,10 @@ impl QMatrix {
         let bpr = self.cols / QK;
         let bb = self.block_bytes();
         let take = |v: &[f32]| -> Vec<f32> {
-            order.iter().flat_map(|&r| v[r * bpr..(r + 1) * bpr].iter().copied()).collect()
+            order
+                .iter()
+                .flat_map(|&r| v[r * bpr..(r + 1) * bpr].iter().copied())
+                .collect()
         };
         self.d = take(&self.d);
         if !self.m.is_empty() {
@@ -152,7 +159,11 @@ struct QActs {
 
 fn quantize_acts(x: &[f32]) -> QActs {
     let nb = x.len() / QK;
-    let mut a = QActs { q: vec![0; x.len()], d: Vec::with_capacity(nb), s: Vec::with_capacity(nb) };
+    let mut a = QActs {
+        q: vec![0; x.len()],
+        d: Vec::with_capacity(nb),
+        s: Vec::with_capacity(nb),
+    };
     for (xb, qb) in x.chunks_exact(QK).zip(a.q.chunks_exact_mut(QK)) {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
@@ -167,7 +178,6 @@ fn quantize_acts(x: &[f32]) -> QActs {
     }
     a
 }
-
 
 const ROWS_PER_JOB: usize = 32;
 /// Activation rows sharing one unpacked weight block.
@@ -214,7 +224,15 @@ fn has_avx2() -> bool {
 
 /// Dot products of weight row `o` with activation rows `t..t + rows` (rows <= TOKENS).
 #[inline]
-fn dot_rows(w: &QMatrix, o: usize, a: &QActs, t: usize, rows: usize, avx: bool, out: &mut [f32; TOKENS]) {
+fn dot_rows(
+    w: &QMatrix,
+    o: usize,
+    a: &QActs,
+    t: usize,
+    rows: usize,
+    avx: bool,
+    out: &mut [f32; TOKENS],
+) {
     #[cfg(target_arch = "x86_64")]
     if avx {
         let bpr = w.cols / QK;
@@ -229,8 +247,8 @@ fn dot_rows(w: &QMatrix, o: usize, a: &QActs, t: usize, rows: usize, avx: bool, 
         }
         return;
     }
-    for r in 0..rows {
-        out[r] = dot_row(w, o, a, t + r, avx);
+    for (r, o_r) in out.iter_mut().enumerate().take(rows) {
+        *o_r = dot_row(w, o, a, t + r, avx);
     }
 }
 
@@ -254,9 +272,16 @@ fn dot_row(w: &QMatrix, o: usize, a: &QActs, t: usize, avx: bool) -> f32 {
         let qx = &a.q[ab * QK..(ab + 1) * QK];
         let isum: i32 = match w.format {
             QFormat::Q4 => (0..QK / 2)
-                .map(|j| (qs[j] & 0x0f) as i32 * qx[j] as i32 + (qs[j] >> 4) as i32 * qx[j + QK / 2] as i32)
+                .map(|j| {
+                    (qs[j] & 0x0f) as i32 * qx[j] as i32
+                        + (qs[j] >> 4) as i32 * qx[j + QK / 2] as i32
+                })
                 .sum(),
-            QFormat::Q8 => qs.iter().zip(qx).map(|(&q, &x)| q as i8 as i32 * x as i32).sum(),
+            QFormat::Q8 => qs
+                .iter()
+                .zip(qx)
+                .map(|(&q, &x)| q as i8 as i32 * x as i32)
+                .sum(),
         };
         acc += w.d[wb] * a.d[ab] * isum as f32;
         if w.format == QFormat::Q4 {
@@ -270,7 +295,14 @@ fn dot_row(w: &QMatrix, o: usize, a: &QActs, t: usize, avx: bool) -> f32 {
 /// met with each row's int8 values. Each row accumulates exactly as a single row would.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_rows_avx2<const R: usize>(w: &QMatrix, o: usize, a: &QActs, t: usize, bpr: usize, out: &mut [f32; TOKENS]) {
+unsafe fn dot_rows_avx2<const R: usize>(
+    w: &QMatrix,
+    o: usize,
+    a: &QActs,
+    t: usize,
+    bpr: usize,
+    out: &mut [f32; TOKENS],
+) {
     use std::arch::x86_64::*;
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); R];
@@ -305,7 +337,10 @@ unsafe fn dot_rows_avx2<const R: usize>(w: &QMatrix, o: usize, a: &QActs, t: usi
                 let wabs = _mm256_sign_epi8(wq, wq);
                 for r in 0..R {
                     let xq = _mm256_loadu_si256(qx[r].add(b * QK) as *const __m256i);
-                    let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq)), ones);
+                    let sums = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq)),
+                        ones,
+                    );
                     let scale = _mm256_set1_ps(wd[b] * ad[r][b]);
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r]);
                 }
@@ -344,7 +379,10 @@ mod tests {
                         let got = y[t * m + o];
                         // Activation quantization error: about amax/254 per element.
                         let tol = 0.02 * (k as f32).sqrt();
-                        assert!((got - exact).abs() < tol, "{ty:?} ({n},{k},{m}) [{t},{o}]: {got} vs {exact}");
+                        assert!(
+                            (got - exact).abs() < tol,
+                            "{ty:?} ({n},{k},{m}) [{t},{o}]: {got} vs {exact}"
+                        );
                     }
                 }
                 // The portable and AVX2 paths agree exactly (integer sums, same order of scales)
@@ -353,7 +391,10 @@ mod tests {
                 for o in 0..m {
                     let a = dot_row(&q, o, &acts, 0, false);
                     let b = dot_row(&q, o, &acts, 0, has_avx2());
-                    assert!((a - b).abs() <= 1e-4 * (1.0 + a.abs()), "{ty:?}: {a} vs {b}");
+                    assert!(
+                        (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
+                        "{ty:?}: {a} vs {b}"
+                    );
                 }
             }
         }
@@ -381,12 +422,14 @@ mod tests {
     #[test]
     fn permute_and_concat_move_whole_rows() {
         let wf: Vec<f32> = (0..4 * 32).map(|i| (i / 32) as f32).collect();
-        let mut q = QMatrix::from_ggml(GgmlType::Q8_0, &encode(GgmlType::Q8_0, &wf), 4, 32).unwrap();
+        let mut q =
+            QMatrix::from_ggml(GgmlType::Q8_0, &encode(GgmlType::Q8_0, &wf), 4, 32).unwrap();
         q.permute_rows(&[3, 1, 2, 0]);
         let mut row = vec![0f32; 32];
         q.row_into(0, &mut row);
         assert!(row.iter().all(|&v| (v - 3.0).abs() < 0.03));
-        let q2 = QMatrix::from_ggml(GgmlType::Q8_0, &encode(GgmlType::Q8_0, &wf[..32]), 1, 32).unwrap();
+        let q2 =
+            QMatrix::from_ggml(GgmlType::Q8_0, &encode(GgmlType::Q8_0, &wf[..32]), 1, 32).unwrap();
         let c = QMatrix::concat(vec![q, q2]).unwrap();
         assert_eq!(c.rows, 5);
         c.row_into(4, &mut row);

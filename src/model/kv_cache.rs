@@ -59,7 +59,12 @@ impl KvCache {
             kv_dim,
             dtype: cfg.kv_dtype,
             layers: (0..cfg.num_layers)
-                .map(|_| (KvStore::new(cfg.kv_dtype, per_layer), KvStore::new(cfg.kv_dtype, per_layer)))
+                .map(|_| {
+                    (
+                        KvStore::new(cfg.kv_dtype, per_layer),
+                        KvStore::new(cfg.kv_dtype, per_layer),
+                    )
+                })
                 .collect(),
         }
     }

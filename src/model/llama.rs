@@ -222,10 +222,37 @@ impl Llama {
 }
 
 /// Paged attention of layer `l` over the cache, whatever its element type.
-fn attention(cache: &KvCache, l: usize, q: &[f32], rows: &[AttnRow<'_>], cfg: &ModelConfig, out: &mut [f32]) {
-    fn run<T: KvElem>(k: &[T], v: &[T], cache: &KvCache, q: &[f32], rows: &[AttnRow<'_>], cfg: &ModelConfig, out: &mut [f32]) {
-        let view = |data| PagedView { data, block_size: cache.block_size, kv_dim: cache.kv_dim };
-        cpu::paged_attention(q, rows, &view(k), &view(v), cfg.num_heads, cfg.head_dim, out);
+fn attention(
+    cache: &KvCache,
+    l: usize,
+    q: &[f32],
+    rows: &[AttnRow<'_>],
+    cfg: &ModelConfig,
+    out: &mut [f32],
+) {
+    fn run<T: KvElem>(
+        k: &[T],
+        v: &[T],
+        cache: &KvCache,
+        q: &[f32],
+        rows: &[AttnRow<'_>],
+        cfg: &ModelConfig,
+        out: &mut [f32],
+    ) {
+        let view = |data| PagedView {
+            data,
+            block_size: cache.block_size,
+            kv_dim: cache.kv_dim,
+        };
+        cpu::paged_attention(
+            q,
+            rows,
+            &view(k),
+            &view(v),
+            cfg.num_heads,
+            cfg.head_dim,
+            out,
+        );
     }
     match &cache.layers[l] {
         (KvStore::F32(k), KvStore::F32(v)) => run(k, v, cache, q, rows, cfg, out),

@@ -116,7 +116,8 @@ impl Source for Gguf<'_> {
     fn quantized(&self, name: &str) -> Option<QMatrix> {
         let info = self.0.tensor_info(name)?;
         let shape = info.shape();
-        if shape.len() != 2 || !matches!(info.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0) {
+        if shape.len() != 2 || !matches!(info.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+        {
             return None;
         }
         QMatrix::from_ggml(info.ty, self.0.tensor_bytes(info), shape[0], shape[1])
@@ -151,7 +152,10 @@ fn unpermute_order(heads: usize, head_dim: usize) -> Vec<usize> {
 
 fn reorder_rows(w: &[f32], order: &[usize]) -> Vec<f32> {
     let cols = w.len() / order.len();
-    order.iter().flat_map(|&r| w[r * cols..(r + 1) * cols].iter().copied()).collect()
+    order
+        .iter()
+        .flat_map(|&r| w[r * cols..(r + 1) * cols].iter().copied())
+        .collect()
 }
 
 struct Hf<'a>(&'a HfCheckpoint);
@@ -203,7 +207,12 @@ impl LlamaWeights {
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let embed = match quantized(src, &[Part::Embed], 0, cfg) {
             Some(q) => Matrix::Quant(q),
-            None => matrix(src, &[Part::Embed], tensor(src, Part::Embed, 0, &[v, h], cfg)?, 0),
+            None => matrix(
+                src,
+                &[Part::Embed],
+                tensor(src, Part::Embed, 0, &[v, h], cfg)?,
+                0,
+            ),
         };
         let final_norm = tensor(src, Part::FinalNorm, 0, &[h], cfg)?;
         let head_name = src.name(Part::LmHead, 0);

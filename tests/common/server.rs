@@ -26,7 +26,14 @@ pub fn tiny_model_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("inflight-http-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    write_tiny_checkpoint(&dir, &TinySpec { num_layers: 2, ..TinySpec::default() }).unwrap();
+    write_tiny_checkpoint(
+        &dir,
+        &TinySpec {
+            num_layers: 2,
+            ..TinySpec::default()
+        },
+    )
+    .unwrap();
     dir
 }
 
@@ -41,7 +48,9 @@ pub async fn start(path: &Path, tweak: impl FnOnce(&mut ModelOptions)) -> TestSe
     let mut options = ModelOptions::for_model(model.model.config(), 32 * 1024);
     options.scheduler.block_size = 16;
     tweak(&mut options);
-    let handle = ModelHandle::spawn(model, options).await.expect("model starts");
+    let handle = ModelHandle::spawn(model, options)
+        .await
+        .expect("model starts");
     let state = AppState::new(handle);
     let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -53,9 +62,17 @@ pub async fn start(path: &Path, tweak: impl FnOnce(&mut ModelOptions)) -> TestSe
         let shutdown = async move {
             let _ = stopped.await;
         };
-        serve_on(s, http, metrics, shutdown, Duration::from_secs(5)).await.unwrap();
+        serve_on(s, http, metrics, shutdown, Duration::from_secs(5))
+            .await
+            .unwrap();
     });
-    TestServer { base, metrics: metrics_base, state, stop: Some(stop), task: Some(task) }
+    TestServer {
+        base,
+        metrics: metrics_base,
+        state,
+        stop: Some(stop),
+        task: Some(task),
+    }
 }
 
 impl TestServer {
