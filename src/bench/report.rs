@@ -208,7 +208,7 @@ pub fn table(s: &Summary) -> String {
     if s.output_length_mismatches > 0 {
         let _ = writeln!(
             out,
-            "note: {} of {} completed requests did not produce the asked output length (stopped early despite ignore_eos/min_tokens?)",
+            "note: {} of {} completed requests have an output length other than asked (an early stop, or the estimated count of a server that sends no usage)",
             s.output_length_mismatches, s.completed
         );
     }
