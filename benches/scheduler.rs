@@ -21,6 +21,7 @@ fn spec(id: u64) -> SeqSpec {
         id,
         prompt: (0..PROMPT as u32).map(|t| t + id as u32).collect(),
         max_new_tokens: MAX_NEW,
+        num_draft_tokens: 0,
     }
 }
 
@@ -51,6 +52,7 @@ fn sample(batch: &inflight::scheduler::Batch) -> StepOutput {
         .filter(|c| c.sample)
         .map(|c| SampledToken {
             id: c.id,
+            accepted: Vec::new(),
             token: 7,
             stop: false,
         })

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 use crate::model::ModelConfig;
 use crate::scheduler::{SchedulerConfig, SchedulerPolicy};
+use crate::speculative::{DraftSource, SpeculativeOptions};
 
 /// The whole file.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -18,6 +19,82 @@ pub struct ServeConfig {
     pub server: ServerSection,
     #[serde(default)]
     pub model: ModelSection,
+    /// Speculative decoding; absent means none.
+    pub speculative: Option<SpeculativeSection>,
+}
+
+/// `[speculative]`: where draft tokens come from and how many per step.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SpeculativeSection {
+    /// `prompt_lookup` or `draft_model`.
+    pub source: String,
+    /// The draft model (a .gguf file or an HF folder) for `draft_model`; relative to the
+    /// config file's folder. It must share the target's vocabulary.
+    pub draft_model: String,
+    /// Draft tokens per step for requests that do not set `num_draft_tokens`.
+    pub num_draft_tokens: usize,
+    /// N-gram lengths prompt lookup tries, longest first.
+    pub prompt_lookup_min_ngram: usize,
+    pub prompt_lookup_max_ngram: usize,
+}
+
+impl Default for SpeculativeSection {
+    fn default() -> Self {
+        SpeculativeSection {
+            source: "prompt_lookup".into(),
+            draft_model: String::new(),
+            num_draft_tokens: 4,
+            prompt_lookup_min_ngram: 1,
+            prompt_lookup_max_ngram: 3,
+        }
+    }
+}
+
+impl SpeculativeSection {
+    /// What the library needs; `load_draft` loads a draft model from its path.
+    pub fn options(
+        &self,
+        load_draft: impl FnOnce(&Path) -> Result<DraftSource>,
+    ) -> Result<SpeculativeOptions> {
+        let bad = |m: String| Err(Error::Config(format!("[speculative] {m}")));
+        if self.num_draft_tokens > crate::actors::preprocess::MAX_DRAFT_TOKENS {
+            return bad(format!(
+                "num_draft_tokens must be at most {}, got {}",
+                crate::actors::preprocess::MAX_DRAFT_TOKENS,
+                self.num_draft_tokens
+            ));
+        }
+        let draft = match self.source.as_str() {
+            "prompt_lookup" => {
+                let (min, max) = (self.prompt_lookup_min_ngram, self.prompt_lookup_max_ngram);
+                if min == 0 || min > max {
+                    return bad(format!(
+                        "prompt lookup n-grams must satisfy 1 <= min <= max, got {min} and {max}"
+                    ));
+                }
+                DraftSource::PromptLookup {
+                    min_ngram: min,
+                    max_ngram: max,
+                }
+            }
+            "draft_model" => {
+                if self.draft_model.is_empty() {
+                    return bad("source = \"draft_model\" needs draft_model = \"<path>\"".into());
+                }
+                load_draft(Path::new(&self.draft_model))?
+            }
+            other => {
+                return bad(format!(
+                    "source {other:?} is not one of prompt_lookup, draft_model"
+                ))
+            }
+        };
+        Ok(SpeculativeOptions {
+            draft,
+            num_draft_tokens: self.num_draft_tokens,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -104,9 +181,15 @@ impl ServeConfig {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let mut cfg = Self::from_toml(&text)
             .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
-        if !cfg.model.path.is_empty() && Path::new(&cfg.model.path).is_relative() {
-            if let Some(dir) = path.parent() {
-                cfg.model.path = dir.join(&cfg.model.path).to_string_lossy().into_owned();
+        if let Some(dir) = path.parent() {
+            let resolve = |p: &mut String| {
+                if !p.is_empty() && Path::new(p.as_str()).is_relative() {
+                    *p = dir.join(p.as_str()).to_string_lossy().into_owned();
+                }
+            };
+            resolve(&mut cfg.model.path);
+            if let Some(s) = cfg.speculative.as_mut() {
+                resolve(&mut s.draft_model);
             }
         }
         Ok(cfg)
@@ -213,6 +296,27 @@ mod tests {
             (s.max_num_tokens, s.max_queue_size, s.max_seq_len),
             (512, 3, 2048)
         );
+        let spec = ServeConfig::from_toml("[speculative]\nnum_draft_tokens = 6\n").unwrap();
+        let opts = spec
+            .speculative
+            .unwrap()
+            .options(|_| panic!("no draft model to load"))
+            .unwrap();
+        assert_eq!(opts.num_draft_tokens, 6);
+        assert!(matches!(
+            opts.draft,
+            DraftSource::PromptLookup {
+                min_ngram: 1,
+                max_ngram: 3
+            }
+        ));
+        let no_path = ServeConfig::from_toml("[speculative]\nsource = \"draft_model\"\n").unwrap();
+        let e = no_path
+            .speculative
+            .unwrap()
+            .options(|_| panic!())
+            .unwrap_err();
+        assert!(e.to_string().contains("draft_model = "), "{e}");
         let bad = ServeConfig::from_toml("[model]\nbatch_scheduler_policy = \"fifo\"\n").unwrap();
         assert!(bad
             .scheduler(&model)

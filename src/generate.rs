@@ -73,7 +73,7 @@ pub fn generate(
             tokens: prompt,
             start_pos: 0,
             block_table: &table,
-            all_logits: false,
+            logits: 1,
         }],
         &mut cache,
     )?;
@@ -103,7 +103,7 @@ pub fn generate(
                 tokens: &[next],
                 start_pos: pos,
                 block_table: &table,
-                all_logits: false,
+                logits: 1,
             }],
             &mut cache,
         )?;

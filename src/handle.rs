@@ -18,9 +18,10 @@ use crate::actors::messages::{
 };
 use crate::actors::supervisor::{ModelSupervisor, SupervisorArgs, SupervisorMsg, TreeRefs};
 use crate::error::{Error, Result};
-use crate::model::{KvCache, LoadedModel, ModelConfig};
+use crate::model::{CpuBackend, KvCache, LoadedModel, ModelConfig};
 use crate::request::{Chunk, FinishReason, Request, RequestId};
 use crate::scheduler::SchedulerConfig;
+use crate::speculative::{DraftSource, SpeculativeOptions};
 use crate::tokenizer::Tokenizer;
 
 /// How to run a model.
@@ -30,6 +31,8 @@ pub struct ModelOptions {
     pub scheduler: SchedulerConfig,
     pub preprocess_workers: usize,
     pub postprocess_workers: usize,
+    /// Speculative decoding (a draft source and its default draft length), or None.
+    pub speculative: Option<SpeculativeOptions>,
 }
 
 impl ModelOptions {
@@ -45,6 +48,7 @@ impl ModelOptions {
             scheduler,
             preprocess_workers: 2,
             postprocess_workers: 2,
+            speculative: None,
         }
     }
 
@@ -81,11 +85,25 @@ impl ModelHandle {
             .validate()
             .map_err(|e| Error::Model(format!("scheduler configuration: {e}")))?;
         let config = model.model.config().clone();
+        if let Some(SpeculativeOptions {
+            draft: DraftSource::Model { vocab_size, .. },
+            ..
+        }) = &options.speculative
+        {
+            if *vocab_size != config.vocab_size {
+                return Err(Error::Model(format!(
+                    "the draft model's vocabulary has {vocab_size} tokens, the target's {}",
+                    config.vocab_size
+                )));
+            }
+        }
         let kv_cache_bytes = options.kv_cache_bytes(&config);
         let tokenizer = Arc::new(model.tokenizer);
         let (ready_tx, ready) = watch::channel(false);
         let args = SupervisorArgs {
-            model: Arc::new(model.model),
+            config: config.clone(),
+            backend: Arc::new(CpuBackend(Arc::new(model.model))),
+            speculative: options.speculative,
             tokenizer: tokenizer.clone(),
             scheduler: options.scheduler,
             preprocess_workers: options.preprocess_workers,

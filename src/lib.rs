@@ -30,6 +30,7 @@ pub mod output;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
+pub mod speculative;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

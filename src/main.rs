@@ -5,6 +5,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
@@ -13,8 +14,9 @@ use std::time::Duration;
 use inflight::config::ServeConfig;
 use inflight::generate::{generate, GenerateOptions};
 use inflight::http::{serve, AppState};
-use inflight::model::LoadedModel;
+use inflight::model::{CpuBackend, LoadedModel};
 use inflight::request::GenerationParams;
+use inflight::speculative::DraftSource;
 use inflight::tokenizer::chat::{ChatMessage, ChatTemplate};
 use inflight::{ModelHandle, ModelOptions};
 
@@ -148,10 +150,22 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
     tracing::info!(model = %path.display(), "loading");
     let loaded = LoadedModel::load(&path)?;
     let scheduler = cfg.scheduler(loaded.model.config())?;
+    let speculative = match &cfg.speculative {
+        Some(s) => Some(s.options(|p| {
+            tracing::info!(draft = %p.display(), "loading the draft model");
+            let draft = LoadedModel::load(p)?.model;
+            Ok(DraftSource::Model {
+                vocab_size: draft.config().vocab_size,
+                backend: Arc::new(CpuBackend(Arc::new(draft))),
+            })
+        })?),
+        None => None,
+    };
     let options = ModelOptions {
         scheduler,
         preprocess_workers: cfg.model.preprocess_instances,
         postprocess_workers: cfg.model.postprocess_instances,
+        speculative,
     };
     tracing::info!(
         kv_blocks = options.scheduler.num_blocks,

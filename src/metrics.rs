@@ -7,7 +7,9 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use metrics::{Key, Label, Level, Metadata, Recorder, Unit};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 
 use crate::actors::messages::SchedulerStats;
 use crate::request::FinishReason;
@@ -18,6 +20,10 @@ static META: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some
 const LATENCY_BUCKETS: [f64; 16] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
+
+/// Buckets for the fraction of draft tokens accepted.
+const ACCEPTANCE_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+const ACCEPTANCE_RATE: &str = "inflight_spec_decode_acceptance_rate";
 
 /// How a request ended, for the success and failure counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +124,8 @@ impl Metrics {
         let recorder = PrometheusBuilder::new()
             .set_buckets(&LATENCY_BUCKETS)
             .expect("non-empty buckets")
+            .set_buckets_for_metric(Matcher::Full(ACCEPTANCE_RATE.into()), &ACCEPTANCE_BUCKETS)
+            .expect("non-empty buckets")
             .build_recorder();
         let handle = recorder.handle();
         let m = Metrics { recorder, handle };
@@ -153,6 +161,19 @@ impl Metrics {
         c(
             "nv_inference_queue_duration_us",
             "Cumulative time requests spend waiting to be scheduled, in microseconds",
+        );
+        c(
+            "inflight_spec_decode_draft_tokens_total",
+            "Draft tokens proposed to the target model (speculative decoding)",
+        );
+        c(
+            "inflight_spec_decode_accepted_tokens_total",
+            "Draft tokens the target model accepted (speculative decoding)",
+        );
+        r.describe_histogram(
+            ACCEPTANCE_RATE.into(),
+            None,
+            "Fraction of its draft tokens each speculative prompt accepted".into(),
         );
         let g = |name: &'static str, help: &'static str| {
             r.describe_gauge(name.into(), None, help.into())
@@ -219,6 +240,25 @@ impl Metrics {
         self.recorder
             .register_histogram(&Self::key(name, &labels), &META)
             .record(value);
+    }
+
+    /// Records the speculative decoding of one finished prompt of `model`.
+    pub fn speculative(&self, model: &str, proposed: usize, accepted: usize) {
+        if proposed == 0 {
+            return;
+        }
+        let labels = [("model", model.to_string()), ("version", "1".to_string())];
+        self.counter(
+            "inflight_spec_decode_draft_tokens_total",
+            &labels,
+            proposed as u64,
+        );
+        self.counter(
+            "inflight_spec_decode_accepted_tokens_total",
+            &labels,
+            accepted as u64,
+        );
+        self.histogram(ACCEPTANCE_RATE, model, accepted as f64 / proposed as f64);
     }
 
     /// Records a finished (or refused) request of `model` with `prompts` batch elements.

@@ -24,6 +24,8 @@ pub struct SeqOutputState {
     cum_log_prob: f32,
     first_token_at: Option<std::time::Instant>,
     done: bool,
+    draft_tokens: usize,
+    accepted_draft_tokens: usize,
 }
 
 /// What pushing one token produced.
@@ -74,7 +76,16 @@ impl SeqOutputState {
             cum_log_prob: 0.0,
             first_token_at: None,
             done: false,
+            draft_tokens: 0,
+            accepted_draft_tokens: 0,
         }
+    }
+
+    /// Counts one speculative step's draft tokens, proposed and accepted (reported on the
+    /// last chunk).
+    pub fn note_draft(&mut self, proposed: usize, accepted: usize) {
+        self.draft_tokens += proposed;
+        self.accepted_draft_tokens += accepted;
     }
 
     pub fn is_done(&self) -> bool {
@@ -197,6 +208,8 @@ impl SeqOutputState {
         chunk.finish_reason = Some(reason);
         chunk.prompt_tokens = self.prompt_tokens;
         chunk.output_tokens = self.output_tokens;
+        chunk.draft_tokens = self.draft_tokens;
+        chunk.accepted_draft_tokens = self.accepted_draft_tokens;
         if self.return_log_probs {
             chunk.cum_log_prob = Some(self.cum_log_prob);
         }

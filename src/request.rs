@@ -58,6 +58,12 @@ pub struct GenerationParams {
     pub stop_after_ms: Option<u64>,
     /// Keep generating past end tokens (benchmarks force output lengths this way).
     pub ignore_eos: bool,
+    /// Draft tokens the target verifies per step (speculative decoding); None: the
+    /// model's default, 0: no speculation. Only where a draft source is configured.
+    pub num_draft_tokens: Option<usize>,
+    /// Accept draft tokens by the standard speculative sampling rule on the draft model's
+    /// probabilities, rather than by matching the target's own draws.
+    pub use_draft_logits: bool,
 }
 
 impl Default for GenerationParams {
@@ -82,6 +88,8 @@ impl Default for GenerationParams {
             stream: true,
             stop_after_ms: None,
             ignore_eos: false,
+            num_draft_tokens: None,
+            use_draft_logits: false,
         }
     }
 }
@@ -144,6 +152,9 @@ pub struct Chunk {
     /// When the first token of this chunk was produced, for a chunk that accumulates
     /// several (a non-streamed answer), so latency metrics stay server-side.
     pub first_token_at: Option<std::time::Instant>,
+    /// Speculative decoding of this prompt so far: draft tokens proposed and accepted.
+    pub draft_tokens: usize,
+    pub accepted_draft_tokens: usize,
 }
 
 impl Chunk {
@@ -172,6 +183,8 @@ pub fn answers(chunks: Vec<Chunk>, prompts: usize) -> Vec<Chunk> {
         slot.error = c.error.or(slot.error.take());
         slot.prompt_tokens = slot.prompt_tokens.max(c.prompt_tokens);
         slot.output_tokens = slot.output_tokens.max(c.output_tokens);
+        slot.draft_tokens = slot.draft_tokens.max(c.draft_tokens);
+        slot.accepted_draft_tokens = slot.accepted_draft_tokens.max(c.accepted_draft_tokens);
     }
     out
 }

@@ -151,7 +151,7 @@ fn check_variant(tag: &str, spec: &TinySpec) -> f64 {
             tokens: s,
             start_pos: 0,
             block_table: blocks_for(t, s.len()),
-            all_logits: true,
+            logits: s.len(),
         })
         .collect();
     let out = model.forward(&chunks, &mut cache).unwrap();
@@ -182,7 +182,7 @@ fn check_variant(tag: &str, spec: &TinySpec) -> f64 {
                 tokens: &s[s.len() - 1..],
                 start_pos: s.len() - 1,
                 block_table: blocks_for(t, s.len()),
-                all_logits: false,
+                logits: 1,
             })
             .collect();
         let out = model.forward(&chunks, &mut cache).unwrap();
@@ -287,13 +287,13 @@ fn chunked_prefill_beside_decode_matches_reference() {
                     tokens: &short,
                     start_pos: 0,
                     block_table: blocks_for(&tables[1], short.len()),
-                    all_logits: false,
+                    logits: 1,
                 },
                 SeqChunk {
                     tokens: &long[..7],
                     start_pos: 0,
                     block_table: blocks_for(&tables[0], 7),
-                    all_logits: false,
+                    logits: 1,
                 },
             ],
             &mut cache,
@@ -313,13 +313,13 @@ fn chunked_prefill_beside_decode_matches_reference() {
                     tokens: &long[7..],
                     start_pos: 7,
                     block_table: blocks_for(&tables[0], long.len()),
-                    all_logits: true,
+                    logits: long.len() - 7,
                 },
                 SeqChunk {
                     tokens: &short[short.len() - 1..],
                     start_pos: short.len() - 1,
                     block_table: blocks_for(&tables[1], short.len()),
-                    all_logits: false,
+                    logits: 1,
                 },
             ],
             &mut cache,

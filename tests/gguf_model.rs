@@ -120,7 +120,7 @@ fn all_logits(model: &Llama, tokens: &[u32]) -> Vec<f32> {
                 tokens,
                 start_pos: 0,
                 block_table: &table,
-                all_logits: true,
+                logits: tokens.len(),
             }],
             &mut cache,
         )

@@ -63,7 +63,7 @@ fn greedy_tokens_agree_with_llama_cpp() {
                     tokens: &seq,
                     start_pos: 0,
                     block_table: &table,
-                    all_logits: true,
+                    logits: seq.len(),
                 }],
                 &mut cache,
             )
@@ -102,7 +102,7 @@ fn greedy_tokens_agree_with_llama_cpp() {
                     tokens: &case.prompt_ids,
                     start_pos: 0,
                     block_table: &table,
-                    all_logits: false,
+                    logits: 1,
                 }],
                 &mut cache,
             )
@@ -118,7 +118,7 @@ fn greedy_tokens_agree_with_llama_cpp() {
                         tokens: &[next],
                         start_pos: pos,
                         block_table: &table,
-                        all_logits: false,
+                        logits: 1,
                     }],
                     &mut cache,
                 )

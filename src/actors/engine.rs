@@ -1,34 +1,39 @@
-//! Engine actor: runs one forward pass per `EngineMsg::Step` on its device (the CPU
-//! engine today) and sends the last-token logits of the sequences that sample to the
-//! Sampler (`SamplerMsg::Sample`).
+//! Engine actor: runs one forward pass per message on its device through a
+//! [`ForwardPass`] (the CPU engine, or a GPU one) and hands the logits on.
 //!
-//! State: the model (shared, read-only), its KV cache, and each sequence's block table,
-//! kept up to date from the deltas in each step. The forward pass runs on the blocking
-//! pool so the async runtime keeps serving. A failed or panicking step kills the actor;
-//! its supervisor (ModelSupervisor) restarts it with a fresh cache.
+//! - `EngineMsg::Step` (from the Scheduler, or the speculative orchestrator in front of
+//!   it): the rows of the sequences that sample (the last known token's, then one per
+//!   draft token) go to the Sampler (`SamplerMsg::Sample`).
+//! - `EngineMsg::Forward` (from the speculative orchestrator driving a draft model): the
+//!   logits come back on the reply port.
+//!
+//! State: the forward pass (model and KV cache) and each sequence's block table, kept up
+//! to date from the deltas in each step. The forward pass runs on the blocking pool so
+//! the async runtime keeps serving. A failed or panicking step kills the actor; its
+//! supervisor (ModelSupervisor) restarts it with a fresh cache.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use super::messages::{EngineMsg, SamplerMsg, SeqId, StepSeq};
-use crate::model::{KvCache, Llama, SeqChunk};
+use super::messages::{EngineMsg, SampleRow, SamplerMsg, SeqId, StepSeq};
+use crate::model::{Backend, ForwardPass, SeqChunk};
 
 pub struct Engine;
 
 pub struct EngineArgs {
-    pub model: Arc<Llama>,
+    pub backend: Arc<dyn Backend>,
     pub block_size: usize,
     pub num_blocks: usize,
-    pub sampler: ActorRef<SamplerMsg>,
+    /// Where `Step` logits go (None for a draft engine, which only answers `Forward`).
+    pub sampler: Option<ActorRef<SamplerMsg>>,
 }
 
 pub struct EngineState {
-    model: Arc<Llama>,
-    cache: Option<KvCache>,
+    forward: Option<Box<dyn ForwardPass>>,
     tables: HashMap<SeqId, Vec<u32>>,
-    sampler: ActorRef<SamplerMsg>,
+    sampler: Option<ActorRef<SamplerMsg>>,
     fault: bool,
 }
 
@@ -42,10 +47,9 @@ impl Actor for Engine {
         _: ActorRef<EngineMsg>,
         args: EngineArgs,
     ) -> Result<EngineState, ActorProcessingErr> {
-        let cache = KvCache::new(args.model.config(), args.block_size, args.num_blocks);
+        let forward = args.backend.start(args.block_size, args.num_blocks)?;
         Ok(EngineState {
-            model: args.model,
-            cache: Some(cache),
+            forward: Some(forward),
             tables: HashMap::new(),
             sampler: args.sampler,
             fault: false,
@@ -66,67 +70,85 @@ impl Actor for Engine {
                 dropped,
                 reply_to,
             } => {
-                for id in dropped {
-                    state.tables.remove(&id);
-                }
+                state.drop_seqs(dropped);
                 if state.fault {
                     panic!("injected engine fault at iteration {iteration}");
                 }
-                let (sampled, logits) = step(state, seqs).await?;
-                state.sampler.cast(SamplerMsg::Sample {
+                let sampler = state.sampler.clone().ok_or("a draft engine got a Step")?;
+                let rows_per_seq = seqs.iter().map(StepSeq::logit_rows).collect::<Vec<_>>();
+                let out = state.step(&seqs).await?;
+                let mut rows = Vec::new();
+                let mut logits = Vec::new();
+                for ((s, n), l) in seqs.into_iter().zip(rows_per_seq).zip(out) {
+                    if n > 0 {
+                        rows.push(SampleRow {
+                            seq: s.seq,
+                            draft: s.draft,
+                        });
+                        logits.extend_from_slice(&l);
+                    }
+                }
+                sampler.cast(SamplerMsg::Sample {
                     iteration,
-                    seqs: sampled,
+                    rows,
                     logits,
                     reply_to,
                 })?;
+            }
+            EngineMsg::Forward {
+                seqs,
+                dropped,
+                reply,
+            } => {
+                state.drop_seqs(dropped);
+                let out = state.step(&seqs).await?;
+                let _ = reply.send(out);
             }
         }
         Ok(())
     }
 }
 
-/// Applies the block deltas, runs the forward pass off the async runtime, and returns
-/// the sampling sequences with their logits rows.
-async fn step(
-    state: &mut EngineState,
-    seqs: Vec<StepSeq>,
-) -> Result<(Vec<SeqId>, Vec<f32>), ActorProcessingErr> {
-    let mut work = Vec::with_capacity(seqs.len());
-    for s in seqs {
-        let table = state.tables.entry(s.seq).or_default();
-        if s.reset {
-            table.clear();
+impl EngineState {
+    fn drop_seqs(&mut self, dropped: Vec<SeqId>) {
+        for id in dropped {
+            self.tables.remove(&id);
         }
-        table.extend_from_slice(&s.new_blocks);
-        work.push((s.seq, s.tokens, s.start_pos, table.clone(), s.sample));
     }
-    let model = state.model.clone();
-    let mut cache = state.cache.take().ok_or("engine lost its KV cache")?;
-    let (cache, result) = tokio::task::spawn_blocking(move || {
-        let chunks: Vec<SeqChunk> = work
-            .iter()
-            .map(|(_, tokens, start_pos, table, _)| SeqChunk {
-                tokens,
-                start_pos: *start_pos,
-                block_table: table,
-                all_logits: false,
-            })
-            .collect();
-        let out = model.forward(&chunks, &mut cache);
-        let result = out.map(|rows| {
-            let mut ids = Vec::new();
-            let mut logits = Vec::new();
-            for ((seq, _, _, _, sample), row) in work.iter().zip(rows) {
-                if *sample {
-                    ids.push(*seq);
-                    logits.extend_from_slice(&row);
-                }
+
+    /// Applies the block deltas and runs the forward pass off the async runtime; per
+    /// sequence, its `logit_rows()` rows of logits.
+    async fn step(&mut self, seqs: &[StepSeq]) -> Result<Vec<Vec<f32>>, ActorProcessingErr> {
+        let mut tables = Vec::with_capacity(seqs.len());
+        for s in seqs {
+            let table = self.tables.entry(s.seq).or_default();
+            if s.reset {
+                table.clear();
             }
-            (ids, logits)
-        });
-        (cache, result)
-    })
-    .await?;
-    state.cache = Some(cache);
-    Ok(result?)
+            table.extend_from_slice(&s.new_blocks);
+            tables.push(table.clone());
+        }
+        let work: Vec<(Vec<u32>, usize, usize)> = seqs
+            .iter()
+            .map(|s| (s.tokens.clone(), s.start_pos, s.logit_rows()))
+            .collect();
+        let mut forward = self.forward.take().ok_or("engine lost its KV cache")?;
+        let (forward, result) = tokio::task::spawn_blocking(move || {
+            let chunks: Vec<SeqChunk> = work
+                .iter()
+                .zip(&tables)
+                .map(|((tokens, start_pos, logits), table)| SeqChunk {
+                    tokens,
+                    start_pos: *start_pos,
+                    block_table: table,
+                    logits: *logits,
+                })
+                .collect();
+            let out = forward.forward(&chunks);
+            (forward, out)
+        })
+        .await?;
+        self.forward = Some(forward);
+        Ok(result?)
+    }
 }

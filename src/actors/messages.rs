@@ -104,11 +104,11 @@ pub enum SchedulerMsg {
     },
     /// A stop string completed this sequence's answer: stop generating it.
     EndSeq(SeqId),
-    /// The sampled tokens of one batch (with their log-probabilities when asked).
+    /// The sampled tokens of one batch; `sampled` lines up with `output.tokens`.
     StepDone {
         iteration: u64,
         output: StepOutput,
-        log_probs: Vec<Option<f32>>,
+        sampled: Vec<SeqSampled>,
     },
     /// The engine died: fail the requests whose KV state it held.
     EngineFailed { error: String },
@@ -126,11 +126,58 @@ pub enum SchedulerMsg {
 pub struct StepSeq {
     pub seq: SeqId,
     pub start_pos: usize,
+    /// Known tokens to compute, followed by the draft's tokens when there is a draft.
     pub tokens: Vec<u32>,
     pub reset: bool,
     pub new_blocks: Vec<u32>,
-    /// The engine must return logits for the last token.
+    /// The chunk reaches the last known token: the engine returns logits for it (and
+    /// for every draft token after it).
     pub sample: bool,
+    pub params: Arc<GenerationParams>,
+    /// How many draft tokens may follow the known ones (the blocks cover them); 0 when
+    /// the sequence does not speculate this iteration.
+    pub max_draft: usize,
+    /// Draft tokens appended to `tokens` by the speculative orchestrator.
+    pub draft: Option<Draft>,
+}
+
+impl StepSeq {
+    /// Rows of logits the engine returns for this chunk.
+    pub fn logit_rows(&self) -> usize {
+        if self.sample {
+            1 + self.draft.as_ref().map_or(0, |d| d.tokens.len())
+        } else {
+            0
+        }
+    }
+}
+
+/// Tokens a draft source proposes after a sequence's last known token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Draft {
+    pub tokens: Vec<u32>,
+    /// The draft model's sampling distribution at each draft token, `[tokens, vocab]`,
+    /// when the acceptance rule uses it (`use_draft_logits`); None means each token is
+    /// taken as certain (prompt lookup, greedy drafts).
+    pub probs: Option<Vec<f32>>,
+}
+
+/// One sampling sequence of an engine step: its logits rows are the last known token's,
+/// then one per draft token.
+#[derive(Debug, Clone)]
+pub struct SampleRow {
+    pub seq: SeqId,
+    pub draft: Option<Draft>,
+}
+
+/// What the sampler chose for one sequence in one step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SeqSampled {
+    /// Log-probability of each emitted token (accepted drafts, then the sampled one).
+    pub log_probs: Vec<Option<f32>>,
+    /// Draft tokens proposed and accepted in this step.
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 pub enum EngineMsg {
@@ -143,6 +190,13 @@ pub enum EngineMsg {
         /// Where the sampled tokens go.
         reply_to: ActorRef<SchedulerMsg>,
     },
+    /// Run one forward pass and answer with each sequence's `logit_rows()` rows (a draft
+    /// model's engine, driven by the speculative orchestrator).
+    Forward {
+        seqs: Vec<StepSeq>,
+        dropped: Vec<SeqId>,
+        reply: RpcReplyPort<Vec<Vec<f32>>>,
+    },
     /// Test hook: panic inside the next step, as a CUDA fault would kill the engine.
     InjectFault,
 }
@@ -150,10 +204,11 @@ pub enum EngineMsg {
 pub enum SamplerMsg {
     /// Create per-sequence sampling state.
     Register(Vec<SeqInit>),
-    /// Sample one token per row: `logits` is `[seqs.len(), vocab]`.
+    /// Sample each row's next token (verifying its draft first, when it has one):
+    /// `logits` holds each row's `1 + draft` rows of `vocab` logits, in order.
     Sample {
         iteration: u64,
-        seqs: Vec<SeqId>,
+        rows: Vec<SampleRow>,
         logits: Vec<f32>,
         reply_to: ActorRef<SchedulerMsg>,
     },
@@ -170,6 +225,10 @@ pub enum SeqOutput {
         log_prob: Option<f32>,
         /// Set on a sequence's first token: how long it waited to be scheduled.
         queued: Option<std::time::Duration>,
+        /// Draft tokens proposed and accepted in the step that produced this token (set on
+        /// the first token of the step).
+        drafted: usize,
+        accepted: usize,
     },
     Finished {
         seq: SeqId,

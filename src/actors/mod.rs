@@ -7,4 +7,5 @@ pub mod postprocess;
 pub mod preprocess;
 pub mod sampler;
 pub mod scheduler;
+pub mod speculative;
 pub mod supervisor;

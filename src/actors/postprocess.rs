@@ -124,8 +124,11 @@ fn emit(state: &mut PostprocessState, output: SeqOutput) {
             token,
             log_prob,
             queued,
+            drafted,
+            accepted,
             ..
         } => {
+            out.note_draft(drafted, accepted);
             let pushed = out.push(&state.tokenizer, token, log_prob, queued);
             if pushed.stop_string {
                 // The token's chunk (text before the stop string) and the final one, as one.

@@ -24,6 +24,8 @@ pub struct PreprocessArgs {
     pub tokenizer: Arc<Tokenizer>,
     pub vocab_size: usize,
     pub max_seq_len: usize,
+    /// A draft source is configured: requests may ask for `num_draft_tokens`.
+    pub speculative: bool,
     pub scheduler: ActorRef<SchedulerMsg>,
     pub postprocess: Vec<ActorRef<PostprocessMsg>>,
     /// Sequence ids, unique across the pool.
@@ -124,7 +126,7 @@ impl PreprocessState {
         params: &GenerationParams,
     ) -> Result<(Vec<Vec<u32>>, Vec<Option<String>>), SubmitError> {
         let a = &self.args;
-        validate(params, a.vocab_size)?;
+        validate(params, a.vocab_size, a.speculative)?;
         if prompts.is_empty() {
             return Err(SubmitError::Invalid("the request has no prompt".into()));
         }
@@ -177,11 +179,32 @@ impl PreprocessState {
     }
 }
 
+/// Most draft tokens a request may ask the target to verify per step.
+pub const MAX_DRAFT_TOKENS: usize = 32;
+
 /// Checks every parameter against what the sampler and model can do.
-pub fn validate(p: &GenerationParams, vocab_size: usize) -> Result<(), SubmitError> {
+pub fn validate(
+    p: &GenerationParams,
+    vocab_size: usize,
+    speculative: bool,
+) -> Result<(), SubmitError> {
     let bad = |m: String| Err(SubmitError::Invalid(m));
     if p.max_tokens == 0 {
         return bad("max_tokens must be at least 1".into());
+    }
+    match p.num_draft_tokens {
+        Some(n) if n > 0 && !speculative => {
+            return bad(format!(
+                "num_draft_tokens {n} needs speculative decoding, and this model has no draft \
+                 source (configure [speculative] in the model's config)"
+            ));
+        }
+        Some(n) if n > MAX_DRAFT_TOKENS => {
+            return bad(format!(
+                "num_draft_tokens must be at most {MAX_DRAFT_TOKENS}, got {n}"
+            ));
+        }
+        _ => {}
     }
     if !p.temperature.is_finite() || p.temperature < 0.0 {
         return bad(format!(

@@ -1,5 +1,7 @@
 //! Sampler actor: turns each iteration's logits (`SamplerMsg::Sample`, from the Engine)
-//! into one token per sequence and sends them to the Scheduler (`SchedulerMsg::StepDone`).
+//! into one token per sequence, or, for a sequence with draft tokens, into the accepted
+//! drafts and one token after them (`SeqSampler::verify`), and sends them to the
+//! Scheduler (`SchedulerMsg::StepDone`).
 //!
 //! State: one `SeqSampler` per live sequence (penalties, bad/stop words, min_length,
 //! seeded generator), created by `Register` when a request is queued and dropped by
@@ -10,8 +12,8 @@ use std::collections::HashMap;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use super::messages::{SamplerMsg, SchedulerMsg, SeqId};
-use crate::sampling::SeqSampler;
+use super::messages::{SampleRow, SamplerMsg, SchedulerMsg, SeqSampled};
+use crate::sampling::{SeqSampler, Verdict};
 use crate::scheduler::{SampledToken, StepOutput};
 
 pub struct Sampler;
@@ -24,7 +26,7 @@ pub struct SamplerArgs {
 pub struct SamplerState {
     vocab_size: usize,
     eos_ids: Vec<u32>,
-    seqs: HashMap<SeqId, SeqSampler>,
+    seqs: HashMap<super::messages::SeqId, SeqSampler>,
 }
 
 impl Actor for Sampler {
@@ -64,15 +66,15 @@ impl Actor for Sampler {
             }
             SamplerMsg::Sample {
                 iteration,
-                seqs,
+                rows,
                 mut logits,
                 reply_to,
             } => {
-                let (output, log_probs) = sample_rows(state, &seqs, &mut logits);
+                let (output, sampled) = sample_rows(state, &rows, &mut logits);
                 reply_to.cast(SchedulerMsg::StepDone {
                     iteration,
                     output,
-                    log_probs,
+                    sampled,
                 })?;
             }
         }
@@ -80,26 +82,52 @@ impl Actor for Sampler {
     }
 }
 
-/// One token per row; a row whose sequence is gone (cancelled meanwhile) is skipped.
+/// Each row's tokens; a row whose sequence is gone (cancelled meanwhile) is skipped.
 fn sample_rows(
     state: &mut SamplerState,
-    seqs: &[SeqId],
+    rows: &[SampleRow],
     logits: &mut [f32],
-) -> (StepOutput, Vec<Option<f32>>) {
+) -> (StepOutput, Vec<SeqSampled>) {
     let v = state.vocab_size;
     let mut output = StepOutput::default();
-    let mut log_probs = Vec::with_capacity(seqs.len());
-    for (id, row) in seqs.iter().zip(logits.chunks_exact_mut(v)) {
-        let Some(sampler) = state.seqs.get_mut(id) else {
+    let mut sampled = Vec::with_capacity(rows.len());
+    let mut at = 0;
+    for row in rows {
+        let n = 1 + row.draft.as_ref().map_or(0, |d| d.tokens.len());
+        let Some(block) = logits.get_mut(at * v..(at + n) * v) else {
+            break;
+        };
+        at += n;
+        let Some(sampler) = state.seqs.get_mut(&row.seq) else {
             continue;
         };
-        let s = sampler.sample(row);
+        let verdict = match &row.draft {
+            Some(d) => sampler.verify(block, v, &d.tokens, d.probs.as_deref()),
+            None => {
+                let s = sampler.sample(block);
+                Verdict {
+                    tokens: vec![s.token],
+                    log_probs: vec![s.log_prob],
+                    stop: s.stop,
+                    accepted: 0,
+                }
+            }
+        };
+        let mut tokens = verdict.tokens;
+        let Some(token) = tokens.pop() else {
+            continue;
+        };
         output.tokens.push(SampledToken {
-            id: *id,
-            token: s.token,
-            stop: s.stop,
+            id: row.seq,
+            accepted: tokens,
+            token,
+            stop: verdict.stop,
         });
-        log_probs.push(s.log_prob);
+        sampled.push(SeqSampled {
+            log_probs: verdict.log_probs,
+            drafted: row.draft.as_ref().map_or(0, |d| d.tokens.len()),
+            accepted: verdict.accepted,
+        });
     }
-    (output, log_probs)
+    (output, sampled)
 }

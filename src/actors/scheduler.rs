@@ -10,21 +10,27 @@
 //! Supervised by ModelSupervisor.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::messages::{
     CancelReason, EngineMsg, PostprocessMsg, SamplerMsg, SchedulerMsg, SchedulerStats, SeqId,
-    SeqInit, SeqOutput, StepSeq, SubmitError,
+    SeqInit, SeqOutput, SeqSampled, StepSeq, SubmitError,
 };
-use crate::request::RequestId;
+use crate::request::{GenerationParams, RequestId};
 use crate::scheduler::{Batch, SchedulerConfig, SeqEvent, SeqSpec, StepOutput};
 
 pub struct SchedulerActor;
 
 pub struct SchedulerArgs {
     pub config: SchedulerConfig,
+    /// Draft tokens per decode step for requests that do not say (0 without a draft
+    /// source: requests cannot speculate then).
+    pub default_draft_tokens: usize,
+    /// Whether a draft source is configured.
+    pub speculative: bool,
     pub sampler: ActorRef<SamplerMsg>,
     pub postprocess: Vec<ActorRef<PostprocessMsg>>,
 }
@@ -32,6 +38,7 @@ pub struct SchedulerArgs {
 struct SeqMeta {
     rid: u64,
     request: RequestId,
+    params: Arc<GenerationParams>,
     /// Blocks of its table the engine already has.
     sent_blocks: usize,
     /// It has been in a batch, so the engine holds KV state for it.
@@ -53,6 +60,8 @@ pub struct SchedulerState {
     /// Sequences whose engine state can go, sent with the next step.
     dropped: Vec<SeqId>,
     drains: Vec<RpcReplyPort<()>>,
+    default_draft_tokens: usize,
+    speculative: bool,
 }
 
 impl Actor for SchedulerActor {
@@ -77,6 +86,8 @@ impl Actor for SchedulerActor {
             requests: HashMap::new(),
             dropped: Vec::new(),
             drains: Vec::new(),
+            default_draft_tokens: args.default_draft_tokens,
+            speculative: args.speculative,
         })
     }
 
@@ -95,8 +106,8 @@ impl Actor for SchedulerActor {
             SchedulerMsg::StepDone {
                 iteration,
                 output,
-                log_probs,
-            } => state.step_done(iteration, output, log_probs),
+                sampled,
+            } => state.step_done(iteration, output, sampled),
             SchedulerMsg::EngineFailed { error } => state.engine_failed(&error),
             SchedulerMsg::EngineReady(engine) => state.engine = Some(engine),
             SchedulerMsg::Stats(reply) => {
@@ -125,10 +136,18 @@ impl SchedulerState {
             return Err(SubmitError::DuplicateId(request));
         }
         for (i, s) in seqs.iter().enumerate() {
+            let num_draft_tokens = if self.speculative {
+                s.params
+                    .num_draft_tokens
+                    .unwrap_or(self.default_draft_tokens)
+            } else {
+                0
+            };
             let spec = SeqSpec {
                 id: s.seq,
                 prompt: s.prompt.clone(),
                 max_new_tokens: s.params.max_tokens,
+                num_draft_tokens,
             };
             if let Err(e) = self.core.add(spec) {
                 for added in &seqs[..i] {
@@ -141,6 +160,7 @@ impl SchedulerState {
             let meta = SeqMeta {
                 rid: s.rid,
                 request: request.clone(),
+                params: s.params.clone(),
                 sent_blocks: 0,
                 started: false,
                 enqueued: Instant::now(),
@@ -191,17 +211,34 @@ impl SchedulerState {
         let _ = self.sampler.cast(SamplerMsg::Drop(vec![seq]));
     }
 
-    fn step_done(&mut self, iteration: u64, output: StepOutput, log_probs: Vec<Option<f32>>) {
+    fn step_done(&mut self, iteration: u64, output: StepOutput, sampled: Vec<SeqSampled>) {
         let Some(batch) = self.in_flight.take_if(|b| b.iteration == iteration) else {
             return;
         };
-        let lp: HashMap<SeqId, Option<f32>> =
-            output.tokens.iter().map(|t| t.id).zip(log_probs).collect();
+        // Per sequence: what the sampler said, and how many of its tokens went out.
+        let mut per_seq: HashMap<SeqId, (SeqSampled, usize)> = output
+            .tokens
+            .iter()
+            .map(|t| t.id)
+            .zip(sampled.into_iter().map(|s| (s, 0)))
+            .collect();
         let mut outs = Vec::new();
         for event in self.core.update(&batch, &output) {
             match event {
                 SeqEvent::Token { id, token } => {
-                    let log_prob = lp.get(&id).copied().flatten();
+                    let (log_prob, drafted, accepted) = match per_seq.get_mut(&id) {
+                        Some((s, i)) => {
+                            let first = *i == 0;
+                            let lp = s.log_probs.get(*i).copied().flatten();
+                            *i += 1;
+                            if first {
+                                (lp, s.drafted, s.accepted)
+                            } else {
+                                (lp, 0, 0)
+                            }
+                        }
+                        None => (None, 0, 0),
+                    };
                     let queued = self.seqs.get_mut(&id).and_then(|m| m.queued.take());
                     outs.push((
                         self.rid(id),
@@ -210,6 +247,8 @@ impl SchedulerState {
                             token,
                             log_prob,
                             queued,
+                            drafted,
+                            accepted,
                         },
                     ));
                 }
@@ -310,6 +349,9 @@ impl SchedulerState {
                 reset,
                 new_blocks: s.block_table[from..].to_vec(),
                 sample: s.sample,
+                params: meta.params.clone(),
+                max_draft: s.max_draft,
+                draft: None,
             });
         }
         let dropped = std::mem::take(&mut self.dropped);

@@ -27,8 +27,10 @@ use super::postprocess::{Postprocess, PostprocessArgs};
 use super::preprocess::{Preprocess, PreprocessArgs};
 use super::sampler::{Sampler, SamplerArgs};
 use super::scheduler::{SchedulerActor, SchedulerArgs};
-use crate::model::Llama;
+use super::speculative::{Drafter, Speculative, SpeculativeArgs};
+use crate::model::{Backend, ModelConfig};
 use crate::scheduler::SchedulerConfig;
+use crate::speculative::{DraftSource, SpeculativeOptions};
 use crate::tokenizer::Tokenizer;
 
 const MAX_RESTARTS: usize = 5;
@@ -37,7 +39,9 @@ const RESTART_WINDOW: Duration = Duration::from_secs(60);
 pub struct ModelSupervisor;
 
 pub struct SupervisorArgs {
-    pub model: Arc<Llama>,
+    pub config: ModelConfig,
+    pub backend: Arc<dyn Backend>,
+    pub speculative: Option<SpeculativeOptions>,
     pub tokenizer: Arc<Tokenizer>,
     pub scheduler: SchedulerConfig,
     pub preprocess_workers: usize,
@@ -61,12 +65,12 @@ pub enum SupervisorMsg {
 }
 
 pub struct SupervisorState {
-    model: Arc<Llama>,
-    block_size: usize,
-    num_blocks: usize,
+    engines: EngineSpec,
     sampler: ActorRef<SamplerMsg>,
     scheduler: ActorRef<SchedulerMsg>,
-    engine: ActorRef<EngineMsg>,
+    engine: EngineGroup,
+    /// Actors of engine groups stopped after a failure, whose exits are expected.
+    retired: Vec<ractor::ActorId>,
     postprocess: Vec<ActorRef<PostprocessMsg>>,
     preprocess: Vec<ActorRef<PreprocessMsg>>,
     ready: watch::Sender<bool>,
@@ -84,7 +88,7 @@ impl Actor for ModelSupervisor {
         args: SupervisorArgs,
     ) -> Result<SupervisorState, ActorProcessingErr> {
         let cell = myself.get_cell();
-        let cfg = args.model.config().clone();
+        let cfg = args.config.clone();
         let sampler_args = SamplerArgs {
             vocab_size: cfg.vocab_size,
             eos_ids: args.tokenizer.eos_token_ids().to_vec(),
@@ -101,15 +105,26 @@ impl Actor for ModelSupervisor {
                     .0,
             );
         }
-        let (block_size, num_blocks) = (args.scheduler.block_size, args.scheduler.num_blocks);
+        let engines = EngineSpec {
+            backend: args.backend,
+            speculative: args.speculative,
+            block_size: args.scheduler.block_size,
+            num_blocks: args.scheduler.num_blocks,
+            vocab_size: cfg.vocab_size,
+        };
         let sa = SchedulerArgs {
+            default_draft_tokens: engines
+                .speculative
+                .as_ref()
+                .map_or(0, |s| s.num_draft_tokens),
+            speculative: engines.speculative.is_some(),
             config: args.scheduler,
             sampler: sampler.clone(),
             postprocess: postprocess.clone(),
         };
         let (scheduler, _) = Actor::spawn_linked(None, SchedulerActor, sa, cell.clone()).await?;
-        let engine = spawn_engine(&myself, &args.model, block_size, num_blocks, &sampler).await?;
-        scheduler.cast(SchedulerMsg::EngineReady(engine.clone()))?;
+        let engine = engines.spawn(&myself, &sampler).await?;
+        scheduler.cast(SchedulerMsg::EngineReady(engine.front.clone()))?;
         let next_seq = Arc::new(AtomicU64::new(1));
         let mut preprocess = Vec::new();
         for _ in 0..args.preprocess_workers.max(1) {
@@ -117,6 +132,7 @@ impl Actor for ModelSupervisor {
                 tokenizer: args.tokenizer.clone(),
                 vocab_size: cfg.vocab_size,
                 max_seq_len: cfg.max_position_embeddings,
+                speculative: engines.speculative.is_some(),
                 scheduler: scheduler.clone(),
                 postprocess: postprocess.clone(),
                 next_seq: next_seq.clone(),
@@ -129,9 +145,8 @@ impl Actor for ModelSupervisor {
         }
         let _ = args.ready.send(true);
         Ok(SupervisorState {
-            model: args.model,
-            block_size,
-            num_blocks,
+            engines,
+            retired: Vec::new(),
             sampler,
             scheduler,
             engine,
@@ -156,7 +171,7 @@ impl Actor for ModelSupervisor {
                     postprocess: state.postprocess.clone(),
                 });
             }
-            SupervisorMsg::InjectEngineFault => state.engine.cast(EngineMsg::InjectFault)?,
+            SupervisorMsg::InjectEngineFault => state.engine.front.cast(EngineMsg::InjectFault)?,
         }
         Ok(())
     }
@@ -174,7 +189,11 @@ impl Actor for ModelSupervisor {
             }
             _ => return Ok(()),
         };
-        if who.get_id() != state.engine.get_id() {
+        if let Some(i) = state.retired.iter().position(|&id| id == who.get_id()) {
+            state.retired.swap_remove(i);
+            return Ok(());
+        }
+        if !state.engine.contains(&who) {
             tracing::error!(actor = %who.get_id(), %error, "a pipeline actor failed; stopping the model");
             let _ = state.ready.send(false);
             myself.stop(Some(format!("pipeline actor failed: {error}")));
@@ -182,6 +201,16 @@ impl Actor for ModelSupervisor {
         }
         tracing::error!(%error, "engine failed; restarting it");
         let _ = state.ready.send(false);
+        // The rest of the group goes too: its state belongs to the failed engine's.
+        state.engine.stop_all();
+        state.retired.extend(
+            state
+                .engine
+                .members
+                .iter()
+                .map(|m| m.get_id())
+                .filter(|&id| id != who.get_id()),
+        );
         state.scheduler.cast(SchedulerMsg::EngineFailed { error })?;
         let now = Instant::now();
         state
@@ -196,17 +225,10 @@ impl Actor for ModelSupervisor {
             );
             return Ok(());
         }
-        state.engine = spawn_engine(
-            &myself,
-            &state.model,
-            state.block_size,
-            state.num_blocks,
-            &state.sampler,
-        )
-        .await?;
+        state.engine = state.engines.spawn(&myself, &state.sampler).await?;
         state
             .scheduler
-            .cast(SchedulerMsg::EngineReady(state.engine.clone()))?;
+            .cast(SchedulerMsg::EngineReady(state.engine.front.clone()))?;
         let _ = state.ready.send(true);
         Ok(())
     }
@@ -221,7 +243,7 @@ impl Actor for ModelSupervisor {
             p.stop(None);
         }
         state.scheduler.stop(None);
-        state.engine.stop(None);
+        state.engine.stop_all();
         state.sampler.stop(None);
         for p in &state.postprocess {
             p.stop(None);
@@ -230,22 +252,80 @@ impl Actor for ModelSupervisor {
     }
 }
 
-async fn spawn_engine(
-    supervisor: &ActorRef<SupervisorMsg>,
-    model: &Arc<Llama>,
+/// What the engine group is made of, to start it and restart it.
+struct EngineSpec {
+    backend: Arc<dyn Backend>,
+    speculative: Option<SpeculativeOptions>,
     block_size: usize,
     num_blocks: usize,
-    sampler: &ActorRef<SamplerMsg>,
-) -> Result<ActorRef<EngineMsg>, ActorProcessingErr> {
-    let args = EngineArgs {
-        model: model.clone(),
-        block_size,
-        num_blocks,
-        sampler: sampler.clone(),
-    };
-    Ok(
-        Actor::spawn_linked(None, Engine, args, supervisor.get_cell())
-            .await?
-            .0,
-    )
+    vocab_size: usize,
+}
+
+/// The actors that hold KV state: the target engine, and with speculative decoding the
+/// orchestrator in front of it and the draft model's engine. They fail and restart
+/// together.
+struct EngineGroup {
+    /// What the scheduler sends steps to.
+    front: ActorRef<EngineMsg>,
+    members: Vec<ActorRef<EngineMsg>>,
+}
+
+impl EngineGroup {
+    fn contains(&self, who: &ractor::ActorCell) -> bool {
+        self.members.iter().any(|m| m.get_id() == who.get_id())
+    }
+
+    fn stop_all(&self) {
+        for m in &self.members {
+            m.stop(None);
+        }
+    }
+}
+
+impl EngineSpec {
+    async fn spawn(
+        &self,
+        supervisor: &ActorRef<SupervisorMsg>,
+        sampler: &ActorRef<SamplerMsg>,
+    ) -> Result<EngineGroup, ActorProcessingErr> {
+        let cell = supervisor.get_cell();
+        let start = |backend: Arc<dyn Backend>, sampler: Option<ActorRef<SamplerMsg>>| EngineArgs {
+            backend,
+            block_size: self.block_size,
+            num_blocks: self.num_blocks,
+            sampler,
+        };
+        let args = start(self.backend.clone(), Some(sampler.clone()));
+        let (target, _) = Actor::spawn_linked(None, Engine, args, cell.clone()).await?;
+        let Some(spec) = &self.speculative else {
+            return Ok(EngineGroup {
+                front: target.clone(),
+                members: vec![target],
+            });
+        };
+        let mut members = vec![target.clone()];
+        let drafter = match &spec.draft {
+            DraftSource::Model { backend, .. } => {
+                let args = start(backend.clone(), None);
+                let (draft, _) = Actor::spawn_linked(None, Engine, args, cell.clone()).await?;
+                members.push(draft.clone());
+                Drafter::Engine(draft)
+            }
+            DraftSource::PromptLookup {
+                min_ngram,
+                max_ngram,
+            } => Drafter::PromptLookup {
+                min_ngram: *min_ngram,
+                max_ngram: *max_ngram,
+            },
+        };
+        let args = SpeculativeArgs {
+            target,
+            drafter,
+            vocab_size: self.vocab_size,
+        };
+        let (front, _) = Actor::spawn_linked(None, Speculative, args, cell).await?;
+        members.push(front.clone());
+        Ok(EngineGroup { front, members })
+    }
 }

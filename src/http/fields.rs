@@ -271,6 +271,8 @@ pub fn build_request(
         stream: fields.bool(&["stream", "streaming"])?.unwrap_or(false),
         stop_after_ms: fields.uint(&["stop_after_ms"])?,
         ignore_eos: fields.bool(&["ignore_eos"])?.unwrap_or(false),
+        num_draft_tokens: fields.uint(&["num_draft_tokens"])?.map(|v| v as usize),
+        use_draft_logits: fields.bool(&["use_draft_logits"])?.unwrap_or(false),
     };
     Ok(Request {
         id: request_id(fields)?,
@@ -301,11 +303,6 @@ fn unsupported(fields: &Fields<'_>) -> ApiResult<()> {
     ] {
         if fields.bool(&[key])? == Some(true) {
             return no(format!("'{key}' is not supported yet"));
-        }
-    }
-    if let Some(n) = fields.int(&["num_draft_tokens"])? {
-        if n != 0 {
-            return no(format!("num_draft_tokens {n} needs speculative decoding, which this server does not run yet"));
         }
     }
     if !fields.strings("decoder_text_input")?.is_empty() {

@@ -21,8 +21,9 @@ pub struct SeqChunk<'a> {
     pub start_pos: usize,
     /// Physical block of each logical block; must cover every position up to the last new one.
     pub block_table: &'a [u32],
-    /// Return logits for every new token, not only the last.
-    pub all_logits: bool,
+    /// How many of the last new tokens get a row of logits (0: none; all of them with
+    /// `tokens.len()`; more is clamped to it).
+    pub logits: usize,
 }
 
 /// A loaded Llama-family model (weights in f32).
@@ -65,8 +66,8 @@ impl Llama {
     }
 
     /// Runs every chunk's new tokens through the model, writing their K/V into `cache`.
-    /// Returns, per chunk, row-major logits `[rows, vocab]`: all new tokens' rows when
-    /// `all_logits`, else only the last one's.
+    /// Returns, per chunk, row-major logits `[rows, vocab]` for its last `logits` new
+    /// tokens.
     pub fn forward(&self, seqs: &[SeqChunk<'_>], cache: &mut KvCache) -> Result<Vec<Vec<f32>>> {
         self.check(seqs, cache)?;
         let cfg = &self.config;
@@ -148,12 +149,8 @@ impl Llama {
         let mut start = 0;
         for c in seqs {
             let n = c.tokens.len();
-            let from = if c.all_logits {
-                start
-            } else {
-                start + n.saturating_sub(1)
-            };
-            let take = if n == 0 { 0 } else { start + n - from };
+            let take = c.logits.min(n);
+            let from = start + n - take;
             rows.extend_from_slice(&x[from * h..(from + take) * h]);
             counts.push(take);
             start += n;

@@ -1,6 +1,7 @@
 //! Model definitions and weight loading: config, GGUF and safetensors readers, the Llama
 //! forward pass and its paged KV cache.
 
+pub mod backend;
 pub mod config;
 pub mod gguf;
 pub mod gguf_writer;
@@ -12,6 +13,7 @@ pub mod safetensors;
 pub mod tiny;
 pub mod weights;
 
+pub use backend::{Backend, CpuBackend, ForwardPass};
 pub use config::ModelConfig;
 pub use kv_cache::KvCache;
 pub use llama::{Llama, SeqChunk};

@@ -9,18 +9,21 @@
 //! - `words`: end tokens, `min_length`, bad words, stop words;
 //! - `select`: greedy, top-k, top-p and the draw, without sorting whole rows;
 //! - `nucleus`: top-p over a whole row through a histogram;
-//! - `math`: vectorised row kernels (cleaning, fast `exp`, sums).
+//! - `math`: vectorised row kernels (cleaning, fast `exp`, sums);
+//! - `speculative`: draft proposals and their verification against the target.
 
 mod math;
 mod nucleus;
 mod penalties;
 mod select;
 mod seq;
+mod speculative;
 #[cfg(test)]
 mod tests;
 mod words;
 
 pub use seq::{Sampled, SeqSampler};
+pub use speculative::{standard_rule, DraftSampler, Verdict};
 
 /// The index of the largest logit (the first one on ties); NaN counts as -inf, and a row
 /// with nothing above -inf (or empty) gives 0.

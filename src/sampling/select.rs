@@ -39,7 +39,7 @@ pub(crate) struct Cuts {
 }
 
 /// `ln(weight / total)`: the drawn token's weight is positive, so this is finite.
-fn log_prob(weight: f32, total: f64) -> f32 {
+pub(crate) fn log_prob(weight: f32, total: f64) -> f32 {
     ((weight as f64).ln() - total.ln()) as f32
 }
 
@@ -58,18 +58,24 @@ pub(crate) fn greedy(
     }
 }
 
-/// Draws a token: softmax of `(x - max) * inv_t`, then top-k (renormalised over the k
-/// best, as TensorRT-LLM does when both are set), then top-p (the shortest run of most
-/// likely tokens whose mass reaches `top_p`, ties to the lower id, at least one), then
-/// one uniform draw. `max` is the row's maximum as returned by `math::sanitize`. The row
-/// is scratch: on return its contents are unspecified.
-pub(crate) fn draw(
-    logits: &mut [f32],
-    max: f32,
-    cuts: Cuts,
-    rng: &mut impl Rng,
-    want_log_prob: bool,
-) -> Choice {
+/// The tokens a draw chooses among after temperature, top-k and top-p, from [`cut`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Kept {
+    /// Every token: the row now holds the weights, which sum to `total`.
+    All { total: f64 },
+    /// Only these `(id, weight)`, from the most likely. `row_total` is the weight of the
+    /// whole row when the row now holds the weights; None when it still holds the logits.
+    Some {
+        cands: Vec<(u32, f32)>,
+        row_total: Option<f64>,
+    },
+}
+
+/// Softmax weights of `(x - max) * inv_t`, then top-k (renormalised over the k best, as
+/// TensorRT-LLM does when both are set), then top-p (the shortest run of most likely
+/// tokens whose mass reaches `top_p`, ties to the lower id, at least one). `max` is the
+/// row's maximum as returned by `math::sanitize`. The row is scratch (see [`Kept`]).
+pub(crate) fn cut(logits: &mut [f32], max: f32, cuts: Cuts) -> Kept {
     let n = logits.len();
     let k = if cuts.top_k == 0 {
         n
@@ -82,31 +88,85 @@ pub(crate) fn draw(
         cands.iter_mut().for_each(|c| c.1 = weight_of(c.1));
         let total: f64 = cands.iter().map(|c| c.1 as f64).sum();
         cands.truncate(nucleus_len(&cands, total * cuts.top_p as f64).unwrap_or(k));
-        let (token, weight) = cands[pick_candidate(&cands, rng)];
-        let log_prob =
-            want_log_prob.then(|| log_prob(weight, exp_in_place(logits, max, cuts.inv_t)));
-        return Choice { token, log_prob };
+        return Kept::Some {
+            cands,
+            row_total: None,
+        };
     }
-    // From here the row holds the weights.
     let total = exp_in_place(logits, max, cuts.inv_t);
-    let (token, weight) = if cuts.top_p >= 1.0 {
-        let i = find_cumulative(logits, rng.gen::<f64>() * total)
-            .or_else(|| logits.iter().rposition(|&w| w > 0.0))
-            .unwrap_or(0);
-        (i as u32, logits[i])
-    } else {
-        let target = total * cuts.top_p as f64;
-        // Ranked by weight, like the histogram: the same nucleus either way.
-        let mut cands = top_candidates(logits, NUCLEUS_FIRST_K);
-        match nucleus_len(&cands, target) {
-            Some(keep) => cands.truncate(keep),
-            None => cands = nucleus(logits, target),
+    if cuts.top_p >= 1.0 {
+        return Kept::All { total };
+    }
+    let target = total * cuts.top_p as f64;
+    // Ranked by weight, like the histogram: the same nucleus either way.
+    let mut cands = top_candidates(logits, NUCLEUS_FIRST_K);
+    match nucleus_len(&cands, target) {
+        Some(keep) => cands.truncate(keep),
+        None => cands = nucleus(logits, target),
+    }
+    Kept::Some {
+        cands,
+        row_total: Some(total),
+    }
+}
+
+/// The weight of the whole row at `1 / inv_t` after [`cut`] (computing it, and turning
+/// the row into weights, when the cut left the logits in place).
+pub(crate) fn row_total(kept: &Kept, logits: &mut [f32], max: f32, inv_t: f32) -> f64 {
+    match kept {
+        Kept::All { total }
+        | Kept::Some {
+            row_total: Some(total),
+            ..
+        } => *total,
+        Kept::Some {
+            row_total: None, ..
+        } => exp_in_place(logits, max, inv_t),
+    }
+}
+
+/// Draws a token from what [`cut`] keeps, with one uniform draw. The row is scratch: on
+/// return its contents are unspecified.
+pub(crate) fn draw(
+    logits: &mut [f32],
+    max: f32,
+    cuts: Cuts,
+    rng: &mut impl Rng,
+    want_log_prob: bool,
+) -> Choice {
+    let kept = cut(logits, max, cuts);
+    let (token, weight) = match &kept {
+        Kept::All { total } => {
+            let i = find_cumulative(logits, rng.gen::<f64>() * total)
+                .or_else(|| logits.iter().rposition(|&w| w > 0.0))
+                .unwrap_or(0);
+            (i as u32, logits[i])
         }
-        cands[pick_candidate(&cands, rng)]
+        Kept::Some { cands, .. } => cands[pick_candidate(cands, rng)],
     };
     Choice {
         token,
-        log_prob: want_log_prob.then(|| log_prob(weight, total)),
+        log_prob: want_log_prob
+            .then(|| log_prob(weight, row_total(&kept, logits, max, cuts.inv_t))),
+    }
+}
+
+/// The distribution [`draw`] samples from, as a dense row of probabilities (zero outside
+/// what the cuts keep). The row is scratch.
+pub(crate) fn distribution(logits: &mut [f32], max: f32, cuts: Cuts) -> Vec<f32> {
+    match cut(logits, max, cuts) {
+        Kept::All { total } => {
+            let inv = (1.0 / total) as f32;
+            logits.iter().map(|&w| w * inv).collect()
+        }
+        Kept::Some { cands, .. } => {
+            let mass: f64 = cands.iter().map(|c| c.1 as f64).sum();
+            let mut p = vec![0.0f32; logits.len()];
+            for (id, w) in cands {
+                p[id as usize] = (w as f64 / mass) as f32;
+            }
+            p
+        }
     }
 }
 

@@ -104,15 +104,7 @@ impl SeqSampler {
     pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
         self.process_logits(logits);
         let choice = match math::sanitize(logits) {
-            None => {
-                let token = self.words.first_end_id().unwrap_or(0);
-                self.record(token);
-                return Sampled {
-                    token,
-                    log_prob: self.want_log_probs.then_some(f32::NEG_INFINITY),
-                    stop: true,
-                };
-            }
+            None => return self.no_token(),
             Some((best, max)) if self.greedy => {
                 select::greedy(logits, best, max, self.cuts.inv_t, self.want_log_probs)
             }
@@ -120,12 +112,45 @@ impl SeqSampler {
                 select::draw(logits, max, self.cuts, &mut self.rng, self.want_log_probs)
             }
         };
-        self.record(choice.token);
+        self.record_sampled(choice.token, choice.log_prob)
+    }
+
+    /// What a row with no allowed token gives: the lowest end token, stopping.
+    pub(super) fn no_token(&mut self) -> Sampled {
+        let token = self.words.first_end_id().unwrap_or(0);
+        self.record(token);
         Sampled {
-            token: choice.token,
-            log_prob: choice.log_prob,
+            token,
+            log_prob: self.want_log_probs.then_some(f32::NEG_INFINITY),
+            stop: true,
+        }
+    }
+
+    /// Records `token` as chosen and says whether the sequence stops with it.
+    pub(super) fn record_sampled(&mut self, token: u32, log_prob: Option<f32>) -> Sampled {
+        self.record(token);
+        Sampled {
+            token,
+            log_prob,
             stop: self.words.stops(&self.history),
         }
+    }
+
+    /// Whether this sequence chooses by argmax.
+    pub(super) fn is_greedy(&self) -> bool {
+        self.greedy
+    }
+
+    pub(super) fn cuts(&self) -> Cuts {
+        self.cuts
+    }
+
+    pub(super) fn rng(&mut self) -> &mut StdRng {
+        &mut self.rng
+    }
+
+    pub(super) fn wants_log_probs(&self) -> bool {
+        self.want_log_probs
     }
 
     /// Applies penalties and masks in place: the logits [`sample`](Self::sample) chooses

@@ -22,9 +22,9 @@ impl Batch {
         self.seqs.is_empty() && self.preempted.is_empty() && self.cancelled.is_empty()
     }
 
-    /// Tokens computed in this iteration.
+    /// Tokens computed in this iteration, draft tokens included.
     pub fn num_tokens(&self) -> usize {
-        self.seqs.iter().map(|s| s.tokens.len()).sum()
+        self.seqs.iter().map(|s| s.tokens.len() + s.max_draft).sum()
     }
 }
 
@@ -44,12 +44,18 @@ pub struct ScheduledSeq {
     /// First chunk since (re)admission (`start_pos == 0`): an engine that keeps
     /// per-sequence state resets it.
     pub new: bool,
+    /// Draft tokens that may follow `tokens` in this iteration (speculative decoding):
+    /// `block_table` covers them too. 0 unless `sample`.
+    pub max_draft: usize,
 }
 
-/// A token the sampler produced for a sequence scheduled with `sample`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A token the sampler produced for a sequence scheduled with `sample`, after the draft
+/// tokens it accepted (speculative decoding).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SampledToken {
     pub id: u64,
+    /// Draft tokens accepted, in order, before `token` (at most the chunk's `max_draft`).
+    pub accepted: Vec<u32>,
     pub token: u32,
     /// The sampler saw the end id or a stop word: the sequence ends with this token.
     pub stop: bool,

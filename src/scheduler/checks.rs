@@ -20,7 +20,7 @@ pub(super) fn check_batch(s: &Scheduler, batch: &Batch) {
         assert!(!x.tokens.is_empty());
         let end = x.start_pos + x.tokens.len();
         assert!(
-            x.block_table.len() * c.block_size >= end,
+            x.block_table.len() * c.block_size >= end + x.max_draft,
             "block table too short"
         );
         assert_eq!(x.new, x.start_pos == 0);
@@ -31,6 +31,11 @@ pub(super) fn check_batch(s: &Scheduler, batch: &Batch) {
             .expect("scheduled ⊆ running");
         assert_eq!(x.tokens[..], seq.tokens[x.start_pos..end]);
         assert_eq!(x.sample, end == seq.num_known());
+        assert!(x.max_draft == 0 || x.sample, "drafts after a prefill chunk");
+        assert!(
+            x.max_draft <= seq.draft_room(),
+            "drafts past the length limit"
+        );
         if !c.enable_chunked_context {
             assert_eq!(end, seq.num_known(), "a chunk without chunked context");
         }
@@ -53,7 +58,7 @@ pub(super) fn check_invariants(s: &Scheduler) {
         assert!(seq.num_known() <= seq.max_len);
         assert!(seq.blocks.len() >= seq.num_computed.div_ceil(bs));
         assert!(
-            seq.blocks.len() <= seq.num_known().div_ceil(bs),
+            seq.blocks.len() <= (seq.num_known() + seq.num_draft).div_ceil(bs),
             "over-allocated"
         );
         owned.extend(&seq.blocks);

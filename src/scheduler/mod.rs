@@ -28,6 +28,12 @@
 //!   cancelled, preempted or stale entry is ignored.
 //! - A sequence scheduled with `sample` whose token is missing from the step output
 //!   is not advanced: the same chunk is scheduled again.
+//! - Speculative decoding needs nothing else from the scheduler than room: a decode
+//!   chunk of a sequence with `num_draft_tokens` gets blocks and token budget for that
+//!   many draft tokens after it (`ScheduledSeq::max_draft`), and the step output may
+//!   carry accepted draft tokens before the sampled one. Their KV entries are then
+//!   computed; the rejected ones' entries lie past `num_computed` and are overwritten
+//!   later, which is the whole rollback. The blocks stay with the sequence.
 
 mod batch;
 mod block_manager;
@@ -142,17 +148,20 @@ impl Scheduler {
             let Some(sampled) = out.tokens.iter().find(|t| t.id == chunk.id) else {
                 continue;
             };
-            seq.num_computed += chunk.tokens.len();
-            seq.tokens.push(sampled.token);
-            events.push(SeqEvent::Token {
-                id: seq.id,
-                token: sampled.token,
-            });
-            let reason = if sampled.stop {
-                FinishReason::Stop
-            } else if seq.at_length_limit() {
-                FinishReason::Length
-            } else {
+            let accepted = &sampled.accepted[..sampled.accepted.len().min(chunk.max_draft)];
+            seq.num_computed += chunk.tokens.len() + accepted.len();
+            let mut reason = None;
+            for (i, &token) in accepted.iter().chain([&sampled.token]).enumerate() {
+                seq.tokens.push(token);
+                events.push(SeqEvent::Token { id: seq.id, token });
+                if i == accepted.len() && sampled.stop {
+                    reason = Some(FinishReason::Stop);
+                } else if seq.at_length_limit() {
+                    reason = Some(FinishReason::Length);
+                    break;
+                }
+            }
+            let Some(reason) = reason else {
                 continue;
             };
             self.finish(idx);

@@ -176,6 +176,7 @@ mod tests {
             id: 1,
             prompt: vec![1; prompt],
             max_new_tokens: max_new,
+            num_draft_tokens: 0,
         }
     }
 

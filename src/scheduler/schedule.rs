@@ -22,7 +22,9 @@ impl Scheduler {
     /// known tokens (all of them without chunked context, or it waits); a prompt is
     /// one or several such chunks, a decode is a chunk of the one token sampled last
     /// iteration, a preempted sequence recomputes all its known tokens the same way.
-    /// `sample` is set when a chunk reaches the last known token.
+    /// `sample` is set when a chunk reaches the last known token; such a chunk of a
+    /// running sequence that speculates also gets room (blocks and budget) for
+    /// `max_draft` draft tokens after it.
     ///
     /// Order: running sequences with one token to catch up (decodes) first, then
     /// running sequences with more (prefill chunks), both in admission order; then
@@ -41,7 +43,12 @@ impl Scheduler {
             self.admit_waiting(&mut step);
         }
         debug_assert_eq!(
-            step.budget + step.seqs.iter().map(|c| c.tokens.len()).sum::<usize>(),
+            step.budget
+                + step
+                    .seqs
+                    .iter()
+                    .map(|c| c.tokens.len() + c.max_draft)
+                    .sum::<usize>(),
             self.config.max_num_tokens,
             "token budget accounting"
         );
@@ -71,22 +78,29 @@ impl Scheduler {
             let Some(idx) = self.running.iter().position(|s| s.id == id) else {
                 continue;
             };
-            let Some(n) = self.chunk_len(self.running[idx].num_uncomputed(), step.budget) else {
+            let seq = &self.running[idx];
+            let Some(n) = self.chunk_len(seq.num_uncomputed(), step.budget) else {
                 continue;
             };
-            self.schedule_with_blocks(id, n, step);
+            let draft = if n == seq.num_uncomputed() {
+                seq.draft_room().min(step.budget - n)
+            } else {
+                0
+            };
+            self.schedule_with_blocks(id, n, draft, step);
         }
     }
 
-    /// Schedules `n` tokens of running sequence `id`, preempting the most recently
-    /// admitted sequences until its blocks fit (possibly itself).
-    fn schedule_with_blocks(&mut self, id: u64, n: usize, step: &mut Step) {
+    /// Schedules `n` tokens (and room for `draft` draft tokens) of running sequence `id`,
+    /// preempting the most recently admitted sequences until its blocks fit (possibly
+    /// itself).
+    fn schedule_with_blocks(&mut self, id: u64, n: usize, draft: usize, step: &mut Step) {
         loop {
             let Some(idx) = self.running.iter().position(|s| s.id == id) else {
                 return;
             };
-            if self.grow_blocks(idx, n) {
-                self.push_chunk(idx, n, step);
+            if self.grow_blocks(idx, n + draft) {
+                self.push_chunk(idx, n, draft, step);
                 return;
             }
             debug_assert_eq!(
@@ -130,7 +144,8 @@ impl Scheduler {
         seq.num_computed = 0;
         seq.in_flight = None;
         if let Some(pos) = step.seqs.iter().position(|c| c.id == seq.id) {
-            step.budget += step.seqs.remove(pos).tokens.len();
+            let chunk = step.seqs.remove(pos);
+            step.budget += chunk.tokens.len() + chunk.max_draft;
         }
         step.preempted.push(seq.id);
         self.waiting.push_front(seq);
@@ -169,7 +184,7 @@ impl Scheduler {
             seq.admitted_len = seq.num_known();
             reserved += whole.saturating_sub(first);
             self.running.push(seq);
-            self.push_chunk(self.running.len() - 1, n, step);
+            self.push_chunk(self.running.len() - 1, n, 0, step);
         }
     }
 
@@ -197,14 +212,15 @@ impl Scheduler {
         }
     }
 
-    fn push_chunk(&mut self, idx: usize, n: usize, step: &mut Step) {
+    fn push_chunk(&mut self, idx: usize, n: usize, draft: usize, step: &mut Step) {
         let seq = &mut self.running[idx];
         let start = seq.num_computed;
         let end = start + n;
         debug_assert!(end <= seq.num_known());
-        debug_assert!(seq.blocks.len() * self.config.block_size >= end);
+        debug_assert!(draft == 0 || end == seq.num_known());
+        debug_assert!(seq.blocks.len() * self.config.block_size >= end + draft);
         seq.in_flight = Some(step.iteration);
-        step.budget -= n;
+        step.budget -= n + draft;
         step.seqs.push(ScheduledSeq {
             id: seq.id,
             start_pos: start,
@@ -212,6 +228,7 @@ impl Scheduler {
             block_table: seq.blocks.clone(),
             sample: end == seq.num_known(),
             new: start == 0,
+            max_draft: draft,
         });
     }
 

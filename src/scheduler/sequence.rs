@@ -9,6 +9,8 @@ pub struct SeqSpec {
     pub id: u64,
     pub prompt: Vec<u32>,
     pub max_new_tokens: usize,
+    /// Draft tokens the target may verify per decode step (0: no speculation).
+    pub num_draft_tokens: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -29,6 +31,8 @@ pub(crate) struct Sequence {
     pub(crate) admitted_len: usize,
     /// Iteration of the batch computing this sequence now, until its update.
     pub(crate) in_flight: Option<u64>,
+    /// Most draft tokens a decode step of this sequence verifies.
+    pub(crate) num_draft: usize,
 }
 
 impl Sequence {
@@ -43,6 +47,7 @@ impl Sequence {
             blocks: Vec::new(),
             admitted_len: 0,
             in_flight: None,
+            num_draft: spec.num_draft_tokens,
         }
     }
 
@@ -64,6 +69,13 @@ impl Sequence {
         )
     }
 
+    /// Draft tokens a decode step may verify now: its setting, capped so that every
+    /// accepted token and the one sampled after them fit under `max_len`.
+    pub(crate) fn draft_room(&self) -> usize {
+        self.num_draft
+            .min(self.max_len.saturating_sub(self.tokens.len() + 1))
+    }
+
     /// Whether it has generated all it may.
     pub(crate) fn at_length_limit(&self) -> bool {
         self.tokens.len() >= self.max_len
@@ -80,6 +92,7 @@ mod tests {
             id: 3,
             prompt: vec![5, 6, 7],
             max_new_tokens: 10,
+            num_draft_tokens: 4,
         };
         let mut s = Sequence::new(spec.clone(), 8);
         assert_eq!(s.max_len, 8, "capped by max_seq_len");
@@ -89,6 +102,11 @@ mod tests {
         s.tokens.push(9);
         assert_eq!((s.num_known(), s.num_uncomputed()), (4, 1));
         assert!(!s.at_length_limit());
+        assert_eq!(
+            s.draft_room(),
+            3,
+            "4 known of 8: 3 drafts and 1 sampled token"
+        );
         let s = Sequence::new(spec, 100);
         assert_eq!((s.max_len, s.max_kv_tokens()), (13, 12));
     }

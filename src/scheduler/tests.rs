@@ -11,6 +11,7 @@ fn spec(id: u64, prompt_len: usize, max_new_tokens: usize) -> SeqSpec {
             .map(|t| t + 1000 * id as u32)
             .collect(),
         max_new_tokens,
+        num_draft_tokens: 0,
     }
 }
 
@@ -40,6 +41,7 @@ fn output(s: &Scheduler, batch: &Batch, stop: &[u64]) -> StepOutput {
             let seq = s.running.iter().find(|q| q.id == c.id).unwrap();
             SampledToken {
                 id: c.id,
+                accepted: Vec::new(),
                 token: c.id as u32 * 100 + (seq.tokens.len() - seq.prompt_len) as u32,
                 stop: stop.contains(&c.id),
             }
@@ -432,4 +434,116 @@ fn id_reused_after_cancel_in_flight_is_not_updated_by_the_old_batch() {
     let new_out = output(&s, &new, &[]);
     assert_eq!(s.update(&new, &new_out).len(), 1);
     assert_eq!(s.running[0].num_computed, 3);
+}
+
+/// A speculating sequence: its decode chunks get room for drafts, accepted drafts and the
+/// sampled token are all emitted, the computed count covers the accepted drafts (the
+/// rejected ones' KV is simply not counted), and the next chunk is the sampled token.
+#[test]
+fn speculative_decode_steps() {
+    let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 16, 4));
+    s.add(SeqSpec {
+        num_draft_tokens: 3,
+        ..spec(1, 5, 20)
+    })
+    .unwrap();
+    let batch = s.schedule();
+    assert_eq!(batch.seqs[0].max_draft, 0, "no drafts while prefilling");
+    s.update(&batch, &output(&s, &batch, &[]));
+
+    let batch = s.schedule();
+    check_batch(&s, &batch);
+    let chunk = &batch.seqs[0];
+    assert_eq!(
+        (chunk.start_pos, chunk.tokens.len(), chunk.max_draft),
+        (5, 1, 3)
+    );
+    assert!(
+        chunk.block_table.len() * 4 >= 6 + 3,
+        "blocks for the drafts"
+    );
+    let out = StepOutput {
+        tokens: vec![SampledToken {
+            id: 1,
+            accepted: vec![71, 72],
+            token: 73,
+            stop: false,
+        }],
+    };
+    let events = s.update(&batch, &out);
+    check_invariants(&s);
+    let tokens: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match e {
+            SeqEvent::Token { token, .. } => Some(*token),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tokens, [71, 72, 73]);
+    let seq = &s.running[0];
+    assert_eq!((seq.num_computed, seq.num_known()), (8, 9));
+
+    let batch = s.schedule();
+    let chunk = &batch.seqs[0];
+    assert_eq!((chunk.start_pos, chunk.tokens.clone()), (8, vec![73]));
+}
+
+/// Near the length limit fewer drafts are allowed, so accepted drafts plus the sampled
+/// token never pass it; a stop on the sampled token ends the sequence after the drafts.
+#[test]
+fn speculative_limits_and_stop() {
+    let mut s = scheduler(small(SchedulerPolicy::MaxUtilization, 16, 4));
+    s.add(SeqSpec {
+        num_draft_tokens: 4,
+        ..spec(1, 3, 4)
+    })
+    .unwrap();
+    s.add(SeqSpec {
+        num_draft_tokens: 4,
+        ..spec(2, 3, 20)
+    })
+    .unwrap();
+    let batch = s.schedule();
+    s.update(&batch, &output(&s, &batch, &[]));
+    let batch = s.schedule();
+    let room: HashMap<u64, usize> = batch.seqs.iter().map(|c| (c.id, c.max_draft)).collect();
+    assert_eq!(
+        room[&1], 2,
+        "3 prompt + 1 generated of 7: 2 drafts and 1 sampled"
+    );
+    assert_eq!(room[&2], 4);
+    let out = StepOutput {
+        tokens: vec![
+            SampledToken {
+                id: 1,
+                accepted: vec![5, 6],
+                token: 7,
+                stop: false,
+            },
+            SampledToken {
+                id: 2,
+                accepted: vec![8],
+                token: 9,
+                stop: true,
+            },
+        ],
+    };
+    let events = s.update(&batch, &out);
+    check_invariants(&s);
+    assert!(events.contains(&SeqEvent::Finished {
+        id: 1,
+        reason: FinishReason::Length
+    }));
+    assert!(events.contains(&SeqEvent::Finished {
+        id: 2,
+        reason: FinishReason::Stop
+    }));
+    let count = |id| {
+        events
+            .iter()
+            .filter(|e| matches!(e, SeqEvent::Token { id: i, .. } if *i == id))
+            .count()
+    };
+    assert_eq!((count(1), count(2)), (3, 2));
+    assert_eq!(s.num_used_blocks(), 0, "both finished: every block back");
 }

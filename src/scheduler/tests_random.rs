@@ -1,7 +1,8 @@
 //! Randomized test: thousands of seeded add / schedule / update / cancel operations
 //! under both policies, chunking on and off, with a fake engine that writes every
 //! computed token into a simulated paged KV pool and, before sampling, reads the whole
-//! context back through the block table. Checked after every step: the invariants of
+//! context back through the block table. Some requests speculate: the fake engine
+//! writes random draft tokens after their last known one and accepts a random prefix. Checked after every step: the invariants of
 //! `checks::check_invariants`, the batch limits, the engine's view of the KV cache, the
 //! event stream; at the end, that every request finished or was cancelled.
 
@@ -29,8 +30,9 @@ struct Engine {
 }
 
 impl Engine {
-    /// Writes every chunk's tokens, checks the context read back before sampling,
-    /// and samples (sometimes stopping, rarely losing the token).
+    /// Writes every chunk's tokens (and drafts), checks the context read back before
+    /// sampling, and samples (accepting some drafts, sometimes stopping, rarely losing
+    /// the token).
     fn execute(&mut self, batch: &Batch, oracle: &Oracle, rng: &mut StdRng) -> StepOutput {
         let bs = self.block_size;
         let slot = |table: &[u32], pos: usize| table[pos / bs] as usize * bs + pos % bs;
@@ -48,11 +50,17 @@ impl Engine {
                 let got = self.pool[slot(&c.block_table, pos)];
                 assert_eq!(got, Some((c.id, t)), "seq {} KV at {pos} corrupted", c.id);
             }
+            let draft: Vec<u32> = (0..c.max_draft).map(|_| rng.gen_range(0..50_000)).collect();
+            for (i, &t) in draft.iter().enumerate() {
+                self.pool[slot(&c.block_table, end + i)] = Some((c.id, t));
+            }
             if rng.gen_bool(0.02) {
                 continue;
             }
+            let accepted = draft[..rng.gen_range(0..=draft.len())].to_vec();
             out.tokens.push(SampledToken {
                 id: c.id,
+                accepted,
                 token: rng.gen_range(0..50_000),
                 stop: rng.gen_bool(0.04),
             });
@@ -107,16 +115,16 @@ fn schedule(
 fn update(s: &mut Scheduler, oracle: &mut Oracle, batch: &Batch, out: &StepOutput) {
     let events = s.update(batch, out);
     check_invariants(s);
-    let mut tokens: HashMap<u64, SampledToken> = HashMap::new();
+    let mut tokens: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut finishes: HashMap<u64, FinishReason> = HashMap::new();
     for e in &events {
         match *e {
             SeqEvent::Token { id, token } => {
                 assert!(oracle.known.contains_key(&id), "token for ended seq {id}");
-                let sampled = out.tokens.iter().find(|t| t.id == id).expect("was sampled");
-                assert_eq!(sampled.token, token);
+                assert!(out.tokens.iter().any(|t| t.id == id), "was sampled");
                 assert!(batch.seqs.iter().any(|c| c.id == id && c.sample));
-                assert!(tokens.insert(id, *sampled).is_none(), "two tokens for {id}");
+                assert!(!finishes.contains_key(&id), "token after finish");
+                tokens.entry(id).or_default().push(token);
                 oracle.known.get_mut(&id).unwrap().push(token);
             }
             SeqEvent::Finished { id, reason } => {
@@ -129,7 +137,16 @@ fn update(s: &mut Scheduler, oracle: &mut Oracle, batch: &Batch, out: &StepOutpu
             }
         }
     }
-    for (id, sampled) in tokens {
+    for (id, emitted) in tokens {
+        let sampled = out.tokens.iter().find(|t| t.id == id).expect("was sampled");
+        let chunk = batch.seqs.iter().find(|c| c.id == id).expect("scheduled");
+        assert!(sampled.accepted.len() <= chunk.max_draft);
+        let mut want = sampled.accepted.clone();
+        want.push(sampled.token);
+        assert_eq!(
+            emitted, want,
+            "seq {id}: accepted drafts, then the sampled token"
+        );
         let (prompt, max_new) = oracle.limits[&id];
         let known = oracle.known[&id].len();
         let limit = (prompt + max_new).min(s.config.max_seq_len);
@@ -161,6 +178,7 @@ fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
     let spec = SeqSpec {
         id,
         max_new_tokens: rng.gen_range(0..30),
+        num_draft_tokens: [0, 0, 1, 3, 5][rng.gen_range(0..5)],
         prompt,
     };
     let full = s.num_waiting() >= s.config.max_queue_size;

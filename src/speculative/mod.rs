@@ -1,0 +1,50 @@
+//! Speculative decoding's pure parts, used by the orchestrator actor
+//! (`actors::speculative`): where drafts come from ([`DraftSource`], prompt lookup) and
+//! what the orchestrator knows of each sequence ([`SeqTrack`]), rebuilt from the steps
+//! it forwards. Verification is the sampler's (`sampling::speculative`).
+
+pub mod prompt_lookup;
+mod track;
+
+use std::sync::Arc;
+
+pub use track::SeqTrack;
+
+use crate::model::Backend;
+
+/// Where draft tokens come from.
+#[derive(Clone)]
+pub enum DraftSource {
+    /// A smaller model with the target's vocabulary, run by its own engine.
+    Model {
+        backend: Arc<dyn Backend>,
+        vocab_size: usize,
+    },
+    /// N-gram lookup in the sequence's own tokens (see [`prompt_lookup`]).
+    PromptLookup { min_ngram: usize, max_ngram: usize },
+}
+
+impl std::fmt::Debug for DraftSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DraftSource::Model { vocab_size, .. } => {
+                write!(f, "DraftSource::Model {{ vocab_size: {vocab_size} }}")
+            }
+            DraftSource::PromptLookup {
+                min_ngram,
+                max_ngram,
+            } => write!(
+                f,
+                "DraftSource::PromptLookup {{ {min_ngram}..={max_ngram} }}"
+            ),
+        }
+    }
+}
+
+/// Speculative decoding for one model.
+#[derive(Debug, Clone)]
+pub struct SpeculativeOptions {
+    pub draft: DraftSource,
+    /// Draft tokens per step for requests that do not set `num_draft_tokens`.
+    pub num_draft_tokens: usize,
+}

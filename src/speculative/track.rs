@@ -1,0 +1,105 @@
+//! [`SeqTrack`]: what the speculative orchestrator knows of one sequence. It sees only
+//! the steps it forwards: each chunk's known tokens and block deltas, and the drafts it
+//! proposed. Which drafts the target accepted shows in the next chunk's start: the
+//! target computed the last known token plus the accepted drafts, so the next chunk
+//! starts that many positions later.
+
+use crate::actors::messages::StepSeq;
+
+#[derive(Debug, Clone, Default)]
+pub struct SeqTrack {
+    /// Known tokens (prompt and output) up to the end of the last chunk, plus accepted
+    /// drafts once the next chunk shows them.
+    pub tokens: Vec<u32>,
+    /// The sequence's whole block table.
+    pub table: Vec<u32>,
+    /// Draft tokens proposed in the last step, at positions `tokens.len()..`.
+    pub drafts: Vec<u32>,
+    /// Positions whose K/V the draft model holds: for these tokens, then for the drafts
+    /// it wrote (valid only as far as they are accepted).
+    pub draft_kv: usize,
+}
+
+impl SeqTrack {
+    /// Takes in the sequence's next chunk. False when the chunk does not follow from
+    /// what was seen (then the track starts over at the next reset and the sequence is
+    /// not drafted for meanwhile).
+    pub fn advance(&mut self, step: &StepSeq) -> bool {
+        if step.reset {
+            *self = SeqTrack::default();
+        }
+        self.table.extend_from_slice(&step.new_blocks);
+        let start = step.start_pos;
+        let known = self.tokens.len();
+        if start < known || start > known + self.drafts.len() {
+            self.drafts.clear();
+            return false;
+        }
+        self.tokens.extend_from_slice(&self.drafts[..start - known]);
+        self.drafts.clear();
+        self.draft_kv = self.draft_kv.min(start);
+        self.tokens.extend_from_slice(&step.tokens);
+        true
+    }
+
+    /// Tokens the draft model has not seen yet, from `draft_kv`.
+    pub fn draft_catch_up(&self) -> &[u32] {
+        &self.tokens[self.draft_kv.min(self.tokens.len())..]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::GenerationParams;
+    use std::sync::Arc;
+
+    fn step(start_pos: usize, tokens: &[u32], reset: bool, new_blocks: &[u32]) -> StepSeq {
+        StepSeq {
+            seq: 1,
+            start_pos,
+            tokens: tokens.to_vec(),
+            reset,
+            new_blocks: new_blocks.to_vec(),
+            sample: true,
+            params: Arc::new(GenerationParams::default()),
+            max_draft: 3,
+            draft: None,
+        }
+    }
+
+    #[test]
+    fn accepted_drafts_show_in_the_next_start() {
+        let mut t = SeqTrack::default();
+        assert!(t.advance(&step(0, &[1, 2, 3], true, &[7])));
+        assert_eq!(t.tokens, [1, 2, 3]);
+        // Proposed 10 11 12; the draft model wrote K/V up to the last draft but one.
+        t.drafts = vec![10, 11, 12];
+        t.draft_kv = 5;
+        // One accepted: the target computed 3 + 1 positions; the sampled token is 13.
+        assert!(t.advance(&step(4, &[13], false, &[8])));
+        assert_eq!(t.tokens, [1, 2, 3, 10, 13]);
+        assert_eq!(t.table, [7, 8]);
+        assert_eq!(t.draft_kv, 4, "the rejected draft's K/V is not counted");
+        assert_eq!(t.draft_catch_up(), [13]);
+    }
+
+    #[test]
+    fn rejected_drafts_roll_back_and_resets_start_over() {
+        let mut t = SeqTrack::default();
+        t.advance(&step(0, &[1, 2], true, &[4]));
+        t.drafts = vec![5, 6];
+        t.draft_kv = 3;
+        assert!(t.advance(&step(2, &[9], false, &[])), "none accepted");
+        assert_eq!(t.tokens, [1, 2, 9]);
+        assert_eq!(t.draft_kv, 2);
+        // A chunk past what the drafts explain is inconsistent.
+        assert!(!t.advance(&step(7, &[3], false, &[])));
+        // Preempted and recomputed: everything from scratch.
+        assert!(t.advance(&step(0, &[1, 2, 9, 3], true, &[6])));
+        assert_eq!(
+            (t.tokens.len(), t.table.clone(), t.draft_kv),
+            (4, vec![6], 0)
+        );
+    }
+}
