@@ -163,6 +163,10 @@ impl Metrics {
             "Cumulative time requests spend waiting to be scheduled, in microseconds",
         );
         c(
+            "inflight_spec_decode_steps_total",
+            "Target steps that verified draft tokens (speculative decoding)",
+        );
+        c(
             "inflight_spec_decode_draft_tokens_total",
             "Draft tokens proposed to the target model (speculative decoding)",
         );
@@ -243,11 +247,12 @@ impl Metrics {
     }
 
     /// Records the speculative decoding of one finished prompt of `model`.
-    pub fn speculative(&self, model: &str, proposed: usize, accepted: usize) {
+    pub fn speculative(&self, model: &str, steps: usize, proposed: usize, accepted: usize) {
         if proposed == 0 {
             return;
         }
         let labels = [("model", model.to_string()), ("version", "1".to_string())];
+        self.counter("inflight_spec_decode_steps_total", &labels, steps as u64);
         self.counter(
             "inflight_spec_decode_draft_tokens_total",
             &labels,

@@ -24,6 +24,7 @@ pub struct SeqOutputState {
     cum_log_prob: f32,
     first_token_at: Option<std::time::Instant>,
     done: bool,
+    draft_steps: usize,
     draft_tokens: usize,
     accepted_draft_tokens: usize,
 }
@@ -76,6 +77,7 @@ impl SeqOutputState {
             cum_log_prob: 0.0,
             first_token_at: None,
             done: false,
+            draft_steps: 0,
             draft_tokens: 0,
             accepted_draft_tokens: 0,
         }
@@ -84,6 +86,7 @@ impl SeqOutputState {
     /// Counts one speculative step's draft tokens, proposed and accepted (reported on the
     /// last chunk).
     pub fn note_draft(&mut self, proposed: usize, accepted: usize) {
+        self.draft_steps += usize::from(proposed > 0);
         self.draft_tokens += proposed;
         self.accepted_draft_tokens += accepted;
     }
@@ -208,6 +211,7 @@ impl SeqOutputState {
         chunk.finish_reason = Some(reason);
         chunk.prompt_tokens = self.prompt_tokens;
         chunk.output_tokens = self.output_tokens;
+        chunk.draft_steps = self.draft_steps;
         chunk.draft_tokens = self.draft_tokens;
         chunk.accepted_draft_tokens = self.accepted_draft_tokens;
         if self.return_log_probs {

@@ -152,7 +152,9 @@ pub struct Chunk {
     /// When the first token of this chunk was produced, for a chunk that accumulates
     /// several (a non-streamed answer), so latency metrics stay server-side.
     pub first_token_at: Option<std::time::Instant>,
-    /// Speculative decoding of this prompt so far: draft tokens proposed and accepted.
+    /// Speculative decoding of this prompt so far: verification steps, and draft tokens
+    /// proposed and accepted in them (on the last chunk).
+    pub draft_steps: usize,
     pub draft_tokens: usize,
     pub accepted_draft_tokens: usize,
 }
@@ -183,6 +185,7 @@ pub fn answers(chunks: Vec<Chunk>, prompts: usize) -> Vec<Chunk> {
         slot.error = c.error.or(slot.error.take());
         slot.prompt_tokens = slot.prompt_tokens.max(c.prompt_tokens);
         slot.output_tokens = slot.output_tokens.max(c.output_tokens);
+        slot.draft_steps = slot.draft_steps.max(c.draft_steps);
         slot.draft_tokens = slot.draft_tokens.max(c.draft_tokens);
         slot.accepted_draft_tokens = slot.accepted_draft_tokens.max(c.accepted_draft_tokens);
     }

@@ -245,6 +245,11 @@ impl<'a> Body<'a> {
             // Any 64-bit seed is accepted; negative ones keep their bits.
             random_seed: self.int("seed")?.map(|s| s as u64),
             ignore_eos: self.boolean("ignore_eos")?.unwrap_or(false),
+            // Speculative decoding, per request (extensions, as in vLLM's extra body).
+            num_draft_tokens: self
+                .int_in("num_draft_tokens", 0, i64::MAX)?
+                .map(|n| n as usize),
+            use_draft_logits: self.boolean("use_draft_logits")?.unwrap_or(false),
             stop_strings: self.stop()?,
             stream,
             exclude_input_in_output: true,

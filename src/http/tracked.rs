@@ -58,9 +58,12 @@ impl TrackedStream {
         }
         if let Some(r) = c.finish_reason {
             self.open = self.open.saturating_sub(1);
-            self.state
-                .metrics()
-                .speculative(&self.model, c.draft_tokens, c.accepted_draft_tokens);
+            self.state.metrics().speculative(
+                &self.model,
+                c.draft_steps,
+                c.draft_tokens,
+                c.accepted_draft_tokens,
+            );
             self.timing.prompt_tokens += c.prompt_tokens;
             // The request's outcome is its worst prompt's.
             self.reason = match (self.reason, r) {

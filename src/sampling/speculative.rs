@@ -201,3 +201,212 @@ impl DraftSampler {
         (token, want_probs.then_some(q))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const V: usize = 12;
+    const TRIALS: usize = 20_000;
+
+    fn params(temperature: f32, top_k: usize, seed: u64) -> GenerationParams {
+        GenerationParams {
+            temperature,
+            top_k,
+            random_seed: Some(seed),
+            ..GenerationParams::default()
+        }
+    }
+
+    fn logits(seed: u64) -> Vec<f32> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        (0..V).map(|_| rng.gen_range(-2.0f32..2.0)).collect()
+    }
+
+    /// `ln Γ(x)` (Lanczos, g = 7), for the chi-square tail.
+    fn ln_gamma(x: f64) -> f64 {
+        const C: [f64; 9] = [
+            0.999_999_999_999_809_9,
+            676.520_368_121_885_1,
+            -1_259.139_216_722_402_8,
+            771.323_428_777_653_1,
+            -176.615_029_162_140_6,
+            12.507_343_278_686_905,
+            -0.138_571_095_265_720_12,
+            9.984_369_578_019_572e-6,
+            1.505_632_735_149_311_6e-7,
+        ];
+        let x = x - 1.0;
+        let t = x + 7.5;
+        let s: f64 = C[0] + (1..9).map(|i| C[i] / (x + i as f64)).sum::<f64>();
+        0.5 * (2.0 * std::f64::consts::PI).ln() + (x + 0.5) * t.ln() - t + s.ln()
+    }
+
+    /// P(X >= x) for X ~ chi-square with `df` degrees of freedom: the regularised upper
+    /// incomplete gamma Q(df/2, x/2), by its series below a + 1 and its continued
+    /// fraction above.
+    fn chi_square_tail(x: f64, df: usize) -> f64 {
+        let (a, x) = (df as f64 / 2.0, x / 2.0);
+        let front = (-x + a * x.ln() - ln_gamma(a)).exp();
+        if x < a + 1.0 {
+            let (mut term, mut sum, mut n) = (1.0 / a, 1.0 / a, a);
+            while term.abs() > sum.abs() * 1e-15 {
+                n += 1.0;
+                term *= x / n;
+                sum += term;
+            }
+            1.0 - sum * front
+        } else {
+            // Lentz's method on the continued fraction of Q.
+            let tiny = 1e-300;
+            let mut b = x + 1.0 - a;
+            let mut c = 1.0 / tiny;
+            let mut d = 1.0 / b;
+            let mut h = d;
+            for i in 1..500 {
+                let an = -(i as f64) * (i as f64 - a);
+                b += 2.0;
+                d = an * d + b;
+                d = if d.abs() < tiny { tiny } else { d };
+                c = b + an / c;
+                c = if c.abs() < tiny { tiny } else { c };
+                d = 1.0 / d;
+                let delta = d * c;
+                h *= delta;
+                if (delta - 1.0).abs() < 1e-15 {
+                    break;
+                }
+            }
+            front * h
+        }
+    }
+
+    #[test]
+    fn chi_square_tail_matches_tables() {
+        // Critical values at p = 0.01 and 0.5 from standard tables.
+        assert!((chi_square_tail(24.725, 11) - 0.01).abs() < 2e-4);
+        assert!((chi_square_tail(10.341, 11) - 0.5).abs() < 2e-3);
+        assert!((chi_square_tail(6.635, 1) - 0.01).abs() < 2e-4);
+    }
+
+    /// The first token emitted by verifying a one-token draft, over `TRIALS` seeds, and
+    /// the p-value of a chi-square test against `want`.
+    fn first_token_p_value(
+        p: &GenerationParams,
+        target: &[f32],
+        draft_logits: &[f32],
+        use_q: bool,
+        rule: fn(f32, f32) -> f32,
+        want: &[f32],
+    ) -> f64 {
+        let mut counts = [0usize; V];
+        for trial in 0..TRIALS as u64 {
+            let params = GenerationParams {
+                random_seed: Some(trial),
+                ..p.clone()
+            };
+            let mut drafter = DraftSampler::new(&params);
+            let (d, q) = drafter.propose(&mut draft_logits.to_vec(), use_q);
+            let mut rows = target.to_vec();
+            rows.extend_from_slice(&logits(99));
+            let mut sampler = SeqSampler::new(&params, &[1, 2, 3], &[]);
+            let verdict = sampler.verify_with(&mut rows, V, &[d], q.as_deref(), rule);
+            assert!(!verdict.tokens.is_empty() && verdict.tokens.len() <= 2);
+            assert_eq!(
+                verdict.accepted,
+                usize::from(verdict.tokens[0] == d && verdict.tokens.len() == 2)
+            );
+            counts[verdict.tokens[0] as usize] += 1;
+        }
+        let n = TRIALS as f64;
+        let chi2: f64 = counts
+            .iter()
+            .zip(want)
+            .filter(|(_, &w)| w > 0.0)
+            .map(|(&c, &w)| {
+                let e = n * w as f64;
+                (c as f64 - e).powi(2) / e
+            })
+            .sum();
+        let df = want.iter().filter(|&&w| w > 0.0).count() - 1;
+        // A token the target never draws must never come out.
+        for (c, w) in counts.iter().zip(want) {
+            if *w == 0.0 {
+                assert_eq!(*c, 0, "a token outside the target's support came out");
+            }
+        }
+        chi_square_tail(chi2, df)
+    }
+
+    /// The distribution the target samples from for these parameters.
+    fn target_distribution(p: &GenerationParams, row: &[f32]) -> Vec<f32> {
+        let s = SeqSampler::new(p, &[], &[]);
+        let mut row = row.to_vec();
+        let (_, max) = math::sanitize(&mut row).unwrap();
+        select::distribution(&mut row, max, s.cuts())
+    }
+
+    #[test]
+    fn the_standard_rule_keeps_the_target_distribution() {
+        let (target, draft) = (logits(1), logits(2));
+        for p in [params(1.0, 0, 0), params(0.7, 6, 0)] {
+            let want = target_distribution(&p, &target);
+            let rejection = first_token_p_value(&p, &target, &draft, true, standard_rule, &want);
+            assert!(rejection > 0.01, "standard rule rejected: p = {rejection}");
+            let matching = first_token_p_value(&p, &target, &draft, false, standard_rule, &want);
+            eprintln!(
+                "T {} top_k {}: standard rule p = {rejection:.3}, token matching p = {matching:.3}",
+                p.temperature, p.top_k
+            );
+            assert!(matching > 0.01, "token matching rejected: p = {matching}");
+        }
+    }
+
+    #[test]
+    fn a_broken_rule_is_caught() {
+        let (target, draft) = (logits(1), logits(2));
+        let p = params(1.0, 0, 0);
+        let want = target_distribution(&p, &target);
+        // Always keeping the draft token gives the draft's distribution.
+        let always = first_token_p_value(&p, &target, &draft, true, |_, _| 1.0, &want);
+        assert!(always < 0.01, "always-accept not caught: p = {always}");
+        // Ignoring q (prompt lookup's rule, where q is certain) with a real draft model.
+        let no_q = first_token_p_value(&p, &target, &draft, true, |p, _| p, &want);
+        eprintln!("broken rules: always accept p = {always:.3e}, ignore q p = {no_q:.3e}");
+        assert!(no_q < 0.01, "ignoring q not caught: p = {no_q}");
+    }
+
+    #[test]
+    fn greedy_verification_is_exact_match() {
+        let mut target = vec![0.0f32; 3 * V];
+        target[5] = 3.0; // row 0: argmax 5
+        target[V + 7] = 3.0; // row 1: argmax 7
+        target[2 * V + 9] = 3.0; // row 2: argmax 9
+        let mut s = SeqSampler::new(&params(0.0, 0, 1), &[1], &[]);
+        let v = s.verify(&mut target.clone(), V, &[5, 7], None);
+        assert_eq!(
+            (v.tokens, v.accepted),
+            (vec![5, 7, 9], 2),
+            "all kept, plus one"
+        );
+        let mut s = SeqSampler::new(&params(0.0, 0, 1), &[1], &[]);
+        let v = s.verify(&mut target.clone(), V, &[5, 8], None);
+        assert_eq!(
+            (v.tokens, v.accepted),
+            (vec![5, 7], 1),
+            "stops at the mismatch"
+        );
+        assert_eq!(s.generated(), [5, 7]);
+    }
+
+    #[test]
+    fn a_stop_inside_the_draft_ends_verification() {
+        let mut target = vec![0.0f32; 3 * V];
+        target[5] = 3.0;
+        target[V + 11] = 3.0; // 11 is the end token
+        target[2 * V + 9] = 3.0;
+        let mut s = SeqSampler::new(&params(0.0, 0, 1), &[1], &[11]);
+        let v = s.verify(&mut target, V, &[5, 11], None);
+        assert_eq!((v.tokens, v.stop, v.accepted), (vec![5, 11], true, 2));
+    }
+}

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Speculative decoding by prompt lookup on this machine: SmolLM2 served without drafts,
+# then with prompt-lookup drafting at each draft length in DRAFTS, one server after the
+# other; each gets the same greedy requests from benches/data/copy-edit.json (answers that
+# copy their prompt: spelling fixes of a paragraph), one at a time. Prints the runs side
+# by side, then each run's acceptance from the server's metrics: draft tokens accepted,
+# acceptance rate, and tokens per target step (accepted drafts + 1).
+#
+#   scripts/bench-speculative.sh
+#   DRAFTS="2 4 8" MIN_NGRAM=2 scripts/bench-speculative.sh
+#
+# Settings (environment): DRAFTS (draft lengths, default "4 8"), MIN_NGRAM and MAX_NGRAM
+# (prompt lookup's n-grams, default 1 and 3), DATASET, CONCURRENCY (default 1), PORT,
+# OUT (reports, metrics and logs; default target/bench-speculative).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DRAFTS=${DRAFTS:-"4 8"}
+MIN_NGRAM=${MIN_NGRAM:-1}
+MAX_NGRAM=${MAX_NGRAM:-3}
+DATASET=${DATASET:-benches/data/copy-edit.json}
+CONCURRENCY=${CONCURRENCY:-1}
+PORT=${PORT:-18200}
+OUT=${OUT:-target/bench-speculative}
+
+mkdir -p "$OUT"
+cargo build --release --quiet
+BIN=target/release/inflight
+"$BIN" fetch-model >/dev/null
+
+SERVER_PID=
+stop_server() {
+  if [[ -n "$SERVER_PID" ]]; then
+    kill "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=
+  fi
+}
+trap stop_server EXIT
+
+# run NAME CONFIG: serves CONFIG, sends the dataset, keeps the report and the metrics.
+run() {
+  "$BIN" serve --config "$2" --host 127.0.0.1 --http-port "$PORT" \
+    --metrics-port "$((PORT + 2))" >"$OUT/server-$1.log" 2>&1 &
+  SERVER_PID=$!
+  for _ in $(seq 1 360); do
+    if curl -sf "http://127.0.0.1:$PORT/v2/health/ready" >/dev/null; then break; fi
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      tail -20 "$OUT/server-$1.log" >&2
+      exit 1
+    fi
+    sleep 0.5
+  done
+  echo "== $1 ==" >&2
+  "$BIN" bench --url "http://127.0.0.1:$PORT" --endpoint openai-chat --warmup 0 \
+    --concurrency "$CONCURRENCY" --no-progress --label "$1" --json "$OUT/$1.json" \
+    dataset --dataset "$DATASET" >&2
+  curl -sf "http://127.0.0.1:$((PORT + 2))/metrics" >"$OUT/$1.metrics"
+  stop_server
+}
+
+reports=()
+run off config/smollm2.toml
+reports+=("$OUT/off.json")
+for k in $DRAFTS; do
+  cfg="$OUT/prompt-lookup-$k.toml"
+  sed -e "s/^num_draft_tokens = .*/num_draft_tokens = $k/" \
+    -e "s/^prompt_lookup_min_ngram = .*/prompt_lookup_min_ngram = $MIN_NGRAM/" \
+    -e "s/^prompt_lookup_max_ngram = .*/prompt_lookup_max_ngram = $MAX_NGRAM/" \
+    config/smollm2-prompt-lookup.toml >"$cfg"
+  run "lookup-k$k" "$cfg"
+  reports+=("$OUT/lookup-k$k.json")
+done
+
+echo
+"$BIN" bench compare --markdown "${reports[@]}"
+echo
+echo "| run | draft tokens | accepted | acceptance rate | target steps | tokens per step |"
+echo "|---|---|---|---|---|---|"
+for k in $DRAFTS; do
+  python3 - "$OUT/lookup-k$k.metrics" "lookup-k$k" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+def total(name):
+    return sum(float(v) for v in re.findall(r"^%s\{[^}]*\} (\S+)$" % name, text, re.M))
+drafted = total("inflight_spec_decode_draft_tokens_total")
+accepted = total("inflight_spec_decode_accepted_tokens_total")
+steps = total("inflight_spec_decode_steps_total")
+rate = accepted / drafted if drafted else 0.0
+per_step = (accepted + steps) / steps if steps else 0.0
+print(f"| {sys.argv[2]} | {drafted:.0f} | {accepted:.0f} | {rate:.2f} | {steps:.0f} | {per_step:.2f} |")
+PY
+done
