@@ -75,19 +75,23 @@ done
 echo
 "$BIN" bench compare --markdown "${reports[@]}"
 echo
-echo "| run | draft tokens | accepted | acceptance rate | target steps | tokens per step |"
-echo "|---|---|---|---|---|---|"
-for k in $DRAFTS; do
-  python3 - "$OUT/lookup-k$k.metrics" "lookup-k$k" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
+echo "| run | decode tok/s (after the first token) | draft tokens | accepted | acceptance rate | target steps with drafts | tokens per such step |"
+echo "|---|---|---|---|---|---|---|"
+for name in off $(for k in $DRAFTS; do echo "lookup-k$k"; done); do
+  python3 - "$OUT/$name" <<'PY'
+import json, re, sys
+base = sys.argv[1]
+report = json.load(open(base + ".json"))
+ok = [q for q in report["requests"] if q["ok"]]
+decode = sum(q["output_tokens"] - 1 for q in ok) / sum(q["latency_s"] - q["ttft_s"] for q in ok)
+text = open(base + ".metrics").read()
 def total(name):
     return sum(float(v) for v in re.findall(r"^%s\{[^}]*\} (\S+)$" % name, text, re.M))
 drafted = total("inflight_spec_decode_draft_tokens_total")
 accepted = total("inflight_spec_decode_accepted_tokens_total")
 steps = total("inflight_spec_decode_steps_total")
 rate = accepted / drafted if drafted else 0.0
-per_step = (accepted + steps) / steps if steps else 0.0
-print(f"| {sys.argv[2]} | {drafted:.0f} | {accepted:.0f} | {rate:.2f} | {steps:.0f} | {per_step:.2f} |")
+per_step = (accepted + steps) / steps if steps else 1.0
+print(f"| {report['label']} | {decode:.1f} | {drafted:.0f} | {accepted:.0f} | {rate:.2f} | {steps:.0f} | {per_step:.2f} |")
 PY
 done
