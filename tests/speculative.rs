@@ -267,3 +267,43 @@ async fn a_request_cannot_speculate_without_a_draft_source() {
     let e = handle.submit(request).await.err().expect("refused");
     assert!(e.to_string().contains("no draft source"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_fault_restarts_the_whole_speculative_group() {
+    let target = target_dir("fault");
+    let handle = spawn(&target, Some(draft_model(&model_dir("draft-fault", 11, 1)))).await;
+    let mut streams = Vec::new();
+    for i in 0..3u32 {
+        let request = Request {
+            id: None,
+            prompts: vec![Prompt::Tokens(vec![1 + i, 2, 3, 4])],
+            params: GenerationParams {
+                max_tokens: 1000,
+                ..greedy(0)
+            },
+        };
+        streams.push(handle.submit(request).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    handle.inject_engine_fault();
+    for s in streams {
+        let chunks: Vec<Chunk> = tokio::time::timeout(Duration::from_secs(10), s.collect())
+            .await
+            .expect("no hang");
+        let last = chunks.last().unwrap();
+        assert_eq!(last.finish_reason, Some(FinishReason::Error), "{last:?}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !handle.is_ready() {
+        assert!(Instant::now() < deadline, "not ready after the restart");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The restarted target, draft engine and orchestrator serve, and still speculate
+    // exactly.
+    let base = run(&spawn(&target, None).await, greedy).await;
+    let again = run(&handle, greedy).await;
+    let (drafted, _) = assert_same(&base, &again, "after the restart");
+    assert!(drafted > 0);
+    let stats = wait_idle(&handle).await;
+    assert_eq!(stats.free_blocks, stats.total_blocks);
+}
