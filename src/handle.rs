@@ -182,6 +182,7 @@ impl ModelHandle {
             .map_err(|e| SubmitError::Unavailable(format!("the model is not running: {e}")))??;
         Ok(ResponseStream {
             id,
+            rid,
             rx,
             scheduler: inner.refs.scheduler.clone(),
             open: vec![true; prompts],
@@ -193,6 +194,7 @@ impl ModelHandle {
     pub fn cancel(&self, id: &str) {
         let _ = self.inner.refs.scheduler.cast(SchedulerMsg::Cancel {
             request: id.to_string(),
+            rid: None,
             reason: CancelReason::Stopped,
         });
     }
@@ -233,6 +235,8 @@ impl ModelHandle {
 /// Dropping it before the end cancels the request.
 pub struct ResponseStream {
     id: RequestId,
+    /// The request's unique key (ids can be reused once a request ends).
+    rid: u64,
     rx: mpsc::UnboundedReceiver<Chunk>,
     scheduler: ActorRef<SchedulerMsg>,
     /// Prompts (by batch_index) whose final chunk has not arrived.
@@ -287,6 +291,7 @@ impl Drop for ResponseStream {
         if self.cancelled_on_drop && self.open.iter().any(|&o| o) {
             let _ = self.scheduler.cast(SchedulerMsg::Cancel {
                 request: self.id.clone(),
+                rid: Some(self.rid),
                 reason: CancelReason::Disconnected,
             });
         }

@@ -229,6 +229,39 @@ async fn stop_after_ms_ends_the_request_on_time() {
     assert!(tokens(&chunks).len() < 16 * 2000);
 }
 
+/// A request that ended before its stop_after_ms timer fired leaves its id free: a later
+/// request reusing the id is not cancelled by the old timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_timer_does_not_cancel_a_request_that_reuses_its_id() {
+    let handle = spawn("timer-reuse", |_| {}).await;
+    let request = |max_tokens, stop_after_ms| Request {
+        id: Some("reused".into()),
+        prompts: vec![prompt(3, 10)],
+        params: GenerationParams {
+            stop_after_ms,
+            ..greedy(max_tokens)
+        },
+    };
+    let short = collect(&handle, request(2, Some(150))).await;
+    assert_eq!(
+        short.last().unwrap().finish_reason,
+        Some(FinishReason::Length)
+    );
+    // Runs well past the first request's 150 ms deadline.
+    let start = Instant::now();
+    let long = collect(&handle, request(1900, None)).await;
+    assert!(
+        start.elapsed() > Duration::from_millis(150),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        long.last().unwrap().finish_reason,
+        Some(FinishReason::Length)
+    );
+    assert_eq!(tokens(&long).len(), 1900);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_panic_fails_held_requests_and_recovers() {
     let handle = spawn("panic", |_| {}).await;

@@ -97,9 +97,12 @@ pub enum SchedulerMsg {
         seqs: Vec<SeqInit>,
         reply: RpcReplyPort<Result<(), SubmitError>>,
     },
-    /// Drop a request's sequences and free their blocks this iteration.
+    /// Drop a request's sequences and free their blocks this iteration. With `rid`, only
+    /// if the request with this id is still that one (a timer must not cancel a later
+    /// request that reuses the id).
     Cancel {
         request: RequestId,
+        rid: Option<u64>,
         reason: CancelReason,
     },
     /// A stop string completed this sequence's answer: stop generating it.

@@ -161,6 +161,7 @@ fn emit(state: &mut PostprocessState, output: SeqOutput) {
     if !delivered {
         let _ = req.scheduler.cast(SchedulerMsg::Cancel {
             request: req.request.clone(),
+            rid: Some(rid),
             reason: CancelReason::Disconnected,
         });
         close_request(state, rid);

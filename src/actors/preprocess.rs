@@ -107,6 +107,7 @@ impl Actor for Preprocess {
         } else if let Some(ms) = params.stop_after_ms {
             let cancel = SchedulerMsg::Cancel {
                 request,
+                rid: Some(rid),
                 reason: CancelReason::Timeout,
             };
             a.scheduler

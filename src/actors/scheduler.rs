@@ -101,7 +101,11 @@ impl Actor for SchedulerActor {
             SchedulerMsg::Enqueue { seqs, reply } => {
                 let _ = reply.send(state.enqueue(seqs));
             }
-            SchedulerMsg::Cancel { request, reason } => state.cancel(&request, reason),
+            SchedulerMsg::Cancel {
+                request,
+                rid,
+                reason,
+            } => state.cancel(&request, rid, reason),
             SchedulerMsg::EndSeq(seq) => state.end_seq(seq),
             SchedulerMsg::StepDone {
                 iteration,
@@ -175,7 +179,13 @@ impl SchedulerState {
         Ok(())
     }
 
-    fn cancel(&mut self, request: &RequestId, reason: CancelReason) {
+    fn cancel(&mut self, request: &RequestId, rid: Option<u64>, reason: CancelReason) {
+        let Some(ids) = self.requests.get(request) else {
+            return;
+        };
+        if rid.is_some_and(|rid| ids.first().is_some_and(|&s| self.rid(s) != rid)) {
+            return;
+        }
         let Some(ids) = self.requests.remove(request) else {
             return;
         };
