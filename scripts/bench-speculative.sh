@@ -10,8 +10,11 @@
 #   DRAFTS="2 4 8" MIN_NGRAM=2 scripts/bench-speculative.sh
 #
 # Settings (environment): DRAFTS (draft lengths, default "4 8"), MIN_NGRAM and MAX_NGRAM
-# (prompt lookup's n-grams, default 1 and 3), DATASET, CONCURRENCY (default 1), PORT,
-# OUT (reports, metrics and logs; default target/bench-speculative).
+# (prompt lookup's n-grams, default 1 and 3), DATASET, OUTPUT_LEN (output tokens of every
+# request; default the dataset's reference lengths), CONCURRENCY (default 1), PORT, OUT
+# (reports, metrics and logs; default target/bench-speculative). For answers that do not
+# copy their prompt (what drafting costs there):
+#   DATASET=benches/data/open-ended.json OUTPUT_LEN=64 OUT=target/bench-spec-open scripts/bench-speculative.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +22,7 @@ DRAFTS=${DRAFTS:-"4 8"}
 MIN_NGRAM=${MIN_NGRAM:-1}
 MAX_NGRAM=${MAX_NGRAM:-3}
 DATASET=${DATASET:-benches/data/copy-edit.json}
+OUTPUT_LEN=${OUTPUT_LEN:-}
 CONCURRENCY=${CONCURRENCY:-1}
 PORT=${PORT:-18200}
 OUT=${OUT:-target/bench-speculative}
@@ -54,7 +58,7 @@ run() {
   echo "== $1 ==" >&2
   "$BIN" bench --url "http://127.0.0.1:$PORT" --endpoint openai-chat --warmup 0 \
     --concurrency "$CONCURRENCY" --no-progress --label "$1" --json "$OUT/$1.json" \
-    dataset --dataset "$DATASET" >&2
+    dataset --dataset "$DATASET" ${OUTPUT_LEN:+--output-len "$OUTPUT_LEN"} >&2
   curl -sf "http://127.0.0.1:$((PORT + 2))/metrics" >"$OUT/$1.metrics"
   stop_server
 }

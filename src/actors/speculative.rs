@@ -5,7 +5,8 @@
 //! target engine, which returns logits for the last known token and every draft token
 //! to the Sampler, which verifies them (`SeqSampler::verify`). Sequences without room
 //! (prefill, no speculation, near their length limit) pass through untouched, in the
-//! same batch.
+//! same batch. How many tokens each sequence drafts follows how many it has been
+//! keeping (`SeqTrack::draft_len`).
 //!
 //! Drafts come from a draft model, run by a second Engine actor through
 //! `EngineMsg::Forward` (one catch-up pass over the tokens it has not seen, then one pass
@@ -156,8 +157,8 @@ impl SpeculativeState {
                 .filter_map(|i| {
                     let s = &seqs[i];
                     let t = &self.seqs[&s.seq].track;
-                    let tokens =
-                        prompt_lookup::propose(&t.tokens, s.max_draft, *min_ngram, *max_ngram);
+                    let k = t.draft_len(s.max_draft);
+                    let tokens = prompt_lookup::propose(&t.tokens, k, *min_ngram, *max_ngram);
                     (!tokens.is_empty()).then_some((
                         i,
                         Draft {
@@ -191,14 +192,18 @@ impl SpeculativeState {
             .iter()
             .map(|&i| wants_probs(&seqs[i].params).then(Vec::new))
             .collect();
-        let rounds = wanted.iter().map(|&i| seqs[i].max_draft).max().unwrap_or(0);
+        let lens: Vec<usize> = wanted
+            .iter()
+            .map(|&i| self.seqs[&seqs[i].seq].track.draft_len(seqs[i].max_draft))
+            .collect();
+        let rounds = lens.iter().copied().max().unwrap_or(0);
         let mut dropped = dropped.to_vec();
         for round in 0..rounds {
             let mut batch = Vec::new();
             let mut who = Vec::new();
             for (w, &i) in wanted.iter().enumerate() {
                 let s = &seqs[i];
-                if round >= s.max_draft {
+                if round >= lens[w] {
                     continue;
                 }
                 let t = &self.seqs[&s.seq].track;

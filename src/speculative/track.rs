@@ -3,6 +3,11 @@
 //! proposed. Which drafts the target accepted shows in the next chunk's start: the
 //! target computed the last known token plus the accepted drafts, so the next chunk
 //! starts that many positions later.
+//!
+//! It also sets how many tokens to draft next ([`SeqTrack::draft_len`]): every draft
+//! token costs the target compute whether or not it is kept, so the length follows the
+//! sequence's recent luck: after a step that kept all its drafts it doubles (up to what
+//! the scheduler allows), after one that did not it becomes the number kept plus one.
 
 use crate::actors::messages::StepSeq;
 
@@ -18,6 +23,8 @@ pub struct SeqTrack {
     /// Positions whose K/V the draft model holds: for these tokens, then for the drafts
     /// it wrote (valid only as far as they are accepted).
     pub draft_kv: usize,
+    /// Drafts to propose next; None until the first verification.
+    budget: Option<usize>,
 }
 
 impl SeqTrack {
@@ -35,11 +42,24 @@ impl SeqTrack {
             self.drafts.clear();
             return false;
         }
-        self.tokens.extend_from_slice(&self.drafts[..start - known]);
+        let (kept, proposed) = (start - known, self.drafts.len());
+        if proposed > 0 {
+            self.budget = Some(if kept == proposed {
+                2 * proposed
+            } else {
+                kept + 1
+            });
+        }
+        self.tokens.extend_from_slice(&self.drafts[..kept]);
         self.drafts.clear();
         self.draft_kv = self.draft_kv.min(start);
         self.tokens.extend_from_slice(&step.tokens);
         true
+    }
+
+    /// How many tokens to draft now, when the scheduler leaves room for `room`.
+    pub fn draft_len(&self, room: usize) -> usize {
+        self.budget.map_or(room, |b| b.min(room))
     }
 
     /// Tokens the draft model has not seen yet, from `draft_kv`.
@@ -82,6 +102,14 @@ mod tests {
         assert_eq!(t.table, [7, 8]);
         assert_eq!(t.draft_kv, 4, "the rejected draft's K/V is not counted");
         assert_eq!(t.draft_catch_up(), [13]);
+        assert_eq!(t.draft_len(8), 2, "one of three kept: draft two next");
+        t.drafts = vec![14, 15];
+        assert!(t.advance(&step(7, &[16], false, &[])), "both kept");
+        assert_eq!(
+            (t.draft_len(8), t.draft_len(3)),
+            (4, 3),
+            "doubles, within the room"
+        );
     }
 
     #[test]
@@ -95,11 +123,13 @@ mod tests {
         assert_eq!(t.draft_kv, 2);
         // A chunk past what the drafts explain is inconsistent.
         assert!(!t.advance(&step(7, &[3], false, &[])));
+        assert_eq!(t.draft_len(5), 1, "none kept: one draft next");
         // Preempted and recomputed: everything from scratch.
         assert!(t.advance(&step(0, &[1, 2, 9, 3], true, &[6])));
         assert_eq!(
             (t.tokens.len(), t.table.clone(), t.draft_kv),
             (4, vec![6], 0)
         );
+        assert_eq!(t.draft_len(5), 5, "a reset forgets the history");
     }
 }
