@@ -1,24 +1,24 @@
 // Paged causal attention with grouped KV heads, for prefill and decode rows alike: query
 // row r of sequence row_seq[r] at position row_pos[r] attends to positions 0..=row_pos[r],
-// read from the bf16 cache through the sequence's block table. One block of 4 warps per
+// read from the 16-bit cache through the sequence's block table. One block of 4 warps per
 // (row, KV head, split): the split covers positions [split * chunk, (split + 1) * chunk);
 // each warp takes every 4th position with an online softmax for all the group's query
 // heads (each lane holds ceil(hd / 32) consecutive dimensions; lanes past hd idle), then
 // the warps merge. With one split the
-// block writes the normalised bf16 output; with several it writes unnormalised partial
-// sums and (max, sum) pairs that attention_combine_bf16 merges (split-K for long contexts).
+// block writes the normalised 16-bit output; with several it writes unnormalised partial
+// sums and (max, sum) pairs that attention_combine merges (split-K for long contexts).
 #define ATT_WARPS 4
 #define ATT_MAX_GROUP 8
 #define ATT_MAX_DPL 4  // ceil(head_dim / 32), so head_dim <= 128
 
-extern "C" __global__ void paged_attention_bf16(
+extern "C" __global__ void KERNEL(paged_attention)(
     const float* __restrict__ q,          // [n, heads * hd]
-    const bf16_t* __restrict__ k_cache,   // [slots, kv_heads * hd]
-    const bf16_t* __restrict__ v_cache,
+    const half_t* __restrict__ k_cache,   // [slots, kv_heads * hd]
+    const half_t* __restrict__ v_cache,
     const int* __restrict__ tables,       // [seqs, table_stride]
     const int* __restrict__ row_seq,
     const int* __restrict__ row_pos,
-    bf16_t* __restrict__ out,             // [n, heads * hd] (one split)
+    half_t* __restrict__ out,             // [n, heads * hd] (one split)
     float* __restrict__ part_acc,         // [n, heads, splits, hd] (several splits)
     float* __restrict__ part_ml,          // [n, heads, splits, 2]
     int heads, int kv_heads, int hd, int block_size, int table_stride,
@@ -66,14 +66,14 @@ extern "C" __global__ void paged_attention_bf16(
     const int* table = tables + (size_t)row_seq[r] * table_stride;
     for (int p = start + warp; p < end; p += ATT_WARPS) {
         size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
-        const bf16_t* kp = k_cache + slot * kvd + g * hd + lane * dpl;
-        const bf16_t* vp = v_cache + slot * kvd + g * hd + lane * dpl;
+        const half_t* kp = k_cache + slot * kvd + g * hd + lane * dpl;
+        const half_t* vp = v_cache + slot * kvd + g * hd + lane * dpl;
         float kv[ATT_MAX_DPL], vv[ATT_MAX_DPL];
 #pragma unroll
         for (int d = 0; d < ATT_MAX_DPL; ++d) {
             bool in = d < dpl && lane * dpl + d < hd;
-            kv[d] = in ? bf16_to_f32(kp[d]) : 0.0f;
-            vv[d] = in ? bf16_to_f32(vp[d]) : 0.0f;
+            kv[d] = in ? half_to_f32(kp[d]) : 0.0f;
+            vv[d] = in ? half_to_f32(vp[d]) : 0.0f;
         }
 #pragma unroll
         for (int h = 0; h < ATT_MAX_GROUP; ++h) {
@@ -122,7 +122,7 @@ extern "C" __global__ void paged_attention_bf16(
         }
         int qh = g * group + h;
         if (splits == 1) {
-            out[(size_t)r * heads * hd + qh * hd + d] = f32_to_bf16(a / sum);
+            out[(size_t)r * heads * hd + qh * hd + d] = f32_to_half(a / sum);
         } else {
             size_t pi = ((size_t)r * heads + qh) * splits + split;
             part_acc[pi * hd + d] = a;
@@ -134,10 +134,10 @@ extern "C" __global__ void paged_attention_bf16(
     }
 }
 
-// Merges the splits of paged_attention_bf16. grid: (n, heads); block: >= hd threads.
-extern "C" __global__ void attention_combine_bf16(const float* __restrict__ part_acc,
+// Merges the splits of paged_attention. grid: (n, heads); block: >= hd threads.
+extern "C" __global__ void KERNEL(attention_combine)(const float* __restrict__ part_acc,
                                                   const float* __restrict__ part_ml,
-                                                  bf16_t* __restrict__ out,
+                                                  half_t* __restrict__ out,
                                                   int heads, int hd, int splits) {
     const int r = blockIdx.x, qh = blockIdx.y, d = threadIdx.x;
     if (d >= hd) return;
@@ -152,5 +152,5 @@ extern "C" __global__ void attention_combine_bf16(const float* __restrict__ part
         sum += part_ml[(base + s) * 2 + 1] * c;
         a += part_acc[(base + s) * hd + d] * c;
     }
-    out[(size_t)r * heads * hd + qh * hd + d] = f32_to_bf16(a / sum);
+    out[(size_t)r * heads * hd + qh * hd + d] = f32_to_half(a / sum);
 }

@@ -1,24 +1,41 @@
-// Shared helpers of the inflight kernels: bf16 stored as raw 16-bit words (so NVRTC needs
-// no CUDA headers), conversions with round-to-nearest-even as the host's `half` crate does,
-// and warp reductions.
-typedef unsigned short bf16_t;
+// Shared helpers of the inflight kernels: the 16-bit float type of the module (bf16 or
+// f16, stored as raw 16-bit words so NVRTC needs no CUDA headers), its conversions, and
+// warp and block reductions.
+// Each module is compiled twice: with INFLIGHT_F16 its 16-bit type is IEEE half (entry
+// points end in _f16), without it bfloat16 (_bf16). Both are stored as raw 16-bit words.
+typedef unsigned short half_t;
 
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 
-__device__ __forceinline__ float bf16_to_f32(bf16_t h) {
+#ifdef INFLIGHT_F16
+#define KERNEL(name) name##_f16
+__device__ __forceinline__ float half_to_f32(half_t h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ half_t f32_to_half(float f) {
+    half_t r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+#else
+#define KERNEL(name) name##_bf16
+__device__ __forceinline__ float half_to_f32(half_t h) {
     return __uint_as_float(((unsigned int)h) << 16);
 }
-
-__device__ __forceinline__ bf16_t f32_to_bf16(float f) {
+// Round to nearest even, as the host's `half` crate does.
+__device__ __forceinline__ half_t f32_to_half(float f) {
     unsigned int u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) {
-        return (bf16_t)((u >> 16) | 0x40u);  // NaN stays NaN (quiet)
+        return (half_t)((u >> 16) | 0x40u);  // NaN stays NaN (quiet)
     }
     u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16_t)(u >> 16);
+    return (half_t)(u >> 16);
 }
+#endif
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -1,16 +1,16 @@
 // RoPE (HF rotate-half layout) fused with the paged KV-cache write. Input: the fused QKV
 // product [n, (heads + 2 * kv_heads) * hd] in fp32 (plus an optional bias). Output: rotated
-// q in fp32 [n, heads * hd]; rotated k and plain v written in bf16 into the layer's cache
+// q in fp32 [n, heads * hd]; rotated k and plain v written in 16-bit into the layer's cache
 // [slots, kv_heads * hd] at slots[r]. Angles in double precision, as the CPU twin.
 // grid: n rows; block: any width.
-extern "C" __global__ void rope_kv_write_bf16(const float* __restrict__ qkv,
+extern "C" __global__ void KERNEL(rope_kv_write)(const float* __restrict__ qkv,
                                               const float* __restrict__ bias,
                                               const int* __restrict__ pos,
                                               const int* __restrict__ slots,
                                               const float* __restrict__ inv_freq,
                                               float* __restrict__ q_out,
-                                              bf16_t* __restrict__ k_cache,
-                                              bf16_t* __restrict__ v_cache,
+                                              half_t* __restrict__ k_cache,
+                                              half_t* __restrict__ v_cache,
                                               int heads, int kv_heads, int hd) {
     int r = blockIdx.x;
     int half = hd / 2;
@@ -37,13 +37,13 @@ extern "C" __global__ void rope_kv_write_bf16(const float* __restrict__ qkv,
             q_out[(size_t)r * qd + a] = ya;
             q_out[(size_t)r * qd + b] = yb;
         } else {
-            k_cache[slot * kvd + (a - qd)] = f32_to_bf16(ya);
-            k_cache[slot * kvd + (b - qd)] = f32_to_bf16(yb);
+            k_cache[slot * kvd + (a - qd)] = f32_to_half(ya);
+            k_cache[slot * kvd + (b - qd)] = f32_to_half(yb);
         }
     }
     for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
         float v = row[qd + kvd + i];
         if (bias != nullptr) v += bias[qd + kvd + i];
-        v_cache[slot * kvd + i] = f32_to_bf16(v);
+        v_cache[slot * kvd + i] = f32_to_half(v);
     }
 }

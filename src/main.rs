@@ -146,13 +146,20 @@ fn main() -> ExitCode {
         #[cfg(feature = "cuda")]
         Command::GpuCheck { model, steps, seed } => gpu_check(model, steps, seed),
         #[cfg(feature = "cuda")]
-        Command::GpuCompile { arch } => inflight::kernels::cuda::compile::MODULES
-            .iter()
-            .try_for_each(|(name, src)| {
-                let ptx = inflight::kernels::cuda::compile::ptx(name, src, &arch)?;
-                println!("{name}.cu: {} bytes of PTX for {arch}", ptx.len());
-                Ok(())
-            }),
+        Command::GpuCompile { arch } => {
+            use inflight::kernels::cuda::{compile, Half};
+            Half::ALL.iter().try_for_each(|&half| {
+                compile::MODULES.iter().try_for_each(|(name, src)| {
+                    let ptx = compile::ptx(name, src, &arch, half)?;
+                    println!(
+                        "{name}.cu [{}]: {} bytes of PTX for {arch}",
+                        half.suffix(),
+                        ptx.len()
+                    );
+                    Ok(())
+                })
+            })
+        }
         #[cfg(feature = "cuda")]
         Command::GpuLogits {
             model,
@@ -270,7 +277,19 @@ fn gpu_check(model: Option<PathBuf>, steps: usize, seed: u64) -> inflight::Resul
     if let Some(path) = model {
         let llama = Llama::load(&path)?;
         let cuda = inflight::model::gpu::CudaModel::load(&llama, 0)?;
-        rows.extend(mcheck::greedy_vs_cpu(&llama, &cuda, steps)?);
+        rows.extend(mcheck::greedy_vs_cpu(
+            &llama,
+            "engine as loaded",
+            &cuda,
+            steps,
+        )?);
+        let plain = mcheck::dequantized(&llama);
+        rows.extend(mcheck::greedy_vs_cpu(
+            &plain,
+            "engine, dequantized weights",
+            &cuda,
+            steps,
+        )?);
     }
     if print_table(&rows) {
         Ok(())

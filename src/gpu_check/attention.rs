@@ -6,12 +6,12 @@
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::kernels::{bf16_of, poison_bf16, poison_f32, rand_vec, row, to_f32};
+use super::kernels::{half_of, poison_f32, poison_half, rand_vec, row, to_f32};
 use crate::error::Result;
 use crate::gpu_check::{rel_err, Row};
 use crate::kernels::cpu::{self, AttnRow, PagedView};
 use crate::kernels::cuda::launch::{self, Attention, Heads};
-use crate::kernels::cuda::Gpu;
+use crate::kernels::cuda::{Gpu, Half};
 
 /// One case: sequence lengths, and which are queried at every position (prefill) or only
 /// at the last (decode).
@@ -34,17 +34,20 @@ const CASES: &[Case] = &[
     },
 ];
 
-pub fn attention(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
+pub fn attention(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let mut out = Vec::new();
     for &(heads, kvh, hd, bs) in &[
         (9, 3, 64, 32),
         (32, 8, 128, 16),
         (8, 1, 64, 32),
         (4, 4, 32, 7),
+        (4, 2, 16, 16),
+        (6, 2, 80, 32),
     ] {
         for case in CASES {
             out.push(one(
                 gpu,
+                dt,
                 rng,
                 Heads {
                     heads,
@@ -59,7 +62,7 @@ pub fn attention(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
     Ok(out)
 }
 
-fn one(gpu: &Gpu, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case) -> Result<Row> {
+fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case) -> Result<Row> {
     let (qd, kvd) = (hs.heads * hs.head_dim, hs.kv_heads * hs.head_dim);
     let lens: Vec<usize> = case.prefill.iter().chain(case.decode).copied().collect();
     let blocks: Vec<usize> = lens.iter().map(|l| l.div_ceil(bs)).collect();
@@ -93,8 +96,8 @@ fn one(gpu: &Gpu, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case) -> Result
     }
     let n = row_seq.len();
     let slots = num_blocks * bs;
-    let (kbits, kvals) = bf16_of(&rand_vec(rng, slots * kvd, 1.0));
-    let (vbits, vvals) = bf16_of(&rand_vec(rng, slots * kvd, 1.0));
+    let (kbits, kvals) = half_of(dt, &rand_vec(rng, slots * kvd, 1.0));
+    let (vbits, vvals) = half_of(dt, &rand_vec(rng, slots * kvd, 1.0));
     let q = rand_vec(rng, n * qd, 1.5);
 
     let acc_cap = qd * (n * 4).max(1024);
@@ -104,7 +107,7 @@ fn one(gpu: &Gpu, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case) -> Result
         gpu.upload(&row_seq)?,
         gpu.upload(&row_pos)?,
     );
-    let ob = poison_bf16(gpu, n * qd)?;
+    let ob = poison_half(gpu, dt, n * qd)?;
     let (pa, pm) = (
         poison_f32(gpu, acc_cap)?,
         poison_f32(gpu, acc_cap / hs.head_dim * 2)?,
@@ -125,10 +128,11 @@ fn one(gpu: &Gpu, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case) -> Result
         max_len: lens.iter().copied().max().unwrap_or(1),
         block_size: bs,
         heads: hs,
+        half: dt,
     };
     let (_, splits) = launch::attention_plan(&a);
     launch::paged_attention(gpu, &a)?;
-    let got = to_f32(&gpu.read(&ob, n * qd)?);
+    let got = to_f32(dt, &gpu.read(&ob, n * qd)?);
 
     let rows: Vec<AttnRow> = row_seq
         .iter()
@@ -154,7 +158,8 @@ fn one(gpu: &Gpu, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case) -> Result
         &mut want,
     );
     let mut r = row(
-        "paged_attention_bf16",
+        "paged_attention",
+        dt,
         format!(
             "{}: heads {}/{} hd {} block {bs} rows {n} lens {:?}",
             case.name, hs.heads, hs.kv_heads, hs.head_dim, lens

@@ -1,20 +1,19 @@
 //! Each CUDA kernel against its CPU twin (crate::kernels::cpu, the CPU matmul) on fresh
-//! random inputs, several shapes including odd sizes and block-boundary lengths, with the
-//! output buffers poisoned with NaN first so a skipped element shows.
+//! random inputs, in both 16-bit types, several shapes including odd sizes and
+//! block-boundary lengths, with the output buffers poisoned with NaN first so a skipped
+//! element shows.
 
-use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::attention::attention;
 use super::{rel_err, Row};
 use crate::error::Result;
 use crate::kernels::cpu;
 use crate::kernels::cuda::gemm::Blas;
 use crate::kernels::cuda::launch::{self, Heads};
-use crate::kernels::cuda::{DevBuf, Gpu};
+use crate::kernels::cuda::{DevBuf, Gpu, Half};
 use crate::kernels::matmul::{linear, Matrix};
-
-const BF16_NAN: u16 = 0x7fc0;
 
 pub(super) fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n)
@@ -22,76 +21,71 @@ pub(super) fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-/// Rounds to bf16: (bits, the values they hold).
-pub(super) fn bf16_of(v: &[f32]) -> (Vec<u16>, Vec<f32>) {
-    let bits: Vec<u16> = v.iter().map(|&x| bf16::from_f32(x).to_bits()).collect();
-    let vals = bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect();
+/// Rounds to `dt`: (bits, the values they hold).
+pub(super) fn half_of(dt: Half, v: &[f32]) -> (Vec<u16>, Vec<f32>) {
+    let bits: Vec<u16> = v.iter().map(|&x| dt.bits(x)).collect();
+    let vals = bits.iter().map(|&b| dt.value(b)).collect();
     (bits, vals)
 }
 
-pub(super) fn to_f32(bits: &[u16]) -> Vec<f32> {
-    bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect()
+pub(super) fn to_f32(dt: Half, bits: &[u16]) -> Vec<f32> {
+    bits.iter().map(|&b| dt.value(b)).collect()
 }
 
 pub(super) fn poison_f32(gpu: &Gpu, n: usize) -> Result<DevBuf<f32>> {
     gpu.upload(&vec![f32::NAN; n])
 }
 
-pub(super) fn poison_bf16(gpu: &Gpu, n: usize) -> Result<DevBuf<u16>> {
-    gpu.upload(&vec![BF16_NAN; n])
+pub(super) fn poison_half(gpu: &Gpu, dt: Half, n: usize) -> Result<DevBuf<u16>> {
+    gpu.upload(&vec![dt.nan(); n])
 }
 
-pub(super) fn row(check: &str, shape: String, (err, written): (f64, bool), tol: f64) -> Row {
+pub(super) fn row(check: &str, dt: Half, shape: String, e: (f64, bool), tol: f64) -> Row {
     Row {
-        check: check.into(),
+        check: format!("{check} [{}]", dt.suffix()),
         shape,
-        err,
+        err: e.0,
         tol,
-        written,
+        written: e.1,
         note: String::new(),
     }
 }
 
-/// Runs every kernel check.
+/// Runs every kernel check in both 16-bit types.
 pub fn run_all(gpu: &Gpu, seed: u64) -> Result<Vec<Row>> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut rows = Vec::new();
-    rows.extend(embed(gpu, &mut rng)?);
-    rows.extend(norms(gpu, &mut rng)?);
-    rows.extend(swiglu(gpu, &mut rng)?);
-    rows.extend(rope(gpu, &mut rng)?);
-    rows.extend(attention(gpu, &mut rng)?);
-    rows.extend(gemm(gpu, &mut rng)?);
+    for dt in Half::ALL {
+        rows.extend(embed(gpu, dt, &mut rng)?);
+        rows.extend(norms(gpu, dt, &mut rng)?);
+        rows.extend(swiglu(gpu, dt, &mut rng)?);
+        rows.extend(rope(gpu, dt, &mut rng)?);
+        rows.extend(attention(gpu, dt, &mut rng)?);
+        rows.extend(gemm(gpu, dt, &mut rng)?);
+    }
     Ok(rows)
 }
 
-fn embed(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
+fn embed(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let mut out = Vec::new();
     for (vocab, h, n) in [(1000, 576, 1), (49152, 77, 13), (301, 2048, 33)] {
-        let (tbits, tvals) = bf16_of(&rand_vec(rng, vocab * h, 1.0));
+        let (tbits, tvals) = half_of(dt, &rand_vec(rng, vocab * h, 1.0));
         let ids: Vec<i32> = (0..n).map(|_| rng.gen_range(0..vocab as i32)).collect();
-        let (table, idb, x) = (
-            gpu.upload(&tbits)?,
-            gpu.upload(&ids)?,
-            poison_f32(gpu, n * h)?,
-        );
-        launch::embed(gpu, table.ptr(), idb.ptr(), x.ptr(), n, h)?;
+        let (table, idb) = (gpu.upload(&tbits)?, gpu.upload(&ids)?);
+        let x = poison_f32(gpu, n * h)?;
+        launch::embed(gpu, dt, table.ptr(), idb.ptr(), x.ptr(), n, h)?;
         let got = gpu.read(&x, n * h)?;
         let want: Vec<f32> = ids
             .iter()
             .flat_map(|&i| tvals[i as usize * h..(i as usize + 1) * h].iter().copied())
             .collect();
-        out.push(row(
-            "embed_bf16",
-            format!("vocab {vocab} h {h} n {n}"),
-            rel_err(&got, &want),
-            1e-6,
-        ));
+        let shape = format!("vocab {vocab} h {h} n {n}");
+        out.push(row("embed", dt, shape, rel_err(&got, &want), 1e-6));
     }
     Ok(out)
 }
 
-fn norms(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
+fn norms(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let mut out = Vec::new();
     let eps = 1e-5;
     for (n, h, with_delta) in [
@@ -104,9 +98,9 @@ fn norms(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
         let d = rand_vec(rng, n * h, 1.0);
         let w = rand_vec(rng, h, 1.5);
         let (xb, db, wb) = (gpu.upload(&x)?, gpu.upload(&d)?, gpu.upload(&w)?);
-        let ob = poison_bf16(gpu, n * h)?;
+        let ob = poison_half(gpu, dt, n * h)?;
         let dptr = if with_delta { db.ptr() } else { 0 };
-        launch::add_rms_norm(gpu, xb.ptr(), dptr, wb.ptr(), ob.ptr(), n, h, eps)?;
+        launch::add_rms_norm(gpu, dt, xb.ptr(), dptr, wb.ptr(), ob.ptr(), n, h, eps)?;
         let mut xs = x.clone();
         if with_delta {
             cpu::add_in_place(&mut xs, &d);
@@ -114,40 +108,32 @@ fn norms(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
         let mut want = vec![0f32; n * h];
         cpu::rms_norm(&xs, &w, eps, &mut want);
         let shape = format!("n {n} h {h} delta {with_delta}");
+        let got = to_f32(dt, &gpu.read(&ob, n * h)?);
         out.push(row(
-            "add_rms_norm_bf16",
+            "add_rms_norm",
+            dt,
             shape.clone(),
-            rel_err(&to_f32(&gpu.read(&ob, n * h)?), &want),
+            rel_err(&got, &want),
             1e-2,
         ));
-        out.push(row(
-            "add_rms_norm (residual)",
-            shape,
-            rel_err(&gpu.read(&xb, n * h)?, &xs),
-            1e-6,
-        ));
+        let resid = rel_err(&gpu.read(&xb, n * h)?, &xs);
+        out.push(row("add_rms_norm (residual)", dt, shape, resid, 1e-6));
 
         // The rows that get logits: a few, out of order.
         let sel: Vec<i32> = [n - 1, 0, n / 2].iter().map(|&r| r as i32).collect();
-        let (selb, rb) = (gpu.upload(&sel)?, poison_bf16(gpu, sel.len() * h)?);
-        launch::rms_norm_rows(
-            gpu,
-            xb.ptr(),
-            selb.ptr(),
-            wb.ptr(),
-            rb.ptr(),
-            sel.len(),
-            h,
-            eps,
-        )?;
+        let (selb, rb) = (gpu.upload(&sel)?, poison_half(gpu, dt, sel.len() * h)?);
+        let m = sel.len();
+        launch::rms_norm_rows(gpu, dt, xb.ptr(), selb.ptr(), wb.ptr(), rb.ptr(), m, h, eps)?;
         let want_rows: Vec<f32> = sel
             .iter()
             .flat_map(|&r| want[r as usize * h..(r as usize + 1) * h].iter().copied())
             .collect();
-        let got = to_f32(&gpu.read(&rb, sel.len() * h)?);
+        let got = to_f32(dt, &gpu.read(&rb, m * h)?);
+        let shape = format!("rows {sel:?} of {n}, h {h}");
         out.push(row(
-            "rms_norm_rows_bf16",
-            format!("rows {sel:?} of {n}, h {h}"),
+            "rms_norm_rows",
+            dt,
+            shape,
             rel_err(&got, &want_rows),
             1e-2,
         ));
@@ -155,18 +141,20 @@ fn norms(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
     Ok(out)
 }
 
-fn swiglu(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
+fn swiglu(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let mut out = Vec::new();
     for (n, f) in [(1, 1536), (3, 8191), (17, 64)] {
         let gu = rand_vec(rng, n * 2 * f, 4.0);
-        let (gb, ob) = (gpu.upload(&gu)?, poison_bf16(gpu, n * f)?);
-        launch::silu_mul(gpu, gb.ptr(), ob.ptr(), n, f)?;
+        let (gb, ob) = (gpu.upload(&gu)?, poison_half(gpu, dt, n * f)?);
+        launch::silu_mul(gpu, dt, gb.ptr(), ob.ptr(), n, f)?;
         let mut want = vec![0f32; n * f];
         cpu::silu_mul(&gu, f, &mut want);
+        let got = to_f32(dt, &gpu.read(&ob, n * f)?);
         out.push(row(
-            "silu_mul_bf16",
+            "silu_mul",
+            dt,
             format!("n {n} f {f}"),
-            rel_err(&to_f32(&gpu.read(&ob, n * f)?), &want),
+            rel_err(&got, &want),
             1e-2,
         ));
     }
@@ -179,15 +167,16 @@ fn inv_freq(hd: usize, theta: f32) -> Vec<f32> {
         .collect()
 }
 
-fn rope(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
+fn rope(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let mut out = Vec::new();
-    for (heads, kvh, hd, bias) in [(9, 3, 64, false), (32, 8, 128, true), (4, 2, 32, false)] {
+    for (heads, kvh, hd, bias) in [(9, 3, 64, false), (32, 8, 128, true), (4, 2, 16, false)] {
         let (qd, kvd, n, num_slots) = (heads * hd, kvh * hd, 13, 300);
         let qkv = rand_vec(rng, n * (qd + 2 * kvd), 1.0);
         let b = rand_vec(rng, qd + 2 * kvd, 0.5);
         let pos: Vec<usize> = (0..n)
             .map(|i| if i == 0 { 0 } else { rng.gen_range(0..8192) })
             .collect();
+        // n distinct slots out of num_slots.
         let mut slots: Vec<usize> = (0..num_slots).collect();
         for i in 0..n {
             let j = rng.gen_range(i..num_slots);
@@ -202,21 +191,15 @@ fn rope(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
         };
         let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
         let slots_i: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
-        let (qkvb, bb, pb, sb, fb) = (
-            gpu.upload(&qkv)?,
-            gpu.upload(&b)?,
-            gpu.upload(&pos_i)?,
-            gpu.upload(&slots_i)?,
-            gpu.upload(&freqs)?,
-        );
-        let (qo, kc, vc) = (
-            poison_f32(gpu, n * qd)?,
-            poison_bf16(gpu, num_slots * kvd)?,
-            poison_bf16(gpu, num_slots * kvd)?,
-        );
+        let (qkvb, bb, fb) = (gpu.upload(&qkv)?, gpu.upload(&b)?, gpu.upload(&freqs)?);
+        let (pb, sb) = (gpu.upload(&pos_i)?, gpu.upload(&slots_i)?);
+        let qo = poison_f32(gpu, n * qd)?;
+        let kc = poison_half(gpu, dt, num_slots * kvd)?;
+        let vc = poison_half(gpu, dt, num_slots * kvd)?;
         let bptr = if bias { bb.ptr() } else { 0 };
         launch::rope_kv_write(
             gpu,
+            dt,
             qkvb.ptr(),
             bptr,
             pb.ptr(),
@@ -228,7 +211,7 @@ fn rope(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
             n,
             hs,
         )?;
-        // CPU twin: split, bias, rotate, round K/V to the cache's bf16.
+        // CPU twin: split, bias, rotate; K/V compared after the cache's rounding.
         let (mut q, mut k, mut v) = (vec![], vec![], vec![]);
         for r in 0..n {
             let row: Vec<f32> = (0..qd + 2 * kvd)
@@ -241,16 +224,16 @@ fn rope(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
         cpu::rope(&mut q, &pos, hd, &freqs);
         cpu::rope(&mut k, &pos, hd, &freqs);
         let shape = format!("heads {heads}/{kvh} hd {hd} n {n} bias {bias}");
+        let gq = gpu.read(&qo, n * qd)?;
         out.push(row(
-            "rope_kv_write_bf16 (q)",
+            "rope_kv_write (q)",
+            dt,
             shape.clone(),
-            rel_err(&gpu.read(&qo, n * qd)?, &q),
+            rel_err(&gq, &q),
             1e-4,
         ));
-        let (kall, vall) = (
-            to_f32(&gpu.read(&kc, num_slots * kvd)?),
-            to_f32(&gpu.read(&vc, num_slots * kvd)?),
-        );
+        let kall = to_f32(dt, &gpu.read(&kc, num_slots * kvd)?);
+        let vall = to_f32(dt, &gpu.read(&vc, num_slots * kvd)?);
         let pick = |all: &[f32]| -> Vec<f32> {
             slots
                 .iter()
@@ -259,13 +242,15 @@ fn rope(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
         };
         let stray = |all: &[f32]| all.iter().filter(|x| !x.is_nan()).count() != n * kvd;
         let mut rk = row(
-            "rope_kv_write_bf16 (k cache)",
+            "rope_kv_write (k)",
+            dt,
             shape.clone(),
             rel_err(&pick(&kall), &k),
             1e-2,
         );
         let mut rv = row(
-            "rope_kv_write_bf16 (v cache)",
+            "rope_kv_write (v)",
+            dt,
             shape,
             rel_err(&pick(&vall), &v),
             1e-2,
@@ -281,7 +266,7 @@ fn rope(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
     Ok(out)
 }
 
-fn gemm(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
+fn gemm(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let blas = Blas::new(gpu)?;
     let mut out = Vec::new();
     for (n, k, m) in [
@@ -290,20 +275,21 @@ fn gemm(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
         (17, 1000, 333),
         (33, 576, 49152),
     ] {
-        let (xb, xv) = bf16_of(&rand_vec(rng, n * k, 1.0));
-        let (wb, wv) = bf16_of(&rand_vec(rng, m * k, 0.05));
+        let (xb, xv) = half_of(dt, &rand_vec(rng, n * k, 1.0));
+        let (wb, wv) = half_of(dt, &rand_vec(rng, m * k, 0.05));
         let (xd, wd, yd) = (gpu.upload(&xb)?, gpu.upload(&wb)?, poison_f32(gpu, n * m)?);
-        blas.linear(xd.ptr(), wd.ptr(), yd.ptr(), n, k, m)?;
+        blas.linear(dt, xd.ptr(), wd.ptr(), yd.ptr(), n, k, m)?;
         let mut want = vec![0f32; n * m];
         linear(&xv, &Matrix::F32(wv), None, n, k, m, &mut want);
+        let got = gpu.read(&yd, n * m)?;
+        let shape = format!("n {n} in {k} out {m}");
         out.push(row(
-            "cublas bf16 gemm (fp32 acc)",
-            format!("n {n} in {k} out {m}"),
-            rel_err(&gpu.read(&yd, n * m)?, &want),
+            "cublas gemm, fp32 acc",
+            dt,
+            shape,
+            rel_err(&got, &want),
             1e-3,
         ));
     }
     Ok(out)
 }
-
-use super::attention::attention;

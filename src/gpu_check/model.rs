@@ -1,5 +1,8 @@
 //! Whole-model GPU checks. [`greedy_vs_cpu`]: the GPU engine, all prompts batched, against
-//! the CPU engine one prompt at a time, greedy, on the 5 fixture prompts. [`dump_logits`]:
+//! the CPU engine one prompt at a time, greedy, on the 5 fixture prompts: once against the
+//! model as loaded (for GGUF: quantized weights times int8-quantized activations, llama.cpp's
+//! arithmetic) and once against the same weights dequantized (f16 weights, f32 activations),
+//! which is the function the GPU computes. [`dump_logits`]:
 //! the GPU engine's fp32 logits at every position of a batch of random prompts of
 //! different lengths (one prefill, then 32 batched decode steps on its own argmax), written
 //! for scripts/hf_compare.py to check against HF transformers in fp32.
@@ -14,9 +17,11 @@ use serde::Deserialize;
 
 use super::{rel_err, Row};
 use crate::error::{Error, Result};
+use crate::kernels::matmul::Matrix;
 use crate::model::backend::ForwardPass;
 use crate::model::gpu::forward::CudaForward;
 use crate::model::gpu::CudaModel;
+use crate::model::weights::{LayerWeights, Linear, LlamaWeights};
 use crate::model::{KvCache, Llama, SeqChunk};
 use crate::sampling::argmax;
 
@@ -42,8 +47,56 @@ fn tables(seqs: usize, tokens: usize) -> (Vec<Vec<u32>>, usize) {
     (t, seqs * per)
 }
 
+/// `model` with every quantized matrix dequantized to f16 (the CPU engine's F16 path).
+pub fn dequantized(model: &Llama) -> Llama {
+    let cfg = model.config();
+    let w = model.weights();
+    let mat = |m: &Matrix, rows: usize, cols: usize| match m {
+        Matrix::F32(v) => Matrix::F32(v.clone()),
+        Matrix::F16(v) => Matrix::F16(v.clone()),
+        Matrix::Quant(_) => {
+            let mut out = Vec::with_capacity(rows * cols);
+            let mut buf = vec![0f32; cols];
+            for r in 0..rows {
+                m.row_into(r, cols, &mut buf);
+                out.extend(buf.iter().map(|&v| half::f16::from_f32(v)));
+            }
+            Matrix::F16(out)
+        }
+    };
+    let lin = |l: &Linear| Linear {
+        w: mat(&l.w, l.rows, l.cols),
+        b: l.b.clone(),
+        rows: l.rows,
+        cols: l.cols,
+    };
+    let weights = LlamaWeights {
+        embed: mat(&w.embed, cfg.vocab_size, cfg.hidden_size),
+        layers: w
+            .layers
+            .iter()
+            .map(|l| LayerWeights {
+                attn_norm: l.attn_norm.clone(),
+                qkv: lin(&l.qkv),
+                o: lin(&l.o),
+                ffn_norm: l.ffn_norm.clone(),
+                gate_up: lin(&l.gate_up),
+                down: lin(&l.down),
+            })
+            .collect(),
+        final_norm: w.final_norm.clone(),
+        lm_head: w.lm_head.as_ref().map(lin),
+    };
+    Llama::new(cfg.clone(), weights)
+}
+
 /// Greedy decoding on the GPU (batched) against the CPU engine for `steps` tokens.
-pub fn greedy_vs_cpu(model: &Llama, cuda: &Arc<CudaModel>, steps: usize) -> Result<Vec<Row>> {
+pub fn greedy_vs_cpu(
+    model: &Llama,
+    label: &str,
+    cuda: &Arc<CudaModel>,
+    steps: usize,
+) -> Result<Vec<Row>> {
     let fx: Fixture =
         serde_json::from_str(include_str!("../../tests/fixtures/greedy_llamacpp.json"))
             .map_err(|e| Error::Model(format!("fixture: {e}")))?;
@@ -124,16 +177,16 @@ pub fn greedy_vs_cpu(model: &Llama, cuda: &Arc<CudaModel>, steps: usize) -> Resu
         full += usize::from(same == steps);
         let (err, written) = rel_err(&gpu_first[i], &cpu_first[i]);
         rows.push(Row {
-            check: format!("smollm2 greedy prompt {i}"),
+            check: format!("greedy prompt {i} vs CPU {label}"),
             shape: format!("prompt {} tokens, {steps} steps", prompts[i].len()),
             err,
             tol: 1e-1,
             written,
-            note: format!("first {same}/{steps} tokens equal; err = prefill logits vs CPU engine (Q4 int8 path)"),
+            note: format!("first {same}/{steps} tokens equal; err: prefill logits"),
         });
     }
     rows.push(Row {
-        check: "smollm2 greedy, prompts equal for all steps".into(),
+        check: format!("greedy vs CPU {label}: prompts equal for all steps"),
         shape: format!("{} prompts", prompts.len()),
         err: if full >= 4 { 0.0 } else { 1.0 },
         tol: 0.5,

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
 
+use super::Half;
 use crate::error::{Error, Result};
 
 /// The shared header, prepended to every module (NVRTC gets no include path).
@@ -35,14 +36,17 @@ fn cache_dir() -> PathBuf {
     PathBuf::from(home).join(".cache/inflight/kernels")
 }
 
-/// PTX of module `name` for `arch`, from the disk cache or freshly compiled (and cached;
+/// PTX of module `name` for `arch` and 16-bit type `half`, from the disk cache or freshly compiled (and cached;
 /// a cache that cannot be written only costs a recompile next time).
-pub fn ptx(name: &str, source: &str, arch: &str) -> Result<String> {
-    let options = vec![
+pub fn ptx(name: &str, source: &str, arch: &str, half: Half) -> Result<String> {
+    let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "--fmad=true".to_string(),
     ];
+    if half == Half::F16 {
+        options.push("-DINFLIGHT_F16".to_string());
+    }
     let (mut major, mut minor) = (0, 0);
     // SAFETY: nvrtcVersion writes two ints through valid pointers.
     unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
@@ -58,7 +62,7 @@ pub fn ptx(name: &str, source: &str, arch: &str) -> Result<String> {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let path = cache_dir().join(format!("{name}-{arch}-{key}.ptx"));
+    let path = cache_dir().join(format!("{name}-{}-{arch}-{key}.ptx", half.suffix()));
     if let Ok(text) = std::fs::read_to_string(&path) {
         return Ok(text);
     }

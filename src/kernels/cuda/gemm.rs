@@ -1,4 +1,4 @@
-//! Linear layers through cuBLAS: bf16 operands, fp32 accumulation and fp32 output
+//! Linear layers through cuBLAS: bf16 or f16 operands, fp32 accumulation and fp32 output
 //! (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`).
 
 use cudarc::cublas::sys::{
@@ -6,7 +6,7 @@ use cudarc::cublas::sys::{
 };
 use cudarc::cublas::{result, CudaBlas};
 
-use super::{cuda_err, Gpu};
+use super::{cuda_err, Gpu, Half};
 use crate::error::{Error, Result};
 
 /// A cuBLAS handle on the device's stream.
@@ -22,8 +22,19 @@ impl Blas {
         Ok(Blas { blas })
     }
 
-    /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ`, all row-major; x and w bf16, y fp32.
-    pub fn linear(&self, x: u64, w: u64, y: u64, n: usize, inp: usize, out: usize) -> Result<()> {
+    /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ`, all row-major; x and w of type `half`,
+    /// y fp32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear(
+        &self,
+        half: Half,
+        x: u64,
+        w: u64,
+        y: u64,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
@@ -32,6 +43,10 @@ impl Blas {
         };
         let (m, nn, k) = (dim(out)?, dim(n)?, dim(inp)?);
         let (alpha, beta) = (1.0f32, 0.0f32);
+        let ty = match half {
+            Half::Bf16 => cudaDataType_t::CUDA_R_16BF,
+            Half::F16 => cudaDataType_t::CUDA_R_16F,
+        };
         // Row-major y = x·wᵀ is column-major yᵀ = w·xᵀ with w read transposed.
         // SAFETY: the pointers are live device buffers of at least out·inp, n·inp and
         // n·out elements, on the handle's stream.
@@ -45,10 +60,10 @@ impl Blas {
                 k,
                 (&alpha) as *const f32 as *const _,
                 w as *const _,
-                cudaDataType_t::CUDA_R_16BF,
+                ty,
                 k,
                 x as *const _,
-                cudaDataType_t::CUDA_R_16BF,
+                ty,
                 k,
                 (&beta) as *const f32 as *const _,
                 y as *mut _,

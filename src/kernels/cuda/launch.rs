@@ -3,7 +3,7 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{cuda_err, Gpu};
+use super::{cuda_err, Gpu, Half};
 use crate::error::{Error, Result};
 
 fn i32_of(v: usize) -> Result<i32> {
@@ -20,23 +20,32 @@ fn cfg(grid: (usize, usize, usize), block: u32) -> Result<LaunchConfig> {
 }
 
 /// `x[r] = table[ids[r]]` as fp32, for `n` rows of width `h`.
-pub fn embed(gpu: &Gpu, table: u64, ids: u64, x: u64, n: usize, h: usize) -> Result<()> {
+pub fn embed(
+    gpu: &Gpu,
+    half: Half,
+    table: u64,
+    ids: u64,
+    x: u64,
+    n: usize,
+    h: usize,
+) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
     let h = i32_of(h)?;
-    let f = gpu.func("embed_bf16")?;
+    let f = gpu.func("embed", half)?;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&table).arg(&ids).arg(&x).arg(&h);
     // SAFETY: argument order and types match embed.cu; buffers hold n rows.
-    unsafe { b.launch(cfg((n, 1, 1), 256)?) }.map_err(cuda_err("embed_bf16"))?;
+    unsafe { b.launch(cfg((n, 1, 1), 256)?) }.map_err(cuda_err("embed"))?;
     Ok(())
 }
 
-/// `x += delta` (when `delta` is not 0), then `out = rmsnorm(x) * w` in bf16.
+/// `x += delta` (when `delta` is not 0), then `out = rmsnorm(x) * w` in `half`.
 #[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm(
     gpu: &Gpu,
+    half: Half,
     x: u64,
     delta: u64,
     w: u64,
@@ -49,18 +58,19 @@ pub fn add_rms_norm(
         return Ok(());
     }
     let h = i32_of(h)?;
-    let f = gpu.func("add_rms_norm_bf16")?;
+    let f = gpu.func("add_rms_norm", half)?;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&x).arg(&delta).arg(&w).arg(&out).arg(&h).arg(&eps);
     // SAFETY: argument order and types match norm.cu; buffers hold n rows of h.
-    unsafe { b.launch(cfg((n, 1, 1), 256)?) }.map_err(cuda_err("add_rms_norm_bf16"))?;
+    unsafe { b.launch(cfg((n, 1, 1), 256)?) }.map_err(cuda_err("add_rms_norm"))?;
     Ok(())
 }
 
-/// `out[i] = rmsnorm(x[rows[i]]) * w` in bf16, for `m` selected rows.
+/// `out[i] = rmsnorm(x[rows[i]]) * w` in `half`, for `m` selected rows.
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_rows(
     gpu: &Gpu,
+    half: Half,
     x: u64,
     rows: u64,
     w: u64,
@@ -73,11 +83,11 @@ pub fn rms_norm_rows(
         return Ok(());
     }
     let h = i32_of(h)?;
-    let f = gpu.func("rms_norm_rows_bf16")?;
+    let f = gpu.func("rms_norm_rows", half)?;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&x).arg(&rows).arg(&w).arg(&out).arg(&h).arg(&eps);
     // SAFETY: argument order and types match norm.cu; rows index valid rows of x.
-    unsafe { b.launch(cfg((m, 1, 1), 256)?) }.map_err(cuda_err("rms_norm_rows_bf16"))?;
+    unsafe { b.launch(cfg((m, 1, 1), 256)?) }.map_err(cuda_err("rms_norm_rows"))?;
     Ok(())
 }
 
@@ -116,6 +126,7 @@ impl Heads {
 #[allow(clippy::too_many_arguments)]
 pub fn rope_kv_write(
     gpu: &Gpu,
+    half: Half,
     qkv: u64,
     bias: u64,
     pos: u64,
@@ -135,7 +146,7 @@ pub fn rope_kv_write(
         i32_of(hs.kv_heads)?,
         i32_of(hs.head_dim)?,
     );
-    let f = gpu.func("rope_kv_write_bf16")?;
+    let f = gpu.func("rope_kv_write", half)?;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&qkv)
         .arg(&bias)
@@ -149,21 +160,21 @@ pub fn rope_kv_write(
         .arg(&kv_heads)
         .arg(&hd);
     // SAFETY: argument order and types match rope.cu; slots are inside the cache.
-    unsafe { b.launch(cfg((n, 1, 1), 128)?) }.map_err(cuda_err("rope_kv_write_bf16"))?;
+    unsafe { b.launch(cfg((n, 1, 1), 128)?) }.map_err(cuda_err("rope_kv_write"))?;
     Ok(())
 }
 
-/// `out = silu(gate) * up` in bf16 from the fused `[n, 2f]` product.
-pub fn silu_mul(gpu: &Gpu, gu: u64, out: u64, n: usize, f: usize) -> Result<()> {
+/// `out = silu(gate) * up` in `half` from the fused `[n, 2f]` product.
+pub fn silu_mul(gpu: &Gpu, half: Half, gu: u64, out: u64, n: usize, f: usize) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
     let fi = i32_of(f)?;
-    let func = gpu.func("silu_mul_bf16")?;
+    let func = gpu.func("silu_mul", half)?;
     let mut b = gpu.stream.launch_builder(func);
     b.arg(&gu).arg(&out).arg(&fi);
     // SAFETY: argument order and types match swiglu.cu.
-    unsafe { b.launch(cfg((f.div_ceil(256), n, 1), 256)?) }.map_err(cuda_err("silu_mul_bf16"))?;
+    unsafe { b.launch(cfg((f.div_ceil(256), n, 1), 256)?) }.map_err(cuda_err("silu_mul"))?;
     Ok(())
 }
 
@@ -187,6 +198,8 @@ pub struct Attention {
     pub max_len: usize,
     pub block_size: usize,
     pub heads: Heads,
+    /// The type of the cache and the output.
+    pub half: Half,
 }
 
 /// Work blocks that fill the GPU: below this, long contexts are split.
@@ -206,7 +219,7 @@ pub fn attention_plan(a: &Attention) -> (usize, usize) {
     (chunk, a.max_len.div_ceil(chunk).max(1))
 }
 
-/// Causal paged attention into `out` (bf16), split along the sequence when it pays.
+/// Causal paged attention into `out` (`a.half`), split along the sequence when it pays.
 pub fn paged_attention(gpu: &Gpu, a: &Attention) -> Result<()> {
     if a.n == 0 {
         return Ok(());
@@ -222,7 +235,7 @@ pub fn paged_attention(gpu: &Gpu, a: &Attention) -> Result<()> {
     let (bs, stride) = (i32_of(a.block_size)?, i32_of(a.table_stride)?);
     let (chunk_i, splits_i) = (i32_of(chunk)?, i32_of(splits)?);
     let scale = 1.0f32 / (hs.head_dim as f32).sqrt();
-    let f = gpu.func("paged_attention_bf16")?;
+    let f = gpu.func("paged_attention", a.half)?;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&a.q)
         .arg(&a.k_cache)
@@ -245,9 +258,9 @@ pub fn paged_attention(gpu: &Gpu, a: &Attention) -> Result<()> {
     // sums within the workspace; tables cover every row's positions (checked by the
     // caller).
     unsafe { b.launch(cfg((a.n, hs.kv_heads, splits), 128)?) }
-        .map_err(cuda_err("paged_attention_bf16"))?;
+        .map_err(cuda_err("paged_attention"))?;
     if splits > 1 {
-        let f = gpu.func("attention_combine_bf16")?;
+        let f = gpu.func("attention_combine", a.half)?;
         let mut b = gpu.stream.launch_builder(f);
         b.arg(&a.part_acc)
             .arg(&a.part_ml)
@@ -257,7 +270,7 @@ pub fn paged_attention(gpu: &Gpu, a: &Attention) -> Result<()> {
             .arg(&splits_i);
         // SAFETY: argument order and types match attention.cu.
         unsafe { b.launch(cfg((a.n, hs.heads, 1), 128)?) }
-            .map_err(cuda_err("attention_combine_bf16"))?;
+            .map_err(cuda_err("attention_combine"))?;
     }
     Ok(())
 }

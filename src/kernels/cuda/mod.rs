@@ -22,25 +22,66 @@ pub(crate) fn cuda_err<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> Erro
     move |e| Error::Cuda(format!("{what}: {e:?}"))
 }
 
+/// The 16-bit float type of weights, GEMM inputs and the KV cache: bf16 for checkpoints
+/// stored in bf16, f16 for GGUF (whose dequantized values f16 holds exactly, as the CPU
+/// engine and llama.cpp keep them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Half {
+    Bf16,
+    F16,
+}
+
+impl Half {
+    pub const ALL: [Half; 2] = [Half::Bf16, Half::F16];
+
+    /// The suffix of the kernel entry points compiled for this type.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Half::Bf16 => "bf16",
+            Half::F16 => "f16",
+        }
+    }
+
+    /// `v` rounded to this type, as raw bits.
+    pub fn bits(self, v: f32) -> u16 {
+        match self {
+            Half::Bf16 => half::bf16::from_f32(v).to_bits(),
+            Half::F16 => half::f16::from_f32(v).to_bits(),
+        }
+    }
+
+    pub fn value(self, bits: u16) -> f32 {
+        match self {
+            Half::Bf16 => half::bf16::from_bits(bits).to_f32(),
+            Half::F16 => half::f16::from_bits(bits).to_f32(),
+        }
+    }
+
+    /// A quiet NaN, to poison buffers.
+    pub fn nan(self) -> u16 {
+        match self {
+            Half::Bf16 => 0x7fc0,
+            Half::F16 => 0x7e00,
+        }
+    }
+}
+
 /// One device: context, the stream every launch goes on, and the kernels.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub arch: String,
     pub name: String,
-    funcs: HashMap<&'static str, CudaFunction>,
+    funcs: HashMap<String, CudaFunction>,
 }
 
-/// The kernel entry points of each module.
+/// The kernel entry points of each module (each gets a `_bf16` and an `_f16` build).
 const ENTRY_POINTS: &[(&str, &[&str])] = &[
-    ("embed", &["embed_bf16"]),
-    ("norm", &["add_rms_norm_bf16", "rms_norm_rows_bf16"]),
-    ("rope", &["rope_kv_write_bf16"]),
-    ("swiglu", &["silu_mul_bf16"]),
-    (
-        "attention",
-        &["paged_attention_bf16", "attention_combine_bf16"],
-    ),
+    ("embed", &["embed"]),
+    ("norm", &["add_rms_norm", "rms_norm_rows"]),
+    ("rope", &["rope_kv_write"]),
+    ("swiglu", &["silu_mul"]),
+    ("attention", &["paged_attention", "attention_combine"]),
 ];
 
 impl Gpu {
@@ -70,21 +111,24 @@ impl Gpu {
         let arch = compile::arch_for(major, minor);
         let name = ctx.name().map_err(cuda_err("device name"))?;
         let mut funcs = HashMap::new();
-        for (module, source) in compile::MODULES {
-            let ptx = compile::ptx(module, source, &arch)?;
-            let loaded = ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-                .map_err(cuda_err("loading a kernel module"))?;
-            let names = ENTRY_POINTS
-                .iter()
-                .find(|(m, _)| m == module)
-                .map(|(_, n)| *n)
-                .unwrap_or(&[]);
-            for &f in names {
-                let func = loaded
-                    .load_function(f)
-                    .map_err(cuda_err("loading a kernel"))?;
-                funcs.insert(f, func);
+        for half in Half::ALL {
+            for (module, source) in compile::MODULES {
+                let ptx = compile::ptx(module, source, &arch, half)?;
+                let loaded = ctx
+                    .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                    .map_err(cuda_err("loading a kernel module"))?;
+                let names = ENTRY_POINTS
+                    .iter()
+                    .find(|(m, _)| m == module)
+                    .map(|(_, n)| *n)
+                    .unwrap_or(&[]);
+                for &f in names {
+                    let name = format!("{f}_{}", half.suffix());
+                    let func = loaded
+                        .load_function(&name)
+                        .map_err(cuda_err("loading a kernel"))?;
+                    funcs.insert(name, func);
+                }
             }
         }
         Ok(Arc::new(Gpu {
@@ -96,9 +140,11 @@ impl Gpu {
         }))
     }
 
-    pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction> {
+    /// Kernel `op` built for `half`.
+    pub(crate) fn func(&self, op: &str, half: Half) -> Result<&CudaFunction> {
+        let name = format!("{op}_{}", half.suffix());
         self.funcs
-            .get(name)
+            .get(&name)
             .ok_or_else(|| Error::Cuda(format!("kernel {name} is not loaded")))
     }
 

@@ -1,4 +1,4 @@
-//! One GPU engine: the bf16 paged KV cache (`[layer][k|v][num_blocks * block_size][kv_dim]`),
+//! One GPU engine: the 16-bit paged KV cache (`[layer][k|v][num_blocks * block_size][kv_dim]`),
 //! a cuBLAS handle and scratch buffers, running a batch of [`SeqChunk`]s (prefills of any
 //! length and decodes together) exactly as the CPU engine's forward pass does, and
 //! returning fp32 logits rows to the host.
@@ -247,6 +247,7 @@ impl CudaForward {
             cfg.intermediate_size,
         );
         let eps = cfg.rms_norm_eps;
+        let dt = w.half;
         let (ids, pos, slots, row_seq) = (
             s.meta.at(0),
             s.meta.at(n),
@@ -255,12 +256,13 @@ impl CudaForward {
         );
         let (rows, tables) = (s.meta.at(4 * n), s.meta.at(4 * n + m));
 
-        launch::embed(g, w.embed.ptr(), ids, s.x.ptr(), n, h)?;
+        launch::embed(g, dt, w.embed.ptr(), ids, s.x.ptr(), n, h)?;
         let mut pending = 0u64;
         for (l, lw) in w.layers.iter().enumerate() {
             let (kc, vc) = self.kv_layer(l);
             launch::add_rms_norm(
                 g,
+                dt,
                 s.x.ptr(),
                 pending,
                 lw.attn_norm.ptr(),
@@ -269,11 +271,19 @@ impl CudaForward {
                 h,
                 eps,
             )?;
-            self.blas
-                .linear(s.xn.ptr(), lw.qkv.w.ptr(), s.qkv.ptr(), n, h, qd + 2 * kvd)?;
+            self.blas.linear(
+                dt,
+                s.xn.ptr(),
+                lw.qkv.w.ptr(),
+                s.qkv.ptr(),
+                n,
+                h,
+                qd + 2 * kvd,
+            )?;
             let bias = lw.qkv.b.as_ref().map_or(0, |b| b.ptr());
             launch::rope_kv_write(
                 g,
+                dt,
                 s.qkv.ptr(),
                 bias,
                 pos,
@@ -303,12 +313,14 @@ impl CudaForward {
                     max_len: lay.max_len,
                     block_size: self.block_size,
                     heads: heads(cfg),
+                    half: dt,
                 },
             )?;
             self.blas
-                .linear(s.attn.ptr(), lw.o.w.ptr(), s.delta.ptr(), n, qd, h)?;
+                .linear(dt, s.attn.ptr(), lw.o.w.ptr(), s.delta.ptr(), n, qd, h)?;
             launch::add_rms_norm(
                 g,
+                dt,
                 s.x.ptr(),
                 s.delta.ptr(),
                 lw.ffn_norm.ptr(),
@@ -318,10 +330,10 @@ impl CudaForward {
                 eps,
             )?;
             self.blas
-                .linear(s.xn.ptr(), lw.gate_up.w.ptr(), s.gu.ptr(), n, h, 2 * f)?;
-            launch::silu_mul(g, s.gu.ptr(), s.act.ptr(), n, f)?;
+                .linear(dt, s.xn.ptr(), lw.gate_up.w.ptr(), s.gu.ptr(), n, h, 2 * f)?;
+            launch::silu_mul(g, dt, s.gu.ptr(), s.act.ptr(), n, f)?;
             self.blas
-                .linear(s.act.ptr(), lw.down.w.ptr(), s.delta.ptr(), n, f, h)?;
+                .linear(dt, s.act.ptr(), lw.down.w.ptr(), s.delta.ptr(), n, f, h)?;
             pending = s.delta.ptr();
         }
         if m == 0 {
@@ -331,6 +343,7 @@ impl CudaForward {
         // The last residual add (its norm output is unused), then the selected rows.
         launch::add_rms_norm(
             g,
+            dt,
             s.x.ptr(),
             pending,
             w.final_norm.ptr(),
@@ -341,6 +354,7 @@ impl CudaForward {
         )?;
         launch::rms_norm_rows(
             g,
+            dt,
             s.x.ptr(),
             rows,
             w.final_norm.ptr(),
@@ -352,7 +366,7 @@ impl CudaForward {
         let vocab = cfg.vocab_size;
         let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
         self.blas
-            .linear(s.head_in.ptr(), head, s.logits.ptr(), m, h, vocab)?;
+            .linear(dt, s.head_in.ptr(), head, s.logits.ptr(), m, h, vocab)?;
         g.read(&s.logits, m * vocab)
     }
 }

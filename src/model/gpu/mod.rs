@@ -1,6 +1,6 @@
-//! The GPU engine (feature `cuda`): [`CudaModel`] is a model's bf16 weights on one device,
+//! The GPU engine (feature `cuda`): [`CudaModel`] is a model's 16-bit weights on one device,
 //! shared between engine restarts; [`CudaBackend`] starts a [`forward::CudaForward`] (a
-//! bf16 paged KV cache, a cuBLAS handle and scratch buffers) behind the same
+//! 16-bit paged KV cache, a cuBLAS handle and scratch buffers) behind the same
 //! [`Backend`]/[`ForwardPass`] seam as the CPU engine, so the actor pipeline is unchanged.
 
 pub mod forward;
@@ -9,11 +9,11 @@ pub mod weights;
 use std::sync::Arc;
 
 use super::backend::{Backend, ForwardPass};
-use super::config::ModelConfig;
+use super::config::{KvDtype, ModelConfig};
 use super::Llama;
 use crate::error::Result;
 use crate::kernels::cuda::launch::Heads;
-use crate::kernels::cuda::Gpu;
+use crate::kernels::cuda::{Gpu, Half};
 use weights::GpuWeights;
 
 /// A model's weights on one GPU.
@@ -29,7 +29,12 @@ impl CudaModel {
         let config = model.config().clone();
         heads(&config).check()?;
         let gpu = Gpu::open(ordinal)?;
-        let weights = GpuWeights::upload(&gpu, model)?;
+        // GGUF models (f16 KV on the CPU) run in f16, HF checkpoints in bf16.
+        let half = match config.kv_dtype {
+            KvDtype::F16 => Half::F16,
+            KvDtype::F32 => Half::Bf16,
+        };
+        let weights = GpuWeights::upload(&gpu, model, half)?;
         Ok(Arc::new(CudaModel {
             gpu,
             config,
@@ -37,7 +42,7 @@ impl CudaModel {
         }))
     }
 
-    /// Bytes one token takes in the bf16 KV cache, all layers.
+    /// Bytes one token takes in the 16-bit KV cache, all layers.
     pub fn kv_bytes_per_token(&self) -> usize {
         kv_bytes_per_token(&self.config)
     }

@@ -1,17 +1,17 @@
-//! Llama weights on the GPU: every matrix in bf16 (converted from the loaded model, so
-//! GGUF quantized tensors are dequantized here and bf16 safetensors arrive unchanged in
-//! value), norms, biases and RoPE frequencies in fp32.
+//! Llama weights on the GPU: every matrix in the model's 16-bit type (bf16 for HF
+//! checkpoints, whose bf16 values arrive unchanged; f16 for GGUF, whose quantized tensors
+//! are dequantized here, exactly as the CPU engine holds them), norms, biases and RoPE
+//! frequencies in fp32.
 
-use half::bf16;
 use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::kernels::cuda::{DevBuf, Gpu};
+use crate::kernels::cuda::{DevBuf, Gpu, Half};
 use crate::kernels::matmul::Matrix;
 use crate::model::weights::Linear;
 use crate::model::Llama;
 
-/// A linear layer `y = x · Wᵀ (+ b)`, `w` row-major `[rows, cols]` in bf16.
+/// A linear layer `y = x · Wᵀ (+ b)`, `w` row-major `[rows, cols]` (16-bit).
 pub struct GpuLinear {
     pub w: DevBuf<u16>,
     pub b: Option<DevBuf<f32>>,
@@ -29,6 +29,8 @@ pub struct GpuLayer {
 }
 
 pub struct GpuWeights {
+    /// The 16-bit type of the matrices (and of the GEMM inputs and KV cache).
+    pub half: Half,
     /// `[vocab, hidden]`, also the LM head when tied.
     pub embed: DevBuf<u16>,
     pub layers: Vec<GpuLayer>,
@@ -37,24 +39,24 @@ pub struct GpuWeights {
     pub inv_freq: DevBuf<f32>,
 }
 
-/// A matrix as bf16 bits, row by row (in parallel: dequantizing is the slow part).
-pub fn to_bf16(m: &Matrix, rows: usize, cols: usize) -> Vec<u16> {
+/// A matrix as 16-bit bits, row by row (in parallel: dequantizing is the slow part).
+pub fn to_half(m: &Matrix, rows: usize, cols: usize, half: Half) -> Vec<u16> {
     let mut out = vec![0u16; rows * cols];
     out.par_chunks_mut(cols.max(1)).enumerate().for_each_init(
         || vec![0f32; cols],
         |buf, (r, dst)| {
             m.row_into(r, cols, buf);
             for (d, &v) in dst.iter_mut().zip(buf.iter()) {
-                *d = bf16::from_f32(v).to_bits();
+                *d = half.bits(v);
             }
         },
     );
     out
 }
 
-fn linear(gpu: &Gpu, l: &Linear) -> Result<GpuLinear> {
+fn linear(gpu: &Gpu, l: &Linear, half: Half) -> Result<GpuLinear> {
     Ok(GpuLinear {
-        w: gpu.upload(&to_bf16(&l.w, l.rows, l.cols))?,
+        w: gpu.upload(&to_half(&l.w, l.rows, l.cols, half))?,
         b: l.b.as_deref().map(|b| gpu.upload(b)).transpose()?,
         rows: l.rows,
         cols: l.cols,
@@ -62,27 +64,32 @@ fn linear(gpu: &Gpu, l: &Linear) -> Result<GpuLinear> {
 }
 
 impl GpuWeights {
-    pub fn upload(gpu: &Gpu, model: &Llama) -> Result<Self> {
+    pub fn upload(gpu: &Gpu, model: &Llama, half: Half) -> Result<Self> {
         gpu.bind()?;
         let cfg = model.config();
         let w = model.weights();
-        let embed = gpu.upload(&to_bf16(&w.embed, cfg.vocab_size, cfg.hidden_size))?;
+        let embed = gpu.upload(&to_half(&w.embed, cfg.vocab_size, cfg.hidden_size, half))?;
         let mut layers = Vec::with_capacity(w.layers.len());
         for lw in &w.layers {
             layers.push(GpuLayer {
                 attn_norm: gpu.upload(&lw.attn_norm)?,
-                qkv: linear(gpu, &lw.qkv)?,
-                o: linear(gpu, &lw.o)?,
+                qkv: linear(gpu, &lw.qkv, half)?,
+                o: linear(gpu, &lw.o, half)?,
                 ffn_norm: gpu.upload(&lw.ffn_norm)?,
-                gate_up: linear(gpu, &lw.gate_up)?,
-                down: linear(gpu, &lw.down)?,
+                gate_up: linear(gpu, &lw.gate_up, half)?,
+                down: linear(gpu, &lw.down, half)?,
             });
         }
         let weights = GpuWeights {
+            half,
             embed,
             layers,
             final_norm: gpu.upload(&w.final_norm)?,
-            lm_head: w.lm_head.as_ref().map(|l| linear(gpu, l)).transpose()?,
+            lm_head: w
+                .lm_head
+                .as_ref()
+                .map(|l| linear(gpu, l, half))
+                .transpose()?,
             inv_freq: gpu.upload(model.inv_freq())?,
         };
         gpu.sync()?;
