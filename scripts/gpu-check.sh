@@ -12,7 +12,8 @@
 #   4. compute-sanitizer memcheck over a short serving run.
 # Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
 # GGUF; default ~/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf), WORK (scratch folder,
-# default /tmp/inflight-gpu-check), SKIP_HF=1 / SKIP_SANITIZER=1 to leave steps out.
+# default /tmp/inflight-gpu-check), SKIP_HF=1 / SKIP_SANITIZER=1 to leave steps out,
+# RUN_8B=1 to add the Llama-3.1-8B-shaped comparison.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BIN=${INFLIGHT_BIN:-$HERE/../target/release/inflight}
@@ -34,11 +35,26 @@ if [ "${SKIP_HF:-0}" != 1 ]; then
   echo; echo "## 2. Llama-3.2-1B-shaped random checkpoint: GPU engine vs HF transformers fp32"
   CK="$WORK/llama-1b"
   [ -f "$CK/config.json" ] || python3 "$HERE/random_llama.py" 1b "$CK" --seed 0
-  if "$BIN" gpu-logits --model "$CK" --out "$WORK/logits-1b" --lens 5,17,64,100 --steps 32 \
-      && python3 "$HERE/hf_compare.py" "$CK" "$WORK/logits-1b"; then
-    status "1B logits vs HF fp32" PASS "prefill + 32 decode steps, 4 prompts"
+  for DT in bf16 f16; do
+    echo; echo "### GPU engine in $DT"
+    if "$BIN" gpu-logits --model "$CK" --dtype $DT --out "$WORK/logits-1b-$DT" --lens 5,17,64,100 \
+        --steps 32 && python3 "$HERE/hf_compare.py" "$CK" "$WORK/logits-1b-$DT"; then
+      status "1B logits vs HF fp32, GPU in $DT" PASS "prefill + 32 decode steps, 4 prompts"
+    else
+      status "1B logits vs HF fp32, GPU in $DT" FAIL "see table"
+    fi
+  done
+fi
+
+if [ "${RUN_8B:-0}" = 1 ]; then
+  echo; echo "## 2b. Llama-3.1-8B-shaped random checkpoint: GPU engine vs HF transformers fp32"
+  CK8="$WORK/llama-8b"
+  [ -f "$CK8/config.json" ] || python3 "$HERE/random_llama.py" 8b "$CK8" --seed 0
+  if "$BIN" gpu-logits --model "$CK8" --out "$WORK/logits-8b" --lens 7,50 --steps 8 \
+      && python3 "$HERE/hf_compare.py" "$CK8" "$WORK/logits-8b"; then
+    status "8B logits vs HF fp32 (bf16)" PASS "prefill + 8 decode steps, 2 prompts"
   else
-    status "1B logits vs HF fp32" FAIL "see table"
+    status "8B logits vs HF fp32 (bf16)" FAIL "see table"
   fi
 fi
 

@@ -76,6 +76,9 @@ enum Command {
         steps: usize,
         #[arg(long, default_value_t = 11)]
         seed: u64,
+        /// bf16 or f16 (default: the model's own, bf16 for HF checkpoints).
+        #[arg(long)]
+        dtype: Option<String>,
     },
     /// Fetch the default model (SmolLM2-135M-Instruct) into the cache folder.
     FetchModel {
@@ -167,9 +170,18 @@ fn main() -> ExitCode {
             lens,
             steps,
             seed,
-        } => Llama::load(&model)
-            .and_then(|m| inflight::model::gpu::CudaModel::load(&m, 0))
-            .and_then(|g| inflight::gpu_check::model::dump_logits(&g, &lens, steps, seed, &out)),
+            dtype,
+        } => {
+            let half = dtype.as_deref().map(inflight::kernels::cuda::Half::parse);
+            match half {
+                Some(None) => Err(inflight::Error::Config("--dtype is bf16 or f16".into())),
+                _ => Llama::load(&model)
+                    .and_then(|m| inflight::model::gpu::CudaModel::load_as(&m, 0, half.flatten()))
+                    .and_then(|g| {
+                        inflight::gpu_check::model::dump_logits(&g, &lens, steps, seed, &out)
+                    }),
+            }
+        }
         Command::FetchModel { dir } => {
             let dir = dir.unwrap_or_else(inflight::fetch::cache_dir);
             inflight::fetch::fetch_default_model(&dir).map(|p| println!("{}", p.display()))
@@ -277,19 +289,16 @@ fn gpu_check(model: Option<PathBuf>, steps: usize, seed: u64) -> inflight::Resul
     if let Some(path) = model {
         let llama = Llama::load(&path)?;
         let cuda = inflight::model::gpu::CudaModel::load(&llama, 0)?;
+        // The CPU engine runs GGUF models as llama.cpp does (quantized weights times
+        // int8-quantized activations), another function than the GPU's dequantized
+        // weights: reported; the check proper is against the same weights dequantized.
+        let quantized = "engine as loaded (Q4 x int8 activations)";
         rows.extend(mcheck::greedy_vs_cpu(
-            &llama,
-            "engine as loaded",
-            &cuda,
-            steps,
+            &llama, quantized, &cuda, steps, true,
         )?);
         let plain = mcheck::dequantized(&llama);
-        rows.extend(mcheck::greedy_vs_cpu(
-            &plain,
-            "engine, dequantized weights",
-            &cuda,
-            steps,
-        )?);
+        let same = "engine, same weights dequantized";
+        rows.extend(mcheck::greedy_vs_cpu(&plain, same, &cuda, steps, false)?);
     }
     if print_table(&rows) {
         Ok(())

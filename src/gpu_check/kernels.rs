@@ -48,6 +48,7 @@ pub(super) fn row(check: &str, dt: Half, shape: String, e: (f64, bool), tol: f64
         tol,
         written: e.1,
         note: String::new(),
+        info: false,
     }
 }
 

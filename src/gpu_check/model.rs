@@ -91,11 +91,14 @@ pub fn dequantized(model: &Llama) -> Llama {
 }
 
 /// Greedy decoding on the GPU (batched) against the CPU engine for `steps` tokens.
+/// `info`: report the agreement without requiring it (the CPU engine computes another
+/// function, e.g. int8-quantized activations).
 pub fn greedy_vs_cpu(
     model: &Llama,
     label: &str,
     cuda: &Arc<CudaModel>,
     steps: usize,
+    info: bool,
 ) -> Result<Vec<Row>> {
     let fx: Fixture =
         serde_json::from_str(include_str!("../../tests/fixtures/greedy_llamacpp.json"))
@@ -183,6 +186,7 @@ pub fn greedy_vs_cpu(
             tol: 1e-1,
             written,
             note: format!("first {same}/{steps} tokens equal; err: prefill logits"),
+            info,
         });
     }
     rows.push(Row {
@@ -195,6 +199,7 @@ pub fn greedy_vs_cpu(
             "{full}/{} prompts identical for {steps} tokens (need >= 4)",
             prompts.len()
         ),
+        info,
     });
     Ok(rows)
 }

@@ -34,6 +34,11 @@ pub enum Half {
 impl Half {
     pub const ALL: [Half; 2] = [Half::Bf16, Half::F16];
 
+    /// `bf16` or `f16`.
+    pub fn parse(s: &str) -> Option<Half> {
+        Half::ALL.into_iter().find(|h| h.suffix() == s)
+    }
+
     /// The suffix of the kernel entry points compiled for this type.
     pub fn suffix(self) -> &'static str {
         match self {

@@ -24,16 +24,22 @@ pub struct CudaModel {
 }
 
 impl CudaModel {
-    /// Uploads `model` to device `ordinal` (compiling the kernels on first use).
+    /// Uploads `model` to device `ordinal` (compiling the kernels on first use) in its
+    /// default 16-bit type.
     pub fn load(model: &Llama, ordinal: usize) -> Result<Arc<Self>> {
+        Self::load_as(model, ordinal, None)
+    }
+
+    /// As [`CudaModel::load`], in `half` when given: GGUF models default to f16 (the
+    /// values the CPU engine holds), HF checkpoints to bf16 (their stored type).
+    pub fn load_as(model: &Llama, ordinal: usize, half: Option<Half>) -> Result<Arc<Self>> {
         let config = model.config().clone();
         heads(&config).check()?;
         let gpu = Gpu::open(ordinal)?;
-        // GGUF models (f16 KV on the CPU) run in f16, HF checkpoints in bf16.
-        let half = match config.kv_dtype {
+        let half = half.unwrap_or(match config.kv_dtype {
             KvDtype::F16 => Half::F16,
             KvDtype::F32 => Half::Bf16,
-        };
+        });
         let weights = GpuWeights::upload(&gpu, model, half)?;
         Ok(Arc::new(CudaModel {
             gpu,
