@@ -146,6 +146,9 @@ pub struct ModelSection {
     pub max_seq_len: usize,
     pub preprocess_instances: usize,
     pub postprocess_instances: usize,
+    /// The GPU engine's 16-bit type for weights, GEMM inputs and the KV cache: `auto`
+    /// (bf16 for HF checkpoints, f16 for GGUF), `bf16` or `f16`.
+    pub gpu_dtype: String,
 }
 
 impl Default for ModelSection {
@@ -164,6 +167,7 @@ impl Default for ModelSection {
             max_seq_len: 0,
             preprocess_instances: 2,
             postprocess_instances: 2,
+            gpu_dtype: "auto".into(),
         }
     }
 }

@@ -223,6 +223,7 @@ pub fn dump_logits(
     let (tabs, blocks) = tables(seqs.len(), longest);
     let mut gpu = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
     let mut logits: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
+    let mut times = Vec::new();
     for step in 0..=steps {
         let chunks: Vec<SeqChunk> = seqs
             .iter()
@@ -237,7 +238,9 @@ pub fn dump_logits(
                 }
             })
             .collect();
+        let t0 = std::time::Instant::now();
         let got = gpu.forward(&chunks)?;
+        times.push(t0.elapsed().as_secs_f64() * 1e3);
         if step == steps {
             // The last step's logits belong to the final token: keep them, add no token.
             for (i, g) in got.into_iter().enumerate() {
@@ -251,6 +254,18 @@ pub fn dump_logits(
             seqs[i].push(t);
         }
     }
+    // Wall time per call, logits copied to the host included (the first call also pays
+    // for cuBLAS's warm-up).
+    let decode = &times[1..];
+    eprintln!(
+        "gpu-logits: prefill of {} tokens in {:.2} ms; {} decode steps of {} sequences, mean {:.2} ms, min {:.2} ms",
+        lens.iter().sum::<usize>(),
+        times[0],
+        decode.len(),
+        lens.len(),
+        decode.iter().sum::<f64>() / decode.len().max(1) as f64,
+        decode.iter().copied().fold(f64::INFINITY, f64::min),
+    );
     let meta = serde_json::json!({
         "vocab": vocab,
         "prompt_lens": lens,

@@ -75,12 +75,20 @@ impl EngineChoice {
     #[cfg(feature = "cuda")]
     fn cuda(ordinal: usize, model: Llama, cfg: &ServeConfig) -> Result<Self> {
         use super::gpu::{CudaBackend, CudaModel};
-        let gpu = CudaModel::load(&model, ordinal)?;
+        use crate::kernels::cuda::Half;
+        let half = match cfg.model.gpu_dtype.as_str() {
+            "auto" => None,
+            other => Some(Half::parse(other).ok_or_else(|| {
+                Error::Config(format!("gpu_dtype {other:?} is not one of auto, bf16, f16"))
+            })?),
+        };
+        let gpu = CudaModel::load_as(&model, ordinal, half)?;
         drop(model);
         let (tokens, batch) = (cfg.model.max_num_tokens, cfg.model.max_batch_size);
         let scheduler = cfg.scheduler_with(&gpu.config, |f| gpu.kv_tokens_for(f, tokens, batch))?;
         let kv_cache_bytes = gpu.kv_bytes_per_token() * scheduler.num_blocks * scheduler.block_size;
-        tracing::info!(device = %gpu.gpu.name, arch = %gpu.gpu.arch, "GPU engine");
+        let dtype = gpu.weights.half.suffix();
+        tracing::info!(device = %gpu.gpu.name, arch = %gpu.gpu.arch, dtype, "GPU engine");
         Ok(EngineChoice {
             backend: Arc::new(CudaBackend(gpu)),
             scheduler,

@@ -274,3 +274,64 @@ pub fn paged_attention(gpu: &Gpu, a: &Attention) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attn(n: usize, max_len: usize, acc_cap: usize) -> Attention {
+        Attention {
+            q: 0,
+            k_cache: 0,
+            v_cache: 0,
+            tables: 0,
+            table_stride: 1,
+            row_seq: 0,
+            row_pos: 0,
+            out: 0,
+            part_acc: 0,
+            part_ml: 0,
+            acc_cap,
+            n,
+            max_len,
+            block_size: 16,
+            heads: Heads {
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 64,
+            },
+            half: Half::Bf16,
+        }
+    }
+
+    #[test]
+    fn long_decodes_split_and_big_batches_do_not() {
+        let cap = 32 * 64 * 1024;
+        let (chunk, splits) = attention_plan(&attn(1, 5000, cap));
+        assert!(splits > 1 && chunk * splits >= 5000 && chunk >= MIN_CHUNK);
+        assert_eq!(attention_plan(&attn(512, 5000, cap)).1, 1);
+        // Short contexts stay whole; the workspace bounds the splits.
+        assert_eq!(attention_plan(&attn(1, 40, cap)).1, 1);
+        let (_, s) = attention_plan(&attn(4, 100_000, 32 * 64 * 4 * 3));
+        assert!(s <= 3);
+    }
+
+    #[test]
+    fn heads_outside_the_kernel_are_refused() {
+        let ok = Heads {
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+        };
+        assert!(ok.check().is_ok());
+        assert!(Heads {
+            head_dim: 256,
+            ..ok
+        }
+        .check()
+        .is_err());
+        assert!(Heads { head_dim: 63, ..ok }.check().is_err());
+        assert!(Heads { kv_heads: 2, ..ok }.check().is_err()); // 16 per group
+        assert!(Heads { kv_heads: 5, ..ok }.check().is_err());
+    }
+}

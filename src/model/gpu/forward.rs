@@ -391,3 +391,57 @@ impl ForwardPass for CudaForward {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_packs_rows_slots_tables_and_logit_rows() {
+        // A 3-token prefill from position 0 (blocks 5, 2) and a decode at position 4
+        // (blocks 7, 1, 9); block size 2.
+        let (a, b) = ([10u32, 11, 12], [13u32]);
+        let chunks = [
+            SeqChunk {
+                tokens: &a,
+                start_pos: 0,
+                block_table: &[5, 2],
+                logits: 2,
+            },
+            SeqChunk {
+                tokens: &b,
+                start_pos: 4,
+                block_table: &[7, 1, 9],
+                logits: 1,
+            },
+        ];
+        let lay = Layout::new(&chunks, 2).unwrap();
+        assert_eq!((lay.n, lay.m, lay.max_len, lay.stride), (4, 3, 5, 3));
+        let n = lay.n;
+        assert_eq!(&lay.meta[..n], &[10, 11, 12, 13]); // ids
+        assert_eq!(&lay.meta[n..2 * n], &[0, 1, 2, 4]); // positions
+        assert_eq!(&lay.meta[2 * n..3 * n], &[10, 11, 4, 18]); // slots
+        assert_eq!(&lay.meta[3 * n..4 * n], &[0, 0, 0, 1]); // row -> sequence
+        assert_eq!(&lay.meta[4 * n..4 * n + 3], &[1, 2, 3]); // rows with logits
+        assert_eq!(&lay.meta[4 * n + 3..], &[5, 2, 0, 7, 1, 9]); // tables, stride 3
+        assert_eq!(lay.counts, vec![2, 1]);
+    }
+
+    #[test]
+    fn a_bad_block_table_is_an_error_not_a_panic() {
+        let t = [1u32];
+        let chunks = [SeqChunk {
+            tokens: &t,
+            start_pos: 5,
+            block_table: &[0],
+            logits: 1,
+        }];
+        // Layout trusts check_chunks; check_chunks must reject this first.
+        let cfg = crate::model::config::ModelConfig::from_hf_json(
+            r#"{"vocab_size":10,"hidden_size":64,"intermediate_size":128,
+            "num_hidden_layers":1,"num_attention_heads":4}"#,
+        )
+        .unwrap();
+        assert!(check_chunks(&cfg, &chunks, 2, 4).is_err());
+    }
+}
