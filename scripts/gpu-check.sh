@@ -50,12 +50,15 @@ if [ "${RUN_8B:-0}" = 1 ]; then
   echo; echo "## 2b. Llama-3.1-8B-shaped random checkpoint: GPU engine vs HF transformers fp32"
   CK8="$WORK/llama-8b"
   [ -f "$CK8/config.json" ] || python3 "$HERE/random_llama.py" 8b "$CK8" --seed 0
-  if "$BIN" gpu-logits --model "$CK8" --out "$WORK/logits-8b" --lens 7,50 --steps 8 \
-      && python3 "$HERE/hf_compare.py" "$CK8" "$WORK/logits-8b"; then
-    status "8B logits vs HF fp32 (bf16)" PASS "prefill + 8 decode steps, 2 prompts"
-  else
-    status "8B logits vs HF fp32 (bf16)" FAIL "see table"
-  fi
+  for DT in bf16 f16; do
+    echo; echo "### GPU engine in $DT"
+    if "$BIN" gpu-logits --model "$CK8" --dtype $DT --out "$WORK/logits-8b-$DT" --lens 7,50 \
+        --steps 8 && python3 "$HERE/hf_compare.py" "$CK8" "$WORK/logits-8b-$DT"; then
+      status "8B logits vs HF fp32, GPU in $DT" PASS "prefill + 8 decode steps, 2 prompts"
+    else
+      status "8B logits vs HF fp32, GPU in $DT" FAIL "see table"
+    fi
+  done
 fi
 
 serve() {  # serve ARGS... : starts the server in the background on ports 18500/18502
