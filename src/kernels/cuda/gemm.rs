@@ -17,8 +17,11 @@ pub struct Blas {
 impl Blas {
     pub fn new(gpu: &Gpu) -> Result<Self> {
         gpu.bind()?;
-        let blas =
-            CudaBlas::new(gpu.stream.clone()).map_err(cuda_err("creating a cuBLAS handle"))?;
+        // cudarc's loader panics when libcublas is missing: make that an error.
+        let stream = gpu.stream.clone();
+        let made = std::panic::catch_unwind(move || CudaBlas::new(stream))
+            .map_err(|_| Error::Cuda("libcublas could not be loaded".into()))?;
+        let blas = made.map_err(cuda_err("creating a cuBLAS handle"))?;
         Ok(Blas { blas })
     }
 
