@@ -103,7 +103,7 @@ pub struct ServerSection {
     pub host: String,
     pub http_port: u16,
     pub metrics_port: u16,
-    /// `cpu` (the GPU engine comes with `cuda`).
+    /// `cpu`, or `cuda` / `cuda:N` (builds with feature `cuda`).
     pub device: String,
     /// Seconds to let running requests finish on SIGTERM.
     pub shutdown_timeout_s: u64,
@@ -146,6 +146,9 @@ pub struct ModelSection {
     pub max_seq_len: usize,
     pub preprocess_instances: usize,
     pub postprocess_instances: usize,
+    /// The GPU engine's 16-bit type for weights, GEMM inputs and the KV cache: `auto`
+    /// (bf16 for HF checkpoints, f16 for GGUF), `bf16` or `f16`.
+    pub gpu_dtype: String,
 }
 
 impl Default for ModelSection {
@@ -164,6 +167,7 @@ impl Default for ModelSection {
             max_seq_len: 0,
             preprocess_instances: 2,
             postprocess_instances: 2,
+            gpu_dtype: "auto".into(),
         }
     }
 }
@@ -200,8 +204,23 @@ impl ServeConfig {
         (!self.model.path.is_empty()).then(|| PathBuf::from(&self.model.path))
     }
 
-    /// Scheduler limits for `model`, with the KV cache sized from the config.
+    /// Scheduler limits for `model` on the CPU engine, with the KV cache sized from the
+    /// config (a fraction of the host's available memory, capped).
     pub fn scheduler(&self, model: &ModelConfig) -> Result<SchedulerConfig> {
+        let per_token = crate::model::KvCache::bytes_per_token(model);
+        self.scheduler_with(model, |fraction| {
+            let budget = (available_memory() as f64 * fraction) as usize;
+            Ok(budget.min(CPU_KV_CAP_BYTES) / per_token.max(1))
+        })
+    }
+
+    /// Scheduler limits for `model`; `kv_tokens(kv_cache_free_gpu_mem_fraction)` sizes the
+    /// KV cache (in tokens) when max_tokens_in_paged_kv_cache does not.
+    pub fn scheduler_with(
+        &self,
+        model: &ModelConfig,
+        kv_tokens: impl FnOnce(f64) -> Result<usize>,
+    ) -> Result<SchedulerConfig> {
         let m = &self.model;
         let policy = match m.batch_scheduler_policy.to_ascii_lowercase().as_str() {
             "guaranteed_no_evict" => SchedulerPolicy::GuaranteedNoEvict,
@@ -223,14 +242,9 @@ impl ServeConfig {
         } else {
             m.max_seq_len
         };
-        let per_token = crate::model::KvCache::bytes_per_token(model);
         let kv_tokens = match m.max_tokens_in_paged_kv_cache {
             Some(t) => t,
-            None => {
-                let budget =
-                    (available_memory() as f64 * m.kv_cache_free_gpu_mem_fraction) as usize;
-                budget.min(CPU_KV_CAP_BYTES) / per_token.max(1)
-            }
+            None => kv_tokens(m.kv_cache_free_gpu_mem_fraction)?,
         };
         let block = m.tokens_per_block.max(1);
         let cfg = SchedulerConfig {

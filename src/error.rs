@@ -30,6 +30,9 @@ pub enum Error {
     /// Fetching the default model failed.
     #[error("fetch: {0}")]
     Fetch(String),
+    /// A CUDA driver, NVRTC or cuBLAS call failed (the GPU engine); the engine is restarted.
+    #[error("cuda: {0}")]
+    Cuda(String),
     /// A request that cannot be served as asked (bad parameters, prompt too long, ...).
     #[error("{0}")]
     InvalidRequest(String),

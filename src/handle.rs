@@ -18,7 +18,8 @@ use crate::actors::messages::{
 };
 use crate::actors::supervisor::{ModelSupervisor, SupervisorArgs, SupervisorMsg, TreeRefs};
 use crate::error::{Error, Result};
-use crate::model::{CpuBackend, KvCache, LoadedModel, ModelConfig};
+use crate::model::device::Device;
+use crate::model::{Backend, CpuBackend, KvCache, LoadedModel, ModelConfig};
 use crate::request::{Chunk, FinishReason, Request, RequestId};
 use crate::scheduler::SchedulerConfig;
 use crate::speculative::{DraftSource, SpeculativeOptions};
@@ -33,10 +34,13 @@ pub struct ModelOptions {
     pub postprocess_workers: usize,
     /// Speculative decoding (a draft source and its default draft length), or None.
     pub speculative: Option<SpeculativeOptions>,
+    /// The device [`ModelHandle::spawn`] runs the engine on.
+    pub device: Device,
 }
 
 impl ModelOptions {
-    /// Defaults for `config`: a KV cache of `kv_tokens` tokens and the model's context.
+    /// Defaults for `config`: a KV cache of `kv_tokens` tokens, the model's context, and the
+    /// device named by `$INFLIGHT_DEVICE` (cpu when unset).
     pub fn for_model(config: &ModelConfig, kv_tokens: usize) -> Self {
         let scheduler = SchedulerConfig {
             num_blocks: kv_tokens.div_ceil(32).max(1),
@@ -49,6 +53,7 @@ impl ModelOptions {
             preprocess_workers: 2,
             postprocess_workers: 2,
             speculative: None,
+            device: Device::from_env(),
         }
     }
 
@@ -56,6 +61,31 @@ impl ModelOptions {
     pub fn kv_cache_bytes(&self, config: &ModelConfig) -> usize {
         KvCache::bytes_per_token(config) * self.scheduler.num_blocks * self.scheduler.block_size
     }
+}
+
+/// The GPU engine for `model` and the bytes its KV cache takes.
+#[cfg(feature = "cuda")]
+fn gpu_backend(
+    model: &crate::model::Llama,
+    ordinal: usize,
+    options: &ModelOptions,
+) -> Result<(Arc<dyn Backend>, usize)> {
+    use crate::model::gpu::{CudaBackend, CudaModel};
+    let gpu = CudaModel::load(model, ordinal)?;
+    let s = &options.scheduler;
+    let bytes = gpu.kv_bytes_per_token() * s.num_blocks * s.block_size;
+    Ok((Arc::new(CudaBackend(gpu)), bytes))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_backend(
+    _: &crate::model::Llama,
+    _: usize,
+    _: &ModelOptions,
+) -> Result<(Arc<dyn Backend>, usize)> {
+    Err(Error::Config(
+        "this build has no GPU engine: build with `--features cuda`".into(),
+    ))
 }
 
 struct Inner {
@@ -78,13 +108,42 @@ pub struct ModelHandle {
 }
 
 impl ModelHandle {
-    /// Spawns the actor tree for `model` in the current tokio runtime.
+    /// Spawns the actor tree for `model` on `options.device` in the current tokio runtime.
     pub async fn spawn(model: LoadedModel, options: ModelOptions) -> Result<Self> {
+        let config = model.model.config().clone();
+        let (backend, kv_cache_bytes) = match options.device {
+            Device::Cpu => {
+                let bytes = options.kv_cache_bytes(&config);
+                let cpu: Arc<dyn Backend> = Arc::new(CpuBackend(Arc::new(model.model)));
+                (cpu, bytes)
+            }
+            Device::Cuda(ordinal) => gpu_backend(&model.model, ordinal, &options)?,
+        };
+        Self::spawn_with_backend(
+            model.name,
+            config,
+            model.tokenizer,
+            backend,
+            kv_cache_bytes,
+            options,
+        )
+        .await
+    }
+
+    /// Spawns the actor tree for a model whose engines `backend` starts (the CPU engine,
+    /// or the GPU one with feature `cuda`); `kv_cache_bytes` is what its cache takes.
+    pub async fn spawn_with_backend(
+        name: String,
+        config: ModelConfig,
+        tokenizer: Tokenizer,
+        backend: Arc<dyn Backend>,
+        kv_cache_bytes: usize,
+        options: ModelOptions,
+    ) -> Result<Self> {
         options
             .scheduler
             .validate()
             .map_err(|e| Error::Model(format!("scheduler configuration: {e}")))?;
-        let config = model.model.config().clone();
         if let Some(SpeculativeOptions {
             draft: DraftSource::Model { vocab_size, .. },
             ..
@@ -97,12 +156,11 @@ impl ModelHandle {
                 )));
             }
         }
-        let kv_cache_bytes = options.kv_cache_bytes(&config);
-        let tokenizer = Arc::new(model.tokenizer);
+        let tokenizer = Arc::new(tokenizer);
         let (ready_tx, ready) = watch::channel(false);
         let args = SupervisorArgs {
             config: config.clone(),
-            backend: Arc::new(CpuBackend(Arc::new(model.model))),
+            backend,
             speculative: options.speculative,
             tokenizer: tokenizer.clone(),
             scheduler: options.scheduler,
@@ -117,7 +175,7 @@ impl ModelHandle {
             .map_err(|e| Error::Model(format!("model actors: {e}")))?;
         Ok(ModelHandle {
             inner: Arc::new(Inner {
-                name: model.name,
+                name,
                 kv_cache_bytes,
                 config,
                 tokenizer,

@@ -21,6 +21,8 @@ pub mod config;
 pub mod error;
 pub mod fetch;
 pub mod generate;
+#[cfg(feature = "cuda")]
+pub mod gpu_check;
 pub mod handle;
 pub mod http;
 pub mod kernels;

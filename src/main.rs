@@ -14,6 +14,9 @@ use std::time::Duration;
 use inflight::config::ServeConfig;
 use inflight::generate::{generate, GenerateOptions};
 use inflight::http::{serve, AppState};
+use inflight::model::device::{Device, EngineChoice};
+#[cfg(feature = "cuda")]
+use inflight::model::Llama;
 use inflight::model::{CpuBackend, LoadedModel};
 use inflight::request::GenerationParams;
 use inflight::speculative::DraftSource;
@@ -39,6 +42,44 @@ enum Command {
     Generate(GenerateArgs),
     /// Benchmark a running server (ours or any OpenAI-compatible one) with seeded traffic.
     Bench(Box<inflight::bench::BenchArgs>),
+    /// GPU self-check: every CUDA kernel against its CPU twin, then the model checks.
+    #[cfg(feature = "cuda")]
+    #[command(hide = true)]
+    GpuCheck {
+        /// A model for the greedy GPU-vs-CPU check (skipped when absent).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(long, default_value_t = 32)]
+        steps: usize,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
+    /// Compiles every CUDA kernel with NVRTC (no GPU needed) and caches the PTX.
+    #[cfg(feature = "cuda")]
+    #[command(hide = true)]
+    GpuCompile {
+        #[arg(long, default_value = "compute_90a")]
+        arch: String,
+    },
+    /// Writes the GPU engine's logits for random prompts (for scripts/hf_compare.py).
+    #[cfg(feature = "cuda")]
+    #[command(hide = true)]
+    GpuLogits {
+        #[arg(long)]
+        model: PathBuf,
+        /// Output path prefix (.json and .f32 are written).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, value_delimiter = ',', default_value = "5,17,64,100")]
+        lens: Vec<usize>,
+        #[arg(long, default_value_t = 32)]
+        steps: usize,
+        #[arg(long, default_value_t = 11)]
+        seed: u64,
+        /// bf16 or f16 (default: the model's own, bf16 for HF checkpoints).
+        #[arg(long)]
+        dtype: Option<String>,
+    },
     /// Fetch the default model (SmolLM2-135M-Instruct) into the cache folder.
     FetchModel {
         /// Folder to put it in (default: $INFLIGHT_MODEL_DIR or ~/.cache/inflight).
@@ -61,7 +102,7 @@ struct ServeArgs {
     http_port: Option<u16>,
     #[arg(long)]
     metrics_port: Option<u16>,
-    /// cpu (cuda comes with the GPU engine).
+    /// cpu, or cuda / cuda:N (builds with feature `cuda`).
     #[arg(long)]
     device: Option<String>,
 }
@@ -105,6 +146,42 @@ fn main() -> ExitCode {
         Command::Serve(args) => run_serve(args),
         Command::Generate(args) => run_generate(args),
         Command::Bench(args) => return inflight::bench::main(*args),
+        #[cfg(feature = "cuda")]
+        Command::GpuCheck { model, steps, seed } => gpu_check(model, steps, seed),
+        #[cfg(feature = "cuda")]
+        Command::GpuCompile { arch } => {
+            use inflight::kernels::cuda::{compile, Half};
+            Half::ALL.iter().try_for_each(|&half| {
+                compile::MODULES.iter().try_for_each(|(name, src)| {
+                    let ptx = compile::ptx(name, src, &arch, half)?;
+                    println!(
+                        "{name}.cu [{}]: {} bytes of PTX for {arch}",
+                        half.suffix(),
+                        ptx.len()
+                    );
+                    Ok(())
+                })
+            })
+        }
+        #[cfg(feature = "cuda")]
+        Command::GpuLogits {
+            model,
+            out,
+            lens,
+            steps,
+            seed,
+            dtype,
+        } => {
+            let half = dtype.as_deref().map(inflight::kernels::cuda::Half::parse);
+            match half {
+                Some(None) => Err(inflight::Error::Config("--dtype is bf16 or f16".into())),
+                _ => Llama::load(&model)
+                    .and_then(|m| inflight::model::gpu::CudaModel::load_as(&m, 0, half.flatten()))
+                    .and_then(|g| {
+                        inflight::gpu_check::model::dump_logits(&g, &lens, steps, seed, &out)
+                    }),
+            }
+        }
         Command::FetchModel { dir } => {
             let dir = dir.unwrap_or_else(inflight::fetch::cache_dir);
             inflight::fetch::fetch_default_model(&dir).map(|p| println!("{}", p.display()))
@@ -137,19 +214,20 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
     server.http_port = args.http_port.unwrap_or(server.http_port);
     server.metrics_port = args.metrics_port.unwrap_or(server.metrics_port);
     server.device = args.device.unwrap_or(server.device.clone());
-    if server.device != "cpu" {
-        return Err(inflight::Error::Config(format!(
-            "device {:?} is not available in this build; use --device cpu",
-            server.device
-        )));
-    }
+    let device: Device = server.device.parse()?;
     let path = match cfg.model_path() {
         Some(p) => p,
         None => inflight::fetch::default_model_path()?,
     };
     tracing::info!(model = %path.display(), "loading");
-    let loaded = LoadedModel::load(&path)?;
-    let scheduler = cfg.scheduler(loaded.model.config())?;
+    let LoadedModel {
+        model,
+        tokenizer,
+        name,
+    } = LoadedModel::load(&path)?;
+    let config = model.config().clone();
+    let engine = EngineChoice::build(device, model, &cfg)?;
+    let scheduler = engine.scheduler;
     let speculative = match &cfg.speculative {
         Some(s) => Some(s.options(|p| {
             tracing::info!(draft = %p.display(), "loading the draft model");
@@ -166,18 +244,27 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
         preprocess_workers: cfg.model.preprocess_instances,
         postprocess_workers: cfg.model.postprocess_instances,
         speculative,
+        device,
     };
     tracing::info!(
         kv_blocks = options.scheduler.num_blocks,
         block_size = options.scheduler.block_size,
-        kv_mib = options.kv_cache_bytes(loaded.model.config()) >> 20,
+        kv_mib = engine.kv_cache_bytes >> 20,
         max_batch_size = options.scheduler.max_batch_size,
         "KV cache"
     );
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| inflight::Error::Config(format!("tokio: {e}")))?;
     runtime.block_on(async move {
-        let handle = ModelHandle::spawn(loaded, options).await?;
+        let handle = ModelHandle::spawn_with_backend(
+            name,
+            config,
+            tokenizer,
+            engine.backend,
+            engine.kv_cache_bytes,
+            options,
+        )
+        .await?;
         let state = AppState::new(handle);
         let drain = Duration::from_secs(cfg.server.shutdown_timeout_s);
         serve(
@@ -189,6 +276,35 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
         )
         .await
     })
+}
+
+/// Runs the kernel checks, then (with a model) the greedy GPU-vs-CPU check; prints the
+/// table and fails when any row fails.
+#[cfg(feature = "cuda")]
+fn gpu_check(model: Option<PathBuf>, steps: usize, seed: u64) -> inflight::Result<()> {
+    use inflight::gpu_check::{kernels, model as mcheck, print_table};
+    let gpu = inflight::kernels::cuda::Gpu::open(0)?;
+    println!("device: {} ({})", gpu.name, gpu.arch);
+    let mut rows = kernels::run_all(&gpu, seed)?;
+    if let Some(path) = model {
+        let llama = Llama::load(&path)?;
+        let cuda = inflight::model::gpu::CudaModel::load(&llama, 0)?;
+        // The CPU engine runs GGUF models as llama.cpp does (quantized weights times
+        // int8-quantized activations), another function than the GPU's dequantized
+        // weights: reported; the check proper is against the same weights dequantized.
+        let quantized = "engine as loaded (Q4 x int8 activations)";
+        rows.extend(mcheck::greedy_vs_cpu(
+            &llama, quantized, &cuda, steps, true,
+        )?);
+        let plain = mcheck::dequantized(&llama);
+        let same = "engine, same weights dequantized";
+        rows.extend(mcheck::greedy_vs_cpu(&plain, same, &cuda, steps, false)?);
+    }
+    if print_table(&rows) {
+        Ok(())
+    } else {
+        Err(inflight::Error::Model("some GPU checks failed".into()))
+    }
 }
 
 fn run_generate(args: GenerateArgs) -> inflight::Result<()> {

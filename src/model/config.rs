@@ -182,7 +182,14 @@ impl ModelConfig {
         let head_dim = raw
             .head_dim
             .unwrap_or(raw.hidden_size / raw.num_attention_heads.max(1));
-        let rope_scaling = match raw.rope_scaling {
+        // transformers 5 writes `rope_parameters` (rope_theta and the scaling together)
+        // where 4.x wrote `rope_theta` and `rope_scaling`.
+        let params = raw.rope_parameters;
+        let rope_theta = raw
+            .rope_theta
+            .or(params.as_ref().and_then(|p| p.rope_theta))
+            .unwrap_or(10000.0);
+        let rope_scaling = match raw.rope_scaling.or(params.map(|p| p.scaling)) {
             Some(s) if s.rope_type.as_deref().or(s.kind.as_deref()) == Some("llama3") => {
                 Some(Llama3RopeScaling {
                     factor: s.factor.unwrap_or(1.0),
@@ -213,7 +220,7 @@ impl ModelConfig {
             num_heads: raw.num_attention_heads,
             num_kv_heads,
             head_dim,
-            rope_theta: raw.rope_theta.unwrap_or(10000.0),
+            rope_theta,
             rope_scaling,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
             max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
@@ -261,6 +268,7 @@ struct HfConfig {
     head_dim: Option<usize>,
     rope_theta: Option<f32>,
     rope_scaling: Option<HfRopeScaling>,
+    rope_parameters: Option<HfRopeParameters>,
     rms_norm_eps: Option<f32>,
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
@@ -278,6 +286,14 @@ struct HfRopeScaling {
     low_freq_factor: Option<f32>,
     high_freq_factor: Option<f32>,
     original_max_position_embeddings: Option<usize>,
+}
+
+/// transformers 5's `rope_parameters`: the theta beside the scaling fields.
+#[derive(Deserialize)]
+struct HfRopeParameters {
+    rope_theta: Option<f32>,
+    #[serde(flatten)]
+    scaling: HfRopeScaling,
 }
 
 #[derive(Deserialize)]
@@ -311,6 +327,23 @@ mod tests {
         assert_eq!(f[0], 1.0);
         let plain = 1.0 / 500000f64.powf(62.0 / 64.0);
         assert!(((f[31] as f64) - plain / 32.0).abs() / (plain / 32.0) < 1e-5);
+    }
+
+    #[test]
+    fn reads_transformers5_rope_parameters() {
+        let json = r#"{"architectures":["LlamaForCausalLM"],"vocab_size":128256,"hidden_size":2048,
+            "intermediate_size":8192,"num_hidden_layers":16,"num_attention_heads":32,
+            "num_key_value_heads":8,"rms_norm_eps":1e-5,"max_position_embeddings":131072,
+            "rope_parameters":{"rope_theta":500000.0,"factor":32.0,"high_freq_factor":4.0,
+            "low_freq_factor":1.0,"original_max_position_embeddings":8192,"rope_type":"llama3"}}"#;
+        let c = ModelConfig::from_hf_json(json).unwrap();
+        assert_eq!(c.rope_theta, 500000.0);
+        assert_eq!(c.rope_scaling.as_ref().map(|s| s.factor), Some(32.0));
+        let plain = r#"{"vocab_size":10,"hidden_size":64,"intermediate_size":128,
+            "num_hidden_layers":1,"num_attention_heads":4,
+            "rope_parameters":{"rope_theta":100000.0,"rope_type":"default"}}"#;
+        let c = ModelConfig::from_hf_json(plain).unwrap();
+        assert_eq!((c.rope_theta, c.rope_scaling), (100000.0, None));
     }
 
     #[test]

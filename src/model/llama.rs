@@ -65,6 +65,15 @@ impl Llama {
         &self.config
     }
 
+    pub fn weights(&self) -> &LlamaWeights {
+        &self.weights
+    }
+
+    /// RoPE inverse frequencies (Llama 3 scaling applied).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
     /// Runs every chunk's new tokens through the model, writing their K/V into `cache`.
     /// Returns, per chunk, row-major logits `[rows, vocab]` for its last `logits` new
     /// tokens.
@@ -183,39 +192,49 @@ impl Llama {
         if cache.kv_dim != cfg.kv_dim() || cache.layers.len() != cfg.num_layers {
             return Err(Error::Model("KV cache was built for another model".into()));
         }
-        for (i, c) in seqs.iter().enumerate() {
-            let end = c.start_pos + c.tokens.len();
-            if end > cfg.max_position_embeddings {
-                return Err(Error::InvalidRequest(format!(
-                    "sequence {i} reaches position {end}, past the model's context of {}",
-                    cfg.max_position_embeddings
-                )));
-            }
-            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-                return Err(Error::InvalidRequest(format!(
-                    "token id {t} is outside the vocabulary ({} tokens)",
-                    cfg.vocab_size
-                )));
-            }
-            let blocks = end.div_ceil(cache.block_size);
-            if c.block_table.len() < blocks {
-                return Err(Error::InvalidRequest(format!(
-                    "sequence {i} needs {blocks} blocks for {end} positions, its table has {}",
-                    c.block_table.len()
-                )));
-            }
-            if let Some(&b) = c.block_table[..blocks]
-                .iter()
-                .find(|&&b| b as usize >= cache.num_blocks)
-            {
-                return Err(Error::InvalidRequest(format!(
-                    "block {b} is outside the cache ({} blocks)",
-                    cache.num_blocks
-                )));
-            }
-        }
-        Ok(())
+        check_chunks(cfg, seqs, cache.block_size, cache.num_blocks)
     }
+}
+
+/// Rejects chunks a model with `cfg` and a cache of `num_blocks` blocks of `block_size`
+/// tokens cannot take (shared by every engine, so bad input fails alike everywhere).
+pub fn check_chunks(
+    cfg: &ModelConfig,
+    seqs: &[SeqChunk<'_>],
+    block_size: usize,
+    num_blocks: usize,
+) -> Result<()> {
+    for (i, c) in seqs.iter().enumerate() {
+        let end = c.start_pos + c.tokens.len();
+        if end > cfg.max_position_embeddings {
+            return Err(Error::InvalidRequest(format!(
+                "sequence {i} reaches position {end}, past the model's context of {}",
+                cfg.max_position_embeddings
+            )));
+        }
+        if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            return Err(Error::InvalidRequest(format!(
+                "token id {t} is outside the vocabulary ({} tokens)",
+                cfg.vocab_size
+            )));
+        }
+        let blocks = end.div_ceil(block_size);
+        if c.block_table.len() < blocks {
+            return Err(Error::InvalidRequest(format!(
+                "sequence {i} needs {blocks} blocks for {end} positions, its table has {}",
+                c.block_table.len()
+            )));
+        }
+        if let Some(&b) = c.block_table[..blocks]
+            .iter()
+            .find(|&&b| b as usize >= num_blocks)
+        {
+            return Err(Error::InvalidRequest(format!(
+                "block {b} is outside the cache ({num_blocks} blocks)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Paged attention of layer `l` over the cache, whatever its element type.

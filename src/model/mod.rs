@@ -3,8 +3,11 @@
 
 pub mod backend;
 pub mod config;
+pub mod device;
 pub mod gguf;
 pub mod gguf_writer;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod kv_cache;
 pub mod llama;
 pub mod loader;

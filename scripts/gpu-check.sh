@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Every GPU correctness check in one command, on the GPU machine, with the release binary
+# built with `--features cuda` (no cargo needed there). Prints one table per step and a
+# summary table; exits 1 when any step failed.
+#   1. inflight gpu-check: each kernel against its CPU twin (random inputs, odd shapes,
+#      block boundaries, NaN-poisoned outputs) and SmolLM2 greedy GPU (batched) vs CPU.
+#   2. A random Llama-3.2-1B-shaped checkpoint (scripts/random_llama.py), the GPU engine's
+#      logits for 4 prompts of different lengths (prefill + 32 decode steps) against HF
+#      transformers in fp32 (scripts/hf_compare.py).
+#   3. `serve --device cuda` over HTTP: greedy text equals the CPU engine's (`generate`),
+#      streaming and OpenAI routes answer, the KV block metrics report the GPU cache.
+#   4. compute-sanitizer memcheck over a short serving run.
+# Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
+# GGUF; default ~/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf), WORK (scratch folder,
+# default /tmp/inflight-gpu-check), SKIP_HF=1 / SKIP_SANITIZER=1 to leave steps out,
+# RUN_8B=1 to add the Llama-3.1-8B-shaped comparison.
+set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+BIN=${INFLIGHT_BIN:-$HERE/../target/release/inflight}
+MODEL=${INFLIGHT_MODEL:-$HOME/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf}
+WORK=${WORK:-/tmp/inflight-gpu-check}
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-/usr/local/cuda/lib64}
+mkdir -p "$WORK"
+declare -a SUMMARY
+status() { SUMMARY+=("| $1 | $2 | $3 |"); }
+
+echo "## 1. kernels vs CPU twins, SmolLM2 greedy GPU vs CPU"
+if "$BIN" gpu-check --model "$MODEL" 2>"$WORK/gpu-check.err"; then
+  status "kernels + SmolLM2 greedy" PASS "inflight gpu-check"
+else
+  tail -5 "$WORK/gpu-check.err"; status "kernels + SmolLM2 greedy" FAIL "see table"
+fi
+
+if [ "${SKIP_HF:-0}" != 1 ]; then
+  echo; echo "## 2. Llama-3.2-1B-shaped random checkpoint: GPU engine vs HF transformers fp32"
+  CK="$WORK/llama-1b"
+  [ -f "$CK/config.json" ] || python3 "$HERE/random_llama.py" 1b "$CK" --seed 0
+  for DT in bf16 f16; do
+    echo; echo "### GPU engine in $DT"
+    if "$BIN" gpu-logits --model "$CK" --dtype $DT --out "$WORK/logits-1b-$DT" --lens 5,17,64,100 \
+        --steps 32 && python3 "$HERE/hf_compare.py" "$CK" "$WORK/logits-1b-$DT"; then
+      status "1B logits vs HF fp32, GPU in $DT" PASS "prefill + 32 decode steps, 4 prompts"
+    else
+      status "1B logits vs HF fp32, GPU in $DT" FAIL "see table"
+    fi
+  done
+fi
+
+if [ "${RUN_8B:-0}" = 1 ]; then
+  echo; echo "## 2b. Llama-3.1-8B-shaped random checkpoint: GPU engine vs HF transformers fp32"
+  CK8="$WORK/llama-8b"
+  [ -f "$CK8/config.json" ] || python3 "$HERE/random_llama.py" 8b "$CK8" --seed 0
+  for DT in bf16 f16; do
+    echo; echo "### GPU engine in $DT"
+    if "$BIN" gpu-logits --model "$CK8" --dtype $DT --out "$WORK/logits-8b-$DT" --lens 7,50 \
+        --steps 8 && python3 "$HERE/hf_compare.py" "$CK8" "$WORK/logits-8b-$DT"; then
+      status "8B logits vs HF fp32, GPU in $DT" PASS "prefill + 8 decode steps, 2 prompts"
+    else
+      status "8B logits vs HF fp32, GPU in $DT" FAIL "see table"
+    fi
+  done
+fi
+
+serve() {  # serve ARGS... : starts the server in the background on ports 18500/18502
+  "$@" > "$WORK/serve.log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 1 240); do
+    curl -sf localhost:18500/v2/health/ready >/dev/null && return 0
+    kill -0 $SERVER 2>/dev/null || return 1
+    sleep 0.5
+  done
+  return 1
+}
+# SIGTERM to the server process itself (under compute-sanitizer, a descendant of the
+# started process), then wait for the started process.
+descendants() { local p; for p in $(pgrep -P "$1"); do echo "$p"; descendants "$p"; done; }
+stop() {
+  local p target=$SERVER
+  for p in $(descendants "$SERVER"); do
+    [ "$(cat /proc/$p/comm 2>/dev/null)" = inflight ] && target=$p
+  done
+  kill -TERM "$target" 2>/dev/null
+  wait "$SERVER"
+}
+
+PROMPT="The capital of France is"
+cat > "$WORK/serve.toml" <<TOML
+[server]
+device = "cuda"
+http_port = 18500
+metrics_port = 18502
+[model]
+path = "$MODEL"
+TOML
+
+echo; echo "## 3. serve --device cuda over HTTP"
+CPU_TEXT=$("$BIN" generate --model "$MODEL" --prompt "$PROMPT" --max-tokens 16 2>/dev/null)
+if serve "$BIN" serve --config "$WORK/serve.toml"; then
+  GPU_JSON=$(curl -s localhost:18500/v2/models/ensemble/generate \
+    -d "{\"text_input\": \"$PROMPT\", \"max_tokens\": 16, \"exclude_input_in_output\": true}")
+  GPU_TEXT=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["text_output"])' "$GPU_JSON")
+  curl -sN localhost:18500/v2/models/ensemble/generate_stream \
+    -d "{\"text_input\": \"$PROMPT\", \"max_tokens\": 8}" > "$WORK/stream.txt"
+  STREAM=$(grep -c '^data:' "$WORK/stream.txt")
+  CHAT=$(curl -s localhost:18500/v1/chat/completions -H 'content-type: application/json' \
+    -d '{"model":"ensemble","messages":[{"role":"user","content":"Say hi"}],"max_tokens":8}')
+  KV=$(curl -s localhost:18502/metrics | grep 'nv_trt_llm_kv_cache_block_metrics' | grep -v '^#')
+  stop
+  echo "CPU generate: $CPU_TEXT"; echo "GPU serve:    $GPU_TEXT"
+  echo "stream events: $STREAM"; head -c 600 "$WORK/stream.txt"; echo
+  echo "chat: $CHAT" | head -c 400; echo
+  echo "$KV"; grep -E "GPU engine|KV cache" "$WORK/serve.log" | tail -2
+  if [ "$CPU_TEXT" = "$GPU_TEXT" ] && [ "$STREAM" -ge 1 ] && echo "$CHAT" | grep -q '"choices"' \
+      && echo "$KV" | grep -q 'max'; then
+    status "serve --device cuda (HTTP)" PASS "greedy text = CPU engine; stream; OpenAI; KV metrics"
+  else
+    status "serve --device cuda (HTTP)" FAIL "see above"
+  fi
+else
+  tail -20 "$WORK/serve.log"; status "serve --device cuda (HTTP)" FAIL "server did not become ready"
+fi
+
+if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
+  echo; echo "## 4. compute-sanitizer memcheck, short serving run"
+  printf 'max_tokens_in_paged_kv_cache = 2048\n' >> "$WORK/serve.toml"
+  if serve compute-sanitizer --tool memcheck --leak-check no --log-file "$WORK/memcheck.log" \
+      "$BIN" serve --config "$WORK/serve.toml"; then
+    PIDS=()
+    for p in "$PROMPT" "def fibonacci(n):" "Write a haiku about the sea."; do
+      curl -s localhost:18500/v2/models/ensemble/generate \
+        -d "{\"text_input\": \"$p\", \"max_tokens\": 6}" > /dev/null &
+      PIDS+=($!)
+    done
+    wait "${PIDS[@]}"
+    curl -s -m 300 localhost:18500/v2/models/ensemble/generate -d "{\"text_input\": \"$PROMPT\", \"max_tokens\": 6}"; echo
+    stop
+    tail -3 "$WORK/memcheck.log"
+    if grep -q "ERROR SUMMARY: 0 errors" "$WORK/memcheck.log"; then
+      status "compute-sanitizer memcheck (serve)" PASS "$(grep 'ERROR SUMMARY' "$WORK/memcheck.log" | tail -1)"
+    else
+      status "compute-sanitizer memcheck (serve)" FAIL "$(grep 'ERROR SUMMARY' "$WORK/memcheck.log" | tail -1)"
+    fi
+  else
+    tail -20 "$WORK/serve.log"; status "compute-sanitizer memcheck (serve)" FAIL "server did not start"
+  fi
+fi
+
+echo; echo "## Summary"
+echo "| step | result | detail |"; echo "|---|---|---|"
+printf '%s\n' "${SUMMARY[@]}"
+! printf '%s\n' "${SUMMARY[@]}" | grep -q FAIL

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Writes a random-initialised Llama checkpoint (config.json + safetensors, bf16, fixed
+seed) shaped like Llama-3.2-1B or Llama-3.1-8B, for GPU work without a download.
+Needs PyTorch and transformers (the GPU machine has both); uses the GPU when there is one.
+
+    python3 scripts/random_llama.py 1b /tmp/llama-1b [--seed 0]
+"""
+import argparse
+import json
+import os
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+COMMON = dict(
+    vocab_size=128256,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    max_position_embeddings=131072,
+    bos_token_id=128000,
+    eos_token_id=128001,
+    hidden_act="silu",
+    attention_bias=False,
+    mlp_bias=False,
+    initializer_range=0.02,
+)
+SHAPES = {
+    # Llama-3.2-1B
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64,
+               tie_word_embeddings=True,
+               rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                 high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    # Llama-3.1-8B
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, head_dim=128,
+               tie_word_embeddings=False,
+               rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                 high_freq_factor=4.0, original_max_position_embeddings=8192)),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap.add_argument("out")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    cfg = LlamaConfig(**COMMON, **SHAPES[args.shape])
+    torch.manual_seed(args.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg)
+    model = model.to(torch.bfloat16)
+    os.makedirs(args.out, exist_ok=True)
+    model.save_pretrained(args.out, safe_serialization=True)
+    n = sum(p.numel() for p in model.parameters())
+    print(json.dumps({"shape": args.shape, "params": n, "out": args.out, "seed": args.seed}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+//! The paged attention kernel against the CPU twin: mixed prefill rows (every position of
+//! sequences of 1, 31, 32, 33, 100 tokens) with decode rows of long sequences in one
+//! launch, and decode-only batches long enough to take the split-K path; shuffled block
+//! tables, odd block sizes, NaN-poisoned output and workspace.
+
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use super::kernels::{half_of, poison_f32, poison_half, rand_vec, row, to_f32};
+use crate::error::Result;
+use crate::gpu_check::{rel_err, Row};
+use crate::kernels::cpu::{self, AttnRow, PagedView};
+use crate::kernels::cuda::launch::{self, Attention, Heads};
+use crate::kernels::cuda::{Gpu, Half};
+
+/// One case: sequence lengths, and which are queried at every position (prefill) or only
+/// at the last (decode).
+struct Case {
+    name: &'static str,
+    prefill: &'static [usize],
+    decode: &'static [usize],
+}
+
+const CASES: &[Case] = &[
+    Case {
+        name: "prefill+decode",
+        prefill: &[1, 31, 32, 33, 100],
+        decode: &[1000, 4097],
+    },
+    Case {
+        name: "decode split-K",
+        prefill: &[],
+        decode: &[1, 33, 1000, 5000],
+    },
+];
+
+pub fn attention(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
+    let mut out = Vec::new();
+    for &(heads, kvh, hd, bs) in &[
+        (9, 3, 64, 32),
+        (32, 8, 128, 16),
+        (8, 1, 64, 32),
+        (4, 4, 32, 7),
+        (4, 2, 16, 16),
+        (6, 2, 80, 32),
+    ] {
+        for case in CASES {
+            out.push(one(
+                gpu,
+                dt,
+                rng,
+                Heads {
+                    heads,
+                    kv_heads: kvh,
+                    head_dim: hd,
+                },
+                bs,
+                case,
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case) -> Result<Row> {
+    let (qd, kvd) = (hs.heads * hs.head_dim, hs.kv_heads * hs.head_dim);
+    let lens: Vec<usize> = case.prefill.iter().chain(case.decode).copied().collect();
+    let blocks: Vec<usize> = lens.iter().map(|l| l.div_ceil(bs)).collect();
+    let num_blocks = blocks.iter().sum::<usize>() + 3;
+    // A random permutation of the blocks, dealt out to the sequences.
+    let mut perm: Vec<u32> = (0..num_blocks as u32).collect();
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, rng.gen_range(0..=i));
+    }
+    let mut tables = Vec::new();
+    let mut at = 0;
+    for &b in &blocks {
+        tables.push(perm[at..at + b].to_vec());
+        at += b;
+    }
+    let stride = blocks.iter().copied().max().unwrap_or(1);
+    let mut flat = vec![0i32; lens.len() * stride];
+    for (s, t) in tables.iter().enumerate() {
+        for (j, &b) in t.iter().enumerate() {
+            flat[s * stride + j] = b as i32;
+        }
+    }
+    // Query rows.
+    let (mut row_seq, mut row_pos) = (vec![], vec![]);
+    for (s, &l) in lens.iter().enumerate() {
+        let from = if s < case.prefill.len() { 0 } else { l - 1 };
+        for p in from..l {
+            row_seq.push(s as i32);
+            row_pos.push(p as i32);
+        }
+    }
+    let n = row_seq.len();
+    let slots = num_blocks * bs;
+    let (kbits, kvals) = half_of(dt, &rand_vec(rng, slots * kvd, 1.0));
+    let (vbits, vvals) = half_of(dt, &rand_vec(rng, slots * kvd, 1.0));
+    let q = rand_vec(rng, n * qd, 1.5);
+
+    let acc_cap = qd * (n * 4).max(1024);
+    let (qb, kb, vb) = (gpu.upload(&q)?, gpu.upload(&kbits)?, gpu.upload(&vbits)?);
+    let (tb, sb, pb) = (
+        gpu.upload(&flat)?,
+        gpu.upload(&row_seq)?,
+        gpu.upload(&row_pos)?,
+    );
+    let ob = poison_half(gpu, dt, n * qd)?;
+    let (pa, pm) = (
+        poison_f32(gpu, acc_cap)?,
+        poison_f32(gpu, acc_cap / hs.head_dim * 2)?,
+    );
+    let a = Attention {
+        q: qb.ptr(),
+        k_cache: kb.ptr(),
+        v_cache: vb.ptr(),
+        tables: tb.ptr(),
+        table_stride: stride,
+        row_seq: sb.ptr(),
+        row_pos: pb.ptr(),
+        out: ob.ptr(),
+        part_acc: pa.ptr(),
+        part_ml: pm.ptr(),
+        acc_cap,
+        n,
+        max_len: lens.iter().copied().max().unwrap_or(1),
+        block_size: bs,
+        heads: hs,
+        half: dt,
+    };
+    let (_, splits) = launch::attention_plan(&a);
+    launch::paged_attention(gpu, &a)?;
+    let got = to_f32(dt, &gpu.read(&ob, n * qd)?);
+
+    let rows: Vec<AttnRow> = row_seq
+        .iter()
+        .zip(&row_pos)
+        .map(|(&s, &p)| AttnRow {
+            block_table: &tables[s as usize],
+            pos: p as usize,
+        })
+        .collect();
+    let view = |data| PagedView {
+        data,
+        block_size: bs,
+        kv_dim: kvd,
+    };
+    let mut want = vec![0f32; n * qd];
+    cpu::paged_attention(
+        &q,
+        &rows,
+        &view(&kvals[..]),
+        &view(&vvals[..]),
+        hs.heads,
+        hs.head_dim,
+        &mut want,
+    );
+    let mut r = row(
+        "paged_attention",
+        dt,
+        format!(
+            "{}: heads {}/{} hd {} block {bs} rows {n} lens {:?}",
+            case.name, hs.heads, hs.kv_heads, hs.head_dim, lens
+        ),
+        rel_err(&got, &want),
+        1e-2,
+    );
+    r.note = format!("splits {splits}");
+    Ok(r)
+}

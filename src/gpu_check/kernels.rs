@@ -1,0 +1,296 @@
+//! Each CUDA kernel against its CPU twin (crate::kernels::cpu, the CPU matmul) on fresh
+//! random inputs, in both 16-bit types, several shapes including odd sizes and
+//! block-boundary lengths, with the output buffers poisoned with NaN first so a skipped
+//! element shows.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::attention::attention;
+use super::{rel_err, Row};
+use crate::error::Result;
+use crate::kernels::cpu;
+use crate::kernels::cuda::gemm::Blas;
+use crate::kernels::cuda::launch::{self, Heads};
+use crate::kernels::cuda::{DevBuf, Gpu, Half};
+use crate::kernels::matmul::{linear, Matrix};
+
+pub(super) fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.gen_range(-1.0f32..1.0) * scale)
+        .collect()
+}
+
+/// Rounds to `dt`: (bits, the values they hold).
+pub(super) fn half_of(dt: Half, v: &[f32]) -> (Vec<u16>, Vec<f32>) {
+    let bits: Vec<u16> = v.iter().map(|&x| dt.bits(x)).collect();
+    let vals = bits.iter().map(|&b| dt.value(b)).collect();
+    (bits, vals)
+}
+
+pub(super) fn to_f32(dt: Half, bits: &[u16]) -> Vec<f32> {
+    bits.iter().map(|&b| dt.value(b)).collect()
+}
+
+pub(super) fn poison_f32(gpu: &Gpu, n: usize) -> Result<DevBuf<f32>> {
+    gpu.upload(&vec![f32::NAN; n])
+}
+
+pub(super) fn poison_half(gpu: &Gpu, dt: Half, n: usize) -> Result<DevBuf<u16>> {
+    gpu.upload(&vec![dt.nan(); n])
+}
+
+pub(super) fn row(check: &str, dt: Half, shape: String, e: (f64, bool), tol: f64) -> Row {
+    Row {
+        check: format!("{check} [{}]", dt.suffix()),
+        shape,
+        err: e.0,
+        tol,
+        written: e.1,
+        note: String::new(),
+        info: false,
+    }
+}
+
+/// Runs every kernel check in both 16-bit types.
+pub fn run_all(gpu: &Gpu, seed: u64) -> Result<Vec<Row>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rows = Vec::new();
+    for dt in Half::ALL {
+        rows.extend(embed(gpu, dt, &mut rng)?);
+        rows.extend(norms(gpu, dt, &mut rng)?);
+        rows.extend(swiglu(gpu, dt, &mut rng)?);
+        rows.extend(rope(gpu, dt, &mut rng)?);
+        rows.extend(attention(gpu, dt, &mut rng)?);
+        rows.extend(gemm(gpu, dt, &mut rng)?);
+    }
+    Ok(rows)
+}
+
+fn embed(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
+    let mut out = Vec::new();
+    for (vocab, h, n) in [(1000, 576, 1), (49152, 77, 13), (301, 2048, 33)] {
+        let (tbits, tvals) = half_of(dt, &rand_vec(rng, vocab * h, 1.0));
+        let ids: Vec<i32> = (0..n).map(|_| rng.gen_range(0..vocab as i32)).collect();
+        let (table, idb) = (gpu.upload(&tbits)?, gpu.upload(&ids)?);
+        let x = poison_f32(gpu, n * h)?;
+        launch::embed(gpu, dt, table.ptr(), idb.ptr(), x.ptr(), n, h)?;
+        let got = gpu.read(&x, n * h)?;
+        let want: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| tvals[i as usize * h..(i as usize + 1) * h].iter().copied())
+            .collect();
+        let shape = format!("vocab {vocab} h {h} n {n}");
+        out.push(row("embed", dt, shape, rel_err(&got, &want), 1e-6));
+    }
+    Ok(out)
+}
+
+fn norms(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
+    let mut out = Vec::new();
+    let eps = 1e-5;
+    for (n, h, with_delta) in [
+        (1, 576, true),
+        (5, 1000, false),
+        (64, 2048, true),
+        (3, 4097, true),
+    ] {
+        let x = rand_vec(rng, n * h, 2.0);
+        let d = rand_vec(rng, n * h, 1.0);
+        let w = rand_vec(rng, h, 1.5);
+        let (xb, db, wb) = (gpu.upload(&x)?, gpu.upload(&d)?, gpu.upload(&w)?);
+        let ob = poison_half(gpu, dt, n * h)?;
+        let dptr = if with_delta { db.ptr() } else { 0 };
+        launch::add_rms_norm(gpu, dt, xb.ptr(), dptr, wb.ptr(), ob.ptr(), n, h, eps)?;
+        let mut xs = x.clone();
+        if with_delta {
+            cpu::add_in_place(&mut xs, &d);
+        }
+        let mut want = vec![0f32; n * h];
+        cpu::rms_norm(&xs, &w, eps, &mut want);
+        let shape = format!("n {n} h {h} delta {with_delta}");
+        let got = to_f32(dt, &gpu.read(&ob, n * h)?);
+        out.push(row(
+            "add_rms_norm",
+            dt,
+            shape.clone(),
+            rel_err(&got, &want),
+            1e-2,
+        ));
+        let resid = rel_err(&gpu.read(&xb, n * h)?, &xs);
+        out.push(row("add_rms_norm (residual)", dt, shape, resid, 1e-6));
+
+        // The rows that get logits: a few, out of order.
+        let sel: Vec<i32> = [n - 1, 0, n / 2].iter().map(|&r| r as i32).collect();
+        let (selb, rb) = (gpu.upload(&sel)?, poison_half(gpu, dt, sel.len() * h)?);
+        let m = sel.len();
+        launch::rms_norm_rows(gpu, dt, xb.ptr(), selb.ptr(), wb.ptr(), rb.ptr(), m, h, eps)?;
+        let want_rows: Vec<f32> = sel
+            .iter()
+            .flat_map(|&r| want[r as usize * h..(r as usize + 1) * h].iter().copied())
+            .collect();
+        let got = to_f32(dt, &gpu.read(&rb, m * h)?);
+        let shape = format!("rows {sel:?} of {n}, h {h}");
+        out.push(row(
+            "rms_norm_rows",
+            dt,
+            shape,
+            rel_err(&got, &want_rows),
+            1e-2,
+        ));
+    }
+    Ok(out)
+}
+
+fn swiglu(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
+    let mut out = Vec::new();
+    for (n, f) in [(1, 1536), (3, 8191), (17, 64)] {
+        let gu = rand_vec(rng, n * 2 * f, 4.0);
+        let (gb, ob) = (gpu.upload(&gu)?, poison_half(gpu, dt, n * f)?);
+        launch::silu_mul(gpu, dt, gb.ptr(), ob.ptr(), n, f)?;
+        let mut want = vec![0f32; n * f];
+        cpu::silu_mul(&gu, f, &mut want);
+        let got = to_f32(dt, &gpu.read(&ob, n * f)?);
+        out.push(row(
+            "silu_mul",
+            dt,
+            format!("n {n} f {f}"),
+            rel_err(&got, &want),
+            1e-2,
+        ));
+    }
+    Ok(out)
+}
+
+fn inv_freq(hd: usize, theta: f32) -> Vec<f32> {
+    (0..hd / 2)
+        .map(|i| 1.0 / theta.powf(2.0 * i as f32 / hd as f32))
+        .collect()
+}
+
+fn rope(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
+    let mut out = Vec::new();
+    for (heads, kvh, hd, bias) in [(9, 3, 64, false), (32, 8, 128, true), (4, 2, 16, false)] {
+        let (qd, kvd, n, num_slots) = (heads * hd, kvh * hd, 13, 300);
+        let qkv = rand_vec(rng, n * (qd + 2 * kvd), 1.0);
+        let b = rand_vec(rng, qd + 2 * kvd, 0.5);
+        let pos: Vec<usize> = (0..n)
+            .map(|i| if i == 0 { 0 } else { rng.gen_range(0..8192) })
+            .collect();
+        // n distinct slots out of num_slots.
+        let mut slots: Vec<usize> = (0..num_slots).collect();
+        for i in 0..n {
+            let j = rng.gen_range(i..num_slots);
+            slots.swap(i, j);
+        }
+        slots.truncate(n);
+        let freqs = inv_freq(hd, 500000.0);
+        let hs = Heads {
+            heads,
+            kv_heads: kvh,
+            head_dim: hd,
+        };
+        let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
+        let slots_i: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
+        let (qkvb, bb, fb) = (gpu.upload(&qkv)?, gpu.upload(&b)?, gpu.upload(&freqs)?);
+        let (pb, sb) = (gpu.upload(&pos_i)?, gpu.upload(&slots_i)?);
+        let qo = poison_f32(gpu, n * qd)?;
+        let kc = poison_half(gpu, dt, num_slots * kvd)?;
+        let vc = poison_half(gpu, dt, num_slots * kvd)?;
+        let bptr = if bias { bb.ptr() } else { 0 };
+        launch::rope_kv_write(
+            gpu,
+            dt,
+            qkvb.ptr(),
+            bptr,
+            pb.ptr(),
+            sb.ptr(),
+            fb.ptr(),
+            qo.ptr(),
+            kc.ptr(),
+            vc.ptr(),
+            n,
+            hs,
+        )?;
+        // CPU twin: split, bias, rotate; K/V compared after the cache's rounding.
+        let (mut q, mut k, mut v) = (vec![], vec![], vec![]);
+        for r in 0..n {
+            let row: Vec<f32> = (0..qd + 2 * kvd)
+                .map(|i| qkv[r * (qd + 2 * kvd) + i] + if bias { b[i] } else { 0.0 })
+                .collect();
+            q.extend_from_slice(&row[..qd]);
+            k.extend_from_slice(&row[qd..qd + kvd]);
+            v.extend_from_slice(&row[qd + kvd..]);
+        }
+        cpu::rope(&mut q, &pos, hd, &freqs);
+        cpu::rope(&mut k, &pos, hd, &freqs);
+        let shape = format!("heads {heads}/{kvh} hd {hd} n {n} bias {bias}");
+        let gq = gpu.read(&qo, n * qd)?;
+        out.push(row(
+            "rope_kv_write (q)",
+            dt,
+            shape.clone(),
+            rel_err(&gq, &q),
+            1e-4,
+        ));
+        let kall = to_f32(dt, &gpu.read(&kc, num_slots * kvd)?);
+        let vall = to_f32(dt, &gpu.read(&vc, num_slots * kvd)?);
+        let pick = |all: &[f32]| -> Vec<f32> {
+            slots
+                .iter()
+                .flat_map(|&s| all[s * kvd..(s + 1) * kvd].iter().copied())
+                .collect()
+        };
+        let stray = |all: &[f32]| all.iter().filter(|x| !x.is_nan()).count() != n * kvd;
+        let mut rk = row(
+            "rope_kv_write (k)",
+            dt,
+            shape.clone(),
+            rel_err(&pick(&kall), &k),
+            1e-2,
+        );
+        let mut rv = row(
+            "rope_kv_write (v)",
+            dt,
+            shape,
+            rel_err(&pick(&vall), &v),
+            1e-2,
+        );
+        if stray(&kall) || stray(&vall) {
+            rk.written = false;
+            rv.written = false;
+            rk.note = "wrote outside its slots".into();
+        }
+        out.push(rk);
+        out.push(rv);
+    }
+    Ok(out)
+}
+
+fn gemm(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
+    let blas = Blas::new(gpu)?;
+    let mut out = Vec::new();
+    for (n, k, m) in [
+        (1, 576, 1728),
+        (7, 2048, 2048),
+        (17, 1000, 333),
+        (33, 576, 49152),
+    ] {
+        let (xb, xv) = half_of(dt, &rand_vec(rng, n * k, 1.0));
+        let (wb, wv) = half_of(dt, &rand_vec(rng, m * k, 0.05));
+        let (xd, wd, yd) = (gpu.upload(&xb)?, gpu.upload(&wb)?, poison_f32(gpu, n * m)?);
+        blas.linear(dt, xd.ptr(), wd.ptr(), yd.ptr(), n, k, m)?;
+        let mut want = vec![0f32; n * m];
+        linear(&xv, &Matrix::F32(wv), None, n, k, m, &mut want);
+        let got = gpu.read(&yd, n * m)?;
+        let shape = format!("n {n} in {k} out {m}");
+        out.push(row(
+            "cublas gemm, fp32 acc",
+            dt,
+            shape,
+            rel_err(&got, &want),
+            1e-3,
+        ));
+    }
+    Ok(out)
+}

@@ -1,0 +1,287 @@
+//! Whole-model GPU checks. [`greedy_vs_cpu`]: the GPU engine, all prompts batched, against
+//! the CPU engine one prompt at a time, greedy, on the 5 fixture prompts: once against the
+//! model as loaded (for GGUF: quantized weights times int8-quantized activations, llama.cpp's
+//! arithmetic) and once against the same weights dequantized (f16 weights, f32 activations),
+//! which is the function the GPU computes. [`dump_logits`]:
+//! the GPU engine's fp32 logits at every position of a batch of random prompts of
+//! different lengths (one prefill, then 32 batched decode steps on its own argmax), written
+//! for scripts/hf_compare.py to check against HF transformers in fp32.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Deserialize;
+
+use super::{rel_err, Row};
+use crate::error::{Error, Result};
+use crate::kernels::matmul::Matrix;
+use crate::model::backend::ForwardPass;
+use crate::model::gpu::forward::CudaForward;
+use crate::model::gpu::CudaModel;
+use crate::model::weights::{LayerWeights, Linear, LlamaWeights};
+use crate::model::{KvCache, Llama, SeqChunk};
+use crate::sampling::argmax;
+
+const BLOCK: usize = 16;
+
+#[derive(Deserialize)]
+struct Fixture {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    prompt_ids: Vec<u32>,
+}
+
+/// Block tables for `seqs` sequences of up to `tokens` tokens, interleaved so each
+/// sequence's blocks are scattered through the cache.
+fn tables(seqs: usize, tokens: usize) -> (Vec<Vec<u32>>, usize) {
+    let per = tokens.div_ceil(BLOCK);
+    let t = (0..seqs)
+        .map(|s| (0..per).map(|j| (j * seqs + s) as u32).collect())
+        .collect();
+    (t, seqs * per)
+}
+
+/// `model` with every quantized matrix dequantized to f16 (the CPU engine's F16 path).
+pub fn dequantized(model: &Llama) -> Llama {
+    let cfg = model.config();
+    let w = model.weights();
+    let mat = |m: &Matrix, rows: usize, cols: usize| match m {
+        Matrix::F32(v) => Matrix::F32(v.clone()),
+        Matrix::F16(v) => Matrix::F16(v.clone()),
+        Matrix::Quant(_) => {
+            let mut out = Vec::with_capacity(rows * cols);
+            let mut buf = vec![0f32; cols];
+            for r in 0..rows {
+                m.row_into(r, cols, &mut buf);
+                out.extend(buf.iter().map(|&v| half::f16::from_f32(v)));
+            }
+            Matrix::F16(out)
+        }
+    };
+    let lin = |l: &Linear| Linear {
+        w: mat(&l.w, l.rows, l.cols),
+        b: l.b.clone(),
+        rows: l.rows,
+        cols: l.cols,
+    };
+    let weights = LlamaWeights {
+        embed: mat(&w.embed, cfg.vocab_size, cfg.hidden_size),
+        layers: w
+            .layers
+            .iter()
+            .map(|l| LayerWeights {
+                attn_norm: l.attn_norm.clone(),
+                qkv: lin(&l.qkv),
+                o: lin(&l.o),
+                ffn_norm: l.ffn_norm.clone(),
+                gate_up: lin(&l.gate_up),
+                down: lin(&l.down),
+            })
+            .collect(),
+        final_norm: w.final_norm.clone(),
+        lm_head: w.lm_head.as_ref().map(lin),
+    };
+    Llama::new(cfg.clone(), weights)
+}
+
+/// Greedy decoding on the GPU (batched) against the CPU engine for `steps` tokens.
+/// `info`: report the agreement without requiring it (the CPU engine computes another
+/// function, e.g. int8-quantized activations).
+pub fn greedy_vs_cpu(
+    model: &Llama,
+    label: &str,
+    cuda: &Arc<CudaModel>,
+    steps: usize,
+    info: bool,
+) -> Result<Vec<Row>> {
+    let fx: Fixture =
+        serde_json::from_str(include_str!("../../tests/fixtures/greedy_llamacpp.json"))
+            .map_err(|e| Error::Model(format!("fixture: {e}")))?;
+    let prompts: Vec<Vec<u32>> = fx.cases.into_iter().map(|c| c.prompt_ids).collect();
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + steps;
+    let (tabs, blocks) = tables(prompts.len(), longest);
+
+    // CPU, one prompt at a time.
+    let mut cpu_tokens = Vec::new();
+    let mut cpu_first = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let mut cache = KvCache::new(model.config(), BLOCK, blocks);
+        let mut seq = p.clone();
+        let mut out = Vec::new();
+        for step in 0..steps {
+            let (tokens, start_pos) = if step == 0 {
+                (&seq[..], 0)
+            } else {
+                (&seq[seq.len() - 1..], seq.len() - 1)
+            };
+            let logits = model.forward(
+                &[SeqChunk {
+                    tokens,
+                    start_pos,
+                    block_table: &tabs[i],
+                    logits: 1,
+                }],
+                &mut cache,
+            )?;
+            if step == 0 {
+                cpu_first.push(logits[0].clone());
+            }
+            let t = argmax(&logits[0]);
+            out.push(t);
+            seq.push(t);
+        }
+        cpu_tokens.push(out);
+    }
+
+    // GPU, every prompt in each call.
+    let mut gpu = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
+    let mut seqs = prompts.clone();
+    let mut gpu_tokens = vec![Vec::new(); prompts.len()];
+    let mut gpu_first = Vec::new();
+    for step in 0..steps {
+        let chunks: Vec<SeqChunk> = seqs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let from = if step == 0 { 0 } else { s.len() - 1 };
+                SeqChunk {
+                    tokens: &s[from..],
+                    start_pos: from,
+                    block_table: &tabs[i],
+                    logits: 1,
+                }
+            })
+            .collect();
+        let logits = gpu.forward(&chunks)?;
+        if step == 0 {
+            gpu_first = logits.clone();
+        }
+        for (i, l) in logits.iter().enumerate() {
+            let t = argmax(l);
+            gpu_tokens[i].push(t);
+            seqs[i].push(t);
+        }
+    }
+
+    let mut rows = Vec::new();
+    let mut full = 0;
+    for i in 0..prompts.len() {
+        let same = cpu_tokens[i]
+            .iter()
+            .zip(&gpu_tokens[i])
+            .take_while(|(a, b)| a == b)
+            .count();
+        full += usize::from(same == steps);
+        let (err, written) = rel_err(&gpu_first[i], &cpu_first[i]);
+        rows.push(Row {
+            check: format!("greedy prompt {i} vs CPU {label}"),
+            shape: format!("prompt {} tokens, {steps} steps", prompts[i].len()),
+            err,
+            tol: 1e-1,
+            written,
+            note: format!("first {same}/{steps} tokens equal; err: prefill logits"),
+            info,
+        });
+    }
+    rows.push(Row {
+        check: format!("greedy vs CPU {label}: prompts equal for all steps"),
+        shape: format!("{} prompts", prompts.len()),
+        err: if full >= 4 { 0.0 } else { 1.0 },
+        tol: 0.5,
+        written: true,
+        note: format!(
+            "{full}/{} prompts identical for {steps} tokens (need >= 4)",
+            prompts.len()
+        ),
+        info,
+    });
+    Ok(rows)
+}
+
+/// Writes `<out>.json` (each sequence's tokens and how many were prompt) and `<out>.f32`
+/// (logits of every position, sequence by sequence, row-major `[len, vocab]`).
+pub fn dump_logits(
+    cuda: &Arc<CudaModel>,
+    lens: &[usize],
+    steps: usize,
+    seed: u64,
+    out: &Path,
+) -> Result<()> {
+    let vocab = cuda.config.vocab_size;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut seqs: Vec<Vec<u32>> = lens
+        .iter()
+        .map(|&l| (0..l).map(|_| rng.gen_range(0..vocab as u32)).collect())
+        .collect();
+    let longest = lens.iter().max().copied().unwrap_or(0) + steps;
+    let (tabs, blocks) = tables(seqs.len(), longest);
+    let mut gpu = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
+    let mut logits: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
+    let mut times = Vec::new();
+    for step in 0..=steps {
+        let chunks: Vec<SeqChunk> = seqs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let from = if step == 0 { 0 } else { s.len() - 1 };
+                SeqChunk {
+                    tokens: &s[from..],
+                    start_pos: from,
+                    block_table: &tabs[i],
+                    logits: s.len() - from,
+                }
+            })
+            .collect();
+        let t0 = std::time::Instant::now();
+        let got = gpu.forward(&chunks)?;
+        times.push(t0.elapsed().as_secs_f64() * 1e3);
+        if step == steps {
+            // The last step's logits belong to the final token: keep them, add no token.
+            for (i, g) in got.into_iter().enumerate() {
+                logits[i].extend(g);
+            }
+            break;
+        }
+        for (i, g) in got.into_iter().enumerate() {
+            let t = argmax(&g[g.len() - vocab..]);
+            logits[i].extend(g);
+            seqs[i].push(t);
+        }
+    }
+    // Wall time per call, logits copied to the host included (the first call also pays
+    // for cuBLAS's warm-up).
+    let decode = &times[1..];
+    eprintln!(
+        "gpu-logits: prefill of {} tokens in {:.2} ms; {} decode steps of {} sequences, mean {:.2} ms, min {:.2} ms",
+        lens.iter().sum::<usize>(),
+        times[0],
+        decode.len(),
+        lens.len(),
+        decode.iter().sum::<f64>() / decode.len().max(1) as f64,
+        decode.iter().copied().fold(f64::INFINITY, f64::min),
+    );
+    let meta = serde_json::json!({
+        "vocab": vocab,
+        "prompt_lens": lens,
+        "tokens": seqs,
+    });
+    let json = out.with_extension("json");
+    std::fs::write(&json, meta.to_string()).map_err(|e| Error::io(&json, e))?;
+    let bin = out.with_extension("f32");
+    let mut f =
+        std::io::BufWriter::new(std::fs::File::create(&bin).map_err(|e| Error::io(&bin, e))?);
+    for l in &logits {
+        for v in l {
+            f.write_all(&v.to_le_bytes())
+                .map_err(|e| Error::io(&bin, e))?;
+        }
+    }
+    f.flush().map_err(|e| Error::io(&bin, e))?;
+    Ok(())
+}

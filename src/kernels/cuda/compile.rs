@@ -1,0 +1,89 @@
+//! NVRTC compilation of the embedded `kernels/*.cu` sources for the device's architecture
+//! (`compute_90a` on Hopper), with the PTX cached on disk under
+//! `$INFLIGHT_KERNEL_CACHE` (default `~/.cache/inflight/kernels`), keyed by a hash of the
+//! source, the options and the NVRTC version.
+
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+
+use super::Half;
+use crate::error::{Error, Result};
+
+/// The shared header, prepended to every module (NVRTC gets no include path).
+const COMMON: &str = include_str!("../../../kernels/common.cuh");
+
+/// Every kernel module: (name, source).
+pub const MODULES: &[(&str, &str)] = &[
+    ("embed", include_str!("../../../kernels/embed.cu")),
+    ("norm", include_str!("../../../kernels/norm.cu")),
+    ("rope", include_str!("../../../kernels/rope.cu")),
+    ("swiglu", include_str!("../../../kernels/swiglu.cu")),
+    ("attention", include_str!("../../../kernels/attention.cu")),
+];
+
+/// The virtual architecture to compile for: the `a` variant where the chip has one.
+pub fn arch_for(major: i32, minor: i32) -> String {
+    let suffix = if major >= 9 { "a" } else { "" };
+    format!("compute_{major}{minor}{suffix}")
+}
+
+fn cache_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("INFLIGHT_KERNEL_CACHE") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/tmp".into());
+    PathBuf::from(home).join(".cache/inflight/kernels")
+}
+
+/// PTX of module `name` for `arch` and 16-bit type `half`, from the disk cache or freshly compiled (and cached;
+/// a cache that cannot be written only costs a recompile next time).
+pub fn ptx(name: &str, source: &str, arch: &str, half: Half) -> Result<String> {
+    let mut options = vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        "--fmad=true".to_string(),
+    ];
+    if half == Half::F16 {
+        options.push("-DINFLIGHT_F16".to_string());
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes two ints through valid pointers.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| Error::Cuda(format!("nvrtc version: {e:?}")))?;
+    let version = (major, minor);
+    let mut h = Sha256::new();
+    h.update(COMMON);
+    h.update(source);
+    h.update(options.join(" "));
+    h.update(format!("{version:?}"));
+    let key: String = h.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let path = cache_dir().join(format!("{name}-{}-{arch}-{key}.ptx", half.suffix()));
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        return Ok(text);
+    }
+    let full = format!("{COMMON}\n{source}");
+    let opts = cudarc::nvrtc::CompileOptions {
+        options,
+        name: Some(format!("{name}.cu")),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(full, opts).map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+            Error::Cuda(format!("nvrtc {name}.cu: {}", log.to_string_lossy()))
+        }
+        other => Error::Cuda(format!("nvrtc {name}.cu: {other:?}")),
+    })?;
+    let text = ptx.to_src();
+    if std::fs::create_dir_all(cache_dir()).is_ok() {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &text).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    Ok(text)
+}

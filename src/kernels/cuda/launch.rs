@@ -1,0 +1,337 @@
+//! One launcher per CUDA kernel: arguments pushed in the order of the `.cu` signature,
+//! device addresses as `u64` (0 for a null pointer), sizes as `i32`.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::{cuda_err, Gpu, Half};
+use crate::error::{Error, Result};
+
+fn i32_of(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Cuda(format!("kernel size {v} exceeds i32")))
+}
+
+fn cfg(grid: (usize, usize, usize), block: u32) -> Result<LaunchConfig> {
+    let g = |v: usize| u32::try_from(v.max(1)).map_err(|_| Error::Cuda(format!("grid {v}")));
+    Ok(LaunchConfig {
+        grid_dim: (g(grid.0)?, g(grid.1)?, g(grid.2)?),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// `x[r] = table[ids[r]]` as fp32, for `n` rows of width `h`.
+pub fn embed(
+    gpu: &Gpu,
+    half: Half,
+    table: u64,
+    ids: u64,
+    x: u64,
+    n: usize,
+    h: usize,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let h = i32_of(h)?;
+    let f = gpu.func("embed", half)?;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&table).arg(&ids).arg(&x).arg(&h);
+    // SAFETY: argument order and types match embed.cu; buffers hold n rows.
+    unsafe { b.launch(cfg((n, 1, 1), 256)?) }.map_err(cuda_err("embed"))?;
+    Ok(())
+}
+
+/// `x += delta` (when `delta` is not 0), then `out = rmsnorm(x) * w` in `half`.
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm(
+    gpu: &Gpu,
+    half: Half,
+    x: u64,
+    delta: u64,
+    w: u64,
+    out: u64,
+    n: usize,
+    h: usize,
+    eps: f32,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let h = i32_of(h)?;
+    let f = gpu.func("add_rms_norm", half)?;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&x).arg(&delta).arg(&w).arg(&out).arg(&h).arg(&eps);
+    // SAFETY: argument order and types match norm.cu; buffers hold n rows of h.
+    unsafe { b.launch(cfg((n, 1, 1), 256)?) }.map_err(cuda_err("add_rms_norm"))?;
+    Ok(())
+}
+
+/// `out[i] = rmsnorm(x[rows[i]]) * w` in `half`, for `m` selected rows.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_rows(
+    gpu: &Gpu,
+    half: Half,
+    x: u64,
+    rows: u64,
+    w: u64,
+    out: u64,
+    m: usize,
+    h: usize,
+    eps: f32,
+) -> Result<()> {
+    if m == 0 {
+        return Ok(());
+    }
+    let h = i32_of(h)?;
+    let f = gpu.func("rms_norm_rows", half)?;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&x).arg(&rows).arg(&w).arg(&out).arg(&h).arg(&eps);
+    // SAFETY: argument order and types match norm.cu; rows index valid rows of x.
+    unsafe { b.launch(cfg((m, 1, 1), 256)?) }.map_err(cuda_err("rms_norm_rows"))?;
+    Ok(())
+}
+
+/// Shapes of the attention heads.
+#[derive(Clone, Copy, Debug)]
+pub struct Heads {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Heads {
+    /// What the attention kernel supports (head_dim even, up to 128; at most 8 query
+    /// heads per KV head).
+    pub fn check(&self) -> Result<()> {
+        let Heads {
+            heads,
+            kv_heads,
+            head_dim,
+        } = *self;
+        if kv_heads == 0 || heads % kv_heads != 0 || heads / kv_heads > 8 {
+            return Err(Error::Model(format!(
+                "the GPU attention needs heads/kv_heads in 1..=8, got {heads}/{kv_heads}"
+            )));
+        }
+        if head_dim == 0 || head_dim % 2 != 0 || head_dim > 128 {
+            return Err(Error::Model(format!(
+                "the GPU attention needs an even head_dim up to 128, got {head_dim}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// RoPE on q and k of the fused QKV rows, q out in fp32, k and v into the cache slots.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv_write(
+    gpu: &Gpu,
+    half: Half,
+    qkv: u64,
+    bias: u64,
+    pos: u64,
+    slots: u64,
+    inv_freq: u64,
+    q_out: u64,
+    k_cache: u64,
+    v_cache: u64,
+    n: usize,
+    hs: Heads,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let (heads, kv_heads, hd) = (
+        i32_of(hs.heads)?,
+        i32_of(hs.kv_heads)?,
+        i32_of(hs.head_dim)?,
+    );
+    let f = gpu.func("rope_kv_write", half)?;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&qkv)
+        .arg(&bias)
+        .arg(&pos)
+        .arg(&slots)
+        .arg(&inv_freq)
+        .arg(&q_out)
+        .arg(&k_cache)
+        .arg(&v_cache)
+        .arg(&heads)
+        .arg(&kv_heads)
+        .arg(&hd);
+    // SAFETY: argument order and types match rope.cu; slots are inside the cache.
+    unsafe { b.launch(cfg((n, 1, 1), 128)?) }.map_err(cuda_err("rope_kv_write"))?;
+    Ok(())
+}
+
+/// `out = silu(gate) * up` in `half` from the fused `[n, 2f]` product.
+pub fn silu_mul(gpu: &Gpu, half: Half, gu: u64, out: u64, n: usize, f: usize) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let fi = i32_of(f)?;
+    let func = gpu.func("silu_mul", half)?;
+    let mut b = gpu.stream.launch_builder(func);
+    b.arg(&gu).arg(&out).arg(&fi);
+    // SAFETY: argument order and types match swiglu.cu.
+    unsafe { b.launch(cfg((f.div_ceil(256), n, 1), 256)?) }.map_err(cuda_err("silu_mul"))?;
+    Ok(())
+}
+
+/// Inputs of one paged attention launch (device addresses).
+pub struct Attention {
+    pub q: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub tables: u64,
+    pub table_stride: usize,
+    pub row_seq: u64,
+    pub row_pos: u64,
+    pub out: u64,
+    /// Split-K workspace: `acc_cap` floats at `part_acc`, `acc_cap / head_dim * 2` at
+    /// `part_ml`.
+    pub part_acc: u64,
+    pub part_ml: u64,
+    pub acc_cap: usize,
+    pub n: usize,
+    /// The longest context of any row (max position + 1).
+    pub max_len: usize,
+    pub block_size: usize,
+    pub heads: Heads,
+    /// The type of the cache and the output.
+    pub half: Half,
+}
+
+/// Work blocks that fill the GPU: below this, long contexts are split.
+const TARGET_BLOCKS: usize = 528;
+/// The shortest stretch of positions worth a split of its own.
+const MIN_CHUNK: usize = 64;
+
+/// (chunk, splits) for `n` rows: one split when the rows alone fill the GPU, else
+/// enough splits of at least MIN_CHUNK positions, within the workspace.
+pub fn attention_plan(a: &Attention) -> (usize, usize) {
+    let blocks = a.n * a.heads.kv_heads;
+    let by_work = TARGET_BLOCKS.div_ceil(blocks.max(1));
+    let by_len = a.max_len.div_ceil(MIN_CHUNK);
+    let by_space = a.acc_cap / (a.n * a.heads.heads * a.heads.head_dim).max(1);
+    let splits = by_work.min(by_len).min(by_space).max(1);
+    let chunk = a.max_len.div_ceil(splits).max(1);
+    (chunk, a.max_len.div_ceil(chunk).max(1))
+}
+
+/// Causal paged attention into `out` (`a.half`), split along the sequence when it pays.
+pub fn paged_attention(gpu: &Gpu, a: &Attention) -> Result<()> {
+    if a.n == 0 {
+        return Ok(());
+    }
+    a.heads.check()?;
+    let (chunk, splits) = attention_plan(a);
+    let hs = a.heads;
+    let (heads, kv_heads, hd) = (
+        i32_of(hs.heads)?,
+        i32_of(hs.kv_heads)?,
+        i32_of(hs.head_dim)?,
+    );
+    let (bs, stride) = (i32_of(a.block_size)?, i32_of(a.table_stride)?);
+    let (chunk_i, splits_i) = (i32_of(chunk)?, i32_of(splits)?);
+    let scale = 1.0f32 / (hs.head_dim as f32).sqrt();
+    let f = gpu.func("paged_attention", a.half)?;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&a.q)
+        .arg(&a.k_cache)
+        .arg(&a.v_cache)
+        .arg(&a.tables)
+        .arg(&a.row_seq)
+        .arg(&a.row_pos)
+        .arg(&a.out)
+        .arg(&a.part_acc)
+        .arg(&a.part_ml)
+        .arg(&heads)
+        .arg(&kv_heads)
+        .arg(&hd)
+        .arg(&bs)
+        .arg(&stride)
+        .arg(&chunk_i)
+        .arg(&splits_i)
+        .arg(&scale);
+    // SAFETY: argument order and types match attention.cu; the plan keeps the partial
+    // sums within the workspace; tables cover every row's positions (checked by the
+    // caller).
+    unsafe { b.launch(cfg((a.n, hs.kv_heads, splits), 128)?) }
+        .map_err(cuda_err("paged_attention"))?;
+    if splits > 1 {
+        let f = gpu.func("attention_combine", a.half)?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&a.part_acc)
+            .arg(&a.part_ml)
+            .arg(&a.out)
+            .arg(&heads)
+            .arg(&hd)
+            .arg(&splits_i);
+        // SAFETY: argument order and types match attention.cu.
+        unsafe { b.launch(cfg((a.n, hs.heads, 1), 128)?) }
+            .map_err(cuda_err("attention_combine"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attn(n: usize, max_len: usize, acc_cap: usize) -> Attention {
+        Attention {
+            q: 0,
+            k_cache: 0,
+            v_cache: 0,
+            tables: 0,
+            table_stride: 1,
+            row_seq: 0,
+            row_pos: 0,
+            out: 0,
+            part_acc: 0,
+            part_ml: 0,
+            acc_cap,
+            n,
+            max_len,
+            block_size: 16,
+            heads: Heads {
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 64,
+            },
+            half: Half::Bf16,
+        }
+    }
+
+    #[test]
+    fn long_decodes_split_and_big_batches_do_not() {
+        let cap = 32 * 64 * 1024;
+        let (chunk, splits) = attention_plan(&attn(1, 5000, cap));
+        assert!(splits > 1 && chunk * splits >= 5000 && chunk >= MIN_CHUNK);
+        assert_eq!(attention_plan(&attn(512, 5000, cap)).1, 1);
+        // Short contexts stay whole; the workspace bounds the splits.
+        assert_eq!(attention_plan(&attn(1, 40, cap)).1, 1);
+        let (_, s) = attention_plan(&attn(4, 100_000, 32 * 64 * 4 * 3));
+        assert!(s <= 3);
+    }
+
+    #[test]
+    fn heads_outside_the_kernel_are_refused() {
+        let ok = Heads {
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+        };
+        assert!(ok.check().is_ok());
+        assert!(Heads {
+            head_dim: 256,
+            ..ok
+        }
+        .check()
+        .is_err());
+        assert!(Heads { head_dim: 63, ..ok }.check().is_err());
+        assert!(Heads { kv_heads: 2, ..ok }.check().is_err()); // 16 per group
+        assert!(Heads { kv_heads: 5, ..ok }.check().is_err());
+    }
+}

@@ -1,0 +1,264 @@
+//! The CUDA side of the kernels (feature `cuda`): [`Gpu`] owns one device's context,
+//! stream and loaded kernel modules; [`DevBuf`] is a typed device allocation; `launch`
+//! holds one small launcher per kernel, `gemm` the cuBLAS bf16 products, `compile` the
+//! NVRTC build and its disk cache. Every CUDA call returns a checked [`Result`]; nothing
+//! here panics on a CUDA failure.
+
+pub mod compile;
+pub mod gemm;
+pub mod launch;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+};
+
+use crate::error::{Error, Result};
+
+/// Maps any CUDA-layer error into ours, naming what was being done.
+pub(crate) fn cuda_err<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> Error + '_ {
+    move |e| Error::Cuda(format!("{what}: {e:?}"))
+}
+
+/// The 16-bit float type of weights, GEMM inputs and the KV cache: bf16 for checkpoints
+/// stored in bf16, f16 for GGUF (whose dequantized values f16 holds exactly, as the CPU
+/// engine and llama.cpp keep them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Half {
+    Bf16,
+    F16,
+}
+
+impl Half {
+    pub const ALL: [Half; 2] = [Half::Bf16, Half::F16];
+
+    /// `bf16` or `f16`.
+    pub fn parse(s: &str) -> Option<Half> {
+        Half::ALL.into_iter().find(|h| h.suffix() == s)
+    }
+
+    /// The suffix of the kernel entry points compiled for this type.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Half::Bf16 => "bf16",
+            Half::F16 => "f16",
+        }
+    }
+
+    /// `v` rounded to this type, as raw bits.
+    pub fn bits(self, v: f32) -> u16 {
+        match self {
+            Half::Bf16 => half::bf16::from_f32(v).to_bits(),
+            Half::F16 => half::f16::from_f32(v).to_bits(),
+        }
+    }
+
+    pub fn value(self, bits: u16) -> f32 {
+        match self {
+            Half::Bf16 => half::bf16::from_bits(bits).to_f32(),
+            Half::F16 => half::f16::from_bits(bits).to_f32(),
+        }
+    }
+
+    /// A quiet NaN, to poison buffers.
+    pub fn nan(self) -> u16 {
+        match self {
+            Half::Bf16 => 0x7fc0,
+            Half::F16 => 0x7e00,
+        }
+    }
+}
+
+/// One device: context, the stream every launch goes on, and the kernels.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub arch: String,
+    pub name: String,
+    funcs: HashMap<String, CudaFunction>,
+}
+
+/// The kernel entry points of each module (each gets a `_bf16` and an `_f16` build).
+const ENTRY_POINTS: &[(&str, &[&str])] = &[
+    ("embed", &["embed"]),
+    ("norm", &["add_rms_norm", "rms_norm_rows"]),
+    ("rope", &["rope_kv_write"]),
+    ("swiglu", &["silu_mul"]),
+    ("attention", &["paged_attention", "attention_combine"]),
+];
+
+impl Gpu {
+    /// Opens device `ordinal` and compiles (or loads from the cache) every kernel. Fails
+    /// cleanly, also when the CUDA libraries cannot be loaded at all.
+    pub fn open(ordinal: usize) -> Result<Arc<Gpu>> {
+        // cudarc's dynamic loader panics when a library is missing: turn that into an error.
+        std::panic::catch_unwind(|| Self::open_inner(ordinal)).unwrap_or_else(|p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown failure".into());
+            Err(Error::Cuda(format!("loading the CUDA libraries: {msg}")))
+        })
+    }
+
+    fn open_inner(ordinal: usize) -> Result<Arc<Gpu>> {
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err("creating the CUDA context"))?;
+        // One stream, ordered launches: we synchronise ourselves, so no per-buffer events.
+        // SAFETY: called before any allocation on this context.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(cuda_err("compute capability"))?;
+        let arch = compile::arch_for(major, minor);
+        let name = ctx.name().map_err(cuda_err("device name"))?;
+        let mut funcs = HashMap::new();
+        for half in Half::ALL {
+            for (module, source) in compile::MODULES {
+                let ptx = compile::ptx(module, source, &arch, half)?;
+                let loaded = ctx
+                    .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                    .map_err(cuda_err("loading a kernel module"))?;
+                let names = ENTRY_POINTS
+                    .iter()
+                    .find(|(m, _)| m == module)
+                    .map(|(_, n)| *n)
+                    .unwrap_or(&[]);
+                for &f in names {
+                    let name = format!("{f}_{}", half.suffix());
+                    let func = loaded
+                        .load_function(&name)
+                        .map_err(cuda_err("loading a kernel"))?;
+                    funcs.insert(name, func);
+                }
+            }
+        }
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            arch,
+            name,
+            funcs,
+        }))
+    }
+
+    /// Kernel `op` built for `half`.
+    pub(crate) fn func(&self, op: &str, half: Half) -> Result<&CudaFunction> {
+        let name = format!("{op}_{}", half.suffix());
+        self.funcs
+            .get(&name)
+            .ok_or_else(|| Error::Cuda(format!("kernel {name} is not loaded")))
+    }
+
+    /// Makes this device's context current on the calling thread (actors move between
+    /// threads).
+    pub fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("binding the context"))
+    }
+
+    /// Uninitialised device memory for `len` elements.
+    pub fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<DevBuf<T>> {
+        // SAFETY: every user writes a buffer before reading it (the checks poison them).
+        let s = unsafe { self.stream.alloc::<T>(len.max(1)) }
+            .map_err(cuda_err("allocating device memory"))?;
+        Ok(DevBuf { s, len })
+    }
+
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<DevBuf<T>> {
+        let s = self
+            .stream
+            .alloc_zeros::<T>(len.max(1))
+            .map_err(cuda_err("allocating device memory"))?;
+        Ok(DevBuf { s, len })
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<DevBuf<T>> {
+        let mut b = self.alloc::<T>(host.len())?;
+        self.write(&mut b, host)?;
+        Ok(b)
+    }
+
+    /// Copies `host` to the start of `buf`.
+    pub fn write<T: DeviceRepr>(&self, buf: &mut DevBuf<T>, host: &[T]) -> Result<()> {
+        if host.len() > buf.len {
+            return Err(Error::Cuda(format!(
+                "copy of {} elements into a buffer of {}",
+                host.len(),
+                buf.len
+            )));
+        }
+        if host.is_empty() {
+            return Ok(());
+        }
+        let mut view = buf.s.slice_mut(..host.len());
+        self.stream
+            .memcpy_htod(host, &mut view)
+            .map_err(cuda_err("copy to the device"))
+    }
+
+    /// The first `len` elements of `buf`, after everything queued so far.
+    pub fn read<T: DeviceRepr + Default + Clone>(
+        &self,
+        buf: &DevBuf<T>,
+        len: usize,
+    ) -> Result<Vec<T>> {
+        if len > buf.len {
+            return Err(Error::Cuda(format!(
+                "read of {len} elements from a buffer of {}",
+                buf.len
+            )));
+        }
+        let mut host = vec![T::default(); len];
+        if len > 0 {
+            self.stream
+                .memcpy_dtoh(&buf.s.slice(..len), &mut host)
+                .map_err(cuda_err("copy to the host"))?;
+        }
+        self.sync()?;
+        Ok(host)
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(cuda_err("synchronising the stream"))
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().map_err(cuda_err("memory info"))
+    }
+}
+
+/// A device allocation of `len` elements of `T`.
+pub struct DevBuf<T> {
+    s: CudaSlice<T>,
+    len: usize,
+}
+
+impl<T> DevBuf<T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The raw device address, for kernel arguments and cuBLAS.
+    pub fn ptr(&self) -> u64 {
+        let (p, _sync) = self.s.device_ptr(self.s.stream());
+        p
+    }
+
+    /// The address of element `i` (not checked against `len`; callers pass offsets they
+    /// computed from the buffer's shape).
+    pub fn at(&self, i: usize) -> u64 {
+        self.ptr() + (i * std::mem::size_of::<T>()) as u64
+    }
+}

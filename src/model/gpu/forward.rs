@@ -1,0 +1,447 @@
+//! One GPU engine: the 16-bit paged KV cache (`[layer][k|v][num_blocks * block_size][kv_dim]`),
+//! a cuBLAS handle and scratch buffers, running a batch of [`SeqChunk`]s (prefills of any
+//! length and decodes together) exactly as the CPU engine's forward pass does, and
+//! returning fp32 logits rows to the host.
+
+use std::sync::Arc;
+
+use super::{heads, CudaModel};
+use crate::error::{Error, Result};
+use crate::kernels::cuda::gemm::Blas;
+use crate::kernels::cuda::launch::{self, Attention};
+use crate::kernels::cuda::DevBuf;
+use crate::model::backend::ForwardPass;
+use crate::model::config::ModelConfig;
+use crate::model::llama::{check_chunks, SeqChunk};
+
+/// Activation buffers for up to `tokens` tokens and `rows` logit rows.
+struct Scratch {
+    tokens: usize,
+    rows: usize,
+    meta_cap: usize,
+    meta: DevBuf<i32>,
+    x: DevBuf<f32>,
+    delta: DevBuf<f32>,
+    xn: DevBuf<u16>,
+    qkv: DevBuf<f32>,
+    q: DevBuf<f32>,
+    attn: DevBuf<u16>,
+    gu: DevBuf<f32>,
+    act: DevBuf<u16>,
+    part_acc: DevBuf<f32>,
+    part_ml: DevBuf<f32>,
+    head_in: DevBuf<u16>,
+    logits: DevBuf<f32>,
+}
+
+/// Split-K workspace in floats for `tokens` rows.
+fn acc_floats(cfg: &ModelConfig, tokens: usize) -> usize {
+    cfg.q_dim() * (tokens * 4).max(1024)
+}
+
+/// Device bytes of the scratch for `tokens` tokens and `rows` logit rows.
+pub fn scratch_bytes(cfg: &ModelConfig, tokens: usize, rows: usize) -> usize {
+    let (h, qd, kvd, f) = (
+        cfg.hidden_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.intermediate_size,
+    );
+    let per_token = 4 * (2 * h + qd + 2 * kvd + qd + 2 * f) + 2 * (h + qd + f) + 4 * 8;
+    let acc = acc_floats(cfg, tokens);
+    tokens * per_token
+        + acc * 4
+        + acc / cfg.head_dim.max(1) * 8
+        + rows * (2 * h + 4 * cfg.vocab_size)
+}
+
+impl Scratch {
+    fn new(m: &CudaModel, tokens: usize, rows: usize, meta_cap: usize) -> Result<Self> {
+        let cfg = &m.config;
+        let g = &m.gpu;
+        let (h, qd, kvd, f) = (
+            cfg.hidden_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.intermediate_size,
+        );
+        let acc = acc_floats(cfg, tokens);
+        Ok(Scratch {
+            tokens,
+            rows,
+            meta_cap,
+            meta: g.alloc(meta_cap)?,
+            x: g.alloc(tokens * h)?,
+            delta: g.alloc(tokens * h)?,
+            xn: g.alloc(tokens * h)?,
+            qkv: g.alloc(tokens * (qd + 2 * kvd))?,
+            q: g.alloc(tokens * qd)?,
+            attn: g.alloc(tokens * qd)?,
+            gu: g.alloc(tokens * 2 * f)?,
+            act: g.alloc(tokens * f)?,
+            part_acc: g.alloc(acc)?,
+            part_ml: g.alloc(acc / cfg.head_dim * 2)?,
+            head_in: g.alloc(rows * h)?,
+            logits: g.alloc(rows * cfg.vocab_size)?,
+        })
+    }
+}
+
+/// The host side of one batch, laid out for the kernels in one i32 buffer.
+struct Layout {
+    n: usize,
+    m: usize,
+    max_len: usize,
+    stride: usize,
+    /// ids, pos, slots, row_seq ([n] each), logit rows [m], tables [seqs * stride].
+    meta: Vec<i32>,
+    /// Logit rows per chunk.
+    counts: Vec<usize>,
+}
+
+impl Layout {
+    fn new(seqs: &[SeqChunk<'_>], block_size: usize) -> Result<Self> {
+        let n: usize = seqs.iter().map(|c| c.tokens.len()).sum();
+        let stride = seqs
+            .iter()
+            .map(|c| (c.start_pos + c.tokens.len()).div_ceil(block_size))
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let int = |v: usize| {
+            i32::try_from(v).map_err(|_| Error::InvalidRequest(format!("{v} exceeds i32")))
+        };
+        let (mut ids, mut pos, mut slots, mut row_seq, mut rows) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        let mut tables = vec![0i32; seqs.len() * stride];
+        let mut counts = Vec::with_capacity(seqs.len());
+        let (mut start, mut max_len) = (0, 0);
+        for (s, c) in seqs.iter().enumerate() {
+            let len = c.tokens.len();
+            let end = c.start_pos + len;
+            for (j, &b) in c.block_table[..end.div_ceil(block_size)].iter().enumerate() {
+                tables[s * stride + j] = int(b as usize)?;
+            }
+            for (i, &t) in c.tokens.iter().enumerate() {
+                let p = c.start_pos + i;
+                ids.push(t as i32);
+                pos.push(int(p)?);
+                let block = c.block_table[p / block_size] as usize;
+                slots.push(int(block * block_size + p % block_size)?);
+                row_seq.push(s as i32);
+            }
+            let take = c.logits.min(len);
+            for r in start + len - take..start + len {
+                rows.push(r as i32);
+            }
+            counts.push(take);
+            start += len;
+            if len > 0 {
+                max_len = max_len.max(end);
+            }
+        }
+        let m = rows.len();
+        let mut meta = ids;
+        meta.extend(pos);
+        meta.extend(slots);
+        meta.extend(row_seq);
+        meta.extend(rows);
+        meta.extend(tables);
+        Ok(Layout {
+            n,
+            m,
+            max_len,
+            stride,
+            meta,
+            counts,
+        })
+    }
+}
+
+/// One model's forward pass and KV cache on one GPU.
+pub struct CudaForward {
+    model: Arc<CudaModel>,
+    blas: Blas,
+    kv: DevBuf<u16>,
+    block_size: usize,
+    num_blocks: usize,
+    scratch: Option<Scratch>,
+}
+
+impl CudaForward {
+    pub fn new(model: Arc<CudaModel>, block_size: usize, num_blocks: usize) -> Result<Self> {
+        if block_size == 0 || num_blocks == 0 {
+            return Err(Error::Model(
+                "the KV cache needs blocks of positive size".into(),
+            ));
+        }
+        let cfg = &model.config;
+        let slots = num_blocks * block_size;
+        if i32::try_from(slots).is_err() {
+            return Err(Error::Model(format!(
+                "a KV cache of {slots} slots is too large"
+            )));
+        }
+        model.gpu.bind()?;
+        let kv = model
+            .gpu
+            .zeros::<u16>(cfg.num_layers * 2 * slots * cfg.kv_dim())?;
+        let blas = Blas::new(&model.gpu)?;
+        model.gpu.sync()?;
+        Ok(CudaForward {
+            model,
+            blas,
+            kv,
+            block_size,
+            num_blocks,
+            scratch: None,
+        })
+    }
+
+    /// The K and V cache addresses of layer `l`.
+    fn kv_layer(&self, l: usize) -> (u64, u64) {
+        let per = self.num_blocks * self.block_size * self.model.config.kv_dim();
+        (self.kv.at(2 * l * per), self.kv.at((2 * l + 1) * per))
+    }
+
+    fn ensure_scratch(&mut self, n: usize, m: usize, meta: usize) -> Result<()> {
+        let fits = self
+            .scratch
+            .as_ref()
+            .is_some_and(|s| s.tokens >= n && s.rows >= m && s.meta_cap >= meta);
+        if !fits {
+            let old = self.scratch.take();
+            let grow = |want: usize, had: usize| want.next_power_of_two().max(had).max(16);
+            let (t, r, c) = old
+                .as_ref()
+                .map_or((0, 0, 0), |s| (s.tokens, s.rows, s.meta_cap));
+            drop(old);
+            self.scratch = Some(Scratch::new(
+                &self.model,
+                grow(n, t),
+                grow(m, r),
+                grow(meta, c),
+            )?);
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, lay: &Layout) -> Result<Vec<f32>> {
+        self.ensure_scratch(lay.n, lay.m, lay.meta.len())?;
+        let model = self.model.clone();
+        let (g, cfg, w) = (&model.gpu, &model.config, &model.weights);
+        let s = self
+            .scratch
+            .as_mut()
+            .ok_or_else(|| Error::Cuda("no scratch".into()))?;
+        g.write(&mut s.meta, &lay.meta)?;
+        let s = self
+            .scratch
+            .as_ref()
+            .ok_or_else(|| Error::Cuda("no scratch".into()))?;
+        let (n, m) = (lay.n, lay.m);
+        let (h, qd, kvd, f) = (
+            cfg.hidden_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.intermediate_size,
+        );
+        let eps = cfg.rms_norm_eps;
+        let dt = w.half;
+        let (ids, pos, slots, row_seq) = (
+            s.meta.at(0),
+            s.meta.at(n),
+            s.meta.at(2 * n),
+            s.meta.at(3 * n),
+        );
+        let (rows, tables) = (s.meta.at(4 * n), s.meta.at(4 * n + m));
+
+        launch::embed(g, dt, w.embed.ptr(), ids, s.x.ptr(), n, h)?;
+        let mut pending = 0u64;
+        for (l, lw) in w.layers.iter().enumerate() {
+            let (kc, vc) = self.kv_layer(l);
+            launch::add_rms_norm(
+                g,
+                dt,
+                s.x.ptr(),
+                pending,
+                lw.attn_norm.ptr(),
+                s.xn.ptr(),
+                n,
+                h,
+                eps,
+            )?;
+            self.blas.linear(
+                dt,
+                s.xn.ptr(),
+                lw.qkv.w.ptr(),
+                s.qkv.ptr(),
+                n,
+                h,
+                qd + 2 * kvd,
+            )?;
+            let bias = lw.qkv.b.as_ref().map_or(0, |b| b.ptr());
+            launch::rope_kv_write(
+                g,
+                dt,
+                s.qkv.ptr(),
+                bias,
+                pos,
+                slots,
+                w.inv_freq.ptr(),
+                s.q.ptr(),
+                kc,
+                vc,
+                n,
+                heads(cfg),
+            )?;
+            launch::paged_attention(
+                g,
+                &Attention {
+                    q: s.q.ptr(),
+                    k_cache: kc,
+                    v_cache: vc,
+                    tables,
+                    table_stride: lay.stride,
+                    row_seq,
+                    row_pos: pos,
+                    out: s.attn.ptr(),
+                    part_acc: s.part_acc.ptr(),
+                    part_ml: s.part_ml.ptr(),
+                    acc_cap: s.part_acc.len(),
+                    n,
+                    max_len: lay.max_len,
+                    block_size: self.block_size,
+                    heads: heads(cfg),
+                    half: dt,
+                },
+            )?;
+            self.blas
+                .linear(dt, s.attn.ptr(), lw.o.w.ptr(), s.delta.ptr(), n, qd, h)?;
+            launch::add_rms_norm(
+                g,
+                dt,
+                s.x.ptr(),
+                s.delta.ptr(),
+                lw.ffn_norm.ptr(),
+                s.xn.ptr(),
+                n,
+                h,
+                eps,
+            )?;
+            self.blas
+                .linear(dt, s.xn.ptr(), lw.gate_up.w.ptr(), s.gu.ptr(), n, h, 2 * f)?;
+            launch::silu_mul(g, dt, s.gu.ptr(), s.act.ptr(), n, f)?;
+            self.blas
+                .linear(dt, s.act.ptr(), lw.down.w.ptr(), s.delta.ptr(), n, f, h)?;
+            pending = s.delta.ptr();
+        }
+        if m == 0 {
+            g.sync()?;
+            return Ok(Vec::new());
+        }
+        // The last residual add (its norm output is unused), then the selected rows.
+        launch::add_rms_norm(
+            g,
+            dt,
+            s.x.ptr(),
+            pending,
+            w.final_norm.ptr(),
+            s.xn.ptr(),
+            n,
+            h,
+            eps,
+        )?;
+        launch::rms_norm_rows(
+            g,
+            dt,
+            s.x.ptr(),
+            rows,
+            w.final_norm.ptr(),
+            s.head_in.ptr(),
+            m,
+            h,
+            eps,
+        )?;
+        let vocab = cfg.vocab_size;
+        let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
+        self.blas
+            .linear(dt, s.head_in.ptr(), head, s.logits.ptr(), m, h, vocab)?;
+        g.read(&s.logits, m * vocab)
+    }
+}
+
+impl ForwardPass for CudaForward {
+    fn forward(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>> {
+        let cfg = &self.model.config;
+        check_chunks(cfg, chunks, self.block_size, self.num_blocks)?;
+        let lay = Layout::new(chunks, self.block_size)?;
+        if lay.n == 0 {
+            return Ok(chunks.iter().map(|_| Vec::new()).collect());
+        }
+        self.model.gpu.bind()?;
+        let logits = self.run(&lay)?;
+        let vocab = self.model.config.vocab_size;
+        let mut out = Vec::with_capacity(chunks.len());
+        let mut at = 0;
+        for &c in &lay.counts {
+            out.push(logits[at * vocab..(at + c) * vocab].to_vec());
+            at += c;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_packs_rows_slots_tables_and_logit_rows() {
+        // A 3-token prefill from position 0 (blocks 5, 2) and a decode at position 4
+        // (blocks 7, 1, 9); block size 2.
+        let (a, b) = ([10u32, 11, 12], [13u32]);
+        let chunks = [
+            SeqChunk {
+                tokens: &a,
+                start_pos: 0,
+                block_table: &[5, 2],
+                logits: 2,
+            },
+            SeqChunk {
+                tokens: &b,
+                start_pos: 4,
+                block_table: &[7, 1, 9],
+                logits: 1,
+            },
+        ];
+        let lay = Layout::new(&chunks, 2).unwrap();
+        assert_eq!((lay.n, lay.m, lay.max_len, lay.stride), (4, 3, 5, 3));
+        let n = lay.n;
+        assert_eq!(&lay.meta[..n], &[10, 11, 12, 13]); // ids
+        assert_eq!(&lay.meta[n..2 * n], &[0, 1, 2, 4]); // positions
+        assert_eq!(&lay.meta[2 * n..3 * n], &[10, 11, 4, 18]); // slots
+        assert_eq!(&lay.meta[3 * n..4 * n], &[0, 0, 0, 1]); // row -> sequence
+        assert_eq!(&lay.meta[4 * n..4 * n + 3], &[1, 2, 3]); // rows with logits
+        assert_eq!(&lay.meta[4 * n + 3..], &[5, 2, 0, 7, 1, 9]); // tables, stride 3
+        assert_eq!(lay.counts, vec![2, 1]);
+    }
+
+    #[test]
+    fn a_bad_block_table_is_an_error_not_a_panic() {
+        let t = [1u32];
+        let chunks = [SeqChunk {
+            tokens: &t,
+            start_pos: 5,
+            block_table: &[0],
+            logits: 1,
+        }];
+        // Layout trusts check_chunks; check_chunks must reject this first.
+        let cfg = crate::model::config::ModelConfig::from_hf_json(
+            r#"{"vocab_size":10,"hidden_size":64,"intermediate_size":128,
+            "num_hidden_layers":1,"num_attention_heads":4}"#,
+        )
+        .unwrap();
+        assert!(check_chunks(&cfg, &chunks, 2, 4).is_err());
+    }
+}

@@ -1,0 +1,95 @@
+//! The GPU engine (feature `cuda`): [`CudaModel`] is a model's 16-bit weights on one device,
+//! shared between engine restarts; [`CudaBackend`] starts a [`forward::CudaForward`] (a
+//! 16-bit paged KV cache, a cuBLAS handle and scratch buffers) behind the same
+//! [`Backend`]/[`ForwardPass`] seam as the CPU engine, so the actor pipeline is unchanged.
+
+pub mod forward;
+pub mod weights;
+
+use std::sync::Arc;
+
+use super::backend::{Backend, ForwardPass};
+use super::config::{KvDtype, ModelConfig};
+use super::Llama;
+use crate::error::Result;
+use crate::kernels::cuda::launch::Heads;
+use crate::kernels::cuda::{Gpu, Half};
+use weights::GpuWeights;
+
+/// A model's weights on one GPU.
+pub struct CudaModel {
+    pub gpu: Arc<Gpu>,
+    pub config: ModelConfig,
+    pub weights: GpuWeights,
+}
+
+impl CudaModel {
+    /// Uploads `model` to device `ordinal` (compiling the kernels on first use) in its
+    /// default 16-bit type.
+    pub fn load(model: &Llama, ordinal: usize) -> Result<Arc<Self>> {
+        Self::load_as(model, ordinal, None)
+    }
+
+    /// As [`CudaModel::load`], in `half` when given: GGUF models default to f16 (the
+    /// values the CPU engine holds), HF checkpoints to bf16 (their stored type).
+    pub fn load_as(model: &Llama, ordinal: usize, half: Option<Half>) -> Result<Arc<Self>> {
+        let config = model.config().clone();
+        heads(&config).check()?;
+        let gpu = Gpu::open(ordinal)?;
+        let half = half.unwrap_or(match config.kv_dtype {
+            KvDtype::F16 => Half::F16,
+            KvDtype::F32 => Half::Bf16,
+        });
+        let weights = GpuWeights::upload(&gpu, model, half)?;
+        Ok(Arc::new(CudaModel {
+            gpu,
+            config,
+            weights,
+        }))
+    }
+
+    /// Bytes one token takes in the 16-bit KV cache, all layers.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        kv_bytes_per_token(&self.config)
+    }
+
+    /// KV cache tokens that fit in `fraction` of the free device memory, after keeping
+    /// room for the activations of `max_num_tokens` tokens and `max_batch` logit rows.
+    pub fn kv_tokens_for(
+        &self,
+        fraction: f64,
+        max_num_tokens: usize,
+        max_batch: usize,
+    ) -> Result<usize> {
+        let (free, _) = self.gpu.mem_info()?;
+        let reserve = forward::scratch_bytes(&self.config, max_num_tokens, max_batch) + (512 << 20);
+        let budget = (free.saturating_sub(reserve) as f64 * fraction) as usize;
+        Ok(budget / self.kv_bytes_per_token().max(1))
+    }
+}
+
+pub fn kv_bytes_per_token(cfg: &ModelConfig) -> usize {
+    cfg.num_layers * 2 * cfg.kv_dim() * 2
+}
+
+pub(crate) fn heads(cfg: &ModelConfig) -> Heads {
+    Heads {
+        heads: cfg.num_heads,
+        kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+    }
+}
+
+/// Starts GPU engines for one model (weights shared between restarts; each start gets a
+/// fresh KV cache).
+pub struct CudaBackend(pub Arc<CudaModel>);
+
+impl Backend for CudaBackend {
+    fn start(&self, block_size: usize, num_blocks: usize) -> Result<Box<dyn ForwardPass>> {
+        Ok(Box::new(forward::CudaForward::new(
+            self.0.clone(),
+            block_size,
+            num_blocks,
+        )?))
+    }
+}

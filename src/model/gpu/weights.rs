@@ -1,0 +1,98 @@
+//! Llama weights on the GPU: every matrix in the model's 16-bit type (bf16 for HF
+//! checkpoints, whose bf16 values arrive unchanged; f16 for GGUF, whose quantized tensors
+//! are dequantized here, exactly as the CPU engine holds them), norms, biases and RoPE
+//! frequencies in fp32.
+
+use rayon::prelude::*;
+
+use crate::error::Result;
+use crate::kernels::cuda::{DevBuf, Gpu, Half};
+use crate::kernels::matmul::Matrix;
+use crate::model::weights::Linear;
+use crate::model::Llama;
+
+/// A linear layer `y = x · Wᵀ (+ b)`, `w` row-major `[rows, cols]` (16-bit).
+pub struct GpuLinear {
+    pub w: DevBuf<u16>,
+    pub b: Option<DevBuf<f32>>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+pub struct GpuLayer {
+    pub attn_norm: DevBuf<f32>,
+    pub qkv: GpuLinear,
+    pub o: GpuLinear,
+    pub ffn_norm: DevBuf<f32>,
+    pub gate_up: GpuLinear,
+    pub down: GpuLinear,
+}
+
+pub struct GpuWeights {
+    /// The 16-bit type of the matrices (and of the GEMM inputs and KV cache).
+    pub half: Half,
+    /// `[vocab, hidden]`, also the LM head when tied.
+    pub embed: DevBuf<u16>,
+    pub layers: Vec<GpuLayer>,
+    pub final_norm: DevBuf<f32>,
+    pub lm_head: Option<GpuLinear>,
+    pub inv_freq: DevBuf<f32>,
+}
+
+/// A matrix as 16-bit bits, row by row (in parallel: dequantizing is the slow part).
+pub fn to_half(m: &Matrix, rows: usize, cols: usize, half: Half) -> Vec<u16> {
+    let mut out = vec![0u16; rows * cols];
+    out.par_chunks_mut(cols.max(1)).enumerate().for_each_init(
+        || vec![0f32; cols],
+        |buf, (r, dst)| {
+            m.row_into(r, cols, buf);
+            for (d, &v) in dst.iter_mut().zip(buf.iter()) {
+                *d = half.bits(v);
+            }
+        },
+    );
+    out
+}
+
+fn linear(gpu: &Gpu, l: &Linear, half: Half) -> Result<GpuLinear> {
+    Ok(GpuLinear {
+        w: gpu.upload(&to_half(&l.w, l.rows, l.cols, half))?,
+        b: l.b.as_deref().map(|b| gpu.upload(b)).transpose()?,
+        rows: l.rows,
+        cols: l.cols,
+    })
+}
+
+impl GpuWeights {
+    pub fn upload(gpu: &Gpu, model: &Llama, half: Half) -> Result<Self> {
+        gpu.bind()?;
+        let cfg = model.config();
+        let w = model.weights();
+        let embed = gpu.upload(&to_half(&w.embed, cfg.vocab_size, cfg.hidden_size, half))?;
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for lw in &w.layers {
+            layers.push(GpuLayer {
+                attn_norm: gpu.upload(&lw.attn_norm)?,
+                qkv: linear(gpu, &lw.qkv, half)?,
+                o: linear(gpu, &lw.o, half)?,
+                ffn_norm: gpu.upload(&lw.ffn_norm)?,
+                gate_up: linear(gpu, &lw.gate_up, half)?,
+                down: linear(gpu, &lw.down, half)?,
+            });
+        }
+        let weights = GpuWeights {
+            half,
+            embed,
+            layers,
+            final_norm: gpu.upload(&w.final_norm)?,
+            lm_head: w
+                .lm_head
+                .as_ref()
+                .map(|l| linear(gpu, l, half))
+                .transpose()?,
+            inv_freq: gpu.upload(model.inv_freq())?,
+        };
+        gpu.sync()?;
+        Ok(weights)
+    }
+}
