@@ -12,7 +12,9 @@
 # Settings (environment): DRAFTS (draft lengths, default "4 8"), MIN_NGRAM and MAX_NGRAM
 # (prompt lookup's n-grams, default 1 and 3), DATASET, OUTPUT_LEN (output tokens of every
 # request; default the dataset's reference lengths), CONCURRENCY (default 1), PORT, OUT
-# (reports, metrics and logs; default target/bench-speculative). For answers that do not
+# (reports, metrics and logs; default target/bench-speculative), DEVICE (cpu or cuda;
+# default cpu), BIN (a built inflight binary: then nothing is built, as on the GPU
+# machine) and MODEL (the GGUF; default: fetched). For answers that do not
 # copy their prompt (what drafting costs there):
 #   DATASET=benches/data/open-ended.json OUTPUT_LEN=64 OUT=target/bench-spec-open scripts/bench-speculative.sh
 set -euo pipefail
@@ -26,11 +28,19 @@ OUTPUT_LEN=${OUTPUT_LEN:-}
 CONCURRENCY=${CONCURRENCY:-1}
 PORT=${PORT:-18200}
 OUT=${OUT:-target/bench-speculative}
+DEVICE=${DEVICE:-cpu}
 
 mkdir -p "$OUT"
-cargo build --release --quiet
-BIN=target/release/inflight
-"$BIN" fetch-model >/dev/null
+if [[ -z "${BIN:-}" ]]; then
+  cargo build --release --quiet
+  BIN=target/release/inflight
+fi
+MODEL=${MODEL:-$("$BIN" fetch-model)}
+
+# get URL: the body of a GET, or a failure (python, so no curl is needed).
+get() {
+  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1"
+}
 
 SERVER_PID=
 stop_server() {
@@ -44,11 +54,11 @@ trap stop_server EXIT
 
 # run NAME CONFIG: serves CONFIG, sends the dataset, keeps the report and the metrics.
 run() {
-  "$BIN" serve --config "$2" --host 127.0.0.1 --http-port "$PORT" \
-    --metrics-port "$((PORT + 2))" >"$OUT/server-$1.log" 2>&1 &
+  "$BIN" serve --config "$2" --model "$MODEL" --device "$DEVICE" --host 127.0.0.1 \
+    --http-port "$PORT" --metrics-port "$((PORT + 2))" >"$OUT/server-$1.log" 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 1 360); do
-    if curl -sf "http://127.0.0.1:$PORT/v2/health/ready" >/dev/null; then break; fi
+    if get "http://127.0.0.1:$PORT/v2/health/ready" >/dev/null 2>&1; then break; fi
     if ! kill -0 "$SERVER_PID" 2>/dev/null; then
       tail -20 "$OUT/server-$1.log" >&2
       exit 1
@@ -57,9 +67,10 @@ run() {
   done
   echo "== $1 ==" >&2
   "$BIN" bench --url "http://127.0.0.1:$PORT" --endpoint openai-chat --warmup 0 \
+    --tokenizer "$MODEL" \
     --concurrency "$CONCURRENCY" --no-progress --label "$1" --json "$OUT/$1.json" \
     dataset --dataset "$DATASET" ${OUTPUT_LEN:+--output-len "$OUTPUT_LEN"} >&2
-  curl -sf "http://127.0.0.1:$((PORT + 2))/metrics" >"$OUT/$1.metrics"
+  get "http://127.0.0.1:$((PORT + 2))/metrics" >"$OUT/$1.metrics"
   stop_server
 }
 
