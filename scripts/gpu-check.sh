@@ -13,7 +13,8 @@
 # Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
 # GGUF; default ~/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf), WORK (scratch folder,
 # default /tmp/inflight-gpu-check), SKIP_HF=1 / SKIP_SANITIZER=1 to leave steps out,
-# RUN_8B=1 to add the Llama-3.1-8B-shaped comparison.
+# RUN_8B=1 to add the Llama-3.1-8B-shaped comparison, INFLIGHT_TESTS (a folder of
+# integration test binaries built with --features cuda) to run them on the GPU engine.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BIN=${INFLIGHT_BIN:-$HERE/../target/release/inflight}
@@ -143,6 +144,22 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   else
     tail -20 "$WORK/serve.log"; status "compute-sanitizer memcheck (serve)" FAIL "server did not start"
   fi
+fi
+
+if [ -n "${INFLIGHT_TESTS:-}" ]; then
+  echo; echo "## 5. integration tests with the GPU engine (INFLIGHT_DEVICE=cuda)"
+  # Test binaries built here with `cargo test --release --features cuda --no-run --test
+  # speculative --test http_triton ...`, copied into one folder.
+  for T in "$INFLIGHT_TESTS"/*; do
+    [ -x "$T" ] || continue
+    NAME=$(basename "$T")
+    if INFLIGHT_DEVICE=cuda "$T" --test-threads 2 > "$WORK/test-$NAME.log" 2>&1; then
+      status "tests/$NAME.rs on the GPU" PASS "$(grep 'test result' "$WORK/test-$NAME.log" | tail -1)"
+    else
+      grep -E "panicked|FAILED" "$WORK/test-$NAME.log" | head -5
+      status "tests/$NAME.rs on the GPU" FAIL "$(grep 'test result' "$WORK/test-$NAME.log" | tail -1)"
+    fi
+  done
 fi
 
 echo; echo "## Summary"

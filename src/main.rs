@@ -5,7 +5,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
@@ -17,7 +16,7 @@ use inflight::http::{serve, AppState};
 use inflight::model::device::{Device, EngineChoice};
 #[cfg(feature = "cuda")]
 use inflight::model::Llama;
-use inflight::model::{CpuBackend, LoadedModel};
+use inflight::model::LoadedModel;
 use inflight::request::GenerationParams;
 use inflight::speculative::DraftSource;
 use inflight::tokenizer::chat::{ChatMessage, ChatTemplate};
@@ -226,19 +225,23 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
         name,
     } = LoadedModel::load(&path)?;
     let config = model.config().clone();
-    let engine = EngineChoice::build(device, model, &cfg)?;
-    let scheduler = engine.scheduler;
+    // The draft model goes on the target's device first, so that a KV cache sized from
+    // free memory leaves room for its weights and for its own cache of the same blocks.
+    let mut draft_kv_bytes = 0;
     let speculative = match &cfg.speculative {
         Some(s) => Some(s.options(|p| {
             tracing::info!(draft = %p.display(), "loading the draft model");
             let draft = LoadedModel::load(p)?.model;
+            draft_kv_bytes = device.kv_bytes_per_token(draft.config());
             Ok(DraftSource::Model {
                 vocab_size: draft.config().vocab_size,
-                backend: Arc::new(CpuBackend(Arc::new(draft))),
+                backend: device.backend(draft)?,
             })
         })?),
         None => None,
     };
+    let engine = EngineChoice::build(device, model, &cfg, draft_kv_bytes)?;
+    let scheduler = engine.scheduler;
     let options = ModelOptions {
         scheduler,
         preprocess_workers: cfg.model.preprocess_instances,

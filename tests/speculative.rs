@@ -5,13 +5,13 @@
 //! cancellation and stop_after_ms still end speculative requests and free every block.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
+use inflight::model::device::Device;
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
-use inflight::model::{CpuBackend, LoadedModel};
+use inflight::model::LoadedModel;
 use inflight::speculative::{DraftSource, SpeculativeOptions};
 use inflight::{Chunk, FinishReason, GenerationParams, ModelHandle, ModelOptions, Prompt, Request};
 
@@ -32,11 +32,12 @@ fn target_dir(test: &str) -> PathBuf {
     model_dir(&format!("target-{test}"), 7, 2)
 }
 
+/// A draft model on the device the target runs on (`$INFLIGHT_DEVICE`, the CPU in CI).
 fn draft_model(dir: &Path) -> DraftSource {
     let m = LoadedModel::load(dir).unwrap().model;
     DraftSource::Model {
         vocab_size: m.config().vocab_size,
-        backend: Arc::new(CpuBackend(Arc::new(m))),
+        backend: Device::from_env().backend(m).unwrap(),
     }
 }
 

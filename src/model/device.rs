@@ -37,6 +37,24 @@ impl FromStr for Device {
 }
 
 impl Device {
+    /// An engine for `model` on this device whose KV cache the caller sizes (a draft
+    /// model's: its cache has the target's blocks). On a GPU the weights go there now.
+    pub fn backend(self, model: Llama) -> Result<Arc<dyn Backend>> {
+        match self {
+            Device::Cpu => Ok(Arc::new(CpuBackend(Arc::new(model)))),
+            Device::Cuda(ordinal) => cuda_backend(ordinal, &model),
+        }
+    }
+
+    /// Bytes of KV cache per token for a model with `cfg` on this device.
+    pub fn kv_bytes_per_token(self, cfg: &crate::model::ModelConfig) -> usize {
+        match self {
+            Device::Cpu => KvCache::bytes_per_token(cfg),
+            // 16-bit K and V for every layer.
+            Device::Cuda(_) => cfg.num_layers * 2 * cfg.kv_dim() * 2,
+        }
+    }
+
     /// `$INFLIGHT_DEVICE`, or the CPU when it is unset or not a device name.
     pub fn from_env() -> Self {
         std::env::var("INFLIGHT_DEVICE")
@@ -44,6 +62,19 @@ impl Device {
             .and_then(|s| s.parse().ok())
             .unwrap_or(Device::Cpu)
     }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_backend(ordinal: usize, model: &Llama) -> Result<Arc<dyn Backend>> {
+    let gpu = super::gpu::CudaModel::load(model, ordinal)?;
+    Ok(Arc::new(super::gpu::CudaBackend(gpu)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_backend(_: usize, _: &Llama) -> Result<Arc<dyn Backend>> {
+    Err(Error::Config(
+        "this build has no GPU engine: build with `--features cuda`, or use --device cpu".into(),
+    ))
 }
 
 /// A model's engine and the scheduler limits that fit its KV cache.
@@ -55,7 +86,14 @@ pub struct EngineChoice {
 
 impl EngineChoice {
     /// Builds the engine for `device` (the CPU weights are dropped once on the GPU).
-    pub fn build(device: Device, model: Llama, cfg: &ServeConfig) -> Result<Self> {
+    /// `shared_kv_bytes` per token are taken by caches that share its blocks (a draft
+    /// model's): a cache sized from free GPU memory leaves room for them.
+    pub fn build(
+        device: Device,
+        model: Llama,
+        cfg: &ServeConfig,
+        shared_kv_bytes: usize,
+    ) -> Result<Self> {
         match device {
             Device::Cpu => {
                 let scheduler = cfg.scheduler(model.config())?;
@@ -68,12 +106,17 @@ impl EngineChoice {
                     kv_cache_bytes,
                 })
             }
-            Device::Cuda(ordinal) => Self::cuda(ordinal, model, cfg),
+            Device::Cuda(ordinal) => Self::cuda(ordinal, model, cfg, shared_kv_bytes),
         }
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda(ordinal: usize, model: Llama, cfg: &ServeConfig) -> Result<Self> {
+    fn cuda(
+        ordinal: usize,
+        model: Llama,
+        cfg: &ServeConfig,
+        shared_kv_bytes: usize,
+    ) -> Result<Self> {
         use super::gpu::{CudaBackend, CudaModel};
         use crate::kernels::cuda::Half;
         let half = match cfg.model.gpu_dtype.as_str() {
@@ -85,7 +128,11 @@ impl EngineChoice {
         let gpu = CudaModel::load_as(&model, ordinal, half)?;
         drop(model);
         let (tokens, batch) = (cfg.model.max_num_tokens, cfg.model.max_batch_size);
-        let scheduler = cfg.scheduler_with(&gpu.config, |f| gpu.kv_tokens_for(f, tokens, batch))?;
+        let own = gpu.kv_bytes_per_token();
+        let scheduler = cfg.scheduler_with(&gpu.config, |f| {
+            gpu.kv_tokens_for(f, tokens, batch)
+                .map(|n| n * own / (own + shared_kv_bytes).max(1))
+        })?;
         let kv_cache_bytes = gpu.kv_bytes_per_token() * scheduler.num_blocks * scheduler.block_size;
         let dtype = gpu.weights.half.suffix();
         tracing::info!(device = %gpu.gpu.name, arch = %gpu.gpu.arch, dtype, "GPU engine");
@@ -97,7 +144,7 @@ impl EngineChoice {
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn cuda(_: usize, _: Llama, _: &ServeConfig) -> Result<Self> {
+    fn cuda(_: usize, _: Llama, _: &ServeConfig, _: usize) -> Result<Self> {
         Err(Error::Config(
             "this build has no GPU engine: build with `--features cuda`, or use --device cpu"
                 .into(),
