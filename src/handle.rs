@@ -90,6 +90,7 @@ fn gpu_backend(
 
 struct Inner {
     name: String,
+    device: Device,
     kv_cache_bytes: usize,
     config: ModelConfig,
     tokenizer: Arc<Tokenizer>,
@@ -157,6 +158,7 @@ impl ModelHandle {
             }
         }
         let tokenizer = Arc::new(tokenizer);
+        let device = options.device;
         let (ready_tx, ready) = watch::channel(false);
         let args = SupervisorArgs {
             config: config.clone(),
@@ -176,6 +178,7 @@ impl ModelHandle {
         Ok(ModelHandle {
             inner: Arc::new(Inner {
                 name,
+                device,
                 kv_cache_bytes,
                 config,
                 tokenizer,
@@ -199,6 +202,11 @@ impl ModelHandle {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.inner.tokenizer
+    }
+
+    /// The device the engine runs on.
+    pub fn device(&self) -> Device {
+        self.inner.device
     }
 
     /// Bytes the engine's KV cache takes.

@@ -349,120 +349,77 @@ impl Metrics {
     }
 
     /// Sets the batcher and KV cache gauges from the scheduler's counts (at scrape time).
+    /// The KV cache's `kv_bytes` count as GPU memory when `kv_on_gpu`, else as host memory.
     pub fn scheduler(
         &self,
         models: &[&str],
         s: &SchedulerStats,
         iterations_total: u64,
         kv_bytes: usize,
+        kv_on_gpu: bool,
     ) {
-        let trt = |kind: &'static str, v: &'static str| {
-            [
-                (kind, v.to_string()),
-                ("model", "tensorrt_llm".to_string()),
-                ("version", "1".to_string()),
-            ]
-        };
-        let req = "request_type";
-        self.gauge(
-            "nv_trt_llm_request_metrics",
-            &trt(req, "active"),
-            s.active_requests as f64,
-        );
-        self.gauge(
-            "nv_trt_llm_request_metrics",
-            &trt(req, "max"),
-            s.max_batch_size as f64,
-        );
-        self.gauge(
-            "nv_trt_llm_request_metrics",
-            &trt(req, "scheduled"),
-            s.running as f64,
-        );
-        self.gauge(
-            "nv_trt_llm_request_metrics",
-            &trt(req, "context"),
-            s.context_requests as f64,
-        );
-        self.gauge(
-            "nv_trt_llm_request_metrics",
-            &trt(req, "waiting"),
-            s.waiting as f64,
-        );
-        let kv = "kv_cache_block_type";
         let used = s.total_blocks - s.free_blocks;
-        self.gauge(
-            "nv_trt_llm_kv_cache_block_metrics",
-            &trt(kv, "max"),
-            s.total_blocks as f64,
-        );
-        self.gauge(
-            "nv_trt_llm_kv_cache_block_metrics",
-            &trt(kv, "free"),
-            s.free_blocks as f64,
-        );
-        self.gauge(
-            "nv_trt_llm_kv_cache_block_metrics",
-            &trt(kv, "used"),
-            used as f64,
-        );
-        self.gauge(
-            "nv_trt_llm_kv_cache_block_metrics",
-            &trt(kv, "tokens_per"),
-            s.block_size as f64,
-        );
         let fraction = if s.total_blocks == 0 {
             0.0
         } else {
             used as f64 / s.total_blocks as f64
         };
-        self.gauge(
-            "nv_trt_llm_kv_cache_block_metrics",
-            &trt(kv, "fraction"),
-            fraction,
-        );
-        let ib = "inflight_batcher_specific_metric";
-        self.gauge(
-            "nv_trt_llm_inflight_batcher_metrics",
-            &trt(ib, "micro_batch_id"),
-            0.0,
-        );
-        self.gauge(
-            "nv_trt_llm_inflight_batcher_metrics",
-            &trt(ib, "generation_requests"),
-            s.generation_requests as f64,
-        );
-        self.gauge(
-            "nv_trt_llm_inflight_batcher_metrics",
-            &trt(ib, "total_context_tokens"),
-            s.context_tokens as f64,
-        );
-        let gen = "general_type";
-        self.gauge(
-            "nv_trt_llm_general_metrics",
-            &trt(gen, "iteration_counter"),
-            iterations_total as f64,
-        );
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
-        self.gauge(
+        let (cpu_bytes, gpu_bytes) = if kv_on_gpu {
+            (0, kv_bytes)
+        } else {
+            (kv_bytes, 0)
+        };
+        let (req, kv, ib, gen, mem) = (
+            "request_type",
+            "kv_cache_block_type",
+            "inflight_batcher_specific_metric",
+            "general_type",
+            "memory_type",
+        );
+        let (requests, blocks, batcher, general, memory) = (
+            "nv_trt_llm_request_metrics",
+            "nv_trt_llm_kv_cache_block_metrics",
+            "nv_trt_llm_inflight_batcher_metrics",
             "nv_trt_llm_general_metrics",
-            &trt(gen, "timestamp"),
-            now.as_micros() as f64,
-        );
-        let mem = "memory_type";
-        self.gauge(
             "nv_trt_llm_runtime_memory_metrics",
-            &trt(mem, "cpu"),
-            kv_bytes as f64,
         );
-        self.gauge("nv_trt_llm_runtime_memory_metrics", &trt(mem, "gpu"), 0.0);
-        self.gauge(
-            "nv_trt_llm_runtime_memory_metrics",
-            &trt(mem, "pinned"),
-            0.0,
-        );
+        // (metric, label key, label value, value), labelled as TRT-LLM's backend does.
+        let gauges = [
+            (requests, req, "active", s.active_requests as f64),
+            (requests, req, "max", s.max_batch_size as f64),
+            (requests, req, "scheduled", s.running as f64),
+            (requests, req, "context", s.context_requests as f64),
+            (requests, req, "waiting", s.waiting as f64),
+            (blocks, kv, "max", s.total_blocks as f64),
+            (blocks, kv, "free", s.free_blocks as f64),
+            (blocks, kv, "used", used as f64),
+            (blocks, kv, "tokens_per", s.block_size as f64),
+            (blocks, kv, "fraction", fraction),
+            (batcher, ib, "micro_batch_id", 0.0),
+            (
+                batcher,
+                ib,
+                "generation_requests",
+                s.generation_requests as f64,
+            ),
+            (batcher, ib, "total_context_tokens", s.context_tokens as f64),
+            (general, gen, "iteration_counter", iterations_total as f64),
+            (general, gen, "timestamp", now.as_micros() as f64),
+            (memory, mem, "cpu", cpu_bytes as f64),
+            (memory, mem, "gpu", gpu_bytes as f64),
+            (memory, mem, "pinned", 0.0),
+        ];
+        for (name, key, label, value) in gauges {
+            let labels = [
+                (key, label.to_string()),
+                ("model", "tensorrt_llm".to_string()),
+                ("version", "1".to_string()),
+            ];
+            self.gauge(name, &labels, value);
+        }
         for model in models {
             let labels = [("model", model.to_string()), ("version", "1".to_string())];
             self.gauge(

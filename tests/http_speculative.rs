@@ -26,17 +26,9 @@ async fn post(s: &TestServer, path: &str, body: Value) -> (u16, Value, String) {
 }
 
 async fn metric(s: &TestServer, line_start: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", s.metrics))
+    s.metric(line_start)
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find(|l| l.starts_with(line_start))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no metric {line_start} in:\n{text}"))
+        .unwrap_or_else(|| panic!("no metric {line_start}"))
 }
 
 const PROMPT: &str = "the cat and the dog and the cat and the dog and the cat and the";

@@ -54,20 +54,9 @@ async fn wait_idle(s: &TestServer) {
     }
 }
 
+/// A metric's value; 0 when it has not been recorded yet.
 async fn metric(s: &TestServer, line_start: &str) -> f64 {
-    let text = client()
-        .get(format!("{}/metrics", s.metrics))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find(|l| l.starts_with(line_start))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    s.metric(line_start).await.unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,9 +3,12 @@
 //! stop_after_ms ends a request on time, an engine panic fails only the requests it held,
 //! and a batch of prompts streams with batch_index.
 
+mod common;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use common::handle::wait_idle;
 use futures::StreamExt;
 
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
@@ -61,18 +64,6 @@ fn tokens(chunks: &[Chunk]) -> Vec<u32> {
         .iter()
         .flat_map(|c| c.token_ids.iter().copied())
         .collect()
-}
-
-async fn wait_idle(handle: &ModelHandle) -> inflight::actors::messages::SchedulerStats {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let s = handle.stats().await.unwrap();
-        if s.active_requests == 0 && s.running == 0 && s.waiting == 0 {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "still busy: {s:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn batching_matches_alone(handle: ModelHandle) {

@@ -4,9 +4,12 @@
 //! with `use_draft_logits` a draft identical to the target is always accepted;
 //! cancellation and stop_after_ms still end speculative requests and free every block.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::handle::wait_idle;
 use futures::StreamExt;
 
 use inflight::model::device::Device;
@@ -218,18 +221,6 @@ async fn draft_logits_of_an_identical_draft_are_always_accepted() {
             assert!(a.draft_tokens > 0, "case {i}");
             assert_eq!(a.accepted_draft_tokens, a.draft_tokens, "case {i}");
         }
-    }
-}
-
-async fn wait_idle(handle: &ModelHandle) -> inflight::actors::messages::SchedulerStats {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let s = handle.stats().await.unwrap();
-        if s.active_requests == 0 && s.running == 0 && s.waiting == 0 {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "still busy: {s:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

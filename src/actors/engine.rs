@@ -75,12 +75,11 @@ impl Actor for Engine {
                     panic!("injected engine fault at iteration {iteration}");
                 }
                 let sampler = state.sampler.clone().ok_or("a draft engine got a Step")?;
-                let rows_per_seq = seqs.iter().map(StepSeq::logit_rows).collect::<Vec<_>>();
-                let out = state.step(&seqs).await?;
+                let (seqs, out) = state.step(seqs).await?;
                 let mut rows = Vec::new();
                 let mut logits = Vec::new();
-                for ((s, n), l) in seqs.into_iter().zip(rows_per_seq).zip(out) {
-                    if n > 0 {
+                for (s, l) in seqs.into_iter().zip(out) {
+                    if s.logit_rows() > 0 {
                         rows.push(SampleRow {
                             seq: s.seq,
                             draft: s.draft,
@@ -101,7 +100,7 @@ impl Actor for Engine {
                 reply,
             } => {
                 state.drop_seqs(dropped);
-                let out = state.step(&seqs).await?;
+                let (_, out) = state.step(seqs).await?;
                 let _ = reply.send(out);
             }
         }
@@ -116,11 +115,14 @@ impl EngineState {
         }
     }
 
-    /// Applies the block deltas and runs the forward pass off the async runtime; per
-    /// sequence, its `logit_rows()` rows of logits.
-    async fn step(&mut self, seqs: &[StepSeq]) -> Result<Vec<Vec<f32>>, ActorProcessingErr> {
+    /// Applies the block deltas and runs the forward pass off the async runtime; gives
+    /// the steps back with, per sequence, its `logit_rows()` rows of logits.
+    async fn step(
+        &mut self,
+        seqs: Vec<StepSeq>,
+    ) -> Result<(Vec<StepSeq>, Vec<Vec<f32>>), ActorProcessingErr> {
         let mut tables = Vec::with_capacity(seqs.len());
-        for s in seqs {
+        for s in &seqs {
             let table = self.tables.entry(s.seq).or_default();
             if s.reset {
                 table.clear();
@@ -128,27 +130,23 @@ impl EngineState {
             table.extend_from_slice(&s.new_blocks);
             tables.push(table.clone());
         }
-        let work: Vec<(Vec<u32>, usize, usize)> = seqs
-            .iter()
-            .map(|s| (s.tokens.clone(), s.start_pos, s.logit_rows()))
-            .collect();
         let mut forward = self.forward.take().ok_or("engine lost its KV cache")?;
-        let (forward, result) = tokio::task::spawn_blocking(move || {
-            let chunks: Vec<SeqChunk> = work
+        let (forward, seqs, result) = tokio::task::spawn_blocking(move || {
+            let chunks: Vec<SeqChunk> = seqs
                 .iter()
                 .zip(&tables)
-                .map(|((tokens, start_pos, logits), table)| SeqChunk {
-                    tokens,
-                    start_pos: *start_pos,
+                .map(|(s, table)| SeqChunk {
+                    tokens: &s.tokens,
+                    start_pos: s.start_pos,
                     block_table: table,
-                    logits: *logits,
+                    logits: s.logit_rows(),
                 })
                 .collect();
             let out = forward.forward(&chunks);
-            (forward, out)
+            (forward, seqs, out)
         })
         .await?;
         self.forward = Some(forward);
-        Ok(result?)
+        Ok((seqs, result?))
     }
 }

@@ -26,11 +26,9 @@ pub struct SchedulerActor;
 
 pub struct SchedulerArgs {
     pub config: SchedulerConfig,
-    /// Draft tokens per decode step for requests that do not say (0 without a draft
-    /// source: requests cannot speculate then).
-    pub default_draft_tokens: usize,
-    /// Whether a draft source is configured.
-    pub speculative: bool,
+    /// With a draft source configured: draft tokens per decode step for requests that do
+    /// not say. None: no request speculates.
+    pub default_draft_tokens: Option<usize>,
     pub sampler: ActorRef<SamplerMsg>,
     pub postprocess: Vec<ActorRef<PostprocessMsg>>,
 }
@@ -60,8 +58,7 @@ pub struct SchedulerState {
     /// Sequences whose engine state can go, sent with the next step.
     dropped: Vec<SeqId>,
     drains: Vec<RpcReplyPort<()>>,
-    default_draft_tokens: usize,
-    speculative: bool,
+    default_draft_tokens: Option<usize>,
 }
 
 impl Actor for SchedulerActor {
@@ -87,7 +84,6 @@ impl Actor for SchedulerActor {
             dropped: Vec::new(),
             drains: Vec::new(),
             default_draft_tokens: args.default_draft_tokens,
-            speculative: args.speculative,
         })
     }
 
@@ -140,13 +136,9 @@ impl SchedulerState {
             return Err(SubmitError::DuplicateId(request));
         }
         for (i, s) in seqs.iter().enumerate() {
-            let num_draft_tokens = if self.speculative {
-                s.params
-                    .num_draft_tokens
-                    .unwrap_or(self.default_draft_tokens)
-            } else {
-                0
-            };
+            let num_draft_tokens = self
+                .default_draft_tokens
+                .map_or(0, |d| s.params.num_draft_tokens.unwrap_or(d));
             let spec = SeqSpec {
                 id: s.seq,
                 prompt: s.prompt.clone(),

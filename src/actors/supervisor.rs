@@ -113,11 +113,7 @@ impl Actor for ModelSupervisor {
             vocab_size: cfg.vocab_size,
         };
         let sa = SchedulerArgs {
-            default_draft_tokens: engines
-                .speculative
-                .as_ref()
-                .map_or(0, |s| s.num_draft_tokens),
-            speculative: engines.speculative.is_some(),
+            default_draft_tokens: engines.speculative.as_ref().map(|s| s.num_draft_tokens),
             config: args.scheduler,
             sampler: sampler.clone(),
             postprocess: postprocess.clone(),

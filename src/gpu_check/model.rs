@@ -37,6 +37,28 @@ struct Case {
     prompt_ids: Vec<u32>,
 }
 
+/// One step of greedy generation over `seqs`: the whole prompt at step 0, then each
+/// sequence's last token; logits for the last token, or for all new ones.
+fn step_chunks<'a>(
+    seqs: &'a [Vec<u32>],
+    tabs: &'a [Vec<u32>],
+    step: usize,
+    all_logits: bool,
+) -> Vec<SeqChunk<'a>> {
+    seqs.iter()
+        .zip(tabs)
+        .map(|(s, table)| {
+            let from = if step == 0 { 0 } else { s.len() - 1 };
+            SeqChunk {
+                tokens: &s[from..],
+                start_pos: from,
+                block_table: table,
+                logits: if all_logits { s.len() - from } else { 1 },
+            }
+        })
+        .collect()
+}
+
 /// Block tables for `seqs` sequences of up to `tokens` tokens, interleaved so each
 /// sequence's blocks are scattered through the cache.
 fn tables(seqs: usize, tokens: usize) -> (Vec<Vec<u32>>, usize) {
@@ -145,19 +167,7 @@ pub fn greedy_vs_cpu(
     let mut gpu_tokens = vec![Vec::new(); prompts.len()];
     let mut gpu_first = Vec::new();
     for step in 0..steps {
-        let chunks: Vec<SeqChunk> = seqs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let from = if step == 0 { 0 } else { s.len() - 1 };
-                SeqChunk {
-                    tokens: &s[from..],
-                    start_pos: from,
-                    block_table: &tabs[i],
-                    logits: 1,
-                }
-            })
-            .collect();
+        let chunks = step_chunks(&seqs, &tabs, step, false);
         let logits = gpu.forward(&chunks)?;
         if step == 0 {
             gpu_first = logits.clone();
@@ -225,19 +235,7 @@ pub fn dump_logits(
     let mut logits: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
     let mut times = Vec::new();
     for step in 0..=steps {
-        let chunks: Vec<SeqChunk> = seqs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let from = if step == 0 { 0 } else { s.len() - 1 };
-                SeqChunk {
-                    tokens: &s[from..],
-                    start_pos: from,
-                    block_table: &tabs[i],
-                    logits: s.len() - from,
-                }
-            })
-            .collect();
+        let chunks = step_chunks(&seqs, &tabs, step, true);
         let t0 = std::time::Instant::now();
         let got = gpu.forward(&chunks)?;
         times.push(t0.elapsed().as_secs_f64() * 1e3);

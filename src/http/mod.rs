@@ -139,9 +139,15 @@ impl AppState {
     pub async fn render_metrics(&self) -> String {
         if let Ok(stats) = self.model().stats().await {
             let names = [ENSEMBLE, BLS, CORE];
-            let kv = self.model().kv_cache_bytes();
-            self.metrics()
-                .scheduler(&names, &stats, stats.iteration, kv);
+            let model = self.model();
+            let on_gpu = model.device() != crate::model::device::Device::Cpu;
+            self.metrics().scheduler(
+                &names,
+                &stats,
+                stats.iteration,
+                model.kv_cache_bytes(),
+                on_gpu,
+            );
         }
         self.metrics().render()
     }

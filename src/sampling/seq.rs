@@ -52,26 +52,12 @@ impl SeqSampler {
     /// the vocabulary keeps it all; invalid penalties are off (see `Penalties`); empty
     /// bad or stop words are dropped and ids outside the vocabulary are never masked.
     pub fn new(params: &GenerationParams, prompt: &[u32], eos_ids: &[u32]) -> Self {
-        let t = params.temperature;
-        let cuts = Cuts {
-            inv_t: if t > 0.0 {
-                1.0 / t.clamp(f32::MIN_POSITIVE, 1e30)
-            } else {
-                1.0
-            },
-            top_k: params.top_k,
-            top_p: if params.top_p.is_nan() {
-                1.0
-            } else {
-                params.top_p
-            },
-        };
-        let seed = params.random_seed.unwrap_or_else(os_seed);
+        let seed = seed_of(params);
         let words = WordRules::new(params, eos_ids);
         let prompt_tail = words.context_len().min(prompt.len());
         SeqSampler {
-            greedy: t.is_nan() || t <= 0.0 || params.top_k == 1,
-            cuts,
+            greedy: is_greedy(params),
+            cuts: Cuts::of(params),
             want_log_probs: params.return_log_probs,
             penalties: Penalties::new(params, prompt),
             history: prompt[prompt.len() - prompt_tail..].to_vec(),
@@ -181,6 +167,37 @@ impl SeqSampler {
     /// The seed of this sequence's generator: `random_seed`, or the one drawn for it.
     pub fn seed(&self) -> u64 {
         self.seed
+    }
+}
+
+/// Whether `params` choose by argmax: temperature 0 (or NaN, or negative), or top_k 1.
+pub(super) fn is_greedy(params: &GenerationParams) -> bool {
+    let t = params.temperature;
+    t.is_nan() || t <= 0.0 || params.top_k == 1
+}
+
+/// The request's seed, or one from the operating system.
+pub(super) fn seed_of(params: &GenerationParams) -> u64 {
+    params.random_seed.unwrap_or_else(os_seed)
+}
+
+impl Cuts {
+    /// The cuts of `params`, made safe (see [`SeqSampler::new`]).
+    pub(super) fn of(params: &GenerationParams) -> Self {
+        let t = params.temperature;
+        Cuts {
+            inv_t: if t > 0.0 {
+                1.0 / t.clamp(f32::MIN_POSITIVE, 1e30)
+            } else {
+                1.0
+            },
+            top_k: params.top_k,
+            top_p: if params.top_p.is_nan() {
+                1.0
+            } else {
+                params.top_p
+            },
+        }
     }
 }
 

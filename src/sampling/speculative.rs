@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 
 use super::math;
 use super::select::{self, Cuts};
-use super::seq::{Sampled, SeqSampler};
+use super::seq::{self, Sampled, SeqSampler};
 use crate::request::GenerationParams;
 
 /// What verifying one sequence's draft gave.
@@ -120,7 +120,8 @@ impl SeqSampler {
             return (self.no_token(), false);
         };
         let cuts = self.cuts();
-        let logits = row.to_vec();
+        // The processed logits, for the log-probability (the cut below scratches the row).
+        let logits = self.wants_log_probs().then(|| row.to_vec());
         let p = select::distribution(row, max, cuts);
         let di = d as usize;
         let keep_p = rule(
@@ -133,9 +134,8 @@ impl SeqSampler {
         } else {
             (residual_draw(&p, q, self.rng()), false)
         };
-        let log_prob = self.wants_log_probs().then(|| {
-            let z = (logits[token as usize] - max) * cuts.inv_t;
-            let mut row = logits;
+        let log_prob = logits.map(|mut row| {
+            let z = (row[token as usize] - max) * cuts.inv_t;
             let total = math::exp_in_place(&mut row, max, cuts.inv_t);
             (z as f64 - total.ln()) as f32
         });
@@ -176,11 +176,10 @@ impl DraftSampler {
     /// Seeded from the request's seed (mixed, so the draft's draws are not the target's)
     /// or from the OS.
     pub fn new(params: &GenerationParams) -> Self {
-        let probe = SeqSampler::new(params, &[], &[]);
         DraftSampler {
-            greedy: probe.is_greedy(),
-            cuts: probe.cuts(),
-            rng: StdRng::seed_from_u64(probe.seed() ^ 0x9e37_79b9_7f4a_7c15),
+            greedy: seq::is_greedy(params),
+            cuts: Cuts::of(params),
+            rng: StdRng::seed_from_u64(seq::seed_of(params) ^ 0x9e37_79b9_7f4a_7c15),
         }
     }
 

@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests; each test binary uses only some of them.
 #![allow(dead_code)]
 
+pub mod handle;
 pub mod reference;
 pub mod server;

@@ -80,6 +80,20 @@ impl TestServer {
         format!("{}{}", self.base, path)
     }
 
+    /// The value of the first metric line of /metrics that starts with `line_start`.
+    pub async fn metric(&self, line_start: &str) -> Option<f64> {
+        let text = reqwest::get(format!("{}/metrics", self.metrics))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find(|l| l.starts_with(line_start))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
     /// Stops like SIGTERM does and waits for the server to finish.
     pub async fn stop(mut self) {
         if let Some(s) = self.stop.take() {
