@@ -147,7 +147,7 @@ pub struct ModelSection {
     pub preprocess_instances: usize,
     pub postprocess_instances: usize,
     /// The GPU engine's 16-bit type for weights, GEMM inputs and the KV cache: `auto`
-    /// (bf16 for HF checkpoints, f16 for GGUF), `bf16` or `f16`.
+    /// (f16, or bf16 when a weight is beyond f16's range), `bf16` or `f16`.
     pub gpu_dtype: String,
 }
 

@@ -115,7 +115,7 @@ impl ModelHandle {
         let (backend, kv_cache_bytes) = match options.device {
             Device::Cpu => {
                 let bytes = options.kv_cache_bytes(&config);
-                let cpu: Arc<dyn Backend> = Arc::new(CpuBackend(Arc::new(model.model)));
+                let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new(Arc::new(model.model)));
                 (cpu, bytes)
             }
             Device::Cuda(ordinal) => gpu_backend(&model.model, ordinal, &options)?,

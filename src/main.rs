@@ -75,7 +75,7 @@ enum Command {
         steps: usize,
         #[arg(long, default_value_t = 11)]
         seed: u64,
-        /// bf16 or f16 (default: the model's own, bf16 for HF checkpoints).
+        /// bf16 or f16 (default: f16, or bf16 when a weight is beyond f16's range).
         #[arg(long)]
         dtype: Option<String>,
     },

@@ -3,7 +3,10 @@
 //!
 //! - `EngineMsg::Step` (from the Scheduler, or the speculative orchestrator in front of
 //!   it): the rows of the sequences that sample (the last known token's, then one per
-//!   draft token) go to the Sampler (`SamplerMsg::Sample`).
+//!   draft token) go to the Sampler (`SamplerMsg::Sample`); or, when the forward pass
+//!   samples on its device (the GPU), the engine plans each row from its own sampling
+//!   state (`engine_sampling`), gets token ids back, and answers the Scheduler
+//!   (`SchedulerMsg::StepDone`) itself.
 //! - `EngineMsg::Forward` (from the speculative orchestrator driving a draft model): the
 //!   logits come back on the reply port.
 //!
@@ -17,8 +20,10 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use super::messages::{EngineMsg, SampleRow, SamplerMsg, SeqId, StepSeq};
-use crate::model::{Backend, ForwardPass, SeqChunk};
+use super::engine_sampling::EngineSampling;
+use super::messages::{EngineMsg, SampleRow, SamplerMsg, SchedulerMsg, SeqId, StepSeq};
+use crate::model::{Backend, ForwardPass, RowsOut, SeqChunk};
+use crate::sampling::RowPlan;
 
 pub struct Engine;
 
@@ -28,12 +33,17 @@ pub struct EngineArgs {
     pub num_blocks: usize,
     /// Where `Step` logits go (None for a draft engine, which only answers `Forward`).
     pub sampler: Option<ActorRef<SamplerMsg>>,
+    /// The model's end tokens and vocabulary, for sampling in the engine.
+    pub eos_ids: Vec<u32>,
+    pub vocab_size: usize,
 }
 
 pub struct EngineState {
     forward: Option<Box<dyn ForwardPass>>,
     tables: HashMap<SeqId, Vec<u32>>,
     sampler: Option<ActorRef<SamplerMsg>>,
+    /// Set when the forward pass samples: the sequences' sampling state.
+    sampling: Option<EngineSampling>,
     fault: bool,
 }
 
@@ -48,10 +58,13 @@ impl Actor for Engine {
         args: EngineArgs,
     ) -> Result<EngineState, ActorProcessingErr> {
         let forward = args.backend.start(args.block_size, args.num_blocks)?;
+        let sampling = (forward.samples() && args.sampler.is_some())
+            .then(|| EngineSampling::new(args.eos_ids, args.vocab_size));
         Ok(EngineState {
             forward: Some(forward),
             tables: HashMap::new(),
             sampler: args.sampler,
+            sampling,
             fault: false,
         })
     }
@@ -75,7 +88,19 @@ impl Actor for Engine {
                     panic!("injected engine fault at iteration {iteration}");
                 }
                 let sampler = state.sampler.clone().ok_or("a draft engine got a Step")?;
-                let (seqs, out) = state.step(seqs).await?;
+                if let Some(sampling) = state.sampling.as_mut() {
+                    let plans: Vec<Vec<RowPlan>> = seqs.iter().map(|s| sampling.plan(s)).collect();
+                    let (seqs, out) = state.step(seqs, Some(plans)).await?;
+                    let sampling = state.sampling.as_mut().ok_or("engine lost its sampling")?;
+                    let (output, sampled) = sampling.finish(&seqs, out);
+                    reply_to.cast(SchedulerMsg::StepDone {
+                        iteration,
+                        output,
+                        sampled,
+                    })?;
+                    return Ok(());
+                }
+                let (seqs, out) = state.step(seqs, None).await?;
                 let mut rows = Vec::new();
                 let mut logits = Vec::new();
                 for (s, l) in seqs.into_iter().zip(out) {
@@ -84,7 +109,7 @@ impl Actor for Engine {
                             seq: s.seq,
                             draft: s.draft,
                         });
-                        logits.extend_from_slice(&l);
+                        logits.extend_from_slice(&into_logits(l));
                     }
                 }
                 sampler.cast(SamplerMsg::Sample {
@@ -100,8 +125,8 @@ impl Actor for Engine {
                 reply,
             } => {
                 state.drop_seqs(dropped);
-                let (_, out) = state.step(seqs).await?;
-                let _ = reply.send(out);
+                let (_, out) = state.step(seqs, None).await?;
+                let _ = reply.send(out.into_iter().map(into_logits).collect());
             }
         }
         Ok(())
@@ -112,15 +137,20 @@ impl EngineState {
     fn drop_seqs(&mut self, dropped: Vec<SeqId>) {
         for id in dropped {
             self.tables.remove(&id);
+            if let Some(sampling) = self.sampling.as_mut() {
+                sampling.drop_seq(id);
+            }
         }
     }
 
     /// Applies the block deltas and runs the forward pass off the async runtime; gives
-    /// the steps back with, per sequence, its `logit_rows()` rows of logits.
+    /// the steps back with, per sequence, its `logit_rows()` rows: logits, or with
+    /// `plans` the tokens chosen with them.
     async fn step(
         &mut self,
         seqs: Vec<StepSeq>,
-    ) -> Result<(Vec<StepSeq>, Vec<Vec<f32>>), ActorProcessingErr> {
+        plans: Option<Vec<Vec<RowPlan>>>,
+    ) -> Result<(Vec<StepSeq>, Vec<RowsOut>), ActorProcessingErr> {
         let mut tables = Vec::with_capacity(seqs.len());
         for s in &seqs {
             let table = self.tables.entry(s.seq).or_default();
@@ -142,11 +172,24 @@ impl EngineState {
                     logits: s.logit_rows(),
                 })
                 .collect();
-            let out = forward.forward(&chunks);
+            let out = match &plans {
+                Some(plans) => forward.forward_choose(&chunks, plans),
+                None => forward
+                    .forward(&chunks)
+                    .map(|rows| rows.into_iter().map(RowsOut::Logits).collect()),
+            };
             (forward, seqs, out)
         })
         .await?;
         self.forward = Some(forward);
         Ok((seqs, result?))
+    }
+}
+
+/// A chunk's logits (a chunk run without plans always has them).
+fn into_logits(out: RowsOut) -> Vec<f32> {
+    match out {
+        RowsOut::Logits(rows) => rows,
+        RowsOut::Chosen(_) => Vec::new(),
     }
 }

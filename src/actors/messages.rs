@@ -128,6 +128,8 @@ pub enum SchedulerMsg {
 #[derive(Debug, Clone)]
 pub struct StepSeq {
     pub seq: SeqId,
+    /// Its prompt's length (the tokens before it are prompt, those after generated).
+    pub prompt_len: usize,
     pub start_pos: usize,
     /// Known tokens to compute, followed by the draft's tokens when there is a draft.
     pub tokens: Vec<u32>,
@@ -145,6 +147,12 @@ pub struct StepSeq {
 }
 
 impl StepSeq {
+    /// The chunk's known tokens (without the draft's).
+    pub fn known_tokens(&self) -> &[u32] {
+        let draft = self.draft.as_ref().map_or(0, |d| d.tokens.len());
+        &self.tokens[..self.tokens.len().saturating_sub(draft)]
+    }
+
     /// Rows of logits the engine returns for this chunk.
     pub fn logit_rows(&self) -> usize {
         if self.sample {

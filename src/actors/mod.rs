@@ -2,6 +2,7 @@
 //! their messages in `messages`, the tree built and supervised by `supervisor`.
 
 pub mod engine;
+pub mod engine_sampling;
 pub mod messages;
 pub mod postprocess;
 pub mod preprocess;

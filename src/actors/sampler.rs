@@ -7,12 +7,16 @@
 //! seeded generator), created by `Register` when a request is queued and dropped by
 //! `Drop` when it ends. Each sequence has its own generator, so a seed gives the same
 //! tokens whatever else shares the batch. Supervised by ModelSupervisor.
+//!
+//! An engine that samples on its device (the GPU) keeps this state itself
+//! (`engine_sampling`) and answers the Scheduler directly; this actor then only sees
+//! `Register` and `Drop`.
 
 use std::collections::HashMap;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use super::messages::{SampleRow, SamplerMsg, SchedulerMsg, SeqSampled};
+use super::messages::{SampleRow, SamplerMsg, SchedulerMsg, SeqId, SeqSampled};
 use crate::sampling::{SeqSampler, Verdict};
 use crate::scheduler::{SampledToken, StepOutput};
 
@@ -26,7 +30,7 @@ pub struct SamplerArgs {
 pub struct SamplerState {
     vocab_size: usize,
     eos_ids: Vec<u32>,
-    seqs: HashMap<super::messages::SeqId, SeqSampler>,
+    seqs: HashMap<SeqId, SeqSampler>,
 }
 
 impl Actor for Sampler {
@@ -113,21 +117,34 @@ fn sample_rows(
                 }
             }
         };
-        let mut tokens = verdict.tokens;
-        let Some(token) = tokens.pop() else {
-            continue;
-        };
-        output.tokens.push(SampledToken {
-            id: row.seq,
-            accepted: tokens,
-            token,
-            stop: verdict.stop,
-        });
-        sampled.push(SeqSampled {
-            log_probs: verdict.log_probs,
-            drafted: row.draft.as_ref().map_or(0, |d| d.tokens.len()),
-            accepted: verdict.accepted,
-        });
+        let drafted = row.draft.as_ref().map_or(0, |d| d.tokens.len());
+        push_verdict(&mut output, &mut sampled, row.seq, verdict, drafted);
     }
     (output, sampled)
+}
+
+/// Adds one sequence's verdict to a step's output (the Scheduler's tokens, and what
+/// Postprocess reports with them).
+pub(super) fn push_verdict(
+    output: &mut StepOutput,
+    sampled: &mut Vec<SeqSampled>,
+    seq: SeqId,
+    verdict: Verdict,
+    drafted: usize,
+) {
+    let mut tokens = verdict.tokens;
+    let Some(token) = tokens.pop() else {
+        return;
+    };
+    output.tokens.push(SampledToken {
+        id: seq,
+        accepted: tokens,
+        token,
+        stop: verdict.stop,
+    });
+    sampled.push(SeqSampled {
+        log_probs: verdict.log_probs,
+        drafted,
+        accepted: verdict.accepted,
+    });
 }

@@ -37,6 +37,7 @@ struct SeqMeta {
     rid: u64,
     request: RequestId,
     params: Arc<GenerationParams>,
+    prompt_len: usize,
     /// Blocks of its table the engine already has.
     sent_blocks: usize,
     /// It has been in a batch, so the engine holds KV state for it.
@@ -157,6 +158,7 @@ impl SchedulerState {
                 rid: s.rid,
                 request: request.clone(),
                 params: s.params.clone(),
+                prompt_len: s.prompt.len(),
                 sent_blocks: 0,
                 started: false,
                 enqueued: Instant::now(),
@@ -346,6 +348,7 @@ impl SchedulerState {
             meta.sent_blocks = s.block_table.len();
             seqs.push(StepSeq {
                 seq: s.id,
+                prompt_len: meta.prompt_len,
                 start_pos: s.start_pos,
                 tokens: s.tokens.clone(),
                 reset,

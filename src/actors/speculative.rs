@@ -215,6 +215,7 @@ impl SpeculativeState {
                 };
                 batch.push(StepSeq {
                     seq: s.seq,
+                    prompt_len: s.prompt_len,
                     start_pos,
                     tokens: chunk,
                     reset: round == 0,

@@ -111,6 +111,7 @@ impl Actor for ModelSupervisor {
             block_size: args.scheduler.block_size,
             num_blocks: args.scheduler.num_blocks,
             vocab_size: cfg.vocab_size,
+            eos_ids: args.tokenizer.eos_token_ids().to_vec(),
         };
         let sa = SchedulerArgs {
             default_draft_tokens: engines.speculative.as_ref().map(|s| s.num_draft_tokens),
@@ -255,6 +256,7 @@ struct EngineSpec {
     block_size: usize,
     num_blocks: usize,
     vocab_size: usize,
+    eos_ids: Vec<u32>,
 }
 
 /// The actors that hold KV state: the target engine, and with speculative decoding the
@@ -290,6 +292,8 @@ impl EngineSpec {
             block_size: self.block_size,
             num_blocks: self.num_blocks,
             sampler,
+            eos_ids: self.eos_ids.clone(),
+            vocab_size: self.vocab_size,
         };
         let args = start(self.backend.clone(), Some(sampler.clone()));
         let (target, _) = Actor::spawn_linked(None, Engine, args, cell.clone()).await?;

@@ -64,6 +64,7 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Result<Vec<Row>> {
         rows.extend(attention(gpu, dt, &mut rng)?);
         rows.extend(gemm(gpu, dt, &mut rng)?);
     }
+    rows.extend(super::sample::sample_rows(gpu, &mut rng)?);
     Ok(rows)
 }
 

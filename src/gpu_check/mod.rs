@@ -1,11 +1,13 @@
 //! The GPU self-check (`inflight gpu-check`, feature `cuda`): every CUDA kernel against its
-//! CPU twin on fresh random inputs with NaN-poisoned outputs (`kernels`), then whole-model
+//! CPU twin on fresh random inputs with NaN-poisoned outputs (`kernels`, and `sample` for
+//! the sampling kernel), then whole-model
 //! checks (`model`): SmolLM2 greedy on the GPU against the CPU engine, and a logits dump
 //! that scripts/hf_compare.py checks against HF transformers. Prints one table.
 
 mod attention;
 pub mod kernels;
 pub mod model;
+mod sample;
 
 /// One line of the table.
 pub struct Row {

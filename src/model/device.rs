@@ -41,7 +41,7 @@ impl Device {
     /// model's: its cache has the target's blocks). On a GPU the weights go there now.
     pub fn backend(self, model: Llama) -> Result<Arc<dyn Backend>> {
         match self {
-            Device::Cpu => Ok(Arc::new(CpuBackend(Arc::new(model)))),
+            Device::Cpu => Ok(Arc::new(CpuBackend::new(Arc::new(model)))),
             Device::Cuda(ordinal) => cuda_backend(ordinal, &model),
         }
     }
@@ -101,7 +101,7 @@ impl EngineChoice {
                     * scheduler.num_blocks
                     * scheduler.block_size;
                 Ok(EngineChoice {
-                    backend: Arc::new(CpuBackend(Arc::new(model))),
+                    backend: Arc::new(CpuBackend::new(Arc::new(model))),
                     scheduler,
                     kv_cache_bytes,
                 })

@@ -16,7 +16,7 @@ pub mod safetensors;
 pub mod tiny;
 pub mod weights;
 
-pub use backend::{Backend, CpuBackend, ForwardPass};
+pub use backend::{Backend, CpuBackend, ForwardPass, RowsOut};
 pub use config::ModelConfig;
 pub use kv_cache::KvCache;
 pub use llama::{Llama, SeqChunk};

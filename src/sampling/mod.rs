@@ -7,6 +7,7 @@
 //! - [`seq`](SeqSampler): the per-sequence state and the order of the steps;
 //! - `penalties`: repetition, presence and frequency penalties;
 //! - `words`: end tokens, `min_length`, bad words, stop words;
+//! - `plan`: one row's choice as plain data ([`RowPlan`]) for a device, and its CPU twin;
 //! - `select`: greedy, top-k, top-p and the draw, without sorting whole rows;
 //! - `nucleus`: top-p over a whole row through a histogram;
 //! - `math`: vectorised row kernels (cleaning, fast `exp`, sums);
@@ -15,6 +16,7 @@
 mod math;
 mod nucleus;
 mod penalties;
+mod plan;
 mod select;
 mod seq;
 mod speculative;
@@ -22,6 +24,10 @@ mod speculative;
 mod tests;
 mod words;
 
+pub use plan::{
+    pack, step_uniform, Edit, PackedPlans, RowChoice, RowPlan, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT,
+    PLAN_WORDS,
+};
 pub use seq::{Sampled, SeqSampler};
 pub use speculative::{standard_rule, DraftSampler, Verdict};
 

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use super::plan::{Edit, EDIT_COUNT, EDIT_REPEAT};
 use crate::request::GenerationParams;
 
 /// What the penalties know about one token of the sequence.
@@ -67,7 +68,49 @@ impl Penalties {
         }
     }
 
+    pub(crate) fn repetition(&self) -> f32 {
+        self.repetition
+    }
+
+    pub(crate) fn presence(&self) -> f32 {
+        self.presence
+    }
+
+    pub(crate) fn frequency(&self) -> f32 {
+        self.frequency
+    }
+
+    /// The edits that apply the penalties as if `extra` had been generated after the
+    /// tokens counted so far: one per token seen (unsorted, for the caller to sort).
+    pub(crate) fn edits(&self, extra: &[u32], out: &mut Vec<Edit>) {
+        if !self.is_active() {
+            return;
+        }
+        let repeat = if self.repetition != 1.0 {
+            EDIT_REPEAT
+        } else {
+            0
+        };
+        let extra_count = |t: u32| extra.iter().filter(|&&x| x == t).count() as u32;
+        for (&token, seen) in &self.seen {
+            let count = (seen.generated + extra_count(token)).min(EDIT_COUNT);
+            out.push(Edit {
+                token,
+                info: repeat | count,
+            });
+        }
+        for (i, &token) in extra.iter().enumerate() {
+            if !self.seen.contains_key(&token) && !extra[..i].contains(&token) {
+                out.push(Edit {
+                    token,
+                    info: repeat | extra_count(token).min(EDIT_COUNT),
+                });
+            }
+        }
+    }
+
     /// Applies the penalties in place; ids outside the row are ignored.
+    #[cfg(test)]
     pub(crate) fn apply(&self, logits: &mut [f32]) {
         if !self.is_active() {
             return;

@@ -9,8 +9,6 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use rand::Rng;
-
 use super::math::{exp_fast, exp_in_place, find_cumulative};
 use super::nucleus::nucleus;
 
@@ -125,24 +123,29 @@ pub(crate) fn row_total(kept: &Kept, logits: &mut [f32], max: f32, inv_t: f32) -
     }
 }
 
-/// Draws a token from what [`cut`] keeps, with one uniform draw. The row is scratch: on
-/// return its contents are unspecified.
+/// Draws a token from what [`cut`] keeps with the uniform `u` in `[0, 1)`: the first
+/// kept token, in id order, whose running weight exceeds `u` times the kept weight (the
+/// order the GPU kernel walks too, so both map a draw to the same token). The row is
+/// scratch: on return its contents are unspecified.
 pub(crate) fn draw(
     logits: &mut [f32],
     max: f32,
     cuts: Cuts,
-    rng: &mut impl Rng,
+    u: f64,
     want_log_prob: bool,
 ) -> Choice {
-    let kept = cut(logits, max, cuts);
-    let (token, weight) = match &kept {
+    let mut kept = cut(logits, max, cuts);
+    let (token, weight) = match &mut kept {
         Kept::All { total } => {
-            let i = find_cumulative(logits, rng.gen::<f64>() * total)
+            let i = find_cumulative(logits, u * *total)
                 .or_else(|| logits.iter().rposition(|&w| w > 0.0))
                 .unwrap_or(0);
             (i as u32, logits[i])
         }
-        Kept::Some { cands, .. } => cands[pick_candidate(cands, rng)],
+        Kept::Some { cands, .. } => {
+            cands.sort_unstable_by_key(|c| c.0);
+            cands[pick_candidate(cands, u)]
+        }
     };
     Choice {
         token,
@@ -183,10 +186,10 @@ fn nucleus_len(cands: &[(u32, f32)], target: f64) -> Option<usize> {
     None
 }
 
-/// An index drawn with probability proportional to `weight` (non-negative, some positive,
-/// summing to `mass` up to rounding).
-fn pick<T>(items: &[T], weight: impl Fn(&T) -> f32, mass: f64, rng: &mut impl Rng) -> usize {
-    let r = rng.gen::<f64>() * mass;
+/// The index that the uniform `u` picks with probability proportional to `weight`
+/// (non-negative, some positive, summing to `mass` up to rounding).
+fn pick<T>(items: &[T], weight: impl Fn(&T) -> f32, mass: f64, u: f64) -> usize {
+    let r = u * mass;
     let mut acc = 0.0f64;
     for (i, t) in items.iter().enumerate() {
         acc += weight(t) as f64;
@@ -198,10 +201,10 @@ fn pick<T>(items: &[T], weight: impl Fn(&T) -> f32, mass: f64, rng: &mut impl Rn
     items.iter().rposition(|t| weight(t) > 0.0).unwrap_or(0)
 }
 
-/// An index into `(id, weight)` candidates drawn by weight.
-fn pick_candidate(cands: &[(u32, f32)], rng: &mut impl Rng) -> usize {
+/// An index into `(id, weight)` candidates picked by weight with the uniform `u`.
+fn pick_candidate(cands: &[(u32, f32)], u: f64) -> usize {
     let mass: f64 = cands.iter().map(|c| c.1 as f64).sum();
-    pick(cands, |c| c.1, mass, rng)
+    pick(cands, |c| c.1, mass, u)
 }
 
 /// The order of candidates `(id, logit or weight)`: larger first, ties to the lower id.
@@ -268,7 +271,7 @@ pub(crate) fn top_candidates(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
 mod tests {
     use super::*;
     use rand::rngs::StdRng;
-    use rand::SeedableRng;
+    use rand::{Rng, SeedableRng};
 
     fn reference_top(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
         let mut all: Vec<(u32, f32)> = (0..).zip(logits.iter().copied()).collect();
@@ -302,7 +305,7 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(1);
         let w = [0.0f32, 2.0, 0.0, 1.0, 0.0];
         for _ in 0..1000 {
-            let i = pick(&w, |&x| x, 3.0, &mut rng);
+            let i = pick(&w, |&x| x, 3.0, rng.gen());
             assert!(i == 1 || i == 3);
         }
     }

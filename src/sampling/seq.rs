@@ -2,12 +2,12 @@
 //! word rules and generated tokens) and the step that turns its row of logits into the
 //! next token.
 
-use rand::rngs::{OsRng, StdRng};
-use rand::{RngCore, SeedableRng};
+use rand::rngs::OsRng;
+use rand::RngCore;
 
-use super::math;
 use super::penalties::Penalties;
-use super::select::{self, Cuts};
+use super::plan::{Edit, RowChoice, RowPlan, StepRng};
+use super::select::Cuts;
 use super::words::WordRules;
 use crate::request::GenerationParams;
 
@@ -24,8 +24,10 @@ pub struct Sampled {
     pub stop: bool,
 }
 
-/// The sampling state of one sequence. Each owns its generator, so a seeded sequence
-/// draws the same tokens whatever else shares its batch.
+/// The sampling state of one sequence. Its draws are keyed by its seed and the number of
+/// tokens generated so far (see `plan::step_uniform`), so a seeded sequence draws the
+/// same tokens whatever else shares its batch, with or without speculation, on the host
+/// or on a device.
 #[derive(Debug, Clone)]
 pub struct SeqSampler {
     /// Temperature 0 (or NaN, or negative), or top_k 1: argmax, no draw.
@@ -36,7 +38,6 @@ pub struct SeqSampler {
     penalties: Penalties,
     words: WordRules,
     seed: u64,
-    rng: StdRng,
     /// The last `words.context_len()` prompt tokens, then every generated token.
     history: Vec<u32>,
     prompt_tail: usize,
@@ -64,7 +65,6 @@ impl SeqSampler {
             prompt_tail,
             words,
             seed,
-            rng: StdRng::seed_from_u64(seed),
         }
     }
 
@@ -88,17 +88,58 @@ impl SeqSampler {
     ///
     /// `logits` is scratch: its contents on return are unspecified.
     pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
-        self.process_logits(logits);
-        let choice = match math::sanitize(logits) {
-            None => return self.no_token(),
-            Some((best, max)) if self.greedy => {
-                select::greedy(logits, best, max, self.cuts.inv_t, self.want_log_probs)
+        let choice = self.row_plan(&[]).choose(logits);
+        self.take(choice)
+    }
+
+    /// Records a choice made from this sequence's [`plan`](Self::plan) (on the host or a
+    /// device) as [`sample`](Self::sample) would have.
+    pub fn take(&mut self, choice: RowChoice) -> Sampled {
+        match choice.token {
+            None => self.no_token(),
+            Some(token) => {
+                let log_prob = self.want_log_probs.then_some(choice.log_prob);
+                self.record_sampled(token, log_prob)
             }
-            Some((_, max)) => {
-                select::draw(logits, max, self.cuts, &mut self.rng, self.want_log_probs)
-            }
-        };
-        self.record_sampled(choice.token, choice.log_prob)
+        }
+    }
+
+    /// How to choose the next token, and, after each of `drafts` in turn (as if it had
+    /// been chosen), the one after it: `1 + drafts.len()` plans, for a device that
+    /// samples every row of a step at once.
+    pub fn plan(&self, drafts: &[u32]) -> Vec<RowPlan> {
+        (0..=drafts.len())
+            .map(|i| self.row_plan(&drafts[..i]))
+            .collect()
+    }
+
+    /// The plan for the token after the generated ones and then `extra`.
+    fn row_plan(&self, extra: &[u32]) -> RowPlan {
+        let generated = self.history.len() - self.prompt_tail + extra.len();
+        let mut edits = Vec::new();
+        self.penalties.edits(extra, &mut edits);
+        let ban = |t: u32| edits_ban(&mut edits, t);
+        if extra.is_empty() {
+            self.words.banned(&self.history, generated, ban);
+        } else {
+            let history: Vec<u32> = self.history.iter().chain(extra).copied().collect();
+            self.words.banned(&history, generated, ban);
+        }
+        edits.sort_unstable_by_key(|e| e.token);
+        merge_edits(&mut edits);
+        RowPlan {
+            greedy: self.greedy,
+            inv_t: self.cuts.inv_t,
+            top_k: self.cuts.top_k,
+            top_p: self.cuts.top_p,
+            seed: self.seed,
+            step: generated as u64,
+            want_log_prob: self.want_log_probs,
+            repetition: self.penalties.repetition(),
+            presence: self.penalties.presence(),
+            frequency: self.penalties.frequency(),
+            edits,
+        }
     }
 
     /// What a row with no allowed token gives: the lowest end token, stopping.
@@ -123,7 +164,7 @@ impl SeqSampler {
     }
 
     /// Whether this sequence chooses by argmax.
-    pub(super) fn is_greedy(&self) -> bool {
+    pub fn is_greedy(&self) -> bool {
         self.greedy
     }
 
@@ -131,8 +172,9 @@ impl SeqSampler {
         self.cuts
     }
 
-    pub(super) fn rng(&mut self) -> &mut StdRng {
-        &mut self.rng
+    /// The random words of the next draw.
+    pub(super) fn step_rng(&self) -> StepRng {
+        StepRng::new(self.seed, (self.history.len() - self.prompt_tail) as u64)
     }
 
     pub(super) fn wants_log_probs(&self) -> bool {
@@ -143,9 +185,13 @@ impl SeqSampler {
     /// from, before temperature. The CPU twin of a GPU logits processor, and what tests
     /// check exact values on.
     pub fn process_logits(&self, logits: &mut [f32]) {
-        self.penalties.apply(logits);
-        let generated = self.history.len() - self.prompt_tail;
-        self.words.mask(&self.history, generated, logits);
+        self.row_plan(&[]).apply_edits(logits);
+    }
+
+    /// Records a token generated before this sampler existed (an engine rebuilding a
+    /// preempted sequence's state from its tokens): counted, never a stop.
+    pub fn replay(&mut self, token: u32) {
+        self.record(token);
     }
 
     fn record(&mut self, token: u32) {
@@ -168,6 +214,25 @@ impl SeqSampler {
     pub fn seed(&self) -> u64 {
         self.seed
     }
+}
+
+/// Adds a ban on `token` (merged with its penalty edit by `merge_edits`).
+fn edits_ban(edits: &mut Vec<Edit>, token: u32) {
+    edits.push(Edit {
+        token,
+        info: super::plan::EDIT_BAN,
+    });
+}
+
+/// Merges edits of the same token (sorted by token): a banned token may also be penalised.
+fn merge_edits(edits: &mut Vec<Edit>) {
+    edits.dedup_by(|later, first| {
+        let same = later.token == first.token;
+        if same {
+            first.info |= later.info;
+        }
+        same
+    });
 }
 
 /// Whether `params` choose by argmax: temperature 0 (or NaN, or negative), or top_k 1.

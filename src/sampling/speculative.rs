@@ -19,6 +19,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::math;
+use super::plan::RowChoice;
 use super::select::{self, Cuts};
 use super::seq::{self, Sampled, SeqSampler};
 use crate::request::GenerationParams;
@@ -35,6 +36,29 @@ pub struct Verdict {
     pub stop: bool,
     /// Draft tokens kept.
     pub accepted: usize,
+}
+
+impl Verdict {
+    fn with_capacity(n: usize) -> Self {
+        Verdict {
+            tokens: Vec::with_capacity(n),
+            log_probs: Vec::with_capacity(n),
+            stop: false,
+            accepted: 0,
+        }
+    }
+
+    /// Adds an emitted token (`kept`: it was the draft's); true when verification ends
+    /// here (a stop, or a rejected draft).
+    fn push(&mut self, s: Sampled, kept: bool) -> bool {
+        self.tokens.push(s.token);
+        self.log_probs.push(s.log_prob);
+        self.stop = s.stop;
+        if kept {
+            self.accepted += 1;
+        }
+        s.stop || !kept
+    }
 }
 
 /// The probability of keeping a draft token whose target probability is `p` and draft
@@ -73,12 +97,7 @@ impl SeqSampler {
         draft_probs: Option<&[f32]>,
         rule: fn(f32, f32) -> f32,
     ) -> Verdict {
-        let mut verdict = Verdict {
-            tokens: Vec::with_capacity(draft.len() + 1),
-            log_probs: Vec::with_capacity(draft.len() + 1),
-            stop: false,
-            accepted: 0,
-        };
+        let mut verdict = Verdict::with_capacity(draft.len() + 1);
         let use_q = draft_probs.filter(|q| !self.is_greedy() && q.len() == draft.len() * vocab);
         for (i, row) in rows
             .chunks_exact_mut(vocab)
@@ -93,13 +112,22 @@ impl SeqSampler {
                     (s, Some(s.token) == d)
                 }
             };
-            verdict.tokens.push(s.token);
-            verdict.log_probs.push(s.log_prob);
-            verdict.stop = s.stop;
-            if kept {
-                verdict.accepted += 1;
+            if verdict.push(s, kept) {
+                break;
             }
-            if s.stop || !kept {
+        }
+        verdict
+    }
+
+    /// [`verify`](Self::verify) by token matching from the choices a device made with
+    /// this sequence's [`plan`](Self::plan) for `draft` (one per row): each row's choice
+    /// is what sampling that row here would have given, so the verdict is the same.
+    pub fn verify_choices(&mut self, draft: &[u32], choices: &[RowChoice]) -> Verdict {
+        let mut verdict = Verdict::with_capacity(draft.len() + 1);
+        for (i, &choice) in choices.iter().take(draft.len() + 1).enumerate() {
+            let s = self.take(choice);
+            let kept = Some(s.token) == draft.get(i).copied();
+            if verdict.push(s, kept) {
                 break;
             }
         }
@@ -128,11 +156,12 @@ impl SeqSampler {
             p.get(di).copied().unwrap_or(0.0),
             q.get(di).copied().unwrap_or(0.0),
         );
-        let u: f32 = self.rng().gen();
+        let mut rng = self.step_rng();
+        let u: f32 = rng.gen();
         let (token, kept) = if u < keep_p {
             (d, true)
         } else {
-            (residual_draw(&p, q, self.rng()), false)
+            (residual_draw(&p, q, &mut rng), false)
         };
         let log_prob = logits.map(|mut row| {
             let z = (row[token as usize] - max) * cuts.inv_t;
@@ -145,7 +174,7 @@ impl SeqSampler {
 
 /// A token drawn from `max(0, p - q)` normalised; from `p` when that is all zero (the
 /// distributions are equal up to rounding, so a rejection was a rounding artefact).
-fn residual_draw(p: &[f32], q: &[f32], rng: &mut StdRng) -> u32 {
+fn residual_draw(p: &[f32], q: &[f32], rng: &mut impl Rng) -> u32 {
     let residual: Vec<f32> = p
         .iter()
         .zip(q.iter().chain(std::iter::repeat(&0.0)))

@@ -412,3 +412,75 @@ fn a_row_with_no_allowed_token_stops_on_the_end_token() {
     assert!(s.sample(&mut [f32::NAN, NEG]).stop);
     assert_eq!(s.generated(), &[0, 0]);
 }
+
+#[test]
+fn device_plans_with_drafts_verify_like_the_host() {
+    const V: usize = 40;
+    for (seed, greedy) in [(1u64, true), (2, false), (3, false)] {
+        let p = params(|p| {
+            p.temperature = if greedy { 0.0 } else { 0.8 };
+            p.top_k = 20;
+            p.top_p = 0.9;
+            p.random_seed = Some(seed);
+            p.repetition_penalty = 1.3;
+            p.presence_penalty = 0.4;
+            p.frequency_penalty = 0.2;
+            p.min_length = 2;
+            p.bad_words = vec![vec![5, 6], vec![7]];
+            p.return_log_probs = true;
+        });
+        let prompt = [5, 1, 2, 1];
+        let rows: Vec<f32> = (0..4).flat_map(|r| random_row(V, seed * 10 + r)).collect();
+        // What the host samples row by row; the first two become the draft, the third is
+        // replaced by a token it did not choose.
+        let mut probe = SeqSampler::new(&p, &prompt, EOS);
+        let host: Vec<u32> = rows
+            .chunks(V)
+            .map(|r| probe.sample(&mut r.to_vec()).token)
+            .collect();
+        let draft = [host[0], host[1], (host[2] + 1) % V as u32];
+        let mut a = SeqSampler::new(&p, &prompt, EOS);
+        let mut b = a.clone();
+        let va = a.verify(&mut rows.clone(), V, &draft, None);
+        let choices: Vec<RowChoice> = b
+            .plan(&draft)
+            .iter()
+            .zip(rows.chunks(V))
+            .map(|(plan, r)| plan.choose(&mut r.to_vec()))
+            .collect();
+        let vb = b.verify_choices(&draft, &choices);
+        assert_eq!(va, vb, "seed {seed}");
+        assert_eq!(va.accepted, 2, "seed {seed}");
+        assert_eq!(a.generated(), b.generated());
+        assert_eq!(a.generated(), &host[..3]);
+    }
+}
+
+#[test]
+fn plans_carry_penalties_and_bans_for_each_draft_row() {
+    let p = params(|p| {
+        p.repetition_penalty = 2.0;
+        p.frequency_penalty = 1.0;
+        p.min_length = 2;
+        p.bad_words = vec![vec![3, 4]];
+    });
+    let s = SeqSampler::new(&p, &[1], EOS);
+    let plans = s.plan(&[3, 3]);
+    assert_eq!(plans.len(), 3);
+    let info = |plan: &RowPlan, t: u32| plan.edits.iter().find(|e| e.token == t).map(|e| e.info);
+    // Row 0: the prompt token and the end tokens (min_length).
+    assert_eq!(info(&plans[0], 1), Some(EDIT_REPEAT));
+    assert_eq!(info(&plans[0], 9), Some(EDIT_BAN));
+    assert_eq!(info(&plans[0], 3), None);
+    // Row 1 follows draft token 3: counted once, and 4 would complete the bad word.
+    assert_eq!(info(&plans[1], 3), Some(EDIT_REPEAT | 1));
+    assert_eq!(info(&plans[1], 4), Some(EDIT_BAN));
+    assert_eq!(info(&plans[1], 9), Some(EDIT_BAN));
+    // Row 2: two generated, so the end tokens are free again.
+    assert_eq!(info(&plans[2], 3), Some(EDIT_REPEAT | 2));
+    assert_eq!(info(&plans[2], 9), None);
+    assert_eq!([plans[0].step, plans[1].step, plans[2].step], [0, 1, 2]);
+    assert!(plans
+        .iter()
+        .all(|p| p.edits.windows(2).all(|w| w[0].token < w[1].token)));
+}

@@ -70,12 +70,21 @@ impl WordRules {
     ///   end the sequence early (vLLM's `min_tokens` also holds back stop tokens).
     ///
     /// Ids outside the row are ignored.
+    #[cfg(test)]
     pub(crate) fn mask(&self, history: &[u32], generated: usize, logits: &mut [f32]) {
-        let mut ban = |token: u32| {
+        self.banned(history, generated, |token| {
             if let Some(x) = logits.get_mut(token as usize) {
                 *x = f32::NEG_INFINITY;
             }
-        };
+        });
+    }
+
+    /// Calls `ban` with each token [`mask`](Self::mask) sets to -inf (a token may come
+    /// more than once).
+    pub(crate) fn banned(&self, history: &[u32], generated: usize, mut ban: impl FnMut(u32)) {
+        if self.bad_words.is_empty() && generated >= self.min_length {
+            return;
+        }
         let completes = |word: &[u32]| history.ends_with(&word[..word.len() - 1]);
         for word in &self.bad_words {
             if completes(word) {

@@ -77,6 +77,7 @@ mod tests {
     fn step(start_pos: usize, tokens: &[u32], reset: bool, new_blocks: &[u32]) -> StepSeq {
         StepSeq {
             seq: 1,
+            prompt_len: 0,
             start_pos,
             tokens: tokens.to_vec(),
             reset,

@@ -20,6 +20,7 @@ pub const MODULES: &[(&str, &str)] = &[
     ("rope", include_str!("../../../kernels/rope.cu")),
     ("swiglu", include_str!("../../../kernels/swiglu.cu")),
     ("attention", include_str!("../../../kernels/attention.cu")),
+    ("sample", include_str!("../../../kernels/sample.cu")),
 ];
 
 /// The virtual architecture to compile for: the `a` variant where the chip has one.

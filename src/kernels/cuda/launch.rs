@@ -91,6 +91,41 @@ pub fn rms_norm_rows(
     Ok(())
 }
 
+/// Threads per block of `sample_rows` (kernels/sample.cu's SAMPLE_THREADS).
+const SAMPLE_THREADS: u32 = 1024;
+
+/// Chooses one token per row of `m` fp32 logits rows (edited in place) from packed plans
+/// (`sampling::pack`): `tokens[r]` (-1 when no token is allowed) and `log_probs[r]`.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_rows(
+    gpu: &Gpu,
+    logits: u64,
+    params: u64,
+    edits: u64,
+    vocab: usize,
+    tokens: u64,
+    log_probs: u64,
+    m: usize,
+) -> Result<()> {
+    if m == 0 {
+        return Ok(());
+    }
+    let vocab = i32_of(vocab)?;
+    // The kernel reads logits as f32 whatever the model's 16-bit type.
+    let f = gpu.func("sample_rows", Half::Bf16)?;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&logits)
+        .arg(&params)
+        .arg(&edits)
+        .arg(&vocab)
+        .arg(&tokens)
+        .arg(&log_probs);
+    // SAFETY: argument order and types match sample.cu; params hold m rows whose edit
+    // ranges lie inside edits.
+    unsafe { b.launch(cfg((m, 1, 1), SAMPLE_THREADS)?) }.map_err(cuda_err("sample_rows"))?;
+    Ok(())
+}
+
 /// Shapes of the attention heads.
 #[derive(Clone, Copy, Debug)]
 pub struct Heads {

@@ -87,6 +87,7 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("rope", &["rope_kv_write"]),
     ("swiglu", &["silu_mul"]),
     ("attention", &["paged_attention", "attention_combine"]),
+    ("sample", &["sample_rows"]),
 ];
 
 impl Gpu {

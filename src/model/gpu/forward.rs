@@ -9,10 +9,11 @@ use super::{heads, CudaModel};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::gemm::Blas;
 use crate::kernels::cuda::launch::{self, Attention};
-use crate::kernels::cuda::DevBuf;
-use crate::model::backend::ForwardPass;
+use crate::kernels::cuda::{DevBuf, Gpu};
+use crate::model::backend::{ForwardPass, RowsOut};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{check_chunks, SeqChunk};
+use crate::sampling::{self, RowChoice, RowPlan};
 
 /// Activation buffers for up to `tokens` tokens and `rows` logit rows.
 struct Scratch {
@@ -166,6 +167,7 @@ pub struct CudaForward {
     block_size: usize,
     num_blocks: usize,
     scratch: Option<Scratch>,
+    sample_bufs: Option<SampleBufs>,
 }
 
 impl CudaForward {
@@ -195,6 +197,7 @@ impl CudaForward {
             block_size,
             num_blocks,
             scratch: None,
+            sample_bufs: None,
         })
     }
 
@@ -226,7 +229,9 @@ impl CudaForward {
         Ok(())
     }
 
-    fn run(&mut self, lay: &Layout) -> Result<Vec<f32>> {
+    /// Runs the batch through the model, leaving each selected row's fp32 logits in the
+    /// scratch's `logits` (`lay.m` rows).
+    fn run(&mut self, lay: &Layout) -> Result<()> {
         self.ensure_scratch(lay.n, lay.m, lay.meta.len())?;
         let model = self.model.clone();
         let (g, cfg, w) = (&model.gpu, &model.config, &model.weights);
@@ -337,8 +342,7 @@ impl CudaForward {
             pending = s.delta.ptr();
         }
         if m == 0 {
-            g.sync()?;
-            return Ok(Vec::new());
+            return g.sync();
         }
         // The last residual add (its norm output is unused), then the selected rows.
         launch::add_rms_norm(
@@ -366,8 +370,137 @@ impl CudaForward {
         let vocab = cfg.vocab_size;
         let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
         self.blas
-            .linear(dt, s.head_in.ptr(), head, s.logits.ptr(), m, h, vocab)?;
-        g.read(&s.logits, m * vocab)
+            .linear(dt, s.head_in.ptr(), head, s.logits.ptr(), m, h, vocab)
+    }
+
+    fn scratch(&self) -> Result<&Scratch> {
+        self.scratch
+            .as_ref()
+            .ok_or_else(|| Error::Cuda("no scratch".into()))
+    }
+
+    /// Chooses every logits row's token on the device (rows without a plan get a greedy
+    /// one, unused); returns the choices, and the logits when some chunk has no plans.
+    fn choose(&mut self, lay: &Layout, plans: &[Vec<RowPlan>]) -> Result<Vec<RowsOut>> {
+        let filler = RowPlan {
+            greedy: true,
+            inv_t: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+            step: 0,
+            want_log_prob: false,
+            repetition: 1.0,
+            presence: 0.0,
+            frequency: 0.0,
+            edits: Vec::new(),
+        };
+        let filler = &filler;
+        let rows = lay
+            .counts
+            .iter()
+            .zip(plans)
+            .flat_map(|(&c, p)| (0..c).map(move |r| if p.len() == c { &p[r] } else { filler }));
+        let packed = sampling::pack(rows);
+        let m = lay.m;
+        let g = self.model.gpu.clone();
+        let vocab = self.model.config.vocab_size;
+        let fits = self
+            .sample_bufs
+            .as_ref()
+            .is_some_and(|b| b.rows >= m && b.edit_words >= packed.edits.len());
+        if !fits {
+            let (r, e) = self
+                .sample_bufs
+                .take()
+                .map_or((0, 0), |b| (b.rows, b.edit_words));
+            let grow = |want: usize, had: usize| want.next_power_of_two().max(had).max(64);
+            self.sample_bufs = Some(SampleBufs::new(
+                &g,
+                grow(m, r),
+                grow(packed.edits.len(), e),
+            )?);
+        }
+        let bufs = self
+            .sample_bufs
+            .as_mut()
+            .ok_or_else(|| Error::Cuda("no sampling buffers".into()))?;
+        g.write(&mut bufs.params, &packed.params)?;
+        g.write(&mut bufs.edits, &packed.edits)?;
+        let bufs = self
+            .sample_bufs
+            .as_ref()
+            .ok_or_else(|| Error::Cuda("no sampling buffers".into()))?;
+        let s = self.scratch()?;
+        let logits_wanted = lay
+            .counts
+            .iter()
+            .zip(plans)
+            .any(|(&c, p)| c > 0 && p.len() != c);
+        let logits = if logits_wanted {
+            g.read(&s.logits, m * vocab)?
+        } else {
+            Vec::new()
+        };
+        launch::sample_rows(
+            &g,
+            s.logits.ptr(),
+            bufs.params.ptr(),
+            bufs.edits.ptr(),
+            vocab,
+            bufs.tokens.ptr(),
+            bufs.log_probs.ptr(),
+            m,
+        )?;
+        let tokens = g.read(&bufs.tokens, m)?;
+        let log_probs = g.read(&bufs.log_probs, m)?;
+        let mut out = Vec::with_capacity(lay.counts.len());
+        let mut at = 0;
+        for (&c, p) in lay.counts.iter().zip(plans) {
+            out.push(if p.len() == c && c > 0 {
+                RowsOut::Chosen(
+                    (at..at + c)
+                        .map(|r| RowChoice {
+                            token: u32::try_from(tokens[r]).ok(),
+                            log_prob: log_probs[r],
+                        })
+                        .collect(),
+                )
+            } else {
+                RowsOut::Logits(
+                    logits
+                        .get(at * vocab..(at + c) * vocab)
+                        .unwrap_or(&[])
+                        .to_vec(),
+                )
+            });
+            at += c;
+        }
+        Ok(out)
+    }
+}
+
+/// Device buffers of the sampling kernel for up to `rows` rows and `edit_words` words of
+/// edits.
+struct SampleBufs {
+    rows: usize,
+    edit_words: usize,
+    params: DevBuf<u32>,
+    edits: DevBuf<u32>,
+    tokens: DevBuf<i32>,
+    log_probs: DevBuf<f32>,
+}
+
+impl SampleBufs {
+    fn new(g: &Gpu, rows: usize, edit_words: usize) -> Result<Self> {
+        Ok(SampleBufs {
+            rows,
+            edit_words,
+            params: g.alloc(rows * sampling::PLAN_WORDS)?,
+            edits: g.alloc(edit_words)?,
+            tokens: g.alloc(rows)?,
+            log_probs: g.alloc(rows)?,
+        })
     }
 }
 
@@ -380,8 +513,12 @@ impl ForwardPass for CudaForward {
             return Ok(chunks.iter().map(|_| Vec::new()).collect());
         }
         self.model.gpu.bind()?;
-        let logits = self.run(&lay)?;
+        self.run(&lay)?;
         let vocab = self.model.config.vocab_size;
+        let logits = self
+            .model
+            .gpu
+            .read(&self.scratch()?.logits, lay.m * vocab)?;
         let mut out = Vec::with_capacity(chunks.len());
         let mut at = 0;
         for &c in &lay.counts {
@@ -389,6 +526,34 @@ impl ForwardPass for CudaForward {
             at += c;
         }
         Ok(out)
+    }
+
+    fn samples(&self) -> bool {
+        true
+    }
+
+    fn forward_choose(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        plans: &[Vec<RowPlan>],
+    ) -> Result<Vec<RowsOut>> {
+        let cfg = &self.model.config;
+        check_chunks(cfg, chunks, self.block_size, self.num_blocks)?;
+        let lay = Layout::new(chunks, self.block_size)?;
+        if lay.n == 0 || lay.m == 0 {
+            if lay.n > 0 {
+                self.model.gpu.bind()?;
+                self.run(&lay)?;
+            }
+            return Ok(lay
+                .counts
+                .iter()
+                .map(|_| RowsOut::Logits(Vec::new()))
+                .collect());
+        }
+        self.model.gpu.bind()?;
+        self.run(&lay)?;
+        self.choose(&lay, plans)
     }
 }
 

@@ -9,9 +9,9 @@ pub mod weights;
 use std::sync::Arc;
 
 use super::backend::{Backend, ForwardPass};
-use super::config::{KvDtype, ModelConfig};
+use super::config::ModelConfig;
 use super::Llama;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::cuda::launch::Heads;
 use crate::kernels::cuda::{Gpu, Half};
 use weights::GpuWeights;
@@ -30,17 +30,27 @@ impl CudaModel {
         Self::load_as(model, ordinal, None)
     }
 
-    /// As [`CudaModel::load`], in `half` when given: GGUF models default to f16 (the
-    /// values the CPU engine holds), HF checkpoints to bf16 (their stored type).
+    /// As [`CudaModel::load`], in `half` when given. The default is f16 whenever every
+    /// weight fits it: GGUF models (the values the CPU engine holds), and HF checkpoints,
+    /// whose bf16 values f16 holds exactly (f16 has three more mantissa bits and a
+    /// narrower range: below 2^-14 the lowest bits go). f16 activations carry those bits
+    /// too: on a random Llama-3.2-1B against HF in fp32 the logits' error is 2.3e-3 in
+    /// f16 and 1.8e-2 in bf16, at the same speed. A checkpoint with a weight beyond f16's
+    /// range (65504) loads in bf16.
     pub fn load_as(model: &Llama, ordinal: usize, half: Option<Half>) -> Result<Arc<Self>> {
         let config = model.config().clone();
         heads(&config).check()?;
         let gpu = Gpu::open(ordinal)?;
-        let half = half.unwrap_or(match config.kv_dtype {
-            KvDtype::F16 => Half::F16,
-            KvDtype::F32 => Half::Bf16,
-        });
-        let weights = GpuWeights::upload(&gpu, model, half)?;
+        let weights = match half {
+            Some(half) => GpuWeights::upload(&gpu, model, half)?,
+            None => match GpuWeights::upload(&gpu, model, Half::F16) {
+                Err(Error::Model(e)) if e.contains(weights::OVERFLOW) => {
+                    tracing::warn!("{e}; loading the model in bf16");
+                    GpuWeights::upload(&gpu, model, Half::Bf16)?
+                }
+                other => other?,
+            },
+        };
         Ok(Arc::new(CudaModel {
             gpu,
             config,

@@ -1,11 +1,11 @@
-//! Llama weights on the GPU: every matrix in the model's 16-bit type (bf16 for HF
-//! checkpoints, whose bf16 values arrive unchanged; f16 for GGUF, whose quantized tensors
-//! are dequantized here, exactly as the CPU engine holds them), norms, biases and RoPE
-//! frequencies in fp32.
+//! Llama weights on the GPU: every matrix in the model's 16-bit type (f16 by default:
+//! HF checkpoints' bf16 values, which f16 holds exactly in its range, and GGUF's quantized
+//! tensors dequantized here, exactly as the CPU engine holds them; bf16 on request or when
+//! a weight overflows f16), norms, biases and RoPE frequencies in fp32.
 
 use rayon::prelude::*;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::cuda::{DevBuf, Gpu, Half};
 use crate::kernels::matmul::Matrix;
 use crate::model::weights::Linear;
@@ -39,6 +39,9 @@ pub struct GpuWeights {
     pub inv_freq: DevBuf<f32>,
 }
 
+/// What the error of a weight that overflows the 16-bit type says.
+pub const OVERFLOW: &str = "overflows the 16-bit type";
+
 /// A matrix as 16-bit bits, row by row (in parallel: dequantizing is the slow part).
 pub fn to_half(m: &Matrix, rows: usize, cols: usize, half: Half) -> Vec<u16> {
     let mut out = vec![0u16; rows * cols];
@@ -54,9 +57,42 @@ pub fn to_half(m: &Matrix, rows: usize, cols: usize, half: Half) -> Vec<u16> {
     out
 }
 
+/// [`to_half`], refusing a matrix with a finite weight the type cannot hold.
+fn to_half_checked(
+    m: &Matrix,
+    rows: usize,
+    cols: usize,
+    half: Half,
+    what: &str,
+) -> Result<Vec<u16>> {
+    let bits = to_half(m, rows, cols, half);
+    let inf = half.bits(f32::INFINITY) & 0x7fff;
+    if bits.par_iter().any(|&b| b & 0x7fff == inf) {
+        let mut row = vec![0f32; cols];
+        let finite_overflow = (0..rows).any(|r| {
+            m.row_into(r, cols, &mut row);
+            row.iter()
+                .any(|v| v.is_finite() && !half.value(half.bits(*v)).is_finite())
+        });
+        if finite_overflow {
+            return Err(Error::Model(format!(
+                "a weight of {what} {OVERFLOW} {}",
+                half.suffix()
+            )));
+        }
+    }
+    Ok(bits)
+}
+
 fn linear(gpu: &Gpu, l: &Linear, half: Half) -> Result<GpuLinear> {
     Ok(GpuLinear {
-        w: gpu.upload(&to_half(&l.w, l.rows, l.cols, half))?,
+        w: gpu.upload(&to_half_checked(
+            &l.w,
+            l.rows,
+            l.cols,
+            half,
+            "a linear layer",
+        )?)?,
         b: l.b.as_deref().map(|b| gpu.upload(b)).transpose()?,
         rows: l.rows,
         cols: l.cols,
@@ -68,7 +104,13 @@ impl GpuWeights {
         gpu.bind()?;
         let cfg = model.config();
         let w = model.weights();
-        let embed = gpu.upload(&to_half(&w.embed, cfg.vocab_size, cfg.hidden_size, half))?;
+        let embed = gpu.upload(&to_half_checked(
+            &w.embed,
+            cfg.vocab_size,
+            cfg.hidden_size,
+            half,
+            "the embedding",
+        )?)?;
         let mut layers = Vec::with_capacity(w.layers.len());
         for lw in &w.layers {
             layers.push(GpuLayer {

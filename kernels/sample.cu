@@ -1,0 +1,378 @@
+// Sampling on the device: one block per row of fp32 logits chooses that row's token from
+// its plan (the CPU twin is RowPlan::choose in src/sampling/plan.rs; both must give the
+// same token for the same logits, plan and seed):
+//   1. edits: repetition penalty, then presence/frequency by generated count, then bans;
+//   2. clean (NaN -> -inf, +inf -> FLT_MAX, -0 -> +0), the maximum and its first index;
+//   3. greedy: that index; otherwise weights w = exp_fast((x - max) * inv_t), the top-k
+//      prefix in rank order (logit descending, id ascending) by a radix select on counts,
+//      the top-p prefix inside it by a radix select on fixed-point mass, and a draw:
+//      the first kept id, in id order, whose running weight exceeds u * kept weight,
+//      u = step_uniform(seed, step).
+// Float arithmetic that must match the host is written with _rn intrinsics so that no
+// multiply-add is contracted. Sums are deterministic (fixed reduction trees, integer
+// atomics only), so a seed gives the same token on every run.
+//
+// params: 16 words per row: flags (1 greedy, 2 log-prob), inv_t, top_k (0 all), top_p,
+// seed lo/hi, step lo/hi, repetition, presence, frequency, first edit, end of edits.
+// edits: (token, info) pairs; info = generated count | 1<<30 repeat | 1<<31 ban.
+// tokens[row] = -1 when no token is allowed (log_probs[row] = -inf).
+// grid: one block per row; block: SAMPLE_THREADS threads.
+
+#define SAMPLE_THREADS 1024
+#define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+#define EDIT_REPEAT (1u << 30)
+#define EDIT_BAN (1u << 31)
+#define EDIT_COUNT (EDIT_REPEAT - 1u)
+#define MASS_SCALE 1099511627776.0  // 2^40: a weight of 1 in fixed point
+
+__device__ __forceinline__ float sample_clean(float x) {
+    x = x > -INFINITY ? x : -INFINITY;  // NaN fails the comparison
+    x = x < 3.40282347e38f ? x : 3.40282347e38f;
+    return __fadd_rn(x, 0.0f);
+}
+
+// The host's math::exp_fast, operation for operation.
+__device__ __forceinline__ float sample_exp(float x) {
+    const float LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f, ROUND = 12582912.0f;
+    float xc = x > -87.0f ? x : -87.0f;
+    xc = xc < 88.0f ? xc : 88.0f;
+    float shifted = __fadd_rn(__fmul_rn(xc, 1.44269504088896341f), ROUND);
+    float n = __fsub_rn(shifted, ROUND);
+    int n_int = __float_as_int(shifted) - __float_as_int(ROUND);
+    float r = __fsub_rn(__fsub_rn(xc, __fmul_rn(n, LN2_HI)), __fmul_rn(n, LN2_LO));
+    float p = __fadd_rn(1.0f / 720.0f, __fmul_rn(r, 1.0f / 5040.0f));
+    p = __fadd_rn(1.0f / 120.0f, __fmul_rn(r, p));
+    p = __fadd_rn(1.0f / 24.0f, __fmul_rn(r, p));
+    p = __fadd_rn(1.0f / 6.0f, __fmul_rn(r, p));
+    p = __fadd_rn(1.0f / 2.0f, __fmul_rn(r, p));
+    p = __fadd_rn(1.0f, __fmul_rn(r, p));
+    p = __fadd_rn(1.0f, __fmul_rn(r, p));
+    float scale = __int_as_float((n_int + 127) << 23);
+    return x < -87.0f ? 0.0f : __fmul_rn(p, scale);
+}
+
+// Order-preserving key of a cleaned logit: larger logit, larger key.
+__device__ __forceinline__ unsigned sample_key(float v) {
+    unsigned u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ unsigned long long sample_mix(unsigned long long z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    double t = lane < SAMPLE_WARPS ? scratch[lane] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+}
+
+__device__ __forceinline__ int block_min_int(int v, int* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    int t = lane < SAMPLE_WARPS ? scratch[lane] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t = min(t, __shfl_xor_sync(0xffffffffu, t, o));
+    return t;
+}
+
+__device__ __forceinline__ int block_max_int(int v, int* scratch) {
+    return -block_min_int(-v, scratch);
+}
+
+// Exclusive prefix sum over threads in thread order (deterministic for doubles too).
+template <typename T>
+__device__ __forceinline__ T block_scan_excl(T v, T* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    T incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        T up = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += up;
+    }
+    __syncthreads();
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        T t = lane < SAMPLE_WARPS ? scratch[lane] : (T)0;
+        T ti = t;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            T up = __shfl_up_sync(0xffffffffu, ti, o);
+            if (lane >= o) ti += up;
+        }
+        if (lane < SAMPLE_WARPS) scratch[lane] = ti - t;  // exclusive warp offsets
+    }
+    __syncthreads();
+    return scratch[warp] + incl - v;
+}
+
+struct SampleRow {
+    const float* x;
+    int n;
+    float mx, inv_t;
+    unsigned tk;  // top-k boundary key: kept when key > tk, or key == tk and id <= ck
+    int ck;
+    unsigned tp;  // top-p boundary, the same way inside the top-k prefix
+    int cp;
+    bool use_p;
+
+    __device__ __forceinline__ float weight(float v) const {
+        return sample_exp(__fmul_rn(__fsub_rn(v, mx), inv_t));
+    }
+    __device__ __forceinline__ bool in_k(unsigned key, int i) const {
+        return key > tk || (key == tk && i <= ck);
+    }
+    __device__ __forceinline__ bool kept(unsigned key, int i) const {
+        return in_k(key, i) && (!use_p || key > tp || (key == tp && i <= cp));
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+    KERNEL(sample_rows)(float* __restrict__ logits, const unsigned* __restrict__ params,
+                        const unsigned* __restrict__ edits, int vocab, int* __restrict__ tokens,
+                        float* __restrict__ log_probs) {
+    __shared__ unsigned hist_n[256];
+    __shared__ unsigned long long hist_m[256];
+    __shared__ double dscratch[32];
+    __shared__ unsigned long long uscratch[32];
+    __shared__ unsigned iscratch_u[32];
+    __shared__ int iscratch[32];
+    __shared__ unsigned sel_u[2];
+    __shared__ unsigned long long sel_m;
+
+    const int row = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, n = vocab;
+    const unsigned* pr = params + (size_t)row * 16;
+    float* x = logits + (size_t)row * n;
+    const bool greedy = pr[0] & 1u, want_lp = pr[0] & 2u;
+    const float inv_t = __uint_as_float(pr[1]);
+    const unsigned top_k = pr[2];
+    const float top_p = __uint_as_float(pr[3]);
+    const unsigned long long seed = pr[4] | ((unsigned long long)pr[5] << 32);
+    const unsigned long long step = pr[6] | ((unsigned long long)pr[7] << 32);
+    const float rep = __uint_as_float(pr[8]), pres = __uint_as_float(pr[9]),
+                freq = __uint_as_float(pr[10]);
+
+    // 1. Edits (at most one per token, so no two threads touch one logit).
+    for (unsigned e = pr[11] + tid; e < pr[12]; e += nt) {
+        unsigned tok = edits[2 * e], info = edits[2 * e + 1];
+        if (tok >= (unsigned)n) continue;
+        float v = x[tok];
+        if (info & EDIT_REPEAT) v = v > 0.0f ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
+        unsigned count = info & EDIT_COUNT;
+        if (count) v = __fsub_rn(v, __fadd_rn(pres, __fmul_rn(freq, (float)count)));
+        if (info & EDIT_BAN) v = -INFINITY;
+        x[tok] = v;
+    }
+    __syncthreads();
+
+    // 2. The maximum and its first index.
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = tid; i < n; i += nt) {
+        float v = sample_clean(x[i]);
+        if (v > best) best = v, bi = i;
+    }
+    {
+        int lane = tid & 31, warp = tid >> 5;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
+        }
+        __shared__ float bv[32];
+        if (lane == 0) bv[warp] = best, iscratch[warp] = bi;
+        __syncthreads();
+        best = lane < SAMPLE_WARPS ? bv[lane] : -INFINITY;
+        bi = lane < SAMPLE_WARPS ? iscratch[lane] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
+        }
+    }
+    if (best == -INFINITY) {
+        if (tid == 0) tokens[row] = -1, log_probs[row] = -INFINITY;
+        return;
+    }
+    SampleRow s;
+    s.x = x, s.n = n, s.mx = best, s.inv_t = inv_t;
+    s.tk = 0, s.ck = n, s.tp = 0, s.cp = n, s.use_p = false;
+
+    // The whole row's weight, for the log-probability.
+    double total = 0.0;
+    if (want_lp) {
+        for (int i = tid; i < n; i += nt) total += (double)s.weight(sample_clean(x[i]));
+        total = block_sum_f64(total, dscratch);
+    }
+    if (greedy) {
+        if (tid == 0) tokens[row] = bi, log_probs[row] = want_lp ? (float)(-log(total)) : 0.0f;
+        return;
+    }
+
+    // Each thread's contiguous run of ids, for the scans that go in id order.
+    const int seg = (n + nt - 1) / nt, lo = min(n, tid * seg), hi = min(n, lo + seg);
+
+    // 3a. Top-k: the key of the k-th token in rank order, then which of its ties (by id).
+    if (top_k != 0 && top_k < (unsigned)n) {
+        unsigned prefix = 0, pmask = 0, need = top_k;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int b = tid; b < 256; b += nt) hist_n[b] = 0;
+            __syncthreads();
+            for (int i = tid; i < n; i += nt) {
+                unsigned k = sample_key(sample_clean(x[i]));
+                if ((k & pmask) == prefix) atomicAdd(&hist_n[(k >> shift) & 255u], 1u);
+            }
+            __syncthreads();
+            if (tid == 0) {
+                unsigned above = 0;
+                int b = 255;
+                for (; b > 0; --b) {
+                    if (above + hist_n[b] >= need) break;
+                    above += hist_n[b];
+                }
+                sel_u[0] = (unsigned)b, sel_u[1] = need - above;
+            }
+            __syncthreads();
+            prefix |= sel_u[0] << shift, pmask |= 255u << shift, need = sel_u[1];
+            __syncthreads();
+        }
+        // The need-th tie in id order.
+        unsigned c = 0;
+        for (int i = lo; i < hi; ++i) c += sample_key(sample_clean(x[i])) == prefix;
+        unsigned before = block_scan_excl<unsigned>(c, iscratch_u);
+        int cut = 0x7fffffff;
+        if (before < need && need <= before + c) {
+            unsigned run = before;
+            for (int i = lo; i < hi; ++i) {
+                if (sample_key(sample_clean(x[i])) == prefix && ++run == need) {
+                    cut = i;
+                    break;
+                }
+            }
+        }
+        s.tk = prefix, s.ck = block_min_int(cut, iscratch);
+    }
+
+    // 3b. Top-p inside the top-k prefix, on fixed-point mass.
+    if (top_p < 1.0f) {
+        double mk = 0.0;
+        for (int i = tid; i < n; i += nt) {
+            float v = sample_clean(x[i]);
+            if (s.in_k(sample_key(v), i)) mk += (double)s.weight(v);
+        }
+        mk = block_sum_f64(mk, dscratch);
+        const double target = mk * (double)top_p;
+        const unsigned long long tgt = target <= 0.0 ? 0ull : __double2ull_rn(target * MASS_SCALE);
+        unsigned prefix = 0, pmask = 0;
+        unsigned long long above = 0;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int b = tid; b < 256; b += nt) hist_n[b] = 0, hist_m[b] = 0;
+            __syncthreads();
+            for (int i = tid; i < n; i += nt) {
+                float v = sample_clean(x[i]);
+                unsigned k = sample_key(v);
+                if ((k & pmask) == prefix && s.in_k(k, i)) {
+                    unsigned d = (k >> shift) & 255u;
+                    atomicAdd(&hist_n[d], 1u);
+                    atomicAdd(&hist_m[d], __double2ull_rn((double)s.weight(v) * MASS_SCALE));
+                }
+            }
+            __syncthreads();
+            if (tid == 0) {
+                // The first bin from the top, holding tokens, where the mass reaches the
+                // target; the lowest such bin when rounding leaves it short.
+                unsigned long long acc = above;
+                int pick = -1, lowest = 0;
+                for (int b = 255; b >= 0; --b) {
+                    if (hist_n[b] == 0) continue;
+                    lowest = b;
+                    if (acc + hist_m[b] >= tgt) {
+                        pick = b;
+                        break;
+                    }
+                    acc += hist_m[b];
+                }
+                if (pick < 0) pick = lowest, acc -= hist_m[lowest];
+                sel_u[0] = (unsigned)pick, sel_m = acc;
+            }
+            __syncthreads();
+            prefix |= sel_u[0] << shift, pmask |= 255u << shift, above = sel_m;
+            __syncthreads();
+        }
+        // The first tie, in id order, at which the mass reaches the target; the last tie
+        // when it never does.
+        unsigned long long m = 0;
+        for (int i = lo; i < hi; ++i) {
+            float v = sample_clean(x[i]);
+            unsigned k = sample_key(v);
+            if (k == prefix && s.in_k(k, i)) m += __double2ull_rn((double)s.weight(v) * MASS_SCALE);
+        }
+        unsigned long long run = above + block_scan_excl<unsigned long long>(m, uscratch);
+        int cut = 0x7fffffff, last = -1;
+        for (int i = lo; i < hi; ++i) {
+            float v = sample_clean(x[i]);
+            unsigned k = sample_key(v);
+            if (k == prefix && s.in_k(k, i)) {
+                last = i;
+                run += __double2ull_rn((double)s.weight(v) * MASS_SCALE);
+                if (cut == 0x7fffffff && run >= tgt) cut = i;
+            }
+        }
+        cut = block_min_int(cut, iscratch);
+        last = block_max_int(last, iscratch);
+        s.tp = prefix, s.cp = cut == 0x7fffffff ? last : cut, s.use_p = true;
+    }
+
+    // 3c. The draw over the kept tokens in id order.
+    double mass = 0.0;
+    for (int i = lo; i < hi; ++i) {
+        float v = sample_clean(x[i]);
+        if (s.kept(sample_key(v), i)) mass += (double)s.weight(v);
+    }
+    double before = block_scan_excl<double>(mass, dscratch);
+    __shared__ double kept_sum;
+    if (tid == nt - 1) kept_sum = before + mass;  // the last thread's inclusive sum
+    __syncthreads();
+    const double kept_total = kept_sum;
+    const double u =
+        (double)(sample_mix(sample_mix(seed ^ sample_mix(step))) >> 11) * (1.0 / 9007199254740992.0);
+    const double r = u * kept_total;
+    int pick = 0x7fffffff, last = -1;
+    double run = before;
+    for (int i = lo; i < hi; ++i) {
+        float v = sample_clean(x[i]);
+        if (!s.kept(sample_key(v), i)) continue;
+        float w = s.weight(v);
+        if (w > 0.0f) last = i;
+        run += (double)w;
+        if (r < run) {
+            pick = i;
+            break;
+        }
+    }
+    pick = block_min_int(pick, iscratch);
+    last = block_max_int(last, iscratch);
+    if (pick == 0x7fffffff) pick = last < 0 ? bi : last;
+    if (tid == 0) {
+        tokens[row] = pick;
+        float w = s.weight(sample_clean(x[pick]));
+        log_probs[row] = want_lp ? (float)(log((double)w) - log(total)) : 0.0f;
+    }
+}

@@ -1,0 +1,263 @@
+//! The sampling kernel (`sample_rows`) against its CPU twin (`RowPlan::choose`): the same
+//! random logits and plans on both sides must give the same tokens (the draw is keyed by
+//! seed and step, and both walk the kept tokens in id order), log-probabilities within
+//! rounding, and the same edited logits. Rows cover greedy, temperature alone, top-k,
+//! top-p, both, penalties and bans, many ties, NaN and infinities, rows with nothing
+//! allowed, and vocabularies from 77 to 128256 ids.
+
+use std::time::Instant;
+
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use super::Row;
+use crate::error::Result;
+use crate::kernels::cuda::{launch, Gpu};
+use crate::sampling::{pack, Edit, RowPlan, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT};
+
+/// Rows per case.
+const ROWS: usize = 64;
+
+struct Case {
+    name: &'static str,
+    greedy: bool,
+    temperature: f32,
+    top_k: usize,
+    top_p: f32,
+    penalties: bool,
+    /// Logits take few distinct values, so ties straddle every boundary.
+    ties: bool,
+    /// Some logits are NaN or infinite; some rows allow no token.
+    odd: bool,
+}
+
+const fn case(name: &'static str, temperature: f32, top_k: usize, top_p: f32) -> Case {
+    Case {
+        name,
+        greedy: temperature == 0.0,
+        temperature,
+        top_k,
+        top_p,
+        penalties: false,
+        ties: false,
+        odd: false,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        case("greedy", 0.0, 0, 1.0),
+        Case {
+            penalties: true,
+            odd: true,
+            ..case("greedy, penalties, bans, NaN/inf", 0.0, 0, 1.0)
+        },
+        case("temperature 0.7", 0.7, 0, 1.0),
+        case("top_k 50", 1.0, 50, 1.0),
+        case("top_k 2000", 1.2, 2000, 1.0),
+        case("top_p 0.9", 1.0, 0, 0.9),
+        case("top_p 0", 1.0, 0, 0.0),
+        case("top_k 40, top_p 0.5", 0.8, 40, 0.5),
+        Case {
+            penalties: true,
+            ..case("top_k 100, top_p 0.95, penalties", 0.9, 100, 0.95)
+        },
+        Case {
+            ties: true,
+            ..case("ties, top_k 7, top_p 0.6", 1.0, 7, 0.6)
+        },
+        Case {
+            ties: true,
+            odd: true,
+            ..case("ties, NaN/inf, top_p 0.8", 1.0, 0, 0.8)
+        },
+    ]
+}
+
+fn logits(rng: &mut StdRng, vocab: usize, c: &Case, row: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..vocab)
+        .map(|_| {
+            if c.ties {
+                rng.gen_range(0..6) as f32
+            } else {
+                rng.gen_range(-6.0f32..6.0) * if row.is_multiple_of(2) { 1.0 } else { 3.0 }
+            }
+        })
+        .collect();
+    if c.odd {
+        for _ in 0..4 {
+            let i = rng.gen_range(0..vocab);
+            v[i] = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, -0.0][rng.gen_range(0..4)];
+        }
+        if row % 16 == 5 {
+            v.iter_mut().for_each(|x| *x = f32::NAN);
+        }
+    }
+    v
+}
+
+fn plan(rng: &mut StdRng, vocab: usize, c: &Case) -> RowPlan {
+    let mut edits = Vec::new();
+    if c.penalties {
+        let mut tokens: Vec<u32> = (0..rng.gen_range(1..60))
+            .map(|_| rng.gen_range(0..vocab as u32 + 3))
+            .collect();
+        tokens.sort_unstable();
+        tokens.dedup();
+        for t in tokens {
+            let mut info = rng.gen_range(0..4u32) & EDIT_COUNT;
+            if rng.gen_bool(0.7) {
+                info |= EDIT_REPEAT;
+            }
+            if rng.gen_bool(0.1) {
+                info |= EDIT_BAN;
+            }
+            edits.push(Edit { token: t, info });
+        }
+    }
+    RowPlan {
+        greedy: c.greedy,
+        inv_t: if c.greedy { 1.0 } else { 1.0 / c.temperature },
+        top_k: c.top_k,
+        top_p: c.top_p,
+        seed: rng.gen(),
+        step: rng.gen_range(0..5000),
+        want_log_prob: true,
+        repetition: if c.penalties { 1.3 } else { 1.0 },
+        presence: if c.penalties { 0.4 } else { 0.0 },
+        frequency: if c.penalties { 0.2 } else { 0.0 },
+        edits,
+    }
+}
+
+/// Every case at several vocabulary sizes.
+pub fn sample_rows(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
+    let mut out = Vec::new();
+    for vocab in [77, 4097, 49_152, 128_256] {
+        for c in cases() {
+            out.push(one(gpu, rng, vocab, &c)?);
+        }
+    }
+    out.push(timing(gpu, rng)?);
+    Ok(out)
+}
+
+fn one(gpu: &Gpu, rng: &mut StdRng, vocab: usize, c: &Case) -> Result<Row> {
+    let rows: Vec<Vec<f32>> = (0..ROWS).map(|r| logits(rng, vocab, c, r)).collect();
+    let plans: Vec<RowPlan> = (0..ROWS).map(|_| plan(rng, vocab, c)).collect();
+    let flat: Vec<f32> = rows.concat();
+    let packed = pack(&plans);
+    let d_logits = gpu.upload(&flat)?;
+    let d_params = gpu.upload(&packed.params)?;
+    let d_edits = gpu.upload(&packed.edits)?;
+    let d_tokens = gpu.upload(&vec![-2i32; ROWS])?;
+    let d_lps = gpu.upload(&vec![f32::NAN; ROWS])?;
+    launch::sample_rows(
+        gpu,
+        d_logits.ptr(),
+        d_params.ptr(),
+        d_edits.ptr(),
+        vocab,
+        d_tokens.ptr(),
+        d_lps.ptr(),
+        ROWS,
+    )?;
+    let tokens = gpu.read(&d_tokens, ROWS)?;
+    let lps = gpu.read(&d_lps, ROWS)?;
+    let edited = gpu.read(&d_logits, ROWS * vocab)?;
+    let (mut mismatched, mut lp_err, mut edits_differ) = (0usize, 0f64, 0usize);
+    let mut written = tokens.iter().all(|&t| t >= -1) && lps.iter().all(|l| !l.is_nan());
+    for (r, (row, p)) in rows.iter().zip(&plans).enumerate() {
+        let mut want_edit = row.clone();
+        p.apply_edits(&mut want_edit);
+        let got_edit = &edited[r * vocab..(r + 1) * vocab];
+        edits_differ += want_edit
+            .iter()
+            .zip(got_edit)
+            .filter(|(a, b)| a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan()))
+            .count();
+        let want = p.choose(&mut row.clone());
+        let got = u32::try_from(tokens[r]).ok();
+        if got != want.token {
+            mismatched += 1;
+        } else if want.token.is_some() {
+            let e = (lps[r] as f64 - want.log_prob as f64).abs()
+                / (want.log_prob.abs() as f64).max(1.0);
+            lp_err = lp_err.max(e);
+        } else if lps[r] != f32::NEG_INFINITY {
+            written = false;
+        }
+    }
+    // A token differs only when a draw lands within rounding of a boundary: allow one row.
+    let err = (mismatched as f64 / ROWS as f64).max(lp_err) + edits_differ as f64;
+    Ok(Row {
+        check: format!("sample_rows: {}", c.name),
+        shape: format!("vocab {vocab}, {ROWS} rows"),
+        err,
+        tol: 0.02,
+        written,
+        note: format!(
+            "{mismatched} tokens differ, log-prob err {lp_err:.1e}, {edits_differ} edited logits differ"
+        ),
+        info: false,
+    })
+}
+
+/// The kernel's time for a decode batch of a Llama-3 vocabulary (reported, not checked).
+fn timing(gpu: &Gpu, rng: &mut StdRng) -> Result<Row> {
+    let (vocab, rows) = (128_256, 256);
+    let c = case("top_k 50, top_p 0.9", 0.8, 50, 0.9);
+    let plans: Vec<RowPlan> = (0..rows).map(|_| plan(rng, vocab, &c)).collect();
+    let greedy: Vec<RowPlan> = plans
+        .iter()
+        .map(|p| RowPlan {
+            greedy: true,
+            want_log_prob: false,
+            ..p.clone()
+        })
+        .collect();
+    let flat: Vec<f32> = (0..rows * vocab)
+        .map(|_| rng.gen_range(-6.0f32..6.0))
+        .collect();
+    let d_logits = gpu.upload(&flat)?;
+    let d_tokens = gpu.upload(&vec![0i32; rows])?;
+    let d_lps = gpu.upload(&vec![0f32; rows])?;
+    let mut times = Vec::new();
+    for set in [&plans, &greedy] {
+        let packed = pack(set.iter());
+        let d_params = gpu.upload(&packed.params)?;
+        let d_edits = gpu.upload(&packed.edits)?;
+        let run = || {
+            launch::sample_rows(
+                gpu,
+                d_logits.ptr(),
+                d_params.ptr(),
+                d_edits.ptr(),
+                vocab,
+                d_tokens.ptr(),
+                d_lps.ptr(),
+                rows,
+            )
+        };
+        run()?;
+        gpu.sync()?;
+        let t = Instant::now();
+        for _ in 0..20 {
+            run()?;
+        }
+        gpu.sync()?;
+        times.push(t.elapsed().as_secs_f64() / 20.0 * 1e6);
+    }
+    Ok(Row {
+        check: "sample_rows time".into(),
+        shape: format!("vocab {vocab}, {rows} rows"),
+        err: times[0],
+        tol: f64::INFINITY,
+        written: true,
+        note: format!(
+            "{:.0} us top_k 50 + top_p 0.9, {:.0} us greedy (per launch)",
+            times[0], times[1]
+        ),
+        info: true,
+    })
+}
