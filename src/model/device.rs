@@ -127,9 +127,13 @@ impl EngineChoice {
         };
         let gpu = CudaModel::load_as(&model, ordinal, half)?;
         drop(model);
-        let (tokens, batch) = (cfg.model.max_num_tokens, cfg.model.max_batch_size);
+        let batch = cfg
+            .model
+            .max_batch_size
+            .unwrap_or(crate::config::GPU_MAX_BATCH);
+        let tokens = cfg.model.max_num_tokens;
         let own = gpu.kv_bytes_per_token();
-        let scheduler = cfg.scheduler_with(&gpu.config, |f| {
+        let scheduler = cfg.scheduler_with(&gpu.config, batch, |f| {
             gpu.kv_tokens_for(f, tokens, batch)
                 .map(|n| n * own / (own + shared_kv_bytes).max(1))
         })?;
