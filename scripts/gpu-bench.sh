@@ -180,8 +180,11 @@ bench_run() {
     return 0
   fi
   log "bench $model $kind $ilen/$olen: $n requests, concurrency ${conc:-unlimited}, warm-up $warm"
-  local it0 it1 iters=null
+  local it0 it1 iters=null c0 c1 w0 w1 n0 n1 engine=null
   it0=$(iterations)
+  c0=$(server_metric inflight_engine_compute_duration_us)
+  w0=$(server_metric inflight_engine_wait_duration_us)
+  n0=$(server_metric inflight_engine_wait_count)
   timeout -k 10 "$BENCH_TIMEOUT" "$BIN" bench --url "http://127.0.0.1:$PORT" \
     --endpoint generate_stream --tokenizer "$tok" --num-requests "$n" \
     ${conc:+--concurrency "$conc"} --warmup "$warm" --seed 0 --no-progress \
@@ -189,9 +192,17 @@ bench_run() {
     token-norm-dist --input-mean "$ilen" --output-mean "$olen" 2>&1 | tee "$blog"
   rc=${PIPESTATUS[0]}
   it1=$(iterations)
+  c1=$(server_metric inflight_engine_compute_duration_us)
+  w1=$(server_metric inflight_engine_wait_duration_us)
+  n1=$(server_metric inflight_engine_wait_count)
   # Engine iterations of this run (its warm-up requests included), from the server's
   # Triton metric; the table derives tokens and milliseconds per iteration from them.
   if [ "$it0" -ge 0 ] && [ "$it1" -ge "$it0" ]; then iters=$((it1 - it0)); fi
+  # Engine compute and the waits between back-to-back iterations (the device idle on the
+  # rest of the pipeline), in microseconds over this run.
+  if [ "$c0" -ge 0 ] && [ "$w0" -ge 0 ] && [ "$n0" -ge 0 ] && [ "$c1" -ge "$c0" ]; then
+    engine="{\"compute_us\":$((c1 - c0)),\"wait_us\":$((w1 - w0)),\"waits\":$((n1 - n0))}"
+  fi
   "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
     "http://127.0.0.1:$((PORT + 2))/metrics" >"$base.metrics" 2>/dev/null
   case $rc in
@@ -200,7 +211,7 @@ bench_run() {
     *) status="bench exit $rc" ;;
   esac
   [ "$rc" = 0 ] || FAILS=$((FAILS + 1))
-  record "{\"kind\":\"$kind\",\"model\":\"$model\",\"in\":$ilen,\"out\":$olen,\"n\":$n,\"conc\":${conc:-null},\"warmup\":$warm,\"iters\":$iters,\"json\":\"$json\",\"log\":\"$blog\",\"rc\":$rc,\"status\":\"$status\"}"
+  record "{\"kind\":\"$kind\",\"model\":\"$model\",\"in\":$ilen,\"out\":$olen,\"n\":$n,\"conc\":${conc:-null},\"warmup\":$warm,\"iters\":$iters,\"engine\":$engine,\"json\":\"$json\",\"log\":\"$blog\",\"rc\":$rc,\"status\":\"$status\"}"
   if ! kill -0 "$SERVER_PID" 2>/dev/null; then
     log "the server exited during $model $kind $ilen/$olen; its log:"
     tail -20 "$OUT/server-$model.log" >&2
@@ -208,8 +219,11 @@ bench_run() {
 }
 
 # Engine iterations so far (the server's nv_inference_exec_count), -1 if unknown.
-iterations() {
-  "$PY" "$HERE/gpu_bench.py" metric "http://127.0.0.1:$((PORT + 2))/metrics" nv_inference_exec_count \
+iterations() { server_metric nv_inference_exec_count; }
+
+# A counter of the server's /metrics, summed over its labels; -1 if unknown.
+server_metric() {
+  "$PY" "$HERE/gpu_bench.py" metric "http://127.0.0.1:$((PORT + 2))/metrics" "$1" \
     2>/dev/null || echo -1
 }
 

@@ -487,6 +487,13 @@ def cmd_table(args):
                 notes.append(f"{iters} engine iterations, "
                              f"{summary['total_output_tokens'] / iters:.0f} output tok/iteration, "
                              f"{summary['duration_s'] * 1e3 / iters:.1f} ms/iteration")
+            eng = r.get("engine") or {}
+            if iters and iters > 0 and eng.get("compute_us") is not None:
+                wait_ms = eng["wait_us"] / 1e3 / max(eng["waits"], 1)
+                busy = eng["compute_us"] / max(eng["compute_us"] + eng["wait_us"], 1)
+                notes.append(f"engine {eng['compute_us'] / 1e3 / iters:.2f} ms compute per "
+                             f"iteration, {wait_ms:.2f} ms idle between back-to-back iterations "
+                             f"({100 * (1 - busy):.0f}% of engine time)")
             if summary.get("output_length_mismatches"):
                 notes.append(f"{summary['output_length_mismatches']} wrong output lengths")
             if summary.get("errors"):

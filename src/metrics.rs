@@ -163,6 +163,20 @@ impl Metrics {
             "Cumulative time requests spend waiting to be scheduled, in microseconds",
         );
         c(
+            "inflight_engine_compute_duration_us",
+            "Cumulative time engine iterations spent in the forward pass (and sampling on the \
+             device), in microseconds",
+        );
+        c(
+            "inflight_engine_wait_duration_us",
+            "Cumulative time the engine waited between back-to-back iterations (host sampling, \
+             scheduling, drafting, messages), in microseconds",
+        );
+        c(
+            "inflight_engine_wait_count",
+            "Back-to-back engine iterations whose wait is counted",
+        );
+        c(
             "inflight_spec_decode_steps_total",
             "Target steps that verified draft tokens (speculative decoding)",
         );
@@ -433,10 +447,23 @@ impl Metrics {
             ("model", "tensorrt_llm".to_string()),
             ("version", "1".to_string()),
         ];
-        let key = Self::key("nv_inference_exec_count", &exec);
-        self.recorder
-            .register_counter(&key, &META)
-            .absolute(iterations_total);
+        let t = &s.engine_time;
+        let counters = [
+            ("nv_inference_exec_count", iterations_total),
+            (
+                "inflight_engine_compute_duration_us",
+                t.compute.as_micros() as u64,
+            ),
+            (
+                "inflight_engine_wait_duration_us",
+                t.wait.as_micros() as u64,
+            ),
+            ("inflight_engine_wait_count", t.waits),
+        ];
+        for (name, value) in counters {
+            let key = Self::key(name, &exec);
+            self.recorder.register_counter(&key, &META).absolute(value);
+        }
     }
 
     /// Prometheus text exposition.

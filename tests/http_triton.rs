@@ -508,6 +508,9 @@ async fn metrics_move_with_requests() {
         "inflight_time_to_first_token_seconds",
         "inflight_inter_token_latency_seconds",
         "inflight_e2e_request_latency_seconds",
+        "inflight_engine_compute_duration_us",
+        "inflight_engine_wait_duration_us",
+        "inflight_engine_wait_count",
     ] {
         assert!(text.contains(name), "missing {name}");
     }
@@ -547,6 +550,13 @@ async fn metrics_move_with_requests() {
         .await
             >= 4.0
     );
+    // Engine time: every iteration computed; each answer's later tokens came from
+    // iterations sent in reply to the one before, whose waits are counted.
+    let engine = |name: &str| format!("{name}{{model=\"tensorrt_llm\",version=\"1\"}}");
+    assert!(metric(&s, &engine("inflight_engine_compute_duration_us")).await > 0.0);
+    assert!(metric(&s, &engine("inflight_engine_wait_count")).await >= 3.0);
+    let wait = metric(&s, &engine("inflight_engine_wait_duration_us")).await;
+    assert!(wait > 0.0 && wait < 60e6, "wait {wait} us");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,11 +17,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::engine_sampling::EngineSampling;
-use super::messages::{EngineMsg, SampleRow, SamplerMsg, SchedulerMsg, SeqId, StepSeq};
+use super::messages::{EngineMsg, SampleRow, SamplerMsg, SchedulerMsg, SeqId, StepSeq, StepTiming};
 use crate::model::{Backend, ForwardPass, RowsOut, SeqChunk};
 use crate::sampling::RowPlan;
 
@@ -44,6 +45,8 @@ pub struct EngineState {
     sampler: Option<ActorRef<SamplerMsg>>,
     /// Set when the forward pass samples: the sequences' sampling state.
     sampling: Option<EngineSampling>,
+    /// When the last `Step` finished (its results handed on).
+    last_end: Option<Instant>,
     fault: bool,
 }
 
@@ -65,6 +68,7 @@ impl Actor for Engine {
             tables: HashMap::new(),
             sampler: args.sampler,
             sampling,
+            last_end: None,
             fault: false,
         })
     }
@@ -81,8 +85,14 @@ impl Actor for Engine {
                 iteration,
                 seqs,
                 dropped,
+                follows,
                 reply_to,
             } => {
+                let started = Instant::now();
+                let wait = state
+                    .last_end
+                    .filter(|_| follows)
+                    .map(|end| started.duration_since(end));
                 state.drop_seqs(dropped);
                 if state.fault {
                     panic!("injected engine fault at iteration {iteration}");
@@ -93,14 +103,17 @@ impl Actor for Engine {
                     let (seqs, out) = state.step(seqs, Some(plans)).await?;
                     let sampling = state.sampling.as_mut().ok_or("engine lost its sampling")?;
                     let (output, sampled) = sampling.finish(&seqs, out);
+                    let timing = state.finish_timing(started, wait);
                     reply_to.cast(SchedulerMsg::StepDone {
                         iteration,
                         output,
                         sampled,
+                        timing,
                     })?;
                     return Ok(());
                 }
                 let (seqs, out) = state.step(seqs, None).await?;
+                let timing = state.finish_timing(started, wait);
                 let mut rows = Vec::new();
                 let mut logits = Vec::new();
                 for (s, l) in seqs.into_iter().zip(out) {
@@ -116,6 +129,7 @@ impl Actor for Engine {
                     iteration,
                     rows,
                     logits,
+                    timing,
                     reply_to,
                 })?;
             }
@@ -134,6 +148,16 @@ impl Actor for Engine {
 }
 
 impl EngineState {
+    /// The timing of a step that started at `started`, which now ends.
+    fn finish_timing(&mut self, started: Instant, wait: Option<Duration>) -> StepTiming {
+        let end = Instant::now();
+        self.last_end = Some(end);
+        StepTiming {
+            compute: end.duration_since(started),
+            wait,
+        }
+    }
+
     fn drop_seqs(&mut self, dropped: Vec<SeqId>) {
         for id in dropped {
             self.tables.remove(&id);

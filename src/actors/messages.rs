@@ -1,8 +1,10 @@
 //! Every message the actors of one model tree exchange. One iteration travels as whole
 //! batches: Scheduler → Engine (`Step`) → Sampler (`Sample`) → Scheduler (`StepDone`) →
-//! Postprocess (`Emit`); fan-out to per-request streams happens only in Postprocess.
+//! Postprocess (`Emit`); an engine that samples on its device (the GPU) answers the
+//! Scheduler itself. Fan-out to per-request streams happens only in Postprocess.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use ractor::{ActorRef, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
@@ -89,6 +91,27 @@ pub struct SchedulerStats {
     pub generation_requests: usize,
     pub active_requests: usize,
     pub ready: bool,
+    /// Engine time since start.
+    pub engine_time: EngineTime,
+}
+
+/// Engine time summed over every iteration (see `StepTiming`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineTime {
+    pub compute: Duration,
+    /// Waits between back-to-back iterations, and how many there were.
+    pub wait: Duration,
+    pub waits: u64,
+}
+
+impl EngineTime {
+    pub fn add(&mut self, t: StepTiming) {
+        self.compute += t.compute;
+        if let Some(w) = t.wait {
+            self.wait += w;
+            self.waits += 1;
+        }
+    }
 }
 
 pub enum SchedulerMsg {
@@ -112,6 +135,7 @@ pub enum SchedulerMsg {
         iteration: u64,
         output: StepOutput,
         sampled: Vec<SeqSampled>,
+        timing: StepTiming,
     },
     /// The engine died: fail the requests whose KV state it held.
     EngineFailed { error: String },
@@ -191,6 +215,18 @@ pub struct SeqSampled {
     pub accepted: usize,
 }
 
+/// Where one engine iteration's time went, for the pipeline metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTiming {
+    /// The forward pass (with sampling, on a device that samples), start to results.
+    pub compute: Duration,
+    /// For an iteration the Scheduler sent in reply to the previous one's results: the
+    /// time since the engine finished that one, during which the device had nothing to
+    /// do but wait for the rest of the pipeline (sampling on the host, scheduling,
+    /// drafting, messages).
+    pub wait: Option<Duration>,
+}
+
 pub enum EngineMsg {
     /// Run one forward pass over a batch.
     Step {
@@ -198,6 +234,8 @@ pub enum EngineMsg {
         seqs: Vec<StepSeq>,
         /// Sequences whose state the engine can drop (finished, cancelled, preempted).
         dropped: Vec<SeqId>,
+        /// Sent in reply to the previous iteration's results (not after idling for work).
+        follows: bool,
         /// Where the sampled tokens go.
         reply_to: ActorRef<SchedulerMsg>,
     },
@@ -221,6 +259,7 @@ pub enum SamplerMsg {
         iteration: u64,
         rows: Vec<SampleRow>,
         logits: Vec<f32>,
+        timing: StepTiming,
         reply_to: ActorRef<SchedulerMsg>,
     },
     /// Drop per-sequence state.

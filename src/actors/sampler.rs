@@ -72,6 +72,7 @@ impl Actor for Sampler {
                 iteration,
                 rows,
                 mut logits,
+                timing,
                 reply_to,
             } => {
                 let (output, sampled) = sample_rows(state, &rows, &mut logits);
@@ -79,6 +80,7 @@ impl Actor for Sampler {
                     iteration,
                     output,
                     sampled,
+                    timing,
                 })?;
             }
         }

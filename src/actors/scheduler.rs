@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::messages::{
-    CancelReason, EngineMsg, PostprocessMsg, SamplerMsg, SchedulerMsg, SchedulerStats, SeqId,
-    SeqInit, SeqOutput, SeqSampled, StepSeq, SubmitError,
+    CancelReason, EngineMsg, EngineTime, PostprocessMsg, SamplerMsg, SchedulerMsg, SchedulerStats,
+    SeqId, SeqInit, SeqOutput, SeqSampled, StepSeq, SubmitError,
 };
 use crate::request::{GenerationParams, RequestId};
 use crate::scheduler::{Batch, SchedulerConfig, SeqEvent, SeqSpec, StepOutput};
@@ -60,6 +60,7 @@ pub struct SchedulerState {
     dropped: Vec<SeqId>,
     drains: Vec<RpcReplyPort<()>>,
     default_draft_tokens: Option<usize>,
+    timing: EngineTime,
 }
 
 impl Actor for SchedulerActor {
@@ -85,6 +86,7 @@ impl Actor for SchedulerActor {
             dropped: Vec::new(),
             drains: Vec::new(),
             default_draft_tokens: args.default_draft_tokens,
+            timing: EngineTime::default(),
         })
     }
 
@@ -94,6 +96,7 @@ impl Actor for SchedulerActor {
         msg: SchedulerMsg,
         state: &mut SchedulerState,
     ) -> Result<(), ActorProcessingErr> {
+        let follows = matches!(msg, SchedulerMsg::StepDone { .. });
         match msg {
             SchedulerMsg::Enqueue { seqs, reply } => {
                 let _ = reply.send(state.enqueue(seqs));
@@ -108,7 +111,11 @@ impl Actor for SchedulerActor {
                 iteration,
                 output,
                 sampled,
-            } => state.step_done(iteration, output, sampled),
+                timing,
+            } => {
+                state.timing.add(timing);
+                state.step_done(iteration, output, sampled);
+            }
             SchedulerMsg::EngineFailed { error } => state.engine_failed(&error),
             SchedulerMsg::EngineReady(engine) => state.engine = Some(engine),
             SchedulerMsg::Stats(reply) => {
@@ -116,7 +123,7 @@ impl Actor for SchedulerActor {
             }
             SchedulerMsg::Drain(reply) => state.drains.push(reply),
         }
-        state.kick(&myself)?;
+        state.kick(&myself, follows)?;
         if state.requests.is_empty() {
             for d in state.drains.drain(..) {
                 let _ = d.send(());
@@ -317,8 +324,13 @@ impl SchedulerState {
         self.emit(outs);
     }
 
-    /// Plans and sends the next iteration when the engine is idle.
-    fn kick(&mut self, myself: &ActorRef<SchedulerMsg>) -> Result<(), ActorProcessingErr> {
+    /// Plans and sends the next iteration when the engine is idle; `follows` when this is
+    /// the reply to the previous iteration's results.
+    fn kick(
+        &mut self,
+        myself: &ActorRef<SchedulerMsg>,
+        follows: bool,
+    ) -> Result<(), ActorProcessingErr> {
         let Some(engine) = self.engine.clone() else {
             return Ok(());
         };
@@ -364,6 +376,7 @@ impl SchedulerState {
             iteration: batch.iteration,
             seqs,
             dropped,
+            follows,
             reply_to: myself.clone(),
         })?;
         self.in_flight = Some(batch);
@@ -406,6 +419,7 @@ impl SchedulerState {
             generation_requests: it.num_generation_requests,
             active_requests: self.requests.len(),
             ready: self.engine.is_some(),
+            engine_time: self.timing,
         }
     }
 }

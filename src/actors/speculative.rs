@@ -88,6 +88,7 @@ impl Actor for Speculative {
                 iteration,
                 mut seqs,
                 dropped,
+                follows,
                 reply_to,
             } => {
                 for id in &dropped {
@@ -107,6 +108,7 @@ impl Actor for Speculative {
                     iteration,
                     seqs,
                     dropped,
+                    follows,
                     reply_to,
                 })?;
             }
