@@ -12,7 +12,7 @@ use rand::Rng;
 
 use super::Row;
 use crate::error::Result;
-use crate::kernels::cuda::{launch, Gpu};
+use crate::kernels::cuda::{launch, DevBuf, Gpu};
 use crate::sampling::{pack, Edit, RowPlan, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT};
 
 /// Rows per case.
@@ -142,29 +142,53 @@ pub fn sample_rows(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
     Ok(out)
 }
 
+/// The device buffers of one `sample_rows` launch: logits, plans, and poisoned outputs.
+struct Launch {
+    logits: DevBuf<f32>,
+    params: DevBuf<u32>,
+    edits: DevBuf<u32>,
+    tokens: DevBuf<i32>,
+    log_probs: DevBuf<f32>,
+    vocab: usize,
+    rows: usize,
+}
+
+impl Launch {
+    fn new(gpu: &Gpu, logits: &[f32], vocab: usize, plans: &[RowPlan]) -> Result<Self> {
+        let packed = pack(plans);
+        Ok(Launch {
+            logits: gpu.upload(logits)?,
+            params: gpu.upload(&packed.params)?,
+            edits: gpu.upload(&packed.edits)?,
+            tokens: gpu.upload(&vec![-2i32; plans.len()])?,
+            log_probs: gpu.upload(&vec![f32::NAN; plans.len()])?,
+            vocab,
+            rows: plans.len(),
+        })
+    }
+
+    fn run(&self, gpu: &Gpu) -> Result<()> {
+        launch::sample_rows(
+            gpu,
+            self.logits.ptr(),
+            self.params.ptr(),
+            self.edits.ptr(),
+            self.vocab,
+            self.tokens.ptr(),
+            self.log_probs.ptr(),
+            self.rows,
+        )
+    }
+}
+
 fn one(gpu: &Gpu, rng: &mut StdRng, vocab: usize, c: &Case) -> Result<Row> {
     let rows: Vec<Vec<f32>> = (0..ROWS).map(|r| logits(rng, vocab, c, r)).collect();
     let plans: Vec<RowPlan> = (0..ROWS).map(|_| plan(rng, vocab, c)).collect();
-    let flat: Vec<f32> = rows.concat();
-    let packed = pack(&plans);
-    let d_logits = gpu.upload(&flat)?;
-    let d_params = gpu.upload(&packed.params)?;
-    let d_edits = gpu.upload(&packed.edits)?;
-    let d_tokens = gpu.upload(&vec![-2i32; ROWS])?;
-    let d_lps = gpu.upload(&vec![f32::NAN; ROWS])?;
-    launch::sample_rows(
-        gpu,
-        d_logits.ptr(),
-        d_params.ptr(),
-        d_edits.ptr(),
-        vocab,
-        d_tokens.ptr(),
-        d_lps.ptr(),
-        ROWS,
-    )?;
-    let tokens = gpu.read(&d_tokens, ROWS)?;
-    let lps = gpu.read(&d_lps, ROWS)?;
-    let edited = gpu.read(&d_logits, ROWS * vocab)?;
+    let l = Launch::new(gpu, &rows.concat(), vocab, &plans)?;
+    l.run(gpu)?;
+    let tokens = gpu.read(&l.tokens, ROWS)?;
+    let lps = gpu.read(&l.log_probs, ROWS)?;
+    let edited = gpu.read(&l.logits, ROWS * vocab)?;
     let (mut mismatched, mut lp_err, mut edits_differ) = (0usize, 0f64, 0usize);
     let mut written = tokens.iter().all(|&t| t >= -1) && lps.iter().all(|l| !l.is_nan());
     for (r, (row, p)) in rows.iter().zip(&plans).enumerate() {
@@ -219,26 +243,10 @@ fn timing(gpu: &Gpu, rng: &mut StdRng) -> Result<Row> {
     let flat: Vec<f32> = (0..rows * vocab)
         .map(|_| rng.gen_range(-6.0f32..6.0))
         .collect();
-    let d_logits = gpu.upload(&flat)?;
-    let d_tokens = gpu.upload(&vec![0i32; rows])?;
-    let d_lps = gpu.upload(&vec![0f32; rows])?;
     let mut times = Vec::new();
     for set in [&plans, &greedy] {
-        let packed = pack(set.iter());
-        let d_params = gpu.upload(&packed.params)?;
-        let d_edits = gpu.upload(&packed.edits)?;
-        let run = || {
-            launch::sample_rows(
-                gpu,
-                d_logits.ptr(),
-                d_params.ptr(),
-                d_edits.ptr(),
-                vocab,
-                d_tokens.ptr(),
-                d_lps.ptr(),
-                rows,
-            )
-        };
+        let l = Launch::new(gpu, &flat, vocab, set)?;
+        let run = || l.run(gpu);
         run()?;
         gpu.sync()?;
         let t = Instant::now();

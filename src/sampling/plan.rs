@@ -62,6 +62,23 @@ pub struct RowChoice {
 }
 
 impl RowPlan {
+    /// The plan that takes the argmax and nothing else.
+    pub fn argmax() -> Self {
+        RowPlan {
+            greedy: true,
+            inv_t: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+            step: 0,
+            want_log_prob: false,
+            repetition: 1.0,
+            presence: 0.0,
+            frequency: 0.0,
+            edits: Vec::new(),
+        }
+    }
+
     /// The cuts of this plan.
     pub(crate) fn cuts(&self) -> Cuts {
         Cuts {
@@ -285,13 +302,6 @@ mod tests {
     #[test]
     fn edits_apply_repetition_then_counts_then_bans() {
         let plan = RowPlan {
-            greedy: true,
-            inv_t: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
-            step: 0,
-            want_log_prob: false,
             repetition: 2.0,
             presence: 0.5,
             frequency: 0.25,
@@ -314,6 +324,7 @@ mod tests {
                     info: EDIT_BAN,
                 },
             ],
+            ..RowPlan::argmax()
         };
         let mut row = vec![4.0, -3.0, 1.0, 9.0, 0.0];
         plan.apply_edits(&mut row);

@@ -382,19 +382,7 @@ impl CudaForward {
     /// Chooses every logits row's token on the device (rows without a plan get a greedy
     /// one, unused); returns the choices, and the logits when some chunk has no plans.
     fn choose(&mut self, lay: &Layout, plans: &[Vec<RowPlan>]) -> Result<Vec<RowsOut>> {
-        let filler = RowPlan {
-            greedy: true,
-            inv_t: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
-            step: 0,
-            want_log_prob: false,
-            repetition: 1.0,
-            presence: 0.0,
-            frequency: 0.0,
-            edits: Vec::new(),
-        };
+        let filler = RowPlan::argmax();
         let filler = &filler;
         let rows = lay
             .counts
