@@ -122,7 +122,11 @@ impl SeqSampler {
         if extra.is_empty() {
             self.words.banned(&self.history, generated, ban);
         } else {
-            let history: Vec<u32> = self.history.iter().chain(extra).copied().collect();
+            // The rules look back at most `context_len` tokens: that much history, then
+            // the extra tokens, not a copy of the whole sequence per draft row.
+            let keep = self.words.context_len().min(self.history.len());
+            let tail = &self.history[self.history.len() - keep..];
+            let history: Vec<u32> = tail.iter().chain(extra).copied().collect();
             self.words.banned(&history, generated, ban);
         }
         edits.sort_unstable_by_key(|e| e.token);

@@ -492,16 +492,26 @@ impl SampleBufs {
     }
 }
 
+impl CudaForward {
+    /// Checks and lays out the chunks and runs them through the model (when they hold
+    /// tokens), leaving the logits rows on the device.
+    fn run_chunks(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Layout> {
+        check_chunks(&self.model.config, chunks, self.block_size, self.num_blocks)?;
+        let lay = Layout::new(chunks, self.block_size)?;
+        if lay.n > 0 {
+            self.model.gpu.bind()?;
+            self.run(&lay)?;
+        }
+        Ok(lay)
+    }
+}
+
 impl ForwardPass for CudaForward {
     fn forward(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>> {
-        let cfg = &self.model.config;
-        check_chunks(cfg, chunks, self.block_size, self.num_blocks)?;
-        let lay = Layout::new(chunks, self.block_size)?;
-        if lay.n == 0 {
-            return Ok(chunks.iter().map(|_| Vec::new()).collect());
+        let lay = self.run_chunks(chunks)?;
+        if lay.m == 0 {
+            return Ok(lay.counts.iter().map(|_| Vec::new()).collect());
         }
-        self.model.gpu.bind()?;
-        self.run(&lay)?;
         let vocab = self.model.config.vocab_size;
         let logits = self
             .model
@@ -525,22 +535,14 @@ impl ForwardPass for CudaForward {
         chunks: &[SeqChunk<'_>],
         plans: &[Vec<RowPlan>],
     ) -> Result<Vec<RowsOut>> {
-        let cfg = &self.model.config;
-        check_chunks(cfg, chunks, self.block_size, self.num_blocks)?;
-        let lay = Layout::new(chunks, self.block_size)?;
-        if lay.n == 0 || lay.m == 0 {
-            if lay.n > 0 {
-                self.model.gpu.bind()?;
-                self.run(&lay)?;
-            }
+        let lay = self.run_chunks(chunks)?;
+        if lay.m == 0 {
             return Ok(lay
                 .counts
                 .iter()
                 .map(|_| RowsOut::Logits(Vec::new()))
                 .collect());
         }
-        self.model.gpu.bind()?;
-        self.run(&lay)?;
         self.choose(&lay, plans)
     }
 }
