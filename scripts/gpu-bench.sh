@@ -49,6 +49,10 @@
 #   each request's), CKPT_TIMEOUT [600], HF_TIMEOUT [300 / 150]; BUDGET_S [0 = none]: no
 #   new bench or HF run starts after this many seconds of the script (use ~540 under a
 #   10-minute limit). PYTHON [python3].
+#   PROFILE [1]: before TP_MODEL's server starts, `inflight gpu-profile` on it: GPU time per
+#   stage of the forward pass (summed over layers) with achieved TFLOP/s and GB/s, for a
+#   PROFILE_PREFILL [2048]-token prefill and PROFILE_DECODE [1x512,64x256,256x256,256x1100]
+#   decode batches (SEQSxCONTEXT), written to $OUT/profile-<model>.md.
 # Exit status 1 when a server did not start or a bench run failed.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -81,6 +85,9 @@ BENCH_TIMEOUT=${BENCH_TIMEOUT:-$(q 240 90)}
 CKPT_TIMEOUT=${CKPT_TIMEOUT:-600}
 HF_TIMEOUT=${HF_TIMEOUT:-$(q 300 150)}
 BUDGET_S=${BUDGET_S:-0}
+PROFILE=${PROFILE:-1}
+PROFILE_PREFILL=${PROFILE_PREFILL:-2048}
+PROFILE_DECODE=${PROFILE_DECODE:-1x512,64x256,256x256,256x1100}
 QUEUE=16384   # max_queue_size: every request of a run is queued at once
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-/usr/local/cuda/lib64}
 export NO_COLOR=1
@@ -291,6 +298,13 @@ for m in $ORDER; do
     continue
   fi
   path=$(model_path "$m")
+  if [ "$PROFILE" = 1 ] && [ "$m" = "$TP_MODEL" ]; then
+    log "per-stage GPU profile of $m: $OUT/profile-$m.md"
+    timeout -k 10 300 "$BIN" gpu-profile --model "$path" --prefill "$PROFILE_PREFILL" \
+      --decode "$PROFILE_DECODE" >"$OUT/profile-$m.md" 2>"$OUT/profile-$m.err" \
+      || { log "gpu-profile failed:"; tail -5 "$OUT/profile-$m.err" >&2; }
+    cat "$OUT/profile-$m.md" >&2
+  fi
   if ! start_server "$m" "$path"; then
     log "the $m server did not become ready (log $OUT/server-$m.log)"
     FAILS=$((FAILS + 1))

@@ -79,6 +79,28 @@ enum Command {
         #[arg(long)]
         dtype: Option<String>,
     },
+    /// GPU time per stage of the forward pass for a prefill and decode batches.
+    #[cfg(feature = "cuda")]
+    #[command(hide = true)]
+    GpuProfile {
+        #[arg(long)]
+        model: PathBuf,
+        /// Prefill lengths (one sequence each).
+        #[arg(long, value_delimiter = ',', default_value = "2048")]
+        prefill: Vec<usize>,
+        /// Decode batches as SEQSxCONTEXT.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "1x512,64x256,256x256,256x1100"
+        )]
+        decode: Vec<String>,
+        #[arg(long, default_value_t = 5)]
+        iters: usize,
+        /// bf16 or f16 (default: f16, or bf16 when a weight is beyond f16's range).
+        #[arg(long)]
+        dtype: Option<String>,
+    },
     /// Fetch the default model (SmolLM2-135M-Instruct) into the cache folder.
     FetchModel {
         /// Folder to put it in (default: $INFLIGHT_MODEL_DIR or ~/.cache/inflight).
@@ -181,6 +203,14 @@ fn main() -> ExitCode {
                     }),
             }
         }
+        #[cfg(feature = "cuda")]
+        Command::GpuProfile {
+            model,
+            prefill,
+            decode,
+            iters,
+            dtype,
+        } => gpu_profile(&model, &prefill, &decode, iters, dtype.as_deref()),
         Command::FetchModel { dir } => {
             let dir = dir.unwrap_or_else(inflight::fetch::cache_dir);
             inflight::fetch::fetch_default_model(&dir).map(|p| println!("{}", p.display()))
@@ -193,6 +223,49 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_profile(
+    model: &std::path::Path,
+    prefill: &[usize],
+    decode: &[String],
+    iters: usize,
+    dtype: Option<&str>,
+) -> inflight::Result<()> {
+    use inflight::gpu_check::profile::{profile, Batch};
+    let half = match dtype.map(inflight::kernels::cuda::Half::parse) {
+        Some(None) => return Err(inflight::Error::Config("--dtype is bf16 or f16".into())),
+        h => h.flatten(),
+    };
+    let mut batches: Vec<Batch> = prefill
+        .iter()
+        .map(|&p| Batch {
+            seqs: 1,
+            new: p,
+            past: 0,
+        })
+        .collect();
+    for d in decode {
+        let parsed = d
+            .split_once('x')
+            .and_then(|(s, c)| Some((s.parse::<usize>().ok()?, c.parse::<usize>().ok()?)))
+            .filter(|&(s, c)| s > 0 && c > 0);
+        let Some((seqs, context)) = parsed else {
+            return Err(inflight::Error::Config(format!(
+                "--decode takes SEQSxCONTEXT, got {d:?}"
+            )));
+        };
+        batches.push(Batch {
+            seqs,
+            new: 1,
+            past: context - 1,
+        });
+    }
+    let m = Llama::load(model)?;
+    let g = inflight::model::gpu::CudaModel::load_as(&m, 0, half)?;
+    drop(m);
+    profile(&g, &batches, iters.max(1))
 }
 
 fn run_serve(args: ServeArgs) -> inflight::Result<()> {

@@ -1,4 +1,5 @@
-//! The paged attention kernel against the CPU twin: mixed prefill rows (every position of
+//! The paged attention kernels against the CPU twin (the tensor-core kernels for head_dim
+//! a multiple of 16, the warp-per-key kernel for the rest): mixed prefill rows (every position of
 //! sequences of 1, 31, 32, 33, 100 tokens) with decode rows of long sequences in one
 //! launch, and decode-only batches long enough to take the split-K path; shuffled block
 //! tables, odd block sizes, NaN-poisoned output and workspace.
@@ -10,7 +11,8 @@ use super::kernels::{half_of, poison_f32, poison_half, rand_vec, row, to_f32};
 use crate::error::Result;
 use crate::gpu_check::{rel_err, Row};
 use crate::kernels::cpu::{self, AttnRow, PagedView};
-use crate::kernels::cuda::launch::{self, Attention, Heads};
+use crate::kernels::cuda::attention::{self, Attention, Tiles};
+use crate::kernels::cuda::launch::Heads;
 use crate::kernels::cuda::{Gpu, Half};
 
 /// One case: sequence lengths, and which are queried at every position (prefill) or only
@@ -43,6 +45,7 @@ pub fn attention(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         (4, 4, 32, 7),
         (4, 2, 16, 16),
         (6, 2, 80, 32),
+        (4, 2, 24, 16),
     ] {
         for case in CASES {
             out.push(one(
@@ -79,22 +82,26 @@ fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case)
         at += b;
     }
     let stride = blocks.iter().copied().max().unwrap_or(1);
-    let mut flat = vec![0i32; lens.len() * stride];
+    let mut table_flat = vec![0i32; lens.len() * stride];
     for (s, t) in tables.iter().enumerate() {
         for (j, &b) in t.iter().enumerate() {
-            flat[s * stride + j] = b as i32;
+            table_flat[s * stride + j] = b as i32;
         }
     }
-    // Query rows.
-    let (mut row_seq, mut row_pos) = (vec![], vec![]);
+    // Query rows, and each sequence's span of them.
+    let (mut row_seq, mut row_pos, mut spans) = (vec![], vec![], vec![]);
     for (s, &l) in lens.iter().enumerate() {
         let from = if s < case.prefill.len() { 0 } else { l - 1 };
+        spans.push((row_seq.len(), l - from, from));
         for p in from..l {
             row_seq.push(s as i32);
             row_pos.push(p as i32);
         }
     }
     let n = row_seq.len();
+    let tiles = Tiles::new(spans, hs.heads / hs.kv_heads)?;
+    let flat: Vec<i32> = tiles.flat().collect();
+    let (rows_tiles, keys_tiles) = tiles.counts();
     let slots = num_blocks * bs;
     let (kbits, kvals) = half_of(dt, &rand_vec(rng, slots * kvd, 1.0));
     let (vbits, vvals) = half_of(dt, &rand_vec(rng, slots * kvd, 1.0));
@@ -103,10 +110,12 @@ fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case)
     let acc_cap = qd * (n * 4).max(1024);
     let (qb, kb, vb) = (gpu.upload(&q)?, gpu.upload(&kbits)?, gpu.upload(&vbits)?);
     let (tb, sb, pb) = (
-        gpu.upload(&flat)?,
+        gpu.upload(&table_flat)?,
         gpu.upload(&row_seq)?,
         gpu.upload(&row_pos)?,
     );
+    // One spare word so an empty tile list still has an address.
+    let tiles_buf = gpu.upload(&[flat.as_slice(), &[0]].concat())?;
     let ob = poison_half(gpu, dt, n * qd)?;
     let (pa, pm) = (
         poison_f32(gpu, acc_cap)?,
@@ -120,6 +129,9 @@ fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case)
         table_stride: stride,
         row_seq: sb.ptr(),
         row_pos: pb.ptr(),
+        tiles: tiles_buf.ptr(),
+        rows_tiles,
+        keys_tiles,
         out: ob.ptr(),
         part_acc: pa.ptr(),
         part_ml: pm.ptr(),
@@ -130,8 +142,8 @@ fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case)
         heads: hs,
         half: dt,
     };
-    let (_, splits) = launch::attention_plan(&a);
-    launch::paged_attention(gpu, &a)?;
+    let (kernel, _, splits) = attention::attention_plan(&a);
+    attention::paged_attention(gpu, &a)?;
     let got = to_f32(dt, &gpu.read(&ob, n * qd)?);
 
     let rows: Vec<AttnRow> = row_seq
@@ -167,6 +179,6 @@ fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case)
         rel_err(&got, &want),
         1e-2,
     );
-    r.note = format!("splits {splits}");
+    r.note = format!("{kernel}, tiles {rows_tiles}+{keys_tiles}, splits {splits}");
     Ok(r)
 }

@@ -95,6 +95,8 @@ fn norms(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         (5, 1000, false),
         (64, 2048, true),
         (3, 4097, true),
+        (2, 8192, true),
+        (1, 8196, true),
     ] {
         let x = rand_vec(rng, n * h, 2.0);
         let d = rand_vec(rng, n * h, 1.0);

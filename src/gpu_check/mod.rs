@@ -7,6 +7,7 @@
 mod attention;
 pub mod kernels;
 pub mod model;
+pub mod profile;
 mod sample;
 
 /// One line of the table.

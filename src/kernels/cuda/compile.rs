@@ -20,6 +20,10 @@ pub const MODULES: &[(&str, &str)] = &[
     ("rope", include_str!("../../../kernels/rope.cu")),
     ("swiglu", include_str!("../../../kernels/swiglu.cu")),
     ("attention", include_str!("../../../kernels/attention.cu")),
+    (
+        "flash_attention",
+        include_str!("../../../kernels/flash_attention.cu"),
+    ),
     ("sample", include_str!("../../../kernels/sample.cu")),
 ];
 

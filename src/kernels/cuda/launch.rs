@@ -6,11 +6,11 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use super::{cuda_err, Gpu, Half};
 use crate::error::{Error, Result};
 
-fn i32_of(v: usize) -> Result<i32> {
+pub(super) fn i32_of(v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Cuda(format!("kernel size {v} exceeds i32")))
 }
 
-fn cfg(grid: (usize, usize, usize), block: u32) -> Result<LaunchConfig> {
+pub(super) fn cfg(grid: (usize, usize, usize), block: u32) -> Result<LaunchConfig> {
     let g = |v: usize| u32::try_from(v.max(1)).map_err(|_| Error::Cuda(format!("grid {v}")));
     Ok(LaunchConfig {
         grid_dim: (g(grid.0)?, g(grid.1)?, g(grid.2)?),
@@ -195,7 +195,7 @@ pub fn rope_kv_write(
         .arg(&kv_heads)
         .arg(&hd);
     // SAFETY: argument order and types match rope.cu; slots are inside the cache.
-    unsafe { b.launch(cfg((n, 1, 1), 128)?) }.map_err(cuda_err("rope_kv_write"))?;
+    unsafe { b.launch(cfg((n, 1, 1), 256)?) }.map_err(cuda_err("rope_kv_write"))?;
     Ok(())
 }
 
@@ -209,147 +209,16 @@ pub fn silu_mul(gpu: &Gpu, half: Half, gu: u64, out: u64, n: usize, f: usize) ->
     let mut b = gpu.stream.launch_builder(func);
     b.arg(&gu).arg(&out).arg(&fi);
     // SAFETY: argument order and types match swiglu.cu.
-    unsafe { b.launch(cfg((f.div_ceil(256), n, 1), 256)?) }.map_err(cuda_err("silu_mul"))?;
-    Ok(())
-}
-
-/// Inputs of one paged attention launch (device addresses).
-pub struct Attention {
-    pub q: u64,
-    pub k_cache: u64,
-    pub v_cache: u64,
-    pub tables: u64,
-    pub table_stride: usize,
-    pub row_seq: u64,
-    pub row_pos: u64,
-    pub out: u64,
-    /// Split-K workspace: `acc_cap` floats at `part_acc`, `acc_cap / head_dim * 2` at
-    /// `part_ml`.
-    pub part_acc: u64,
-    pub part_ml: u64,
-    pub acc_cap: usize,
-    pub n: usize,
-    /// The longest context of any row (max position + 1).
-    pub max_len: usize,
-    pub block_size: usize,
-    pub heads: Heads,
-    /// The type of the cache and the output.
-    pub half: Half,
-}
-
-/// Work blocks that fill the GPU: below this, long contexts are split.
-const TARGET_BLOCKS: usize = 528;
-/// The shortest stretch of positions worth a split of its own.
-const MIN_CHUNK: usize = 64;
-
-/// (chunk, splits) for `n` rows: one split when the rows alone fill the GPU, else
-/// enough splits of at least MIN_CHUNK positions, within the workspace.
-pub fn attention_plan(a: &Attention) -> (usize, usize) {
-    let blocks = a.n * a.heads.kv_heads;
-    let by_work = TARGET_BLOCKS.div_ceil(blocks.max(1));
-    let by_len = a.max_len.div_ceil(MIN_CHUNK);
-    let by_space = a.acc_cap / (a.n * a.heads.heads * a.heads.head_dim).max(1);
-    let splits = by_work.min(by_len).min(by_space).max(1);
-    let chunk = a.max_len.div_ceil(splits).max(1);
-    (chunk, a.max_len.div_ceil(chunk).max(1))
-}
-
-/// Causal paged attention into `out` (`a.half`), split along the sequence when it pays.
-pub fn paged_attention(gpu: &Gpu, a: &Attention) -> Result<()> {
-    if a.n == 0 {
-        return Ok(());
-    }
-    a.heads.check()?;
-    let (chunk, splits) = attention_plan(a);
-    let hs = a.heads;
-    let (heads, kv_heads, hd) = (
-        i32_of(hs.heads)?,
-        i32_of(hs.kv_heads)?,
-        i32_of(hs.head_dim)?,
-    );
-    let (bs, stride) = (i32_of(a.block_size)?, i32_of(a.table_stride)?);
-    let (chunk_i, splits_i) = (i32_of(chunk)?, i32_of(splits)?);
-    let scale = 1.0f32 / (hs.head_dim as f32).sqrt();
-    let f = gpu.func("paged_attention", a.half)?;
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&a.q)
-        .arg(&a.k_cache)
-        .arg(&a.v_cache)
-        .arg(&a.tables)
-        .arg(&a.row_seq)
-        .arg(&a.row_pos)
-        .arg(&a.out)
-        .arg(&a.part_acc)
-        .arg(&a.part_ml)
-        .arg(&heads)
-        .arg(&kv_heads)
-        .arg(&hd)
-        .arg(&bs)
-        .arg(&stride)
-        .arg(&chunk_i)
-        .arg(&splits_i)
-        .arg(&scale);
-    // SAFETY: argument order and types match attention.cu; the plan keeps the partial
-    // sums within the workspace; tables cover every row's positions (checked by the
-    // caller).
-    unsafe { b.launch(cfg((a.n, hs.kv_heads, splits), 128)?) }
-        .map_err(cuda_err("paged_attention"))?;
-    if splits > 1 {
-        let f = gpu.func("attention_combine", a.half)?;
-        let mut b = gpu.stream.launch_builder(f);
-        b.arg(&a.part_acc)
-            .arg(&a.part_ml)
-            .arg(&a.out)
-            .arg(&heads)
-            .arg(&hd)
-            .arg(&splits_i);
-        // SAFETY: argument order and types match attention.cu.
-        unsafe { b.launch(cfg((a.n, hs.heads, 1), 128)?) }
-            .map_err(cuda_err("attention_combine"))?;
-    }
+    // Four outputs per thread when f is a multiple of 4 (as swiglu.cu decides too).
+    let per_thread = if f.is_multiple_of(4) { 4 } else { 1 };
+    unsafe { b.launch(cfg((f.div_ceil(per_thread * 256), n, 1), 256)?) }
+        .map_err(cuda_err("silu_mul"))?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn attn(n: usize, max_len: usize, acc_cap: usize) -> Attention {
-        Attention {
-            q: 0,
-            k_cache: 0,
-            v_cache: 0,
-            tables: 0,
-            table_stride: 1,
-            row_seq: 0,
-            row_pos: 0,
-            out: 0,
-            part_acc: 0,
-            part_ml: 0,
-            acc_cap,
-            n,
-            max_len,
-            block_size: 16,
-            heads: Heads {
-                heads: 32,
-                kv_heads: 8,
-                head_dim: 64,
-            },
-            half: Half::Bf16,
-        }
-    }
-
-    #[test]
-    fn long_decodes_split_and_big_batches_do_not() {
-        let cap = 32 * 64 * 1024;
-        let (chunk, splits) = attention_plan(&attn(1, 5000, cap));
-        assert!(splits > 1 && chunk * splits >= 5000 && chunk >= MIN_CHUNK);
-        assert_eq!(attention_plan(&attn(512, 5000, cap)).1, 1);
-        // Short contexts stay whole; the workspace bounds the splits.
-        assert_eq!(attention_plan(&attn(1, 40, cap)).1, 1);
-        let (_, s) = attention_plan(&attn(4, 100_000, 32 * 64 * 4 * 3));
-        assert!(s <= 3);
-    }
 
     #[test]
     fn heads_outside_the_kernel_are_refused() {

@@ -4,6 +4,7 @@
 //! NVRTC build and its disk cache. Every CUDA call returns a checked [`Result`]; nothing
 //! here panics on a CUDA failure.
 
+pub mod attention;
 pub mod compile;
 pub mod gemm;
 pub mod launch;
@@ -87,6 +88,16 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("rope", &["rope_kv_write"]),
     ("swiglu", &["silu_mul"]),
     ("attention", &["paged_attention", "attention_combine"]),
+    (
+        "flash_attention",
+        &[
+            "flash_attention_rows_hd64",
+            "flash_attention_keys_hd64",
+            "flash_attention_rows_hd128",
+            "flash_attention_keys_hd128",
+            "flash_combine",
+        ],
+    ),
     ("sample", &["sample_rows"]),
 ];
 
@@ -133,6 +144,13 @@ impl Gpu {
                     let func = loaded
                         .load_function(&name)
                         .map_err(cuda_err("loading a kernel"))?;
+                    if let Some(bytes) = attention::dynamic_smem(f) {
+                        func.set_attribute(
+                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            bytes as i32,
+                        )
+                        .map_err(cuda_err("raising a kernel's shared memory limit"))?;
+                    }
                     funcs.insert(name, func);
                 }
             }
@@ -152,6 +170,24 @@ impl Gpu {
         self.funcs
             .get(&name)
             .ok_or_else(|| Error::Cuda(format!("kernel {name} is not loaded")))
+    }
+
+    /// A kernel's resources: (registers per thread, local bytes per thread, static shared
+    /// bytes, resident blocks per multiprocessor at `threads` threads).
+    pub fn resources(&self, op: &str, half: Half, threads: u32) -> Result<(i32, i32, i32, u32)> {
+        let f = self.func(op, half)?;
+        let what = cuda_err("reading a kernel's attributes");
+        Ok((
+            f.num_regs().map_err(cuda_err(op))?,
+            f.local_size_bytes().map_err(cuda_err(op))?,
+            f.shared_size_bytes().map_err(cuda_err(op))?,
+            f.occupancy_max_active_blocks_per_multiprocessor(
+                threads,
+                attention::dynamic_smem(op).unwrap_or(0),
+                None,
+            )
+            .map_err(what)?,
+        ))
     }
 
     /// Makes this device's context current on the calling thread (actors move between

@@ -5,10 +5,12 @@
 
 use std::sync::Arc;
 
+use super::stage_timer::{mark, StageTimer};
 use super::{heads, CudaModel};
 use crate::error::{Error, Result};
+use crate::kernels::cuda::attention::{self, Attention, Tiles};
 use crate::kernels::cuda::gemm::Blas;
-use crate::kernels::cuda::launch::{self, Attention};
+use crate::kernels::cuda::launch;
 use crate::kernels::cuda::{DevBuf, Gpu};
 use crate::model::backend::{ForwardPass, RowsOut};
 use crate::model::config::ModelConfig;
@@ -94,14 +96,19 @@ struct Layout {
     m: usize,
     max_len: usize,
     stride: usize,
-    /// ids, pos, slots, row_seq ([n] each), logit rows [m], tables [seqs * stride].
+    /// ids, pos, slots, row_seq ([n] each), logit rows [m], tables [seqs * stride],
+    /// attention tiles.
     meta: Vec<i32>,
+    /// Where the attention tiles start in `meta`, and their (rows, keys) counts.
+    tiles_at: usize,
+    tiles: (usize, usize),
     /// Logit rows per chunk.
     counts: Vec<usize>,
 }
 
 impl Layout {
-    fn new(seqs: &[SeqChunk<'_>], block_size: usize) -> Result<Self> {
+    /// `group`: query heads per KV head, which sets the attention tiles.
+    fn new(seqs: &[SeqChunk<'_>], block_size: usize, group: usize) -> Result<Self> {
         let n: usize = seqs.iter().map(|c| c.tokens.len()).sum();
         let stride = seqs
             .iter()
@@ -142,18 +149,29 @@ impl Layout {
             }
         }
         let m = rows.len();
+        let mut first = 0;
+        let spans = seqs.iter().map(|c| {
+            let span = (first, c.tokens.len(), c.start_pos);
+            first += c.tokens.len();
+            span
+        });
+        let tiles = Tiles::new(spans, group)?;
         let mut meta = ids;
         meta.extend(pos);
         meta.extend(slots);
         meta.extend(row_seq);
         meta.extend(rows);
         meta.extend(tables);
+        let tiles_at = meta.len();
+        meta.extend(tiles.flat());
         Ok(Layout {
             n,
             m,
             max_len,
             stride,
             meta,
+            tiles_at,
+            tiles: tiles.counts(),
             counts,
         })
     }
@@ -168,6 +186,8 @@ pub struct CudaForward {
     num_blocks: usize,
     scratch: Option<Scratch>,
     sample_bufs: Option<SampleBufs>,
+    /// Per-stage GPU timing of the passes run while set (profiling only).
+    timer: Option<StageTimer>,
 }
 
 impl CudaForward {
@@ -198,6 +218,7 @@ impl CudaForward {
             num_blocks,
             scratch: None,
             sample_bufs: None,
+            timer: None,
         })
     }
 
@@ -260,8 +281,11 @@ impl CudaForward {
             s.meta.at(3 * n),
         );
         let (rows, tables) = (s.meta.at(4 * n), s.meta.at(4 * n + m));
+        let tiles = s.meta.at(lay.tiles_at);
 
+        mark(&mut self.timer, "upload")?;
         launch::embed(g, dt, w.embed.ptr(), ids, s.x.ptr(), n, h)?;
+        mark(&mut self.timer, "embed")?;
         let mut pending = 0u64;
         for (l, lw) in w.layers.iter().enumerate() {
             let (kc, vc) = self.kv_layer(l);
@@ -276,6 +300,7 @@ impl CudaForward {
                 h,
                 eps,
             )?;
+            mark(&mut self.timer, "add + rms_norm")?;
             self.blas.linear(
                 dt,
                 s.xn.ptr(),
@@ -285,6 +310,7 @@ impl CudaForward {
                 h,
                 qd + 2 * kvd,
             )?;
+            mark(&mut self.timer, "qkv gemm")?;
             let bias = lw.qkv.b.as_ref().map_or(0, |b| b.ptr());
             launch::rope_kv_write(
                 g,
@@ -300,7 +326,8 @@ impl CudaForward {
                 n,
                 heads(cfg),
             )?;
-            launch::paged_attention(
+            mark(&mut self.timer, "rope + kv write")?;
+            attention::paged_attention(
                 g,
                 &Attention {
                     q: s.q.ptr(),
@@ -310,6 +337,9 @@ impl CudaForward {
                     table_stride: lay.stride,
                     row_seq,
                     row_pos: pos,
+                    tiles,
+                    rows_tiles: lay.tiles.0,
+                    keys_tiles: lay.tiles.1,
                     out: s.attn.ptr(),
                     part_acc: s.part_acc.ptr(),
                     part_ml: s.part_ml.ptr(),
@@ -321,8 +351,10 @@ impl CudaForward {
                     half: dt,
                 },
             )?;
+            mark(&mut self.timer, "attention")?;
             self.blas
                 .linear(dt, s.attn.ptr(), lw.o.w.ptr(), s.delta.ptr(), n, qd, h)?;
+            mark(&mut self.timer, "o gemm")?;
             launch::add_rms_norm(
                 g,
                 dt,
@@ -334,11 +366,15 @@ impl CudaForward {
                 h,
                 eps,
             )?;
+            mark(&mut self.timer, "add + rms_norm")?;
             self.blas
                 .linear(dt, s.xn.ptr(), lw.gate_up.w.ptr(), s.gu.ptr(), n, h, 2 * f)?;
+            mark(&mut self.timer, "gate_up gemm")?;
             launch::silu_mul(g, dt, s.gu.ptr(), s.act.ptr(), n, f)?;
+            mark(&mut self.timer, "silu * up")?;
             self.blas
                 .linear(dt, s.act.ptr(), lw.down.w.ptr(), s.delta.ptr(), n, f, h)?;
+            mark(&mut self.timer, "down gemm")?;
             pending = s.delta.ptr();
         }
         if m == 0 {
@@ -367,10 +403,12 @@ impl CudaForward {
             h,
             eps,
         )?;
+        mark(&mut self.timer, "final norm")?;
         let vocab = cfg.vocab_size;
         let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
         self.blas
-            .linear(dt, s.head_in.ptr(), head, s.logits.ptr(), m, h, vocab)
+            .linear(dt, s.head_in.ptr(), head, s.logits.ptr(), m, h, vocab)?;
+        mark(&mut self.timer, "lm_head gemm")
     }
 
     fn scratch(&self) -> Result<&Scratch> {
@@ -419,7 +457,10 @@ impl CudaForward {
             .sample_bufs
             .as_ref()
             .ok_or_else(|| Error::Cuda("no sampling buffers".into()))?;
-        let s = self.scratch()?;
+        let s = self
+            .scratch
+            .as_ref()
+            .ok_or_else(|| Error::Cuda("no scratch".into()))?;
         let logits_wanted = lay
             .counts
             .iter()
@@ -430,6 +471,7 @@ impl CudaForward {
         } else {
             Vec::new()
         };
+        mark(&mut self.timer, "sampling upload")?;
         launch::sample_rows(
             &g,
             s.logits.ptr(),
@@ -440,6 +482,7 @@ impl CudaForward {
             bufs.log_probs.ptr(),
             m,
         )?;
+        mark(&mut self.timer, "sampling")?;
         let tokens = g.read(&bufs.tokens, m)?;
         let log_probs = g.read(&bufs.log_probs, m)?;
         let mut out = Vec::with_capacity(lay.counts.len());
@@ -493,11 +536,24 @@ impl SampleBufs {
 }
 
 impl CudaForward {
+    /// Times each stage of the passes run from now until [`CudaForward::stage_times`].
+    pub fn start_timing(&mut self) -> Result<()> {
+        self.timer = Some(StageTimer::new(&self.model.gpu)?);
+        Ok(())
+    }
+
+    /// GPU milliseconds per stage since [`CudaForward::start_timing`], summed by stage.
+    pub fn stage_times(&mut self) -> Result<Vec<(&'static str, f64)>> {
+        self.timer.take().map_or(Ok(Vec::new()), StageTimer::finish)
+    }
+
     /// Checks and lays out the chunks and runs them through the model (when they hold
     /// tokens), leaving the logits rows on the device.
     fn run_chunks(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Layout> {
         check_chunks(&self.model.config, chunks, self.block_size, self.num_blocks)?;
-        let lay = Layout::new(chunks, self.block_size)?;
+        let cfg = &self.model.config;
+        let group = cfg.num_heads / cfg.num_kv_heads.max(1);
+        let lay = Layout::new(chunks, self.block_size, group)?;
         if lay.n > 0 {
             self.model.gpu.bind()?;
             self.run(&lay)?;
@@ -570,15 +626,17 @@ mod tests {
                 logits: 1,
             },
         ];
-        let lay = Layout::new(&chunks, 2).unwrap();
+        let lay = Layout::new(&chunks, 2, 4).unwrap();
         assert_eq!((lay.n, lay.m, lay.max_len, lay.stride), (4, 3, 5, 3));
+        assert_eq!((lay.tiles_at, lay.tiles), (4 * 4 + 3 + 6, (0, 2)));
         let n = lay.n;
         assert_eq!(&lay.meta[..n], &[10, 11, 12, 13]); // ids
         assert_eq!(&lay.meta[n..2 * n], &[0, 1, 2, 4]); // positions
         assert_eq!(&lay.meta[2 * n..3 * n], &[10, 11, 4, 18]); // slots
         assert_eq!(&lay.meta[3 * n..4 * n], &[0, 0, 0, 1]); // row -> sequence
         assert_eq!(&lay.meta[4 * n..4 * n + 3], &[1, 2, 3]); // rows with logits
-        assert_eq!(&lay.meta[4 * n + 3..], &[5, 2, 0, 7, 1, 9]); // tables, stride 3
+        assert_eq!(&lay.meta[4 * n + 3..lay.tiles_at], &[5, 2, 0, 7, 1, 9]); // tables, stride 3
+        assert_eq!(&lay.meta[lay.tiles_at..], &[0, 3, 3, 1]); // decode tiles
         assert_eq!(lay.counts, vec![2, 1]);
     }
 

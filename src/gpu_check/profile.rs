@@ -1,0 +1,184 @@
+//! `inflight gpu-profile`: GPU time per stage of the forward pass (summed over layers) for
+//! a prefill and for decode batches, each stage's achieved FLOP rate and bandwidth, and the
+//! wall time of the whole call (host work included), as the engine runs it: greedy tokens
+//! chosen on the device. KV contents are whatever the cache holds; timing does not depend
+//! on values.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::error::Result;
+use crate::kernels::cuda::attention::flash_budget;
+use crate::model::backend::ForwardPass;
+use crate::model::gpu::forward::CudaForward;
+use crate::model::gpu::{heads, CudaModel};
+use crate::model::SeqChunk;
+use crate::sampling::RowPlan;
+
+const BLOCK: usize = 32;
+
+/// One batch to time: `seqs` sequences each feeding `new` tokens after `past` cached ones.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch {
+    pub seqs: usize,
+    pub new: usize,
+    pub past: usize,
+}
+
+impl Batch {
+    fn label(&self) -> String {
+        if self.new > 1 {
+            format!(
+                "prefill {} x {} tokens (after {})",
+                self.seqs, self.new, self.past
+            )
+        } else {
+            format!(
+                "decode {} sequences at context {}",
+                self.seqs,
+                self.past + 1
+            )
+        }
+    }
+
+    fn blocks_per_seq(&self) -> usize {
+        (self.past + self.new).div_ceil(BLOCK)
+    }
+}
+
+/// Prints the resources of the kernels a forward pass of `cuda` runs.
+fn print_resources(cuda: &CudaModel) -> Result<()> {
+    let budget = flash_budget(&heads(&cuda.config));
+    let (rows, keys) = (
+        format!("flash_attention_rows_hd{budget}"),
+        format!("flash_attention_keys_hd{budget}"),
+    );
+    let kernels: [(&str, u32); 7] = [
+        (&rows, 128),
+        (&keys, 128),
+        ("add_rms_norm", 256),
+        ("rope_kv_write", 128),
+        ("silu_mul", 256),
+        ("sample_rows", 1024),
+        ("paged_attention", 128),
+    ];
+    let half = cuda.weights.half;
+    println!("### kernel resources ({})\n", half.suffix());
+    println!("| kernel | threads | registers | local bytes | shared bytes | blocks per SM |");
+    println!("|---|---|---|---|---|---|");
+    for (k, threads) in kernels {
+        let (regs, local, shared, blocks) = cuda.gpu.resources(k, half, threads)?;
+        println!("| {k} | {threads} | {regs} | {local} | {shared} | {blocks} |");
+    }
+    Ok(())
+}
+
+/// Times each batch `iters` times (after two untimed runs) and prints one table per batch.
+pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize) -> Result<()> {
+    print_resources(cuda)?;
+    let cfg = cuda.config.clone();
+    let blocks = batches
+        .iter()
+        .map(|b| b.seqs * b.blocks_per_seq())
+        .max()
+        .unwrap_or(1);
+    let mut fwd = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
+    let vocab = cfg.vocab_size as u32;
+    for b in batches {
+        let per = b.blocks_per_seq();
+        let tables: Vec<Vec<u32>> = (0..b.seqs)
+            .map(|s| (0..per).map(|j| (j * b.seqs + s) as u32).collect())
+            .collect();
+        let tokens: Vec<Vec<u32>> = (0..b.seqs)
+            .map(|s| {
+                (0..b.new)
+                    .map(|i| ((s * 7919 + i * 104_729) as u32) % vocab)
+                    .collect()
+            })
+            .collect();
+        let chunks: Vec<SeqChunk<'_>> = tokens
+            .iter()
+            .zip(&tables)
+            .map(|(t, table)| SeqChunk {
+                tokens: t,
+                start_pos: b.past,
+                block_table: table,
+                logits: 1,
+            })
+            .collect();
+        let plans: Vec<Vec<RowPlan>> = (0..b.seqs).map(|_| vec![RowPlan::argmax()]).collect();
+        for _ in 0..2 {
+            fwd.forward_choose(&chunks, &plans)?;
+        }
+        fwd.start_timing()?;
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            fwd.forward_choose(&chunks, &plans)?;
+        }
+        let wall = t0.elapsed().as_secs_f64() * 1e3 / iters as f64;
+        let stages = fwd.stage_times()?;
+        print_batch(&cfg, b, &stages, iters, wall);
+    }
+    Ok(())
+}
+
+fn print_batch(
+    cfg: &crate::model::config::ModelConfig,
+    b: &Batch,
+    stages: &[(&'static str, f64)],
+    iters: usize,
+    wall: f64,
+) {
+    let (h, qd, kvd, f, layers) = (
+        cfg.hidden_size as f64,
+        cfg.q_dim() as f64,
+        cfg.kv_dim() as f64,
+        cfg.intermediate_size as f64,
+        cfg.num_layers as f64,
+    );
+    let n = (b.seqs * b.new) as f64;
+    let rows = b.seqs as f64;
+    // (FLOPs, bytes) of each stage over the whole pass.
+    let gemm = |i: f64, o: f64, tokens: f64, times: f64| {
+        (
+            2.0 * tokens * i * o * times,
+            (i * o * 2.0 + tokens * (i * 2.0 + o * 4.0)) * times,
+        )
+    };
+    // Keys each query row attends to, summed over the batch.
+    let keys: f64 = (0..b.new).map(|i| (b.past + i + 1) as f64).sum::<f64>() * rows;
+    let work = |name: &str| -> Option<(f64, f64)> {
+        Some(match name {
+            "qkv gemm" => gemm(h, qd + 2.0 * kvd, n, layers),
+            "o gemm" => gemm(qd, h, n, layers),
+            "gate_up gemm" => gemm(h, 2.0 * f, n, layers),
+            "down gemm" => gemm(f, h, n, layers),
+            "lm_head gemm" => gemm(h, cfg.vocab_size as f64, rows, 1.0),
+            "attention" => (
+                4.0 * qd * keys * layers,
+                // K and V of every attended position once per sequence (16-bit).
+                (b.past + b.new) as f64 * rows * kvd * 4.0 * layers,
+            ),
+            _ => return None,
+        })
+    };
+    let total: f64 = stages.iter().map(|s| s.1).sum::<f64>() / iters as f64;
+    println!("\n### {}\n", b.label());
+    println!("| stage | ms per pass | share | TFLOP/s | GB/s |");
+    println!("|---|---|---|---|---|");
+    for (name, ms) in stages {
+        let ms = ms / iters as f64;
+        let (tf, gb) = work(name).map_or((String::new(), String::new()), |(fl, by)| {
+            (
+                format!("{:.1}", fl / ms / 1e9),
+                format!("{:.0}", by / ms / 1e6),
+            )
+        });
+        println!(
+            "| {name} | {ms:.3} | {:.1}% | {tf} | {gb} |",
+            100.0 * ms / total
+        );
+    }
+    println!("| **GPU total** | **{total:.3}** | 100% | | |");
+    println!("| wall time per call (host included) | {wall:.3} | | | |");
+}

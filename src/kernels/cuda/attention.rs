@@ -1,0 +1,374 @@
+//! Paged attention launches: the batch's query rows cut into tiles, the tensor-core kernels
+//! (`flash_attention_rows` for prefill tiles, `flash_attention_keys` for decode tiles, split
+//! along the sequence when too few blocks fill the GPU), and the warp-per-key kernel for
+//! head sizes the tensor cores cannot take.
+
+use cudarc::driver::PushKernelArg;
+
+use super::launch::{cfg, i32_of, Heads};
+use super::{cuda_err, Gpu, Half};
+use crate::error::Result;
+
+/// Inputs of one paged attention launch (device addresses).
+pub struct Attention {
+    pub q: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub tables: u64,
+    pub table_stride: usize,
+    pub row_seq: u64,
+    pub row_pos: u64,
+    /// The batch's [`Tiles`] as laid out by [`Tiles::flat`].
+    pub tiles: u64,
+    pub rows_tiles: usize,
+    pub keys_tiles: usize,
+    pub out: u64,
+    /// Split-K workspace: `acc_cap` floats at `part_acc`, `acc_cap / head_dim * 2` at
+    /// `part_ml`.
+    pub part_acc: u64,
+    pub part_ml: u64,
+    pub acc_cap: usize,
+    pub n: usize,
+    /// The longest context of any row (max position + 1).
+    pub max_len: usize,
+    pub block_size: usize,
+    pub heads: Heads,
+    /// The type of the cache and the output.
+    pub half: Half,
+}
+
+/// Rows of one warp's mma tile (each is a (position, query head) pair).
+const WARP_ROWS: usize = 16;
+/// Warps of a flash attention block.
+const WARPS: usize = 4;
+/// Keys of one shared-memory stage of the flash kernels.
+const STAGE: usize = 64;
+/// Work blocks that fill the GPU: below this, long contexts are split.
+const TARGET_BLOCKS: usize = 528;
+/// The shortest stretch of positions worth a split of its own.
+const MIN_CHUNK: usize = 64;
+
+/// Whether the tensor-core kernels take these heads (head_dim a multiple of 16, up to 128).
+pub fn tensor_cores(h: &Heads) -> bool {
+    h.head_dim.is_multiple_of(16)
+        && h.head_dim <= 128
+        && h.kv_heads > 0
+        && h.heads / h.kv_heads <= 16
+}
+
+/// The register budget (largest head_dim) of the tensor-core kernel build for `h`: 64 or 128.
+pub fn flash_budget(h: &Heads) -> usize {
+    if h.head_dim <= 64 {
+        64
+    } else {
+        128
+    }
+}
+
+/// Dynamic shared memory of tensor-core kernel `op` (two stages of K and V rows padded by
+/// 8 halves), or None for other kernels.
+pub fn dynamic_smem(op: &str) -> Option<usize> {
+    let budget = op
+        .strip_prefix("flash_attention_")?
+        .rsplit_once("_hd")?
+        .1
+        .parse::<usize>()
+        .ok()?;
+    Some(2 * 2 * STAGE * (budget + 8) * 2)
+}
+
+/// Query tiles, each `[first row, rows]`: consecutive rows of one sequence. A sequence's
+/// rows that fit one warp (decodes, short drafts) make one `keys` tile; longer runs
+/// (prefill) are cut into `rows` tiles of one block's worth, the longest contexts first
+/// so that the GPU's last wave of blocks is its shortest.
+#[derive(Debug, Default, PartialEq)]
+pub struct Tiles {
+    pub rows: Vec<i32>,
+    pub keys: Vec<i32>,
+}
+
+impl Tiles {
+    /// Tiles of the spans `(first row, rows, position of the first row)` for `group`
+    /// query heads per KV head.
+    pub fn new(
+        spans: impl IntoIterator<Item = (usize, usize, usize)>,
+        group: usize,
+    ) -> Result<Tiles> {
+        let per_warp = (WARP_ROWS / group.max(1)).max(1);
+        let mut t = Tiles::default();
+        // Prefill tiles with the context each one reads: (end position, first row, rows).
+        let mut rows = Vec::new();
+        for (first, len, pos) in spans {
+            if len == 0 {
+                continue;
+            }
+            if len <= per_warp {
+                t.keys.extend([i32_of(first)?, i32_of(len)?]);
+                continue;
+            }
+            for at in (0..len).step_by(WARPS * per_warp) {
+                let n = (WARPS * per_warp).min(len - at);
+                rows.push((pos + at + n, first + at, n));
+            }
+        }
+        rows.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for (_, first, n) in rows {
+            t.rows.extend([i32_of(first)?, i32_of(n)?]);
+        }
+        Ok(t)
+    }
+
+    /// `rows` then `keys`, as the kernels read them.
+    pub fn flat(&self) -> impl Iterator<Item = i32> + '_ {
+        self.rows.iter().chain(&self.keys).copied()
+    }
+
+    pub fn counts(&self) -> (usize, usize) {
+        (self.rows.len() / 2, self.keys.len() / 2)
+    }
+}
+
+/// (chunk, splits) for `blocks` work blocks of rows as long as `a.max_len`: one split when
+/// the blocks alone fill the GPU, else enough splits of at least MIN_CHUNK positions (a
+/// multiple of `align`), within the workspace.
+fn split_plan(a: &Attention, blocks: usize, align: usize) -> (usize, usize) {
+    let by_work = TARGET_BLOCKS.div_ceil(blocks.max(1));
+    let by_len = a.max_len.div_ceil(MIN_CHUNK);
+    let by_space = a.acc_cap / (a.n * a.heads.heads * a.heads.head_dim).max(1);
+    let splits = by_work.min(by_len).min(by_space).max(1);
+    let chunk = a.max_len.div_ceil(splits).next_multiple_of(align).max(1);
+    (chunk, a.max_len.div_ceil(chunk).max(1))
+}
+
+/// Which kernel runs `a` and over how many splits of the sequence.
+pub fn attention_plan(a: &Attention) -> (&'static str, usize, usize) {
+    if tensor_cores(&a.heads) {
+        let (chunk, splits) = split_plan(a, a.keys_tiles * a.heads.kv_heads, STAGE);
+        ("flash", chunk, splits)
+    } else {
+        let (chunk, splits) = split_plan(a, a.n * a.heads.kv_heads, 1);
+        ("warp per key", chunk, splits)
+    }
+}
+
+/// Causal paged attention into `out` (`a.half`).
+pub fn paged_attention(gpu: &Gpu, a: &Attention) -> Result<()> {
+    if a.n == 0 {
+        return Ok(());
+    }
+    a.heads.check()?;
+    let (kernel, chunk, splits) = attention_plan(a);
+    if kernel == "flash" {
+        flash(gpu, a, chunk, splits)
+    } else {
+        warp_per_key(gpu, a, chunk, splits)
+    }
+}
+
+fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
+    let hs = a.heads;
+    let (heads, kv_heads, hd) = (
+        i32_of(hs.heads)?,
+        i32_of(hs.kv_heads)?,
+        i32_of(hs.head_dim)?,
+    );
+    let (bs, stride) = (i32_of(a.block_size)?, i32_of(a.table_stride)?);
+    let scale = std::f32::consts::LOG2_E / (hs.head_dim as f32).sqrt();
+    let budget = flash_budget(&hs);
+    let launch = |mode: &str, tiles: u64, count: usize, chunk: usize, splits: usize| {
+        let name = &format!("flash_attention_{mode}_hd{budget}");
+        let (chunk_i, splits_i) = (i32_of(chunk)?, i32_of(splits)?);
+        let f = gpu.func(name, a.half)?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&a.q)
+            .arg(&a.k_cache)
+            .arg(&a.v_cache)
+            .arg(&a.tables)
+            .arg(&a.row_seq)
+            .arg(&a.row_pos)
+            .arg(&tiles)
+            .arg(&a.out)
+            .arg(&a.part_acc)
+            .arg(&a.part_ml)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&hd)
+            .arg(&bs)
+            .arg(&stride)
+            .arg(&chunk_i)
+            .arg(&splits_i)
+            .arg(&scale);
+        // SAFETY: argument order and types match flash_attention.cu; tiles hold `count`
+        // (first row, rows) pairs inside the batch; the plan keeps partial sums within the
+        // workspace; tables cover every row's positions (checked by the caller).
+        let mut c = cfg((count, hs.kv_heads, splits), 128)?;
+        c.shared_mem_bytes = dynamic_smem(name).map_or(0, |b| b as u32);
+        unsafe { b.launch(c) }.map_err(cuda_err(name))
+    };
+    if a.rows_tiles > 0 {
+        launch("rows", a.tiles, a.rows_tiles, a.max_len.max(1), 1)?;
+    }
+    if a.keys_tiles > 0 {
+        let keys = a.tiles + (2 * a.rows_tiles * std::mem::size_of::<i32>()) as u64;
+        launch("keys", keys, a.keys_tiles, chunk, splits)?;
+        if splits > 1 {
+            let splits_i = i32_of(splits)?;
+            let f = gpu.func("flash_combine", a.half)?;
+            let mut b = gpu.stream.launch_builder(f);
+            b.arg(&keys)
+                .arg(&a.part_acc)
+                .arg(&a.part_ml)
+                .arg(&a.out)
+                .arg(&heads)
+                .arg(&hd)
+                .arg(&splits_i);
+            // SAFETY: argument order and types match flash_attention.cu.
+            unsafe { b.launch(cfg((a.keys_tiles, hs.heads, 1), 128)?) }
+                .map_err(cuda_err("flash_combine"))?;
+        }
+    }
+    Ok(())
+}
+
+fn warp_per_key(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
+    let hs = a.heads;
+    let (heads, kv_heads, hd) = (
+        i32_of(hs.heads)?,
+        i32_of(hs.kv_heads)?,
+        i32_of(hs.head_dim)?,
+    );
+    let (bs, stride) = (i32_of(a.block_size)?, i32_of(a.table_stride)?);
+    let (chunk_i, splits_i) = (i32_of(chunk)?, i32_of(splits)?);
+    let scale = 1.0f32 / (hs.head_dim as f32).sqrt();
+    let f = gpu.func("paged_attention", a.half)?;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&a.q)
+        .arg(&a.k_cache)
+        .arg(&a.v_cache)
+        .arg(&a.tables)
+        .arg(&a.row_seq)
+        .arg(&a.row_pos)
+        .arg(&a.out)
+        .arg(&a.part_acc)
+        .arg(&a.part_ml)
+        .arg(&heads)
+        .arg(&kv_heads)
+        .arg(&hd)
+        .arg(&bs)
+        .arg(&stride)
+        .arg(&chunk_i)
+        .arg(&splits_i)
+        .arg(&scale);
+    // SAFETY: argument order and types match attention.cu; the plan keeps the partial
+    // sums within the workspace; tables cover every row's positions (checked by the
+    // caller).
+    unsafe { b.launch(cfg((a.n, hs.kv_heads, splits), 128)?) }
+        .map_err(cuda_err("paged_attention"))?;
+    if splits > 1 {
+        let f = gpu.func("attention_combine", a.half)?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&a.part_acc)
+            .arg(&a.part_ml)
+            .arg(&a.out)
+            .arg(&heads)
+            .arg(&hd)
+            .arg(&splits_i);
+        // SAFETY: argument order and types match attention.cu.
+        unsafe { b.launch(cfg((a.n, hs.heads, 1), 128)?) }
+            .map_err(cuda_err("attention_combine"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attn(n: usize, max_len: usize, acc_cap: usize, head_dim: usize) -> Attention {
+        Attention {
+            q: 0,
+            k_cache: 0,
+            v_cache: 0,
+            tables: 0,
+            table_stride: 1,
+            row_seq: 0,
+            row_pos: 0,
+            tiles: 0,
+            rows_tiles: 0,
+            keys_tiles: n,
+            out: 0,
+            part_acc: 0,
+            part_ml: 0,
+            acc_cap,
+            n,
+            max_len,
+            block_size: 16,
+            heads: Heads {
+                heads: 32,
+                kv_heads: 8,
+                head_dim,
+            },
+            half: Half::Bf16,
+        }
+    }
+
+    #[test]
+    fn long_decodes_split_and_big_batches_do_not() {
+        for hd in [64, 72] {
+            let cap = 32 * hd * 1024;
+            let (_, chunk, splits) = attention_plan(&attn(1, 5000, cap, hd));
+            assert!(splits > 1 && chunk * splits >= 5000 && chunk >= MIN_CHUNK);
+            assert_eq!(attention_plan(&attn(512, 5000, cap, hd)).2, 1);
+            // Short contexts stay whole; the workspace bounds the splits.
+            assert_eq!(attention_plan(&attn(1, 40, cap, hd)).2, 1);
+            let (_, _, s) = attention_plan(&attn(4, 100_000, 32 * hd * 4 * 3, hd));
+            assert!(s <= 3);
+        }
+        // The tensor-core kernel's splits are whole stages.
+        let (kernel, chunk, _) = attention_plan(&attn(1, 5000, 32 * 64 * 1024, 64));
+        assert_eq!((kernel, chunk % STAGE), ("flash", 0));
+        assert_eq!(
+            attention_plan(&attn(1, 5000, 1 << 20, 72)).0,
+            "warp per key"
+        );
+    }
+
+    #[test]
+    fn only_the_tensor_core_kernels_take_dynamic_shared_memory() {
+        assert_eq!(dynamic_smem("flash_attention_rows_hd128"), Some(69_632));
+        assert_eq!(dynamic_smem("flash_attention_keys_hd64"), Some(36_864));
+        assert_eq!(dynamic_smem("flash_combine"), None);
+        assert_eq!(dynamic_smem("paged_attention"), None);
+    }
+
+    #[test]
+    fn prefills_make_block_tiles_and_decodes_warp_tiles() {
+        // Group 4: 4 positions per warp, 16 per block. Spans: a 37-token prefill at row 0
+        // (positions 0..37), a decode at row 37, a 4-token draft check at row 38, an empty
+        // chunk, a 5-token chunk at row 42 continuing from position 100. Prefill tiles come
+        // longest context first.
+        let spans = [
+            (0, 37, 0),
+            (37, 1, 50),
+            (38, 4, 9),
+            (42, 0, 0),
+            (42, 5, 100),
+        ];
+        let t = Tiles::new(spans, 4).unwrap();
+        assert_eq!(t.rows, vec![42, 5, 32, 5, 16, 16, 0, 16]);
+        assert_eq!(t.keys, vec![37, 1, 38, 4]);
+        assert_eq!(t.counts(), (4, 2));
+        let flat: Vec<i32> = t.flat().collect();
+        assert_eq!(flat.len(), 12);
+        assert_eq!(&flat[8..], &[37, 1, 38, 4]);
+        // Group 3 (SmolLM2): 5 positions per warp, 20 per block.
+        let t = Tiles::new([(0, 45, 0)], 3).unwrap();
+        assert_eq!(t.rows, vec![40, 5, 20, 20, 0, 20]);
+        // Group 1: 16 positions per warp.
+        let t = Tiles::new([(0, 16, 0), (16, 17, 0)], 1).unwrap();
+        assert_eq!(
+            (t.keys.clone(), t.rows.clone()),
+            (vec![0, 16], vec![16, 17])
+        );
+    }
+}
