@@ -53,22 +53,25 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
 #endif
 }
 
-__device__ __forceinline__ void ldsm_x4(unsigned* r, const void* p) {
+// ldmatrix from a shared-space address (bytes), so constant offsets fold into the
+// instruction.
+__device__ __forceinline__ void ldsm_x4(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(addr));
 }
 
-__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const void* p) {
+__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(addr));
 }
 
-// 16 bytes global -> shared; `bytes` 0 writes zeros (src is not read).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+// 16 bytes global -> shared (a shared-space address); `bytes` 0 writes zeros (src is not
+// read).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(bytes));
+                 :: "r"(dst), "l"(src), "r"(bytes));
 }
 
 __device__ __forceinline__ float ex2(float x) {
@@ -93,10 +96,8 @@ __device__ __forceinline__ void flash_attention(
     int chunk, int splits, float scale_log2) {
     constexpr int LD = HD + 8;  // shared row stride in halves: rows 16 bytes apart in the banks
     constexpr int NB = BY_KEYS ? 2 : FA_STAGE / 8;  // n-blocks of 8 keys per warp and stage
-    // Two stages (double buffering), each K then V: [buf][k|v][key][LD], dynamic.
+    // Two stages (double buffering), each K then V: half_t [buf][k|v][key][LD], dynamic.
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    typedef half_t Stage[2][FA_STAGE][LD];
-    Stage* s_kv = reinterpret_cast<Stage*>(fa_smem);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = tiles[2 * blockIdx.x], cnt = tiles[2 * blockIdx.x + 1];
@@ -175,6 +176,16 @@ __device__ __forceinline__ void flash_attention(
     constexpr int PIECES = HD / 8, PASS = 128 / PIECES;
     // log2(block_size) when it is a power of two (no division per key), else -1.
     const int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
+    // Shared-space byte addresses: this thread's loader slot in stage 0's K rows, and its
+    // ldmatrix rows of K and V in stage 0 (the stage and the tile offsets are added as
+    // constants).
+    const unsigned smem0 = smem_addr(fa_smem);
+    const unsigned ld_base = smem0 + (unsigned)(threadIdx.x % PIECES) * 16;
+    const int koff = BY_KEYS ? warp * 16 : 0;  // this warp's keys of a stage: all, or a quarter
+    const unsigned k_rows =
+        smem0 + (unsigned)(((koff + (lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8) * 2);
+    const unsigned v_rows = smem0 + (unsigned)(((FA_STAGE + koff + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
+                                                (lane >> 4) * 8) * 2);
     auto load_stage = [&](int from, int buf) {
         const int nk = min(FA_STAGE, kend - from);
         const int piece = threadIdx.x % PIECES, j0 = threadIdx.x / PIECES;
@@ -190,8 +201,9 @@ __device__ __forceinline__ void flash_attention(
                 off = slot * kvd + g * hd + piece * 8;
                 bytes = 16;
             }
-            cp_async16(&s_kv[buf][0][j][piece * 8], k_cache + off, bytes);
-            cp_async16(&s_kv[buf][1][j][piece * 8], v_cache + off, bytes);
+            const unsigned dst = ld_base + (unsigned)((buf * 2 * FA_STAGE + j) * LD * 2);
+            cp_async16(dst, k_cache + off, bytes);
+            cp_async16(dst + FA_STAGE * LD * 2, v_cache + off, bytes);
         }
     };
     load_stage(kbeg, 0);
@@ -205,8 +217,7 @@ __device__ __forceinline__ void flash_attention(
         __syncthreads();
         const int nk = min(FA_STAGE, kend - k0);
 
-        // This warp's keys of the stage: all 64 (prefill), or its quarter (decode).
-        const int koff = BY_KEYS ? warp * 16 : 0;
+        const unsigned stage = (unsigned)(buf * 2 * FA_STAGE * LD * 2);
         if (koff < nk && k0 + koff <= wlast) {
             float s[NB][4];
 #pragma unroll
@@ -220,8 +231,7 @@ __device__ __forceinline__ void flash_attention(
 #pragma unroll
                     for (int j = 0; j < NB / 2; ++j) {
                         unsigned b[4];
-                        ldsm_x4(b, &s_kv[buf][0][koff + j * 16 + (lane & 7) + ((lane >> 4) << 3)]
-                                        [kc * 16 + ((lane >> 3) & 1) * 8]);
+                        ldsm_x4(b, k_rows + stage + (j * 16 * LD + kc * 16) * 2);
                         mma16816(s[2 * j], qa[kc], b[0], b[1]);
                         mma16816(s[2 * j + 1], qa[kc], b[2], b[3]);
                     }
@@ -278,8 +288,7 @@ __device__ __forceinline__ void flash_attention(
                 for (int d16 = 0; d16 < HD / 16; ++d16) {
                     if (d16 * 16 < hd) {
                         unsigned b[4];
-                        ldsm_x4_trans(b, &s_kv[buf][1][koff + j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8]
-                                              [d16 * 16 + (lane >> 4) * 8]);
+                        ldsm_x4_trans(b, v_rows + stage + (j * 16 * LD + d16 * 16) * 2);
                         mma16816(o[2 * d16], pa, b[0], b[1]);
                         mma16816(o[2 * d16 + 1], pa, b[2], b[3]);
                     }
