@@ -171,10 +171,11 @@ __device__ __forceinline__ void flash_attention(
     float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
 
     const int* table = tables + (size_t)row_seq[row0] * table_stride;
-    // Stage loader: thread t copies 16-byte piece t % PIECES of keys t / PIECES + i * PASS,
-    // one block-table lookup per key for K and V both; keys past the split are zeros.
-    constexpr int PIECES = HD / 8, PASS = 128 / PIECES;
-    // log2(block_size) when it is a power of two (no division per key), else -1.
+    // Stage loader: thread t copies 16-byte piece t % PIECES of the KEYS_PER consecutive keys
+    // from (t / PIECES) * KEYS_PER, walking the block table (one lookup per KV block it
+    // enters, not per key); keys past the split are zeros.
+    constexpr int PIECES = HD / 8, KEYS_PER = FA_STAGE * PIECES / 128;
+    // log2(block_size) when it is a power of two (no division), else -1.
     const int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
     // Shared-space byte addresses: this thread's loader slot in stage 0's K rows, and its
     // ldmatrix rows of K and V in stage 0 (the stage and the tile offsets are added as
@@ -188,22 +189,30 @@ __device__ __forceinline__ void flash_attention(
                                                 (lane >> 4) * 8) * 2);
     auto load_stage = [&](int from, int buf) {
         const int nk = min(FA_STAGE, kend - from);
-        const int piece = threadIdx.x % PIECES, j0 = threadIdx.x / PIECES;
+        const int piece = threadIdx.x % PIECES, jfirst = (threadIdx.x / PIECES) * KEYS_PER;
+        const bool in_row = piece * 8 < hd;
+        const size_t col = (size_t)g * hd + piece * 8;
+        int p = from + jfirst;
+        int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
+        int within = p - blk * block_size;
+        // Element offset of key p's piece in the cache (valid while p < kend).
+        size_t off = p < kend ? ((size_t)table[blk] * block_size + within) * kvd + col : 0;
+        const unsigned dst = ld_base + (unsigned)((buf * 2 * FA_STAGE + jfirst) * LD * 2);
 #pragma unroll
-        for (int i = 0; i < FA_STAGE / PASS; ++i) {
-            const int j = j0 + i * PASS;
-            size_t off = 0;
-            int bytes = 0;
-            if (j < nk && piece * 8 < hd) {
-                const int p = from + j;
-                const int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
-                const size_t slot = (size_t)table[blk] * block_size + (p - blk * block_size);
-                off = slot * kvd + g * hd + piece * 8;
-                bytes = 16;
+        for (int i = 0; i < KEYS_PER; ++i) {
+            const bool valid = jfirst + i < nk && in_row;
+            const size_t at = valid ? off : 0;
+            const int bytes = valid ? 16 : 0;
+            cp_async16(dst + i * LD * 2, k_cache + at, bytes);
+            cp_async16(dst + (FA_STAGE + i) * LD * 2, v_cache + at, bytes);
+            ++p;
+            if (++within == block_size) {
+                within = 0;
+                ++blk;
+                off = p < kend ? (size_t)table[blk] * block_size * kvd + col : 0;
+            } else {
+                off += kvd;
             }
-            const unsigned dst = ld_base + (unsigned)((buf * 2 * FA_STAGE + j) * LD * 2);
-            cp_async16(dst, k_cache + off, bytes);
-            cp_async16(dst + FA_STAGE * LD * 2, v_cache + off, bytes);
         }
     };
     load_stage(kbeg, 0);
@@ -273,10 +282,13 @@ __device__ __forceinline__ void flash_attention(
                     }
                 }
                 lrun[i] = lrun[i] * corr + sum;
+                // Rescale the accumulators unless no row of the warp raised its maximum.
+                if (!__all_sync(0xffffffffu, corr == 1.0f)) {
 #pragma unroll
-                for (int dn = 0; dn < HD / 8; ++dn) {
-                    o[dn][2 * i] *= corr;
-                    o[dn][2 * i + 1] *= corr;
+                    for (int dn = 0; dn < HD / 8; ++dn) {
+                        o[dn][2 * i] *= corr;
+                        o[dn][2 * i + 1] *= corr;
+                    }
                 }
             }
 #pragma unroll
