@@ -6,7 +6,8 @@
 // heads (each lane holds ceil(hd / 32) consecutive dimensions; lanes past hd idle), then
 // the warps merge. With one split the
 // block writes the normalised 16-bit output; with several it writes unnormalised partial
-// sums and (max, sum) pairs that attention_combine merges (split-K for long contexts).
+// sums and (max, sum) pairs that attention_combine merges over the batch's tiles (split-K
+// for long contexts).
 #define ATT_WARPS 4
 #define ATT_MAX_GROUP 8
 #define ATT_MAX_DPL 4  // ceil(head_dim / 32), so head_dim <= 128
@@ -134,23 +135,31 @@ extern "C" __global__ void KERNEL(paged_attention)(
     }
 }
 
-// Merges the splits of paged_attention. grid: (n, heads); block: >= hd threads.
-extern "C" __global__ void KERNEL(attention_combine)(const float* __restrict__ part_acc,
-                                                  const float* __restrict__ part_ml,
-                                                  half_t* __restrict__ out,
-                                                  int heads, int hd, int splits) {
-    const int r = blockIdx.x, qh = blockIdx.y, d = threadIdx.x;
-    if (d >= hd) return;
-    size_t base = ((size_t)r * heads + qh) * splits;
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_ml[(base + s) * 2]);
-    float sum = 0.0f, a = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-        float ms = part_ml[(base + s) * 2];
-        if (ms == -INFINITY) continue;
-        float c = __expf(ms - mx);
-        sum += part_ml[(base + s) * 2 + 1] * c;
-        a += part_acc[(base + s) * hd + d] * c;
+// Merges the splits of paged_attention or flash_attention_keys (partial sums relative to
+// natural-log maxima) for each tile's rows (tiles: [first row, rows] pairs).
+// grid: (tiles, heads).
+extern "C" __global__ void KERNEL(attention_combine)(const int* __restrict__ tiles,
+                                              const float* __restrict__ part_acc,
+                                              const float* __restrict__ part_ml,
+                                              half_t* __restrict__ out,
+                                              int heads, int hd, int splits) {
+    const int row0 = tiles[2 * blockIdx.x], cnt = tiles[2 * blockIdx.x + 1];
+    const int qh = blockIdx.y;
+    for (int i = 0; i < cnt; ++i) {
+        const int r = row0 + i;
+        const size_t base = ((size_t)r * heads + qh) * splits;
+        float mx = -INFINITY;
+        for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_ml[(base + s) * 2]);
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float sum = 0.0f, a = 0.0f;
+            for (int s = 0; s < splits; ++s) {
+                float ms = part_ml[(base + s) * 2];
+                if (ms == -INFINITY) continue;
+                float c = __expf(ms - mx);
+                sum += part_ml[(base + s) * 2 + 1] * c;
+                a += part_acc[(base + s) * hd + d] * c;
+            }
+            out[(size_t)r * heads * hd + qh * hd + d] = f32_to_half(a / sum);
+        }
     }
-    out[(size_t)r * heads * hd + qh * hd + d] = f32_to_half(a / sum);
 }

@@ -37,6 +37,14 @@ __device__ __forceinline__ half_t f32_to_half(float f) {
 }
 #endif
 
+// Four floats as four 16-bit values, one 8-byte store (dst 8-byte aligned).
+__device__ __forceinline__ void store_half4(half_t* dst, float a, float b, float c, float d) {
+    uint2 v;
+    v.x = (unsigned)f32_to_half(a) | ((unsigned)f32_to_half(b) << 16);
+    v.y = (unsigned)f32_to_half(c) | ((unsigned)f32_to_half(d) << 16);
+    *reinterpret_cast<uint2*>(dst) = v;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

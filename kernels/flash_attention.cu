@@ -8,7 +8,7 @@
 //     owns 16 M rows and all warps share every K/V stage loaded into shared memory.
 //   - flash_attention_keys (decode, a few positions): one warp's worth of rows; each warp
 //     takes a quarter of every stage's keys and the warps merge at the end. Long contexts
-//     are also split over the grid (blockIdx.z), as partial sums for flash_combine.
+//     are also split over the grid (blockIdx.z), as partial sums for attention_combine (attention.cu).
 // K and V stages of 64 keys are gathered through the block table with cp.async into two
 // buffers of dynamic shared memory (the next stage loads while this one computes; rows
 // past the stage's end are zero-filled), read back with ldmatrix, and the online softmax runs in
@@ -26,31 +26,29 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return a;
 }
 
+// The PTX spelling of the module's 16-bit type in cvt and mma.
+#ifdef INFLIGHT_F16
+#define FA_X2 "f16x2"
+#define FA_AB "f16.f16"
+#else
+#define FA_X2 "bf16x2"
+#define FA_AB "bf16.bf16"
+#endif
+
 // Two floats as one register of two 16-bit values, `lo` in the low half.
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     unsigned r;
-#ifdef INFLIGHT_F16
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
+    asm("cvt.rn." FA_X2 ".f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
 
+// c += a * b on the tensor cores: a 16x16 (row-major fragments), b 16x8, c 16x8 fp32.
 __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-#ifdef INFLIGHT_F16
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "mma.sync.aligned.m16n8k16.row.col.f32." FA_AB ".f32 "
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
 }
 
 // ldmatrix from a shared-space address (bytes), so constant offsets fold into the
@@ -379,7 +377,7 @@ __device__ __forceinline__ void flash_attention(
             size_t pi2 = ((size_t)row * heads + qh) * splits + split;
             part_acc[pi2 * hd + d] = a;
             if (d == 0) {
-                part_ml[pi2 * 2] = mx * FA_LN2;  // natural log units, as flash_combine reads
+                part_ml[pi2 * 2] = mx * FA_LN2;  // natural log units, as attention_combine reads
                 part_ml[pi2 * 2 + 1] = sum;
             }
         }
@@ -409,31 +407,4 @@ extern "C" __global__ void __launch_bounds__(128, 3) KERNEL(flash_attention_rows
 }
 extern "C" __global__ void __launch_bounds__(128, 3) KERNEL(flash_attention_keys_hd128)(FA_ARGS) {
     flash_attention<128, true>(FA_PASS);
-}
-
-// Merges the splits of flash_attention_keys for each tile's rows. grid: (tiles, heads).
-extern "C" __global__ void KERNEL(flash_combine)(const int* __restrict__ tiles,
-                                              const float* __restrict__ part_acc,
-                                              const float* __restrict__ part_ml,
-                                              half_t* __restrict__ out,
-                                              int heads, int hd, int splits) {
-    const int row0 = tiles[2 * blockIdx.x], cnt = tiles[2 * blockIdx.x + 1];
-    const int qh = blockIdx.y;
-    for (int i = 0; i < cnt; ++i) {
-        const int r = row0 + i;
-        const size_t base = ((size_t)r * heads + qh) * splits;
-        float mx = -INFINITY;
-        for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_ml[(base + s) * 2]);
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            float sum = 0.0f, a = 0.0f;
-            for (int s = 0; s < splits; ++s) {
-                float ms = part_ml[(base + s) * 2];
-                if (ms == -INFINITY) continue;
-                float c = __expf(ms - mx);
-                sum += part_ml[(base + s) * 2 + 1] * c;
-                a += part_acc[(base + s) * hd + d] * c;
-            }
-            out[(size_t)r * heads * hd + qh * hd + d] = f32_to_half(a / sum);
-        }
-    }
 }

@@ -6,14 +6,6 @@
 // the row kept in registers between the sum and the scaling (one read of x, not two).
 #define NORM_VEC 8
 
-// Four floats as four 16-bit values, one 8-byte store.
-__device__ __forceinline__ void store_half4(half_t* dst, float a, float b, float c, float d) {
-    uint2 v;
-    v.x = (unsigned)f32_to_half(a) | ((unsigned)f32_to_half(b) << 16);
-    v.y = (unsigned)f32_to_half(c) | ((unsigned)f32_to_half(d) << 16);
-    *reinterpret_cast<uint2*>(dst) = v;
-}
-
 extern "C" __global__ void KERNEL(add_rms_norm)(float* __restrict__ x,
                                              const float* __restrict__ delta,
                                              const float* __restrict__ w,

@@ -13,12 +13,8 @@ extern "C" __global__ void KERNEL(silu_mul)(const float* __restrict__ gu,
         if (4 * i >= f) return;
         float4 g = reinterpret_cast<const float4*>(gu + (size_t)r * 2 * f)[i];
         float4 u = reinterpret_cast<const float4*>(gu + (size_t)r * 2 * f + f)[i];
-        uint2 v;
-        v.x = (unsigned)f32_to_half(silu_times(g.x, u.x)) |
-              ((unsigned)f32_to_half(silu_times(g.y, u.y)) << 16);
-        v.y = (unsigned)f32_to_half(silu_times(g.z, u.z)) |
-              ((unsigned)f32_to_half(silu_times(g.w, u.w)) << 16);
-        *reinterpret_cast<uint2*>(out + (size_t)r * f + 4 * i) = v;
+        store_half4(out + (size_t)r * f + 4 * i, silu_times(g.x, u.x), silu_times(g.y, u.y),
+                    silu_times(g.z, u.z), silu_times(g.w, u.w));
         return;
     }
     if (i >= f) return;

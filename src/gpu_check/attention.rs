@@ -179,6 +179,9 @@ fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case)
         rel_err(&got, &want),
         1e-2,
     );
-    r.note = format!("{kernel}, tiles {rows_tiles}+{keys_tiles}, splits {splits}");
+    r.note = format!(
+        "{}, tiles {rows_tiles}+{keys_tiles}, splits {splits}",
+        kernel.name()
+    );
     Ok(r)
 }

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::Result;
-use crate::kernels::cuda::attention::flash_budget;
+use crate::kernels::cuda::attention::{flash_budget, flash_kernel, flash_smem};
 use crate::model::backend::ForwardPass;
 use crate::model::gpu::forward::CudaForward;
+use crate::model::gpu::stage_timer::stage;
 use crate::model::gpu::{heads, CudaModel};
 use crate::model::SeqChunk;
 use crate::sampling::RowPlan;
@@ -49,26 +50,27 @@ impl Batch {
 /// Prints the resources of the kernels a forward pass of `cuda` runs.
 fn print_resources(cuda: &CudaModel) -> Result<()> {
     let budget = flash_budget(&heads(&cuda.config));
-    let (rows, keys) = (
-        format!("flash_attention_rows_hd{budget}"),
-        format!("flash_attention_keys_hd{budget}"),
-    );
-    let kernels: [(&str, u32); 7] = [
-        (&rows, 128),
-        (&keys, 128),
-        ("add_rms_norm", 256),
-        ("rope_kv_write", 128),
-        ("silu_mul", 256),
-        ("sample_rows", 1024),
-        ("paged_attention", 128),
+    let (rows, keys) = (flash_kernel("rows", budget), flash_kernel("keys", budget));
+    let smem = flash_smem(budget);
+    // (kernel, threads per block as launched, dynamic shared memory)
+    let kernels: [(&str, u32, usize); 7] = [
+        (&rows, 128, smem),
+        (&keys, 128, smem),
+        ("add_rms_norm", 256, 0),
+        ("rope_kv_write", 256, 0),
+        ("silu_mul", 256, 0),
+        ("sample_rows", 1024, 0),
+        ("paged_attention", 128, 0),
     ];
     let half = cuda.weights.half;
     println!("### kernel resources ({})\n", half.suffix());
-    println!("| kernel | threads | registers | local bytes | shared bytes | blocks per SM |");
-    println!("|---|---|---|---|---|---|");
-    for (k, threads) in kernels {
-        let (regs, local, shared, blocks) = cuda.gpu.resources(k, half, threads)?;
-        println!("| {k} | {threads} | {regs} | {local} | {shared} | {blocks} |");
+    println!(
+        "| kernel | threads | registers | local bytes | static shared bytes | dynamic shared bytes | blocks per SM |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (k, threads, dynamic) in kernels {
+        let (regs, local, shared, blocks) = cuda.gpu.resources(k, half, threads, dynamic)?;
+        println!("| {k} | {threads} | {regs} | {local} | {shared} | {dynamic} | {blocks} |");
     }
     Ok(())
 }
@@ -149,12 +151,12 @@ fn print_batch(
     let keys: f64 = (0..b.new).map(|i| (b.past + i + 1) as f64).sum::<f64>() * rows;
     let work = |name: &str| -> Option<(f64, f64)> {
         Some(match name {
-            "qkv gemm" => gemm(h, qd + 2.0 * kvd, n, layers),
-            "o gemm" => gemm(qd, h, n, layers),
-            "gate_up gemm" => gemm(h, 2.0 * f, n, layers),
-            "down gemm" => gemm(f, h, n, layers),
-            "lm_head gemm" => gemm(h, cfg.vocab_size as f64, rows, 1.0),
-            "attention" => (
+            stage::QKV => gemm(h, qd + 2.0 * kvd, n, layers),
+            stage::O => gemm(qd, h, n, layers),
+            stage::GATE_UP => gemm(h, 2.0 * f, n, layers),
+            stage::DOWN => gemm(f, h, n, layers),
+            stage::LM_HEAD => gemm(h, cfg.vocab_size as f64, rows, 1.0),
+            stage::ATTENTION => (
                 4.0 * qd * keys * layers,
                 // K and V of every attended position once per sequence (16-bit).
                 (b.past + b.new) as f64 * rows * kvd * 4.0 * layers,

@@ -1,7 +1,8 @@
 //! Paged attention launches: the batch's query rows cut into tiles, the tensor-core kernels
 //! (`flash_attention_rows` for prefill tiles, `flash_attention_keys` for decode tiles, split
-//! along the sequence when too few blocks fill the GPU), and the warp-per-key kernel for
-//! head sizes the tensor cores cannot take.
+//! along the sequence when too few blocks fill the GPU), the warp-per-key kernel for head
+//! sizes the tensor cores cannot take, and `attention_combine`, which merges the splits of
+//! either over the tiles' rows.
 
 use cudarc::driver::PushKernelArg;
 
@@ -56,7 +57,12 @@ pub fn tensor_cores(h: &Heads) -> bool {
         && h.heads / h.kv_heads <= 16
 }
 
-/// The register budget (largest head_dim) of the tensor-core kernel build for `h`: 64 or 128.
+/// The register budgets (largest head_dim) the tensor-core kernels are built for.
+pub const FLASH_BUDGETS: [usize; 2] = [64, 128];
+/// The tensor-core kernels' two ways to spread a tile over a block's warps.
+pub const FLASH_MODES: [&str; 2] = ["rows", "keys"];
+
+/// The register budget of the tensor-core kernel build for `h`: 64 or 128.
 pub fn flash_budget(h: &Heads) -> usize {
     if h.head_dim <= 64 {
         64
@@ -65,16 +71,15 @@ pub fn flash_budget(h: &Heads) -> usize {
     }
 }
 
-/// Dynamic shared memory of tensor-core kernel `op` (two stages of K and V rows padded by
-/// 8 halves), or None for other kernels.
-pub fn dynamic_smem(op: &str) -> Option<usize> {
-    let budget = op
-        .strip_prefix("flash_attention_")?
-        .rsplit_once("_hd")?
-        .1
-        .parse::<usize>()
-        .ok()?;
-    Some(2 * 2 * STAGE * (budget + 8) * 2)
+/// The tensor-core kernel `mode` (one of [`FLASH_MODES`]) built for `budget`.
+pub fn flash_kernel(mode: &str, budget: usize) -> String {
+    format!("flash_attention_{mode}_hd{budget}")
+}
+
+/// Dynamic shared memory of a tensor-core kernel built for `budget`: two stages of K and V
+/// rows padded by 8 halves.
+pub fn flash_smem(budget: usize) -> usize {
+    2 * 2 * STAGE * (budget + 8) * 2
 }
 
 /// Query tiles, each `[first row, rows]`: consecutive rows of one sequence. A sequence's
@@ -140,14 +145,32 @@ fn split_plan(a: &Attention, blocks: usize, align: usize) -> (usize, usize) {
     (chunk, a.max_len.div_ceil(chunk).max(1))
 }
 
-/// Which kernel runs `a` and over how many splits of the sequence.
-pub fn attention_plan(a: &Attention) -> (&'static str, usize, usize) {
+/// The kernel that runs an attention launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// The tensor-core kernels (flash_attention.cu).
+    Flash,
+    /// One warp per key position (attention.cu), for other head sizes.
+    WarpPerKey,
+}
+
+impl Kernel {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Flash => "flash",
+            Kernel::WarpPerKey => "warp per key",
+        }
+    }
+}
+
+/// Which kernel runs `a` and over how many splits of the sequence: (kernel, chunk, splits).
+pub fn attention_plan(a: &Attention) -> (Kernel, usize, usize) {
     if tensor_cores(&a.heads) {
         let (chunk, splits) = split_plan(a, a.keys_tiles * a.heads.kv_heads, STAGE);
-        ("flash", chunk, splits)
+        (Kernel::Flash, chunk, splits)
     } else {
         let (chunk, splits) = split_plan(a, a.n * a.heads.kv_heads, 1);
-        ("warp per key", chunk, splits)
+        (Kernel::WarpPerKey, chunk, splits)
     }
 }
 
@@ -157,12 +180,33 @@ pub fn paged_attention(gpu: &Gpu, a: &Attention) -> Result<()> {
         return Ok(());
     }
     a.heads.check()?;
-    let (kernel, chunk, splits) = attention_plan(a);
-    if kernel == "flash" {
-        flash(gpu, a, chunk, splits)
-    } else {
-        warp_per_key(gpu, a, chunk, splits)
+    match attention_plan(a) {
+        (Kernel::Flash, chunk, splits) => flash(gpu, a, chunk, splits),
+        (Kernel::WarpPerKey, chunk, splits) => warp_per_key(gpu, a, chunk, splits),
     }
+}
+
+/// Merges the `splits` partial results of the rows of `count` tiles at `tiles` into `out`.
+fn combine(gpu: &Gpu, a: &Attention, tiles: u64, count: usize, splits: usize) -> Result<()> {
+    let (heads, hd, splits_i) = (
+        i32_of(a.heads.heads)?,
+        i32_of(a.heads.head_dim)?,
+        i32_of(splits)?,
+    );
+    let f = gpu.func("attention_combine", a.half)?;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&tiles)
+        .arg(&a.part_acc)
+        .arg(&a.part_ml)
+        .arg(&a.out)
+        .arg(&heads)
+        .arg(&hd)
+        .arg(&splits_i);
+    // SAFETY: argument order and types match attention.cu; the tiles' rows are inside the
+    // batch, and their partial results were written by the kernel just launched.
+    unsafe { b.launch(cfg((count, a.heads.heads, 1), 128)?) }
+        .map_err(cuda_err("attention_combine"))?;
+    Ok(())
 }
 
 fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
@@ -176,7 +220,7 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
     let scale = std::f32::consts::LOG2_E / (hs.head_dim as f32).sqrt();
     let budget = flash_budget(&hs);
     let launch = |mode: &str, tiles: u64, count: usize, chunk: usize, splits: usize| {
-        let name = &format!("flash_attention_{mode}_hd{budget}");
+        let name = &flash_kernel(mode, budget);
         let (chunk_i, splits_i) = (i32_of(chunk)?, i32_of(splits)?);
         let f = gpu.func(name, a.half)?;
         let mut b = gpu.stream.launch_builder(f);
@@ -202,7 +246,7 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
         // (first row, rows) pairs inside the batch; the plan keeps partial sums within the
         // workspace; tables cover every row's positions (checked by the caller).
         let mut c = cfg((count, hs.kv_heads, splits), 128)?;
-        c.shared_mem_bytes = dynamic_smem(name).map_or(0, |b| b as u32);
+        c.shared_mem_bytes = flash_smem(budget) as u32;
         unsafe { b.launch(c) }.map_err(cuda_err(name))
     };
     if a.rows_tiles > 0 {
@@ -212,19 +256,7 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
         let keys = a.tiles + (2 * a.rows_tiles * std::mem::size_of::<i32>()) as u64;
         launch("keys", keys, a.keys_tiles, chunk, splits)?;
         if splits > 1 {
-            let splits_i = i32_of(splits)?;
-            let f = gpu.func("flash_combine", a.half)?;
-            let mut b = gpu.stream.launch_builder(f);
-            b.arg(&keys)
-                .arg(&a.part_acc)
-                .arg(&a.part_ml)
-                .arg(&a.out)
-                .arg(&heads)
-                .arg(&hd)
-                .arg(&splits_i);
-            // SAFETY: argument order and types match flash_attention.cu.
-            unsafe { b.launch(cfg((a.keys_tiles, hs.heads, 1), 128)?) }
-                .map_err(cuda_err("flash_combine"))?;
+            combine(gpu, a, keys, a.keys_tiles, splits)?;
         }
     }
     Ok(())
@@ -265,17 +297,8 @@ fn warp_per_key(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result
     unsafe { b.launch(cfg((a.n, hs.kv_heads, splits), 128)?) }
         .map_err(cuda_err("paged_attention"))?;
     if splits > 1 {
-        let f = gpu.func("attention_combine", a.half)?;
-        let mut b = gpu.stream.launch_builder(f);
-        b.arg(&a.part_acc)
-            .arg(&a.part_ml)
-            .arg(&a.out)
-            .arg(&heads)
-            .arg(&hd)
-            .arg(&splits_i);
-        // SAFETY: argument order and types match attention.cu.
-        unsafe { b.launch(cfg((a.n, hs.heads, 1), 128)?) }
-            .map_err(cuda_err("attention_combine"))?;
+        // Every row is in exactly one tile, prefill or decode.
+        combine(gpu, a, a.tiles, a.rows_tiles + a.keys_tiles, splits)?;
     }
     Ok(())
 }
@@ -326,19 +349,18 @@ mod tests {
         }
         // The tensor-core kernel's splits are whole stages.
         let (kernel, chunk, _) = attention_plan(&attn(1, 5000, 32 * 64 * 1024, 64));
-        assert_eq!((kernel, chunk % STAGE), ("flash", 0));
+        assert_eq!((kernel, chunk % STAGE), (Kernel::Flash, 0));
         assert_eq!(
             attention_plan(&attn(1, 5000, 1 << 20, 72)).0,
-            "warp per key"
+            Kernel::WarpPerKey
         );
     }
 
     #[test]
-    fn only_the_tensor_core_kernels_take_dynamic_shared_memory() {
-        assert_eq!(dynamic_smem("flash_attention_rows_hd128"), Some(69_632));
-        assert_eq!(dynamic_smem("flash_attention_keys_hd64"), Some(36_864));
-        assert_eq!(dynamic_smem("flash_combine"), None);
-        assert_eq!(dynamic_smem("paged_attention"), None);
+    fn tensor_core_kernels_are_named_by_mode_and_budget() {
+        assert_eq!(flash_kernel("rows", 128), "flash_attention_rows_hd128");
+        assert_eq!(flash_smem(128), 69_632);
+        assert_eq!(flash_smem(64), 36_864);
     }
 
     #[test]

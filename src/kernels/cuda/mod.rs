@@ -95,7 +95,6 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
             "flash_attention_keys_hd64",
             "flash_attention_rows_hd128",
             "flash_attention_keys_hd128",
-            "flash_combine",
         ],
     ),
     ("sample", &["sample_rows"]),
@@ -144,14 +143,30 @@ impl Gpu {
                     let func = loaded
                         .load_function(&name)
                         .map_err(cuda_err("loading a kernel"))?;
-                    if let Some(bytes) = attention::dynamic_smem(f) {
-                        func.set_attribute(
-                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            bytes as i32,
-                        )
-                        .map_err(cuda_err("raising a kernel's shared memory limit"))?;
-                    }
                     funcs.insert(name, func);
+                }
+            }
+        }
+        // The tensor-core attention kernels take more than the default 48 KB of shared
+        // memory.
+        for half in Half::ALL {
+            for budget in attention::FLASH_BUDGETS {
+                for mode in attention::FLASH_MODES {
+                    let name = format!(
+                        "{}_{}",
+                        attention::flash_kernel(mode, budget),
+                        half.suffix()
+                    );
+                    let func = funcs
+                        .get(&name)
+                        .ok_or_else(|| Error::Cuda(format!("kernel {name} is not loaded")))?;
+                    let bytes = i32::try_from(attention::flash_smem(budget))
+                        .map_err(|_| Error::Cuda("shared memory size".into()))?;
+                    func.set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes,
+                    )
+                    .map_err(cuda_err("raising a kernel's shared memory limit"))?;
                 }
             }
         }
@@ -173,20 +188,23 @@ impl Gpu {
     }
 
     /// A kernel's resources: (registers per thread, local bytes per thread, static shared
-    /// bytes, resident blocks per multiprocessor at `threads` threads).
-    pub fn resources(&self, op: &str, half: Half, threads: u32) -> Result<(i32, i32, i32, u32)> {
+    /// bytes, resident blocks per multiprocessor at `threads` threads and `dynamic_smem`
+    /// bytes of dynamic shared memory).
+    pub fn resources(
+        &self,
+        op: &str,
+        half: Half,
+        threads: u32,
+        dynamic_smem: usize,
+    ) -> Result<(i32, i32, i32, u32)> {
         let f = self.func(op, half)?;
         let what = cuda_err("reading a kernel's attributes");
         Ok((
             f.num_regs().map_err(cuda_err(op))?,
             f.local_size_bytes().map_err(cuda_err(op))?,
             f.shared_size_bytes().map_err(cuda_err(op))?,
-            f.occupancy_max_active_blocks_per_multiprocessor(
-                threads,
-                attention::dynamic_smem(op).unwrap_or(0),
-                None,
-            )
-            .map_err(what)?,
+            f.occupancy_max_active_blocks_per_multiprocessor(threads, dynamic_smem, None)
+                .map_err(what)?,
         ))
     }
 

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::stage_timer::{mark, StageTimer};
+use super::stage_timer::{mark, stage, StageTimer};
 use super::{heads, CudaModel};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::attention::{self, Attention, Tiles};
@@ -283,9 +283,9 @@ impl CudaForward {
         let (rows, tables) = (s.meta.at(4 * n), s.meta.at(4 * n + m));
         let tiles = s.meta.at(lay.tiles_at);
 
-        mark(&mut self.timer, "upload")?;
+        mark(&mut self.timer, stage::HOST_AND_UPLOAD)?;
         launch::embed(g, dt, w.embed.ptr(), ids, s.x.ptr(), n, h)?;
-        mark(&mut self.timer, "embed")?;
+        mark(&mut self.timer, stage::EMBED)?;
         let mut pending = 0u64;
         for (l, lw) in w.layers.iter().enumerate() {
             let (kc, vc) = self.kv_layer(l);
@@ -300,7 +300,7 @@ impl CudaForward {
                 h,
                 eps,
             )?;
-            mark(&mut self.timer, "add + rms_norm")?;
+            mark(&mut self.timer, stage::NORM)?;
             self.blas.linear(
                 dt,
                 s.xn.ptr(),
@@ -310,7 +310,7 @@ impl CudaForward {
                 h,
                 qd + 2 * kvd,
             )?;
-            mark(&mut self.timer, "qkv gemm")?;
+            mark(&mut self.timer, stage::QKV)?;
             let bias = lw.qkv.b.as_ref().map_or(0, |b| b.ptr());
             launch::rope_kv_write(
                 g,
@@ -326,7 +326,7 @@ impl CudaForward {
                 n,
                 heads(cfg),
             )?;
-            mark(&mut self.timer, "rope + kv write")?;
+            mark(&mut self.timer, stage::ROPE)?;
             attention::paged_attention(
                 g,
                 &Attention {
@@ -351,10 +351,10 @@ impl CudaForward {
                     half: dt,
                 },
             )?;
-            mark(&mut self.timer, "attention")?;
+            mark(&mut self.timer, stage::ATTENTION)?;
             self.blas
                 .linear(dt, s.attn.ptr(), lw.o.w.ptr(), s.delta.ptr(), n, qd, h)?;
-            mark(&mut self.timer, "o gemm")?;
+            mark(&mut self.timer, stage::O)?;
             launch::add_rms_norm(
                 g,
                 dt,
@@ -366,15 +366,15 @@ impl CudaForward {
                 h,
                 eps,
             )?;
-            mark(&mut self.timer, "add + rms_norm")?;
+            mark(&mut self.timer, stage::NORM)?;
             self.blas
                 .linear(dt, s.xn.ptr(), lw.gate_up.w.ptr(), s.gu.ptr(), n, h, 2 * f)?;
-            mark(&mut self.timer, "gate_up gemm")?;
+            mark(&mut self.timer, stage::GATE_UP)?;
             launch::silu_mul(g, dt, s.gu.ptr(), s.act.ptr(), n, f)?;
-            mark(&mut self.timer, "silu * up")?;
+            mark(&mut self.timer, stage::SWIGLU)?;
             self.blas
                 .linear(dt, s.act.ptr(), lw.down.w.ptr(), s.delta.ptr(), n, f, h)?;
-            mark(&mut self.timer, "down gemm")?;
+            mark(&mut self.timer, stage::DOWN)?;
             pending = s.delta.ptr();
         }
         if m == 0 {
@@ -403,12 +403,12 @@ impl CudaForward {
             h,
             eps,
         )?;
-        mark(&mut self.timer, "final norm")?;
+        mark(&mut self.timer, stage::FINAL_NORM)?;
         let vocab = cfg.vocab_size;
         let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
         self.blas
             .linear(dt, s.head_in.ptr(), head, s.logits.ptr(), m, h, vocab)?;
-        mark(&mut self.timer, "lm_head gemm")
+        mark(&mut self.timer, stage::LM_HEAD)
     }
 
     fn scratch(&self) -> Result<&Scratch> {
@@ -471,7 +471,7 @@ impl CudaForward {
         } else {
             Vec::new()
         };
-        mark(&mut self.timer, "sampling upload")?;
+        mark(&mut self.timer, stage::SAMPLING_UPLOAD)?;
         launch::sample_rows(
             &g,
             s.logits.ptr(),
@@ -482,7 +482,7 @@ impl CudaForward {
             bufs.log_probs.ptr(),
             m,
         )?;
-        mark(&mut self.timer, "sampling")?;
+        mark(&mut self.timer, stage::SAMPLING)?;
         let tokens = g.read(&bufs.tokens, m)?;
         let log_probs = g.read(&bufs.log_probs, m)?;
         let mut out = Vec::with_capacity(lay.counts.len());

@@ -4,7 +4,7 @@
 //! [`Backend`]/[`ForwardPass`] seam as the CPU engine, so the actor pipeline is unchanged.
 
 pub mod forward;
-mod stage_timer;
+pub mod stage_timer;
 pub mod weights;
 
 use std::sync::Arc;

@@ -56,6 +56,25 @@ impl StageTimer {
     }
 }
 
+/// The stages of a forward pass, as the profile names them.
+pub mod stage {
+    /// From the end of the previous pass to the metadata upload: the host's work in between.
+    pub const HOST_AND_UPLOAD: &str = "host + upload";
+    pub const EMBED: &str = "embed";
+    pub const NORM: &str = "add + rms_norm";
+    pub const QKV: &str = "qkv gemm";
+    pub const ROPE: &str = "rope + kv write";
+    pub const ATTENTION: &str = "attention";
+    pub const O: &str = "o gemm";
+    pub const GATE_UP: &str = "gate_up gemm";
+    pub const SWIGLU: &str = "silu * up";
+    pub const DOWN: &str = "down gemm";
+    pub const FINAL_NORM: &str = "final norm";
+    pub const LM_HEAD: &str = "lm_head gemm";
+    pub const SAMPLING_UPLOAD: &str = "sampling upload";
+    pub const SAMPLING: &str = "sampling";
+}
+
 /// Marks the end of stage `name` when timing.
 pub fn mark(timer: &mut Option<StageTimer>, name: &'static str) -> Result<()> {
     timer.as_mut().map_or(Ok(()), |t| t.mark(name))
