@@ -1,9 +1,10 @@
 // RoPE (HF rotate-half layout) fused with the paged KV-cache write. Input: the fused QKV
-// product [n, (heads + 2 * kv_heads) * hd] in fp32 (plus an optional bias). Output: rotated
+// product [n, (heads + 2 * kv_heads) * hd] in 16-bit (plus an optional fp32 bias). Output: rotated
 // q in fp32 [n, heads * hd]; rotated k and plain v written in 16-bit into the layer's cache
 // [slots, kv_heads * hd] at slots[r]. Angles in double precision, as the CPU twin.
-// grid: n rows; block: any width.
-extern "C" __global__ void KERNEL(rope_kv_write)(const float* __restrict__ qkv,
+// grid: (n rows, heads + kv_heads); block: hd / 2 threads, one rotated pair each (the block
+// of k head j also writes v head j).
+extern "C" __global__ void KERNEL(rope_kv_write)(const half_t* __restrict__ qkv,
                                               const float* __restrict__ bias,
                                               const int* __restrict__ pos,
                                               const int* __restrict__ slots,
@@ -12,38 +13,37 @@ extern "C" __global__ void KERNEL(rope_kv_write)(const float* __restrict__ qkv,
                                               half_t* __restrict__ k_cache,
                                               half_t* __restrict__ v_cache,
                                               int heads, int kv_heads, int hd) {
-    int r = blockIdx.x;
-    int half = hd / 2;
+    int r = blockIdx.x, head = blockIdx.y;  // q heads first, then k heads
+    int half = hd / 2, i = threadIdx.x;
+    if (i >= half) return;
     int qd = heads * hd, kvd = kv_heads * hd;
-    const float* row = qkv + (size_t)r * (qd + 2 * kvd);
+    const half_t* row = qkv + (size_t)r * (qd + 2 * kvd);
     size_t slot = (size_t)slots[r];
-    double p = (double)pos[r];
-    // Rotated pairs of q and k heads together: (heads + kv_heads) * half pairs.
-    int pairs = (heads + kv_heads) * half;
-    for (int t = threadIdx.x; t < pairs; t += blockDim.x) {
-        int head = t / half, i = t % half;
-        int a = head * hd + i, b = a + half;  // q heads first, then k heads
-        float xa = row[a], xb = row[b];
-        if (bias != nullptr) {
-            xa += bias[a];
-            xb += bias[b];
-        }
-        double s, c;
-        sincos(p * (double)inv_freq[i], &s, &c);
-        float sn = (float)s, cs = (float)c;
-        float ya = xa * cs - xb * sn;
-        float yb = xb * cs + xa * sn;
-        if (head < heads) {
-            q_out[(size_t)r * qd + a] = ya;
-            q_out[(size_t)r * qd + b] = yb;
-        } else {
-            k_cache[slot * kvd + (a - qd)] = f32_to_half(ya);
-            k_cache[slot * kvd + (b - qd)] = f32_to_half(yb);
-        }
+    double s, c;
+    sincos((double)pos[r] * (double)inv_freq[i], &s, &c);
+    float sn = (float)s, cs = (float)c;
+    int a = head * hd + i, b = a + half;
+    float xa = half_to_f32(row[a]), xb = half_to_f32(row[b]);
+    if (bias != nullptr) {
+        xa += bias[a];
+        xb += bias[b];
     }
-    for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
-        float v = row[qd + kvd + i];
-        if (bias != nullptr) v += bias[qd + kvd + i];
-        v_cache[slot * kvd + i] = f32_to_half(v);
+    float ya = xa * cs - xb * sn;
+    float yb = xb * cs + xa * sn;
+    if (head < heads) {
+        q_out[(size_t)r * qd + a] = ya;
+        q_out[(size_t)r * qd + b] = yb;
+        return;
     }
+    k_cache[slot * kvd + (a - qd)] = f32_to_half(ya);
+    k_cache[slot * kvd + (b - qd)] = f32_to_half(yb);
+    // The k head's block also copies its v head.
+    int va = qd + kvd + (head - heads) * hd + i;
+    float v0 = half_to_f32(row[va]), v1 = half_to_f32(row[va + half]);
+    if (bias != nullptr) {
+        v0 += bias[va];
+        v1 += bias[va + half];
+    }
+    v_cache[slot * kvd + (va - qd - kvd)] = f32_to_half(v0);
+    v_cache[slot * kvd + (va + half - qd - kvd)] = f32_to_half(v1);
 }

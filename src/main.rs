@@ -100,6 +100,10 @@ enum Command {
         /// bf16 or f16 (default: f16, or bf16 when a weight is beyond f16's range).
         #[arg(long)]
         dtype: Option<String>,
+        /// Linear layers on `auto` (the GEMV kernel for a few rows, else cuBLAS) or
+        /// `cublas` (always), to compare the two.
+        #[arg(long, default_value = "auto")]
+        linear: String,
     },
     /// Fetch the default model (SmolLM2-135M-Instruct) into the cache folder.
     FetchModel {
@@ -210,7 +214,8 @@ fn main() -> ExitCode {
             decode,
             iters,
             dtype,
-        } => gpu_profile(&model, &prefill, &decode, iters, dtype.as_deref()),
+            linear,
+        } => gpu_profile(&model, &prefill, &decode, iters, dtype.as_deref(), &linear),
         Command::FetchModel { dir } => {
             let dir = dir.unwrap_or_else(inflight::fetch::cache_dir);
             inflight::fetch::fetch_default_model(&dir).map(|p| println!("{}", p.display()))
@@ -232,8 +237,19 @@ fn gpu_profile(
     decode: &[String],
     iters: usize,
     dtype: Option<&str>,
+    linear: &str,
 ) -> inflight::Result<()> {
     use inflight::gpu_check::profile::{profile, Batch};
+    use inflight::kernels::cuda::gemm::Path;
+    let linear = match linear {
+        "auto" => Path::Auto,
+        "cublas" => Path::Cublas,
+        other => {
+            return Err(inflight::Error::Config(format!(
+                "--linear is auto or cublas, got {other:?}"
+            )))
+        }
+    };
     let half = match dtype.map(inflight::kernels::cuda::Half::parse) {
         Some(None) => return Err(inflight::Error::Config("--dtype is bf16 or f16".into())),
         h => h.flatten(),
@@ -265,7 +281,7 @@ fn gpu_profile(
     let m = Llama::load(model)?;
     let g = inflight::model::gpu::CudaModel::load_as(&m, 0, half)?;
     drop(m);
-    profile(&g, &batches, iters.max(1))
+    profile(&g, &batches, iters.max(1), linear)
 }
 
 fn run_serve(args: ServeArgs) -> inflight::Result<()> {

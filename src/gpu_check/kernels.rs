@@ -10,7 +10,7 @@ use super::attention::attention;
 use super::{rel_err, Row};
 use crate::error::Result;
 use crate::kernels::cpu;
-use crate::kernels::cuda::gemm::Blas;
+use crate::kernels::cuda::gemm::{Blas, Out, Path};
 use crate::kernels::cuda::launch::{self, Heads};
 use crate::kernels::cuda::{DevBuf, Gpu, Half};
 use crate::kernels::matmul::{linear, Matrix};
@@ -147,9 +147,9 @@ fn norms(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
 
 fn swiglu(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let mut out = Vec::new();
-    for (n, f) in [(1, 1536), (3, 8191), (17, 64)] {
-        let gu = rand_vec(rng, n * 2 * f, 4.0);
-        let (gb, ob) = (gpu.upload(&gu)?, poison_half(gpu, dt, n * f)?);
+    for (n, f) in [(1, 1536), (3, 8191), (17, 64), (2, 1540)] {
+        let (gbits, gu) = half_of(dt, &rand_vec(rng, n * 2 * f, 4.0));
+        let (gb, ob) = (gpu.upload(&gbits)?, poison_half(gpu, dt, n * f)?);
         launch::silu_mul(gpu, dt, gb.ptr(), ob.ptr(), n, f)?;
         let mut want = vec![0f32; n * f];
         cpu::silu_mul(&gu, f, &mut want);
@@ -175,7 +175,7 @@ fn rope(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let mut out = Vec::new();
     for (heads, kvh, hd, bias) in [(9, 3, 64, false), (32, 8, 128, true), (4, 2, 16, false)] {
         let (qd, kvd, n, num_slots) = (heads * hd, kvh * hd, 13, 300);
-        let qkv = rand_vec(rng, n * (qd + 2 * kvd), 1.0);
+        let (qkv_bits, qkv) = half_of(dt, &rand_vec(rng, n * (qd + 2 * kvd), 1.0));
         let b = rand_vec(rng, qd + 2 * kvd, 0.5);
         let pos: Vec<usize> = (0..n)
             .map(|i| if i == 0 { 0 } else { rng.gen_range(0..8192) })
@@ -195,7 +195,7 @@ fn rope(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         };
         let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
         let slots_i: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
-        let (qkvb, bb, fb) = (gpu.upload(&qkv)?, gpu.upload(&b)?, gpu.upload(&freqs)?);
+        let (qkvb, bb, fb) = (gpu.upload(&qkv_bits)?, gpu.upload(&b)?, gpu.upload(&freqs)?);
         let (pb, sb) = (gpu.upload(&pos_i)?, gpu.upload(&slots_i)?);
         let qo = poison_f32(gpu, n * qd)?;
         let kc = poison_half(gpu, dt, num_slots * kvd)?;
@@ -270,6 +270,9 @@ fn rope(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     Ok(out)
 }
 
+/// Linear layers on both implementations (cuBLAS; the GEMV kernel where it runs) and both
+/// output types, against the CPU matmul on the same rounded operands. A 16-bit output is
+/// compared after the same rounding.
 fn gemm(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let blas = Blas::new(gpu)?;
     let mut out = Vec::new();
@@ -278,22 +281,42 @@ fn gemm(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         (7, 2048, 2048),
         (17, 1000, 333),
         (33, 576, 49152),
+        (1, 4096, 6144),
+        (2, 1000, 77),
+        (3, 14336, 515),
+        (4, 2048, 4099),
     ] {
         let (xb, xv) = half_of(dt, &rand_vec(rng, n * k, 1.0));
         let (wb, wv) = half_of(dt, &rand_vec(rng, m * k, 0.05));
-        let (xd, wd, yd) = (gpu.upload(&xb)?, gpu.upload(&wb)?, poison_f32(gpu, n * m)?);
-        blas.linear(dt, xd.ptr(), wd.ptr(), yd.ptr(), n, k, m)?;
+        let (xd, wd) = (gpu.upload(&xb)?, gpu.upload(&wb)?);
         let mut want = vec![0f32; n * m];
         linear(&xv, &Matrix::F32(wv), None, n, k, m, &mut want);
-        let got = gpu.read(&yd, n * m)?;
-        let shape = format!("n {n} in {k} out {m}");
-        out.push(row(
-            "cublas gemm, fp32 acc",
-            dt,
-            shape,
-            rel_err(&got, &want),
-            1e-3,
-        ));
+        let want_half = half_of(dt, &want).1;
+        let gemv = Blas::gemv_fits(xd.ptr(), wd.ptr(), n, k);
+        let paths: &[(Path, &str)] = if gemv {
+            &[(Path::Cublas, "cublas gemm"), (Path::Gemv, "gemv kernel")]
+        } else {
+            &[(Path::Cublas, "cublas gemm")]
+        };
+        for &(path, name) in paths {
+            let shape = format!("n {n} in {k} out {m}");
+            let y = poison_f32(gpu, n * m)?;
+            blas.linear_on(path, dt, xd.ptr(), wd.ptr(), y.ptr(), Out::F32, n, k, m)?;
+            let got = gpu.read(&y, n * m)?;
+            let e = rel_err(&got, &want);
+            out.push(row(
+                &format!("{name}, fp32 out"),
+                dt,
+                shape.clone(),
+                e,
+                1e-3,
+            ));
+            let yh = poison_half(gpu, dt, n * m)?;
+            blas.linear_on(path, dt, xd.ptr(), wd.ptr(), yh.ptr(), Out::Half, n, k, m)?;
+            let got = to_f32(dt, &gpu.read(&yh, n * m)?);
+            let e = rel_err(&got, &want_half);
+            out.push(row(&format!("{name}, 16-bit out"), dt, shape, e, 1e-2));
+        }
     }
     Ok(out)
 }

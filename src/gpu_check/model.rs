@@ -2,7 +2,8 @@
 //! the CPU engine one prompt at a time, greedy, on the 5 fixture prompts: once against the
 //! model as loaded (for GGUF: quantized weights times int8-quantized activations, llama.cpp's
 //! arithmetic) and once against the same weights dequantized (f16 weights, f32 activations),
-//! which is the function the GPU computes. [`dump_logits`]:
+//! which is the function the GPU computes; and each prompt alone, whose decode steps run
+//! as captured CUDA graphs, against the same steps launched kernel by kernel. [`dump_logits`]:
 //! the GPU engine's fp32 logits at every position of a batch of random prompts of
 //! different lengths (one prefill, then 32 batched decode steps on its own argmax), written
 //! for scripts/hf_compare.py to check against HF transformers in fp32.
@@ -179,7 +180,53 @@ pub fn greedy_vs_cpu(
         }
     }
 
+    // GPU, one prompt at a time: its decode steps run as captured graphs. Beside it the
+    // same steps launched kernel by kernel, logits compared at every step.
+    let mut alone_tokens = vec![Vec::new(); prompts.len()];
+    let mut graph_err = (0f64, true);
+    for (i, p) in prompts.iter().enumerate() {
+        let mut graphed = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
+        let mut plain = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
+        plain.set_graphs(false);
+        let mut seq = vec![p.clone()];
+        let tab = [tabs[i].clone()];
+        for step in 0..steps {
+            let chunks = step_chunks(&seq, &tab, step, false);
+            let got = graphed.forward(&chunks)?;
+            let want = plain.forward(&chunks)?;
+            let e = rel_err(&got[0], &want[0]);
+            graph_err = (graph_err.0.max(e.0), graph_err.1 && e.1);
+            let t = argmax(&got[0]);
+            alone_tokens[i].push(t);
+            seq[0].push(t);
+        }
+    }
+    let alone_full = (0..prompts.len())
+        .filter(|&i| alone_tokens[i] == cpu_tokens[i])
+        .count();
+
     let mut rows = Vec::new();
+    rows.push(Row {
+        check: "decode as a CUDA graph vs kernel by kernel".into(),
+        shape: format!("{} prompts alone, {steps} steps", prompts.len()),
+        err: graph_err.0,
+        tol: 1e-3,
+        written: graph_err.1,
+        note: "max rel err of the logits over every step".into(),
+        info: false,
+    });
+    rows.push(Row {
+        check: format!("greedy alone (graphs) vs CPU {label}: prompts equal for all steps"),
+        shape: format!("{} prompts", prompts.len()),
+        err: if alone_full >= 4 { 0.0 } else { 1.0 },
+        tol: 0.5,
+        written: true,
+        note: format!(
+            "{alone_full}/{} prompts identical for {steps} tokens (need >= 4)",
+            prompts.len()
+        ),
+        info,
+    });
     let mut full = 0;
     for i in 0..prompts.len() {
         let same = cpu_tokens[i]

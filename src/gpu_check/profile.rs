@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use crate::error::Result;
 use crate::kernels::cuda::attention::{flash_budget, flash_kernel, flash_smem};
+use crate::kernels::cuda::gemm::Path;
 use crate::model::backend::ForwardPass;
 use crate::model::gpu::forward::CudaForward;
 use crate::model::gpu::stage_timer::stage;
@@ -53,14 +54,15 @@ fn print_resources(cuda: &CudaModel) -> Result<()> {
     let (rows, keys) = (flash_kernel("rows", budget), flash_kernel("keys", budget));
     let smem = flash_smem(budget);
     // (kernel, threads per block as launched, dynamic shared memory)
-    let kernels: [(&str, u32, usize); 7] = [
+    let kernels: [(&str, u32, usize); 8] = [
         (&rows, 128, smem),
         (&keys, 128, smem),
         ("add_rms_norm", 256, 0),
-        ("rope_kv_write", 256, 0),
+        ("rope_kv_write", 64, 0),
         ("silu_mul", 256, 0),
         ("sample_rows", 1024, 0),
         ("paged_attention", 128, 0),
+        ("gemv", 256, 0),
     ];
     let half = cuda.weights.half;
     println!("### kernel resources ({})\n", half.suffix());
@@ -76,8 +78,11 @@ fn print_resources(cuda: &CudaModel) -> Result<()> {
 }
 
 /// Times each batch `iters` times (after two untimed runs) and prints one table per batch.
-pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize) -> Result<()> {
+/// `linear`: which implementation runs the linear layers (`Path::Cublas` to compare
+/// against the GEMV kernel).
+pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize, linear: Path) -> Result<()> {
     print_resources(cuda)?;
+    println!("linear layers: {linear:?}\n");
     let cfg = cuda.config.clone();
     let blocks = batches
         .iter()
@@ -85,6 +90,40 @@ pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize) -> Result
         .max()
         .unwrap_or(1);
     let mut fwd = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
+    fwd.set_linear_path(linear);
+    println!("### linear layers at a few rows: GEMV kernel or cuBLAS (timed at start)\n");
+    println!(
+        "| rows | in | out | output | GEMV µs | cuBLAS µs | GEMV GB/s | cuBLAS GB/s | runs on |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for t in fwd.linear_timings() {
+        let sh = t.shape;
+        let gb = (sh.inp * sh.out * 2) as f64 / 1e6;
+        let rate = |ms: f64| {
+            if ms.is_finite() {
+                format!("{:.0}", gb / ms)
+            } else {
+                "–".into()
+            }
+        };
+        println!(
+            "| {} | {} | {} | {:?} | {:.1} | {:.1} | {} | {} | {} |",
+            sh.n,
+            sh.inp,
+            sh.out,
+            sh.y,
+            t.gemv_ms * 1e3,
+            t.cublas_ms * 1e3,
+            rate(t.gemv_ms),
+            rate(t.cublas_ms),
+            if t.gemv_ms < t.cublas_ms {
+                "GEMV"
+            } else {
+                "cuBLAS"
+            }
+        );
+    }
+    println!();
     let vocab = cfg.vocab_size as u32;
     for b in batches {
         let per = b.blocks_per_seq();
@@ -112,6 +151,12 @@ pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize) -> Result
         for _ in 0..2 {
             fwd.forward_choose(&chunks, &plans)?;
         }
+        // Unmarked first (the engine's own cost), then with an event between stages.
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            fwd.forward_choose(&chunks, &plans)?;
+        }
+        let plain = t0.elapsed().as_secs_f64() * 1e3 / iters as f64;
         fwd.start_timing()?;
         let t0 = Instant::now();
         for _ in 0..iters {
@@ -119,7 +164,7 @@ pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize) -> Result
         }
         let wall = t0.elapsed().as_secs_f64() * 1e3 / iters as f64;
         let stages = fwd.stage_times()?;
-        print_batch(&cfg, b, &stages, iters, wall);
+        print_batch(&cfg, b, &stages, iters, (wall, plain));
     }
     Ok(())
 }
@@ -129,7 +174,7 @@ fn print_batch(
     b: &Batch,
     stages: &[(&'static str, f64)],
     iters: usize,
-    wall: f64,
+    (wall, plain): (f64, f64),
 ) {
     let (h, qd, kvd, f, layers) = (
         cfg.hidden_size as f64,
@@ -183,4 +228,5 @@ fn print_batch(
     }
     println!("| **GPU total** | **{total:.3}** | 100% | | |");
     println!("| wall time per call (host included) | {wall:.3} | | | |");
+    println!("| wall time per call without stage events | {plain:.3} | | | |");
 }

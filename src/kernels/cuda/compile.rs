@@ -25,6 +25,7 @@ pub const MODULES: &[(&str, &str)] = &[
         include_str!("../../../kernels/flash_attention.cu"),
     ),
     ("sample", include_str!("../../../kernels/sample.cu")),
+    ("gemv", include_str!("../../../kernels/gemv.cu")),
 ];
 
 /// The virtual architecture to compile for: the `a` variant where the chip has one.

@@ -1,17 +1,76 @@
-//! Linear layers through cuBLAS: bf16 or f16 operands, fp32 accumulation and fp32 output
-//! (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`).
+//! Linear layers: bf16 or f16 operands, fp32 accumulation, fp32 or 16-bit output. cuBLAS
+//! (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`) in general; up to [`GEMV_MAX_ROWS`] token rows
+//! either cuBLAS or the weight-streaming kernel of kernels/gemv.cu, whichever
+//! [`Blas::tune`] timed faster for that shape on this GPU.
 
 use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
 };
 use cudarc::cublas::{result, CudaBlas};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::{cuda_err, Gpu, Half};
 use crate::error::{Error, Result};
 
-/// A cuBLAS handle on the device's stream.
+/// Token rows up to which a linear layer runs on the GEMV kernel (kernels/gemv.cu's
+/// GEMV_MAX_ROWS).
+pub const GEMV_MAX_ROWS: usize = 4;
+/// Warps of a GEMV block (GEMV_WARPS).
+const GEMV_WARPS: usize = 8;
+/// GEMV work items (row, k slice) worth launching: about twice the warps an H100 or H200
+/// holds at once.
+const GEMV_TARGET_ITEMS: usize = 16384;
+/// cuBLAS's workspace, set once so that a captured pass never allocates.
+const CUBLAS_WORKSPACE: usize = 32 << 20;
+
+/// What a linear layer writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Out {
+    F32,
+    /// The operands' 16-bit type.
+    Half,
+}
+
+/// Which implementation runs a linear layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// The faster one as [`Blas::tune`] timed the shape; cuBLAS for untimed shapes.
+    Auto,
+    Cublas,
+    Gemv,
+}
+
+/// A linear layer's shape, as [`Blas::tune`] keys its choices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    pub half: Half,
+    pub n: usize,
+    pub inp: usize,
+    pub out: usize,
+    pub y: Out,
+}
+
+/// One shape's timing: milliseconds per call on the GEMV kernel and on cuBLAS.
+#[derive(Clone, Copy, Debug)]
+pub struct Timed {
+    pub shape: Shape,
+    pub gemv_ms: f64,
+    pub cublas_ms: f64,
+}
+
+/// A cuBLAS handle and the GEMV kernels, on the device's stream.
 pub struct Blas {
     blas: CudaBlas,
+    stream: Arc<CudaStream>,
+    /// The GEMV kernel built for bf16 and for f16.
+    gemv: [CudaFunction; 2],
+    _workspace: CudaSlice<u8>,
+    /// Shapes on which the GEMV kernel was timed faster than cuBLAS.
+    gemv_shapes: HashMap<Shape, Timed>,
+    timed: Vec<Timed>,
 }
 
 impl Blas {
@@ -22,11 +81,92 @@ impl Blas {
         let made = std::panic::catch_unwind(move || CudaBlas::new(stream))
             .map_err(|_| Error::Cuda("libcublas could not be loaded".into()))?;
         let blas = made.map_err(cuda_err("creating a cuBLAS handle"))?;
-        Ok(Blas { blas })
+        let workspace = gpu
+            .stream
+            .alloc_zeros::<u8>(CUBLAS_WORKSPACE)
+            .map_err(cuda_err("allocating the cuBLAS workspace"))?;
+        {
+            use cudarc::driver::DevicePtr;
+            let (ptr, _sync) = workspace.device_ptr(&gpu.stream);
+            // SAFETY: the workspace lives as long as the handle (both in this struct) and is
+            // only used by cuBLAS on this handle's stream.
+            unsafe {
+                cudarc::cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    ptr as *mut _,
+                    CUBLAS_WORKSPACE,
+                )
+            }
+            .result()
+            .map_err(cuda_err("setting the cuBLAS workspace"))?;
+        }
+        Ok(Blas {
+            blas,
+            stream: gpu.stream.clone(),
+            gemv: [
+                gpu.func("gemv", Half::Bf16)?.clone(),
+                gpu.func("gemv", Half::F16)?.clone(),
+            ],
+            _workspace: workspace,
+            gemv_shapes: HashMap::new(),
+            timed: Vec::new(),
+        })
     }
 
-    /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ`, all row-major; x and w of type `half`,
-    /// y fp32.
+    /// Times the GEMV kernel and cuBLAS on `shape` (x, w, y device buffers big enough for
+    /// it; their values do not matter) and keeps the faster for [`Path::Auto`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn tune(&mut self, gpu: &Gpu, shape: Shape, x: u64, w: u64, y: u64) -> Result<Timed> {
+        const REPS: usize = 5;
+        let Shape {
+            half,
+            n,
+            inp,
+            out,
+            y: y_ty,
+        } = shape;
+        let time = |path: Path| -> Result<f64> {
+            self.linear_on(path, half, x, w, y, y_ty, n, inp, out)?;
+            let event = || {
+                gpu.ctx
+                    .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(cuda_err("creating an event"))
+            };
+            let (a, b) = (event()?, event()?);
+            a.record(&gpu.stream)
+                .map_err(cuda_err("recording an event"))?;
+            for _ in 0..REPS {
+                self.linear_on(path, half, x, w, y, y_ty, n, inp, out)?;
+            }
+            b.record(&gpu.stream)
+                .map_err(cuda_err("recording an event"))?;
+            let ms = a.elapsed_ms(&b).map_err(cuda_err("reading an event"))?;
+            Ok(f64::from(ms) / REPS as f64)
+        };
+        let (gemv_ms, cublas_ms) = if Self::gemv_fits(x, w, n, inp) {
+            (time(Path::Gemv)?, time(Path::Cublas)?)
+        } else {
+            (f64::INFINITY, time(Path::Cublas)?)
+        };
+        let t = Timed {
+            shape,
+            gemv_ms,
+            cublas_ms,
+        };
+        if gemv_ms < cublas_ms {
+            self.gemv_shapes.insert(shape, t);
+        }
+        self.timed.push(t);
+        Ok(t)
+    }
+
+    /// Every shape [`Blas::tune`] timed, in order.
+    pub fn timed(&self) -> &[Timed] {
+        &self.timed
+    }
+
+    /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ`, all row-major; x and w of type `half`, y of
+    /// type `y_ty`.
     #[allow(clippy::too_many_arguments)]
     pub fn linear(
         &self,
@@ -34,6 +174,30 @@ impl Blas {
         x: u64,
         w: u64,
         y: u64,
+        y_ty: Out,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<()> {
+        self.linear_on(Path::Auto, half, x, w, y, y_ty, n, inp, out)
+    }
+
+    /// Whether the GEMV kernel can run this shape: few rows, 16-byte aligned rows.
+    pub fn gemv_fits(x: u64, w: u64, n: usize, inp: usize) -> bool {
+        n <= GEMV_MAX_ROWS && inp.is_multiple_of(8) && x.is_multiple_of(16) && w.is_multiple_of(16)
+    }
+
+    /// [`Blas::linear`] on a chosen implementation (`Path::Gemv` where it cannot run is an
+    /// error).
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_on(
+        &self,
+        path: Path,
+        half: Half,
+        x: u64,
+        w: u64,
+        y: u64,
+        y_ty: Out,
         n: usize,
         inp: usize,
         out: usize,
@@ -41,6 +205,85 @@ impl Blas {
         if n == 0 {
             return Ok(());
         }
+        let fits = Self::gemv_fits(x, w, n, inp);
+        let shape = Shape {
+            half,
+            n,
+            inp,
+            out,
+            y: y_ty,
+        };
+        let gemv = match path {
+            Path::Gemv if !fits => {
+                return Err(Error::Cuda(format!(
+                    "the GEMV kernel cannot run {n} rows of {inp} inputs"
+                )))
+            }
+            Path::Gemv => true,
+            Path::Cublas => false,
+            Path::Auto => fits && self.gemv_shapes.contains_key(&shape),
+        };
+        if gemv {
+            self.gemv(half, x, w, y, y_ty, n, inp, out)
+        } else {
+            self.gemm(half, x, w, y, y_ty, n, inp, out)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemv(
+        &self,
+        half: Half,
+        x: u64,
+        w: u64,
+        y: u64,
+        y_ty: Out,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<()> {
+        let i = |v: usize| {
+            i32::try_from(v).map_err(|_| Error::Cuda(format!("GEMV dimension {v} too large")))
+        };
+        let split = gemv_split(inp, out);
+        let (ni, ki, oi, half_out) = (i(n)?, i(inp)?, i(out)?, i32::from(y_ty == Out::Half));
+        let split_i = i(split)?;
+        let f = &self.gemv[usize::from(half == Half::F16)];
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&x)
+            .arg(&w)
+            .arg(&y)
+            .arg(&ni)
+            .arg(&ki)
+            .arg(&oi)
+            .arg(&half_out)
+            .arg(&split_i);
+        let blocks = u32::try_from((out * split).div_ceil(GEMV_WARPS))
+            .map_err(|_| Error::Cuda(format!("GEMV of {out} outputs")))?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument order and types match gemv.cu; x holds n rows of inp, w out rows
+        // of inp, y n rows of out of the asked type; gemv_fits checked rows and alignment.
+        unsafe { b.launch(cfg) }.map_err(cuda_err("gemv"))?;
+        Ok(())
+    }
+
+    /// The cuBLAS path of [`Blas::linear`].
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        half: Half,
+        x: u64,
+        w: u64,
+        y: u64,
+        y_ty: Out,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<()> {
         let dim = |v: usize| {
             i32::try_from(v).map_err(|_| Error::Cuda(format!("GEMM dimension {v} too large")))
         };
@@ -70,12 +313,46 @@ impl Blas {
                 k,
                 (&beta) as *const f32 as *const _,
                 y as *mut _,
-                cudaDataType_t::CUDA_R_32F,
+                match y_ty {
+                    Out::F32 => cudaDataType_t::CUDA_R_32F,
+                    Out::Half => ty,
+                },
                 m,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
         .map_err(cuda_err("cublasGemmEx"))
+    }
+}
+
+/// Warps that share one output row of the GEMV kernel: the fewest (a power of two up to
+/// GEMV_WARPS) that make GEMV_TARGET_ITEMS work items, while each slice keeps at least two
+/// 16-byte chunks per lane.
+fn gemv_split(inp: usize, out: usize) -> usize {
+    let chunks = inp / 8;
+    let mut split = 1;
+    while split < GEMV_WARPS && out * split < GEMV_TARGET_ITEMS && chunks / (2 * split) >= 64 {
+        split *= 2;
+    }
+    split
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_matrices_share_rows_between_warps() {
+        // Llama-3.1-8B at batch 1: o (4096 x 4096) splits, gate_up (28672 rows) does not.
+        assert_eq!(gemv_split(4096, 4096), 4);
+        assert_eq!(gemv_split(4096, 6144), 4);
+        assert_eq!(gemv_split(14336, 4096), 4);
+        assert_eq!(gemv_split(4096, 28672), 1);
+        // Too few chunks to cut: SmolLM2's 576 inputs are 72 chunks.
+        assert_eq!(gemv_split(576, 1728), 1);
+        assert_eq!(gemv_split(512, 64), 1);
+        assert_eq!(gemv_split(1024, 64), 2);
+        assert_eq!(gemv_split(2048, 64), 4);
     }
 }

@@ -157,7 +157,8 @@ impl Heads {
     }
 }
 
-/// RoPE on q and k of the fused QKV rows, q out in fp32, k and v into the cache slots.
+/// RoPE on q and k of the fused QKV rows (in `half`), q out in fp32, k and v into the cache
+/// slots.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_kv_write(
     gpu: &Gpu,
@@ -194,12 +195,15 @@ pub fn rope_kv_write(
         .arg(&heads)
         .arg(&kv_heads)
         .arg(&hd);
-    // SAFETY: argument order and types match rope.cu; slots are inside the cache.
-    unsafe { b.launch(cfg((n, 1, 1), 256)?) }.map_err(cuda_err("rope_kv_write"))?;
+    // SAFETY: argument order and types match rope.cu; slots are inside the cache; one
+    // thread per rotated pair (head_dim is even and at most 128, checked by the model).
+    let pairs = u32::try_from(hs.head_dim / 2).map_err(|_| Error::Cuda("head_dim".into()))?;
+    unsafe { b.launch(cfg((n, hs.heads + hs.kv_heads, 1), pairs.max(1))?) }
+        .map_err(cuda_err("rope_kv_write"))?;
     Ok(())
 }
 
-/// `out = silu(gate) * up` in `half` from the fused `[n, 2f]` product.
+/// `out = silu(gate) * up` in `half` from the fused `[n, 2f]` product in `half`.
 pub fn silu_mul(gpu: &Gpu, half: Half, gu: u64, out: u64, n: usize, f: usize) -> Result<()> {
     if n == 0 {
         return Ok(());
@@ -209,8 +213,8 @@ pub fn silu_mul(gpu: &Gpu, half: Half, gu: u64, out: u64, n: usize, f: usize) ->
     let mut b = gpu.stream.launch_builder(func);
     b.arg(&gu).arg(&out).arg(&fi);
     // SAFETY: argument order and types match swiglu.cu.
-    // Four outputs per thread when f is a multiple of 4 (as swiglu.cu decides too).
-    let per_thread = if f.is_multiple_of(4) { 4 } else { 1 };
+    // Eight outputs per thread when f is a multiple of 8 (as swiglu.cu decides too).
+    let per_thread = if f.is_multiple_of(8) { 8 } else { 1 };
     unsafe { b.launch(cfg((f.div_ceil(per_thread * 256), n, 1), 256)?) }
         .map_err(cuda_err("silu_mul"))?;
     Ok(())

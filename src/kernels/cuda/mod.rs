@@ -26,7 +26,7 @@ pub(crate) fn cuda_err<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> Erro
 /// The 16-bit float type of weights, GEMM inputs and the KV cache: bf16 for checkpoints
 /// stored in bf16, f16 for GGUF (whose dequantized values f16 holds exactly, as the CPU
 /// engine and llama.cpp keep them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Half {
     Bf16,
     F16,
@@ -98,6 +98,7 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("sample", &["sample_rows"]),
+    ("gemv", &["gemv"]),
 ];
 
 impl Gpu {
@@ -120,7 +121,9 @@ impl Gpu {
         // One stream, ordered launches: we synchronise ourselves, so no per-buffer events.
         // SAFETY: called before any allocation on this context.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of our own, not the legacy default one, which CUDA graphs cannot
+        // capture.
+        let stream = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(cuda_err("compute capability"))?;

@@ -3,13 +3,18 @@
 //! length and decodes together) exactly as the CPU engine's forward pass does, and
 //! returning fp32 logits rows to the host.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaGraph;
 
 use super::stage_timer::{mark, stage, StageTimer};
 use super::{heads, CudaModel};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::attention::{self, Attention, Tiles};
-use crate::kernels::cuda::gemm::Blas;
+use crate::kernels::cuda::cuda_err;
+use crate::kernels::cuda::gemm::{Blas, Out, Path, Shape, Timed, GEMV_MAX_ROWS};
 use crate::kernels::cuda::launch;
 use crate::kernels::cuda::{DevBuf, Gpu};
 use crate::model::backend::{ForwardPass, RowsOut};
@@ -26,10 +31,10 @@ struct Scratch {
     x: DevBuf<f32>,
     delta: DevBuf<f32>,
     xn: DevBuf<u16>,
-    qkv: DevBuf<f32>,
+    qkv: DevBuf<u16>,
     q: DevBuf<f32>,
     attn: DevBuf<u16>,
-    gu: DevBuf<f32>,
+    gu: DevBuf<u16>,
     act: DevBuf<u16>,
     part_acc: DevBuf<f32>,
     part_ml: DevBuf<f32>,
@@ -50,7 +55,8 @@ pub fn scratch_bytes(cfg: &ModelConfig, tokens: usize, rows: usize) -> usize {
         cfg.kv_dim(),
         cfg.intermediate_size,
     );
-    let per_token = 4 * (2 * h + qd + 2 * kvd + qd + 2 * f) + 2 * (h + qd + f) + 4 * 8;
+    // fp32: x, delta, q; 16-bit: qkv, gate|up, xn, attn, act; 8 ints of metadata.
+    let per_token = 4 * (2 * h + qd) + 2 * (qd + 2 * kvd + 2 * f) + 2 * (h + qd + f) + 4 * 8;
     let acc = acc_floats(cfg, tokens);
     tokens * per_token
         + acc * 4
@@ -94,7 +100,9 @@ impl Scratch {
 struct Layout {
     n: usize,
     m: usize,
-    max_len: usize,
+    /// The longest context of a row (max position + 1), rounded up as [`Layout::new`]
+    /// says: the block-table stride and the attention's split plan follow it.
+    plan_len: usize,
     stride: usize,
     /// ids, pos, slots, row_seq ([n] each), logit rows [m], tables [seqs * stride],
     /// attention tiles.
@@ -107,15 +115,25 @@ struct Layout {
 }
 
 impl Layout {
-    /// `group`: query heads per KV head, which sets the attention tiles.
-    fn new(seqs: &[SeqChunk<'_>], block_size: usize, group: usize) -> Result<Self> {
+    /// `group`: query heads per KV head, which sets the attention tiles. `len_step`: the
+    /// longest context is rounded up to a multiple of it for the block-table stride and the
+    /// attention's split plan (1 for exact; a captured pass keeps its launches while the
+    /// contexts grow inside one step).
+    fn new(
+        seqs: &[SeqChunk<'_>],
+        block_size: usize,
+        group: usize,
+        len_step: usize,
+    ) -> Result<Self> {
         let n: usize = seqs.iter().map(|c| c.tokens.len()).sum();
-        let stride = seqs
+        let longest = seqs
             .iter()
-            .map(|c| (c.start_pos + c.tokens.len()).div_ceil(block_size))
+            .map(|c| c.start_pos + c.tokens.len())
             .max()
             .unwrap_or(0)
             .max(1);
+        let plan_len = longest.next_multiple_of(len_step.max(1));
+        let stride = plan_len.div_ceil(block_size).max(1);
         let int = |v: usize| {
             i32::try_from(v).map_err(|_| Error::InvalidRequest(format!("{v} exceeds i32")))
         };
@@ -123,7 +141,7 @@ impl Layout {
             (vec![], vec![], vec![], vec![], vec![]);
         let mut tables = vec![0i32; seqs.len() * stride];
         let mut counts = Vec::with_capacity(seqs.len());
-        let (mut start, mut max_len) = (0, 0);
+        let mut start = 0;
         for (s, c) in seqs.iter().enumerate() {
             let len = c.tokens.len();
             let end = c.start_pos + len;
@@ -144,9 +162,6 @@ impl Layout {
             }
             counts.push(take);
             start += len;
-            if len > 0 {
-                max_len = max_len.max(end);
-            }
         }
         let m = rows.len();
         let mut first = 0;
@@ -167,7 +182,7 @@ impl Layout {
         Ok(Layout {
             n,
             m,
-            max_len,
+            plan_len,
             stride,
             meta,
             tiles_at,
@@ -175,6 +190,46 @@ impl Layout {
             counts,
         })
     }
+}
+
+/// Times every linear layer's shape at 1..=GEMV_MAX_ROWS rows on the GEMV kernel and on
+/// cuBLAS (layer 0's weights, scratch inputs) so that decode runs each on the faster.
+fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
+    let (cfg, w, g) = (&model.config, &model.weights, &model.gpu);
+    let (h, qd, kvd, f) = (
+        cfg.hidden_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.intermediate_size,
+    );
+    let Some(l0) = w.layers.first() else {
+        return Ok(());
+    };
+    let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
+    let linears = [
+        (l0.qkv.w.ptr(), h, qd + 2 * kvd, Out::Half),
+        (l0.o.w.ptr(), qd, h, Out::F32),
+        (l0.gate_up.w.ptr(), h, 2 * f, Out::Half),
+        (l0.down.w.ptr(), f, h, Out::F32),
+        (head, h, cfg.vocab_size, Out::F32),
+    ];
+    let max_in = linears.iter().map(|l| l.1).max().unwrap_or(0);
+    let max_out = linears.iter().map(|l| l.2).max().unwrap_or(0);
+    let x = g.zeros::<u16>(GEMV_MAX_ROWS * max_in)?;
+    let y = g.alloc::<f32>(GEMV_MAX_ROWS * max_out)?;
+    for n in 1..=GEMV_MAX_ROWS {
+        for &(wp, inp, out, y_ty) in &linears {
+            let shape = Shape {
+                half: w.half,
+                n,
+                inp,
+                out,
+                y: y_ty,
+            };
+            blas.tune(g, shape, x.ptr(), wp, y.ptr())?;
+        }
+    }
+    Ok(())
 }
 
 /// One model's forward pass and KV cache on one GPU.
@@ -188,6 +243,42 @@ pub struct CudaForward {
     sample_bufs: Option<SampleBufs>,
     /// Per-stage GPU timing of the passes run while set (profiling only).
     timer: Option<StageTimer>,
+    /// Which implementation runs the linear layers (`Path::Auto` but when profiling).
+    linear_path: Path,
+    /// Captured decode passes of a few sequences (CUDA graphs).
+    graphs: HashMap<GraphKey, Captured>,
+    /// Keys whose pass ran once uncaptured (the warm-up before a capture).
+    warmed: HashSet<GraphKey>,
+    /// Whether small decodes run as captured graphs (on but to compare, or after a
+    /// capture failed).
+    use_graphs: bool,
+}
+
+/// A captured pass, owned by one [`CudaForward`].
+struct Captured(CudaGraph);
+
+// SAFETY: CUDA graph objects may be used from any thread as long as no two calls on one
+// graph overlap (they are not internally synchronised). A `Captured` lives inside one
+// `CudaForward` and is only reached through `&mut self`, so calls never overlap; launching
+// binds the graph's context to the calling thread first.
+unsafe impl Send for Captured {}
+
+/// Decodes of up to this many sequences run as captured graphs: there the launches, not
+/// the GPU's work, set the pace.
+const GRAPH_MAX_ROWS: usize = GEMV_MAX_ROWS;
+/// Context lengths are rounded up to a multiple of this for a captured pass, so one
+/// capture serves while the contexts grow through it.
+const GRAPH_LEN_STEP: usize = 1024;
+/// Captured passes kept at most (they are dropped all at once beyond it).
+const GRAPH_CACHE: usize = 64;
+
+/// What fixes a captured decode pass's launches: the rows, the planned context length
+/// (the block-table stride and the attention's split plan follow from it) and the tiles.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct GraphKey {
+    n: usize,
+    plan_len: usize,
+    tiles: (usize, usize),
 }
 
 impl CudaForward {
@@ -208,7 +299,8 @@ impl CudaForward {
         let kv = model
             .gpu
             .zeros::<u16>(cfg.num_layers * 2 * slots * cfg.kv_dim())?;
-        let blas = Blas::new(&model.gpu)?;
+        let mut blas = Blas::new(&model.gpu)?;
+        tune_linears(&model, &mut blas)?;
         model.gpu.sync()?;
         Ok(CudaForward {
             model,
@@ -219,6 +311,10 @@ impl CudaForward {
             scratch: None,
             sample_bufs: None,
             timer: None,
+            linear_path: Path::Auto,
+            graphs: HashMap::new(),
+            warmed: HashSet::new(),
+            use_graphs: true,
         })
     }
 
@@ -228,7 +324,8 @@ impl CudaForward {
         (self.kv.at(2 * l * per), self.kv.at((2 * l + 1) * per))
     }
 
-    fn ensure_scratch(&mut self, n: usize, m: usize, meta: usize) -> Result<()> {
+    /// Grows the scratch to hold the batch; true when it was (re)allocated.
+    fn ensure_scratch(&mut self, n: usize, m: usize, meta: usize) -> Result<bool> {
         let fits = self
             .scratch
             .as_ref()
@@ -247,20 +344,85 @@ impl CudaForward {
                 grow(meta, c),
             )?);
         }
-        Ok(())
+        Ok(!fits)
     }
 
     /// Runs the batch through the model, leaving each selected row's fp32 logits in the
     /// scratch's `logits` (`lay.m` rows).
-    fn run(&mut self, lay: &Layout) -> Result<()> {
-        self.ensure_scratch(lay.n, lay.m, lay.meta.len())?;
+    fn run(&mut self, lay: &Layout, graph: Option<GraphKey>) -> Result<()> {
+        if self.ensure_scratch(lay.n, lay.m, lay.meta.len())? {
+            // The captured passes hold the old buffers' addresses.
+            self.graphs.clear();
+            self.warmed.clear();
+        }
         let model = self.model.clone();
-        let (g, cfg, w) = (&model.gpu, &model.config, &model.weights);
+        let g = &model.gpu;
         let s = self
             .scratch
             .as_mut()
             .ok_or_else(|| Error::Cuda("no scratch".into()))?;
         g.write(&mut s.meta, &lay.meta)?;
+        match graph {
+            Some(key) if self.timer.is_none() => self.run_graph(lay, key),
+            _ => self.launch_pass(lay),
+        }
+    }
+
+    /// Launches the captured pass of `key`. A new key's first pass runs kernel by kernel
+    /// (a warm-up: a kernel's first launch may load its code, which a capture must not see),
+    /// its second is captured. A capture that fails turns graphs off for this engine and
+    /// the pass runs kernel by kernel.
+    fn run_graph(&mut self, lay: &Layout, key: GraphKey) -> Result<()> {
+        if !self.graphs.contains_key(&key) {
+            if !self.warmed.contains(&key) {
+                self.warmed.insert(key);
+                return self.launch_pass(lay);
+            }
+            if self.graphs.len() >= GRAPH_CACHE {
+                self.graphs.clear();
+                self.warmed.clear();
+            }
+            match self.capture(lay) {
+                Ok(graph) => {
+                    self.graphs.insert(key, Captured(graph));
+                }
+                Err(e) => {
+                    tracing::warn!("decode graphs off for this engine: {e}");
+                    self.use_graphs = false;
+                    self.graphs.clear();
+                    return self.launch_pass(lay);
+                }
+            }
+        }
+        let graph = self
+            .graphs
+            .get(&key)
+            .ok_or_else(|| Error::Cuda("no captured pass".into()))?;
+        graph
+            .0
+            .launch()
+            .map_err(cuda_err("launching the decode graph"))
+    }
+
+    /// Captures the pass of `lay` (launching nothing).
+    fn capture(&mut self, lay: &Layout) -> Result<CudaGraph> {
+        let stream = self.model.gpu.stream.clone();
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(cuda_err("starting a graph capture"))?;
+        let launched = self.launch_pass(lay);
+        // End the capture whatever happened, so the stream takes launches again.
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        launched?;
+        graph
+            .map_err(cuda_err("capturing the decode pass"))?
+            .ok_or_else(|| Error::Cuda("the decode capture is empty".into()))
+    }
+
+    /// Launches every kernel of the forward pass on the uploaded layout.
+    fn launch_pass(&mut self, lay: &Layout) -> Result<()> {
+        let model = self.model.clone();
+        let (g, cfg, w) = (&model.gpu, &model.config, &model.weights);
         let s = self
             .scratch
             .as_ref()
@@ -301,11 +463,13 @@ impl CudaForward {
                 eps,
             )?;
             mark(&mut self.timer, stage::NORM)?;
-            self.blas.linear(
+            self.blas.linear_on(
+                self.linear_path,
                 dt,
                 s.xn.ptr(),
                 lw.qkv.w.ptr(),
                 s.qkv.ptr(),
+                Out::Half,
                 n,
                 h,
                 qd + 2 * kvd,
@@ -345,15 +509,24 @@ impl CudaForward {
                     part_ml: s.part_ml.ptr(),
                     acc_cap: s.part_acc.len(),
                     n,
-                    max_len: lay.max_len,
+                    max_len: lay.plan_len,
                     block_size: self.block_size,
                     heads: heads(cfg),
                     half: dt,
                 },
             )?;
             mark(&mut self.timer, stage::ATTENTION)?;
-            self.blas
-                .linear(dt, s.attn.ptr(), lw.o.w.ptr(), s.delta.ptr(), n, qd, h)?;
+            self.blas.linear_on(
+                self.linear_path,
+                dt,
+                s.attn.ptr(),
+                lw.o.w.ptr(),
+                s.delta.ptr(),
+                Out::F32,
+                n,
+                qd,
+                h,
+            )?;
             mark(&mut self.timer, stage::O)?;
             launch::add_rms_norm(
                 g,
@@ -367,18 +540,36 @@ impl CudaForward {
                 eps,
             )?;
             mark(&mut self.timer, stage::NORM)?;
-            self.blas
-                .linear(dt, s.xn.ptr(), lw.gate_up.w.ptr(), s.gu.ptr(), n, h, 2 * f)?;
+            self.blas.linear_on(
+                self.linear_path,
+                dt,
+                s.xn.ptr(),
+                lw.gate_up.w.ptr(),
+                s.gu.ptr(),
+                Out::Half,
+                n,
+                h,
+                2 * f,
+            )?;
             mark(&mut self.timer, stage::GATE_UP)?;
             launch::silu_mul(g, dt, s.gu.ptr(), s.act.ptr(), n, f)?;
             mark(&mut self.timer, stage::SWIGLU)?;
-            self.blas
-                .linear(dt, s.act.ptr(), lw.down.w.ptr(), s.delta.ptr(), n, f, h)?;
+            self.blas.linear_on(
+                self.linear_path,
+                dt,
+                s.act.ptr(),
+                lw.down.w.ptr(),
+                s.delta.ptr(),
+                Out::F32,
+                n,
+                f,
+                h,
+            )?;
             mark(&mut self.timer, stage::DOWN)?;
             pending = s.delta.ptr();
         }
         if m == 0 {
-            return g.sync();
+            return Ok(());
         }
         // The last residual add (its norm output is unused), then the selected rows.
         launch::add_rms_norm(
@@ -406,8 +597,17 @@ impl CudaForward {
         mark(&mut self.timer, stage::FINAL_NORM)?;
         let vocab = cfg.vocab_size;
         let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
-        self.blas
-            .linear(dt, s.head_in.ptr(), head, s.logits.ptr(), m, h, vocab)?;
+        self.blas.linear_on(
+            self.linear_path,
+            dt,
+            s.head_in.ptr(),
+            head,
+            s.logits.ptr(),
+            Out::F32,
+            m,
+            h,
+            vocab,
+        )?;
         mark(&mut self.timer, stage::LM_HEAD)
     }
 
@@ -478,13 +678,14 @@ impl CudaForward {
             bufs.params.ptr(),
             bufs.edits.ptr(),
             vocab,
-            bufs.tokens.ptr(),
-            bufs.log_probs.ptr(),
+            bufs.chosen.ptr(),
+            bufs.chosen.at(m),
             m,
         )?;
         mark(&mut self.timer, stage::SAMPLING)?;
-        let tokens = g.read(&bufs.tokens, m)?;
-        let log_probs = g.read(&bufs.log_probs, m)?;
+        // One read (one wait): the m tokens, then their m log-probabilities' bits.
+        let chosen = g.read(&bufs.chosen, 2 * m)?;
+        let (tokens, log_probs) = chosen.split_at(m);
         let mut out = Vec::with_capacity(lay.counts.len());
         let mut at = 0;
         for (&c, p) in lay.counts.iter().zip(plans) {
@@ -492,8 +693,9 @@ impl CudaForward {
                 RowsOut::Chosen(
                     (at..at + c)
                         .map(|r| RowChoice {
-                            token: u32::try_from(tokens[r]).ok(),
-                            log_prob: log_probs[r],
+                            // -1 (no token allowed) is not a token.
+                            token: (tokens[r] as i32 >= 0).then_some(tokens[r]),
+                            log_prob: f32::from_bits(log_probs[r]),
                         })
                         .collect(),
                 )
@@ -518,8 +720,8 @@ struct SampleBufs {
     edit_words: usize,
     params: DevBuf<u32>,
     edits: DevBuf<u32>,
-    tokens: DevBuf<i32>,
-    log_probs: DevBuf<f32>,
+    /// The chosen tokens (i32) then their log-probabilities (f32), `m` each.
+    chosen: DevBuf<u32>,
 }
 
 impl SampleBufs {
@@ -529,13 +731,27 @@ impl SampleBufs {
             edit_words,
             params: g.alloc(rows * sampling::PLAN_WORDS)?,
             edits: g.alloc(edit_words)?,
-            tokens: g.alloc(rows)?,
-            log_probs: g.alloc(rows)?,
+            chosen: g.alloc(2 * rows)?,
         })
     }
 }
 
 impl CudaForward {
+    /// Runs the linear layers on `path` from now on (to compare implementations).
+    pub fn set_linear_path(&mut self, path: Path) {
+        self.linear_path = path;
+    }
+
+    /// How each linear layer's shape at a few rows timed on the GEMV kernel and on cuBLAS.
+    pub fn linear_timings(&self) -> &[Timed] {
+        self.blas.timed()
+    }
+
+    /// Whether small decodes run as captured graphs from now on (to compare).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graphs = on;
+    }
+
     /// Times each stage of the passes run from now until [`CudaForward::stage_times`].
     pub fn start_timing(&mut self) -> Result<()> {
         self.timer = Some(StageTimer::new(&self.model.gpu)?);
@@ -553,10 +769,20 @@ impl CudaForward {
         check_chunks(&self.model.config, chunks, self.block_size, self.num_blocks)?;
         let cfg = &self.model.config;
         let group = cfg.num_heads / cfg.num_kv_heads.max(1);
-        let lay = Layout::new(chunks, self.block_size, group)?;
+        // A decode of a few sequences runs as a captured graph: its cost is the launches.
+        let decode = chunks.len() <= GRAPH_MAX_ROWS
+            && chunks.iter().all(|c| c.tokens.len() == 1 && c.logits == 1)
+            && self.use_graphs;
+        let step = if decode { GRAPH_LEN_STEP } else { 1 };
+        let lay = Layout::new(chunks, self.block_size, group, step)?;
+        let key = decode.then_some(GraphKey {
+            n: lay.n,
+            plan_len: lay.plan_len,
+            tiles: lay.tiles,
+        });
         if lay.n > 0 {
             self.model.gpu.bind()?;
-            self.run(&lay)?;
+            self.run(&lay, key)?;
         }
         Ok(lay)
     }
@@ -626,8 +852,8 @@ mod tests {
                 logits: 1,
             },
         ];
-        let lay = Layout::new(&chunks, 2, 4).unwrap();
-        assert_eq!((lay.n, lay.m, lay.max_len, lay.stride), (4, 3, 5, 3));
+        let lay = Layout::new(&chunks, 2, 4, 1).unwrap();
+        assert_eq!((lay.n, lay.m, lay.plan_len, lay.stride), (4, 3, 5, 3));
         assert_eq!((lay.tiles_at, lay.tiles), (4 * 4 + 3 + 6, (0, 2)));
         let n = lay.n;
         assert_eq!(&lay.meta[..n], &[10, 11, 12, 13]); // ids
@@ -638,6 +864,36 @@ mod tests {
         assert_eq!(&lay.meta[4 * n + 3..lay.tiles_at], &[5, 2, 0, 7, 1, 9]); // tables, stride 3
         assert_eq!(&lay.meta[lay.tiles_at..], &[0, 3, 3, 1]); // decode tiles
         assert_eq!(lay.counts, vec![2, 1]);
+    }
+
+    #[test]
+    fn a_captured_decode_plans_for_a_rounded_context() {
+        // Decodes at positions 4 and 20 (block size 16): one capture serves every context
+        // up to 1024, so the table stride and the split plan follow 1024, not 21.
+        let (a, b) = ([1u32], [2u32]);
+        let chunks = [
+            SeqChunk {
+                tokens: &a,
+                start_pos: 4,
+                block_table: &[3],
+                logits: 1,
+            },
+            SeqChunk {
+                tokens: &b,
+                start_pos: 20,
+                block_table: &[5, 6],
+                logits: 1,
+            },
+        ];
+        let lay = Layout::new(&chunks, 16, 4, GRAPH_LEN_STEP).unwrap();
+        assert_eq!((lay.plan_len, lay.stride), (1024, 64));
+        let tables = &lay.meta[4 * 2 + 2..lay.tiles_at];
+        assert_eq!(tables.len(), 2 * 64);
+        assert_eq!((tables[0], tables[64], tables[65]), (3, 5, 6));
+        assert!(tables[66..].iter().all(|&t| t == 0));
+        // Exact for a pass launched kernel by kernel.
+        let exact = Layout::new(&chunks, 16, 4, 1).unwrap();
+        assert_eq!((exact.plan_len, exact.stride), (21, 2));
     }
 
     #[test]
