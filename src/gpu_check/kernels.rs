@@ -301,7 +301,7 @@ fn gemm(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         for &(path, name) in paths {
             let shape = format!("n {n} in {k} out {m}");
             let y = poison_f32(gpu, n * m)?;
-            blas.linear_on(path, dt, xd.ptr(), wd.ptr(), y.ptr(), Out::F32, n, k, m)?;
+            blas.linear(path, dt, xd.ptr(), wd.ptr(), y.ptr(), Out::F32, n, k, m)?;
             let got = gpu.read(&y, n * m)?;
             let e = rel_err(&got, &want);
             out.push(row(
@@ -312,7 +312,7 @@ fn gemm(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
                 1e-3,
             ));
             let yh = poison_half(gpu, dt, n * m)?;
-            blas.linear_on(path, dt, xd.ptr(), wd.ptr(), yh.ptr(), Out::Half, n, k, m)?;
+            blas.linear(path, dt, xd.ptr(), wd.ptr(), yh.ptr(), Out::Half, n, k, m)?;
             let got = to_f32(dt, &gpu.read(&yh, n * m)?);
             let e = rel_err(&got, &want_half);
             out.push(row(&format!("{name}, 16-bit out"), dt, shape, e, 1e-2));

@@ -126,7 +126,7 @@ impl Blas {
             y: y_ty,
         } = shape;
         let time = |path: Path| -> Result<f64> {
-            self.linear_on(path, half, x, w, y, y_ty, n, inp, out)?;
+            self.linear(path, half, x, w, y, y_ty, n, inp, out)?;
             let event = || {
                 gpu.ctx
                     .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
@@ -136,7 +136,7 @@ impl Blas {
             a.record(&gpu.stream)
                 .map_err(cuda_err("recording an event"))?;
             for _ in 0..REPS {
-                self.linear_on(path, half, x, w, y, y_ty, n, inp, out)?;
+                self.linear(path, half, x, w, y, y_ty, n, inp, out)?;
             }
             b.record(&gpu.stream)
                 .map_err(cuda_err("recording an event"))?;
@@ -165,32 +165,15 @@ impl Blas {
         &self.timed
     }
 
-    /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ`, all row-major; x and w of type `half`, y of
-    /// type `y_ty`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn linear(
-        &self,
-        half: Half,
-        x: u64,
-        w: u64,
-        y: u64,
-        y_ty: Out,
-        n: usize,
-        inp: usize,
-        out: usize,
-    ) -> Result<()> {
-        self.linear_on(Path::Auto, half, x, w, y, y_ty, n, inp, out)
-    }
-
     /// Whether the GEMV kernel can run this shape: few rows, 16-byte aligned rows.
     pub fn gemv_fits(x: u64, w: u64, n: usize, inp: usize) -> bool {
         n <= GEMV_MAX_ROWS && inp.is_multiple_of(8) && x.is_multiple_of(16) && w.is_multiple_of(16)
     }
 
-    /// [`Blas::linear`] on a chosen implementation (`Path::Gemv` where it cannot run is an
-    /// error).
+    /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ`, all row-major; x and w of type `half`, y of
+    /// type `y_ty`, on `path` (`Path::Gemv` where it cannot run is an error).
     #[allow(clippy::too_many_arguments)]
-    pub fn linear_on(
+    pub fn linear(
         &self,
         path: Path,
         half: Half,

@@ -3,17 +3,13 @@
 //! length and decodes together) exactly as the CPU engine's forward pass does, and
 //! returning fp32 logits rows to the host.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaGraph;
-
+use super::graphs::{GraphKey, Graphs, GRAPH_LEN_STEP};
 use super::stage_timer::{mark, stage, StageTimer};
 use super::{heads, CudaModel};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::attention::{self, Attention, Tiles};
-use crate::kernels::cuda::cuda_err;
 use crate::kernels::cuda::gemm::{Blas, Out, Path, Shape, Timed, GEMV_MAX_ROWS};
 use crate::kernels::cuda::launch;
 use crate::kernels::cuda::{DevBuf, Gpu};
@@ -246,39 +242,7 @@ pub struct CudaForward {
     /// Which implementation runs the linear layers (`Path::Auto` but when profiling).
     linear_path: Path,
     /// Captured decode passes of a few sequences (CUDA graphs).
-    graphs: HashMap<GraphKey, Captured>,
-    /// Keys whose pass ran once uncaptured (the warm-up before a capture).
-    warmed: HashSet<GraphKey>,
-    /// Whether small decodes run as captured graphs (on but to compare, or after a
-    /// capture failed).
-    use_graphs: bool,
-}
-
-/// A captured pass, owned by one [`CudaForward`].
-struct Captured(CudaGraph);
-
-// SAFETY: CUDA graph objects may be used from any thread as long as no two calls on one
-// graph overlap (they are not internally synchronised). A `Captured` lives inside one
-// `CudaForward` and is only reached through `&mut self`, so calls never overlap; launching
-// binds the graph's context to the calling thread first.
-unsafe impl Send for Captured {}
-
-/// Decodes of up to this many sequences run as captured graphs: there the launches, not
-/// the GPU's work, set the pace.
-const GRAPH_MAX_ROWS: usize = GEMV_MAX_ROWS;
-/// Context lengths are rounded up to a multiple of this for a captured pass, so one
-/// capture serves while the contexts grow through it.
-const GRAPH_LEN_STEP: usize = 1024;
-/// Captured passes kept at most (they are dropped all at once beyond it).
-const GRAPH_CACHE: usize = 64;
-
-/// What fixes a captured decode pass's launches: the rows, the planned context length
-/// (the block-table stride and the attention's split plan follow from it) and the tiles.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-struct GraphKey {
-    n: usize,
-    plan_len: usize,
-    tiles: (usize, usize),
+    graphs: Graphs,
 }
 
 impl CudaForward {
@@ -312,9 +276,7 @@ impl CudaForward {
             sample_bufs: None,
             timer: None,
             linear_path: Path::Auto,
-            graphs: HashMap::new(),
-            warmed: HashSet::new(),
-            use_graphs: true,
+            graphs: Graphs::default(),
         })
     }
 
@@ -353,7 +315,6 @@ impl CudaForward {
         if self.ensure_scratch(lay.n, lay.m, lay.meta.len())? {
             // The captured passes hold the old buffers' addresses.
             self.graphs.clear();
-            self.warmed.clear();
         }
         let model = self.model.clone();
         let g = &model.gpu;
@@ -363,60 +324,15 @@ impl CudaForward {
             .ok_or_else(|| Error::Cuda("no scratch".into()))?;
         g.write(&mut s.meta, &lay.meta)?;
         match graph {
-            Some(key) if self.timer.is_none() => self.run_graph(lay, key),
+            Some(key) if self.timer.is_none() => {
+                // The graphs are taken out while their pass borrows the engine.
+                let mut graphs = std::mem::take(&mut self.graphs);
+                let ran = graphs.run(&model.gpu.stream, key, || self.launch_pass(lay));
+                self.graphs = graphs;
+                ran
+            }
             _ => self.launch_pass(lay),
         }
-    }
-
-    /// Launches the captured pass of `key`. A new key's first pass runs kernel by kernel
-    /// (a warm-up: a kernel's first launch may load its code, which a capture must not see),
-    /// its second is captured. A capture that fails turns graphs off for this engine and
-    /// the pass runs kernel by kernel.
-    fn run_graph(&mut self, lay: &Layout, key: GraphKey) -> Result<()> {
-        if !self.graphs.contains_key(&key) {
-            if !self.warmed.contains(&key) {
-                self.warmed.insert(key);
-                return self.launch_pass(lay);
-            }
-            if self.graphs.len() >= GRAPH_CACHE {
-                self.graphs.clear();
-                self.warmed.clear();
-            }
-            match self.capture(lay) {
-                Ok(graph) => {
-                    self.graphs.insert(key, Captured(graph));
-                }
-                Err(e) => {
-                    tracing::warn!("decode graphs off for this engine: {e}");
-                    self.use_graphs = false;
-                    self.graphs.clear();
-                    return self.launch_pass(lay);
-                }
-            }
-        }
-        let graph = self
-            .graphs
-            .get(&key)
-            .ok_or_else(|| Error::Cuda("no captured pass".into()))?;
-        graph
-            .0
-            .launch()
-            .map_err(cuda_err("launching the decode graph"))
-    }
-
-    /// Captures the pass of `lay` (launching nothing).
-    fn capture(&mut self, lay: &Layout) -> Result<CudaGraph> {
-        let stream = self.model.gpu.stream.clone();
-        stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(cuda_err("starting a graph capture"))?;
-        let launched = self.launch_pass(lay);
-        // End the capture whatever happened, so the stream takes launches again.
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-        launched?;
-        graph
-            .map_err(cuda_err("capturing the decode pass"))?
-            .ok_or_else(|| Error::Cuda("the decode capture is empty".into()))
     }
 
     /// Launches every kernel of the forward pass on the uploaded layout.
@@ -463,7 +379,7 @@ impl CudaForward {
                 eps,
             )?;
             mark(&mut self.timer, stage::NORM)?;
-            self.blas.linear_on(
+            self.blas.linear(
                 self.linear_path,
                 dt,
                 s.xn.ptr(),
@@ -516,7 +432,7 @@ impl CudaForward {
                 },
             )?;
             mark(&mut self.timer, stage::ATTENTION)?;
-            self.blas.linear_on(
+            self.blas.linear(
                 self.linear_path,
                 dt,
                 s.attn.ptr(),
@@ -540,7 +456,7 @@ impl CudaForward {
                 eps,
             )?;
             mark(&mut self.timer, stage::NORM)?;
-            self.blas.linear_on(
+            self.blas.linear(
                 self.linear_path,
                 dt,
                 s.xn.ptr(),
@@ -554,7 +470,7 @@ impl CudaForward {
             mark(&mut self.timer, stage::GATE_UP)?;
             launch::silu_mul(g, dt, s.gu.ptr(), s.act.ptr(), n, f)?;
             mark(&mut self.timer, stage::SWIGLU)?;
-            self.blas.linear_on(
+            self.blas.linear(
                 self.linear_path,
                 dt,
                 s.act.ptr(),
@@ -597,7 +513,7 @@ impl CudaForward {
         mark(&mut self.timer, stage::FINAL_NORM)?;
         let vocab = cfg.vocab_size;
         let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
-        self.blas.linear_on(
+        self.blas.linear(
             self.linear_path,
             dt,
             s.head_in.ptr(),
@@ -749,7 +665,12 @@ impl CudaForward {
 
     /// Whether small decodes run as captured graphs from now on (to compare).
     pub fn set_graphs(&mut self, on: bool) {
-        self.use_graphs = on;
+        self.graphs.set_on(on);
+    }
+
+    /// Decode passes captured as graphs and kept now.
+    pub fn graphs_captured(&self) -> usize {
+        self.graphs.count()
     }
 
     /// Times each stage of the passes run from now until [`CudaForward::stage_times`].
@@ -769,10 +690,7 @@ impl CudaForward {
         check_chunks(&self.model.config, chunks, self.block_size, self.num_blocks)?;
         let cfg = &self.model.config;
         let group = cfg.num_heads / cfg.num_kv_heads.max(1);
-        // A decode of a few sequences runs as a captured graph: its cost is the launches.
-        let decode = chunks.len() <= GRAPH_MAX_ROWS
-            && chunks.iter().all(|c| c.tokens.len() == 1 && c.logits == 1)
-            && self.use_graphs;
+        let decode = self.graphs.takes(chunks);
         let step = if decode { GRAPH_LEN_STEP } else { 1 };
         let lay = Layout::new(chunks, self.block_size, group, step)?;
         let key = decode.then_some(GraphKey {

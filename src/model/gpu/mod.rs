@@ -4,6 +4,7 @@
 //! [`Backend`]/[`ForwardPass`] seam as the CPU engine, so the actor pipeline is unchanged.
 
 pub mod forward;
+pub mod graphs;
 pub mod stage_timer;
 pub mod weights;
 
