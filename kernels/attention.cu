@@ -135,7 +135,7 @@ extern "C" __global__ void KERNEL(paged_attention)(
     }
 }
 
-// Merges the splits of paged_attention or flash_attention_keys (partial sums relative to
+// Merges the splits of paged_attention or flash_decode (partial sums relative to
 // natural-log maxima) for each tile's rows (tiles: [first row, rows] pairs).
 // grid: (tiles, heads).
 extern "C" __global__ void KERNEL(attention_combine)(const int* __restrict__ tiles,

@@ -62,3 +62,106 @@ __device__ __forceinline__ float block_sum(float v, float* scratch /* 32 floats 
     float t = lane < warps ? scratch[lane] : 0.0f;
     return warp_sum(t);
 }
+
+// Tensor-core and asynchronous-copy helpers (the flash attention kernels).
+
+// Shared-space address (bytes) of a pointer into shared memory.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// The PTX spelling of the module's 16-bit type in cvt and mma.
+#ifdef INFLIGHT_F16
+#define FA_X2 "f16x2"
+#define FA_AB "f16.f16"
+#else
+#define FA_X2 "bf16x2"
+#define FA_AB "bf16.bf16"
+#endif
+
+// Two floats as one register of two 16-bit values, `lo` in the low half.
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn." FA_X2 ".f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// c += a * b on the tensor cores: a 16x16 (row-major fragments), b 16x8, c 16x8 fp32.
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    // Not volatile: a pure function of its registers, which the compiler may schedule
+    // around the shared-memory loads.
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." FA_AB ".f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ldmatrix from a shared-space address (bytes), so constant offsets fold into the
+// instruction.
+__device__ __forceinline__ void ldsm_x4(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// 16 bytes global -> shared (a shared-space address); `bytes` 0 writes zeros (src is not
+// read).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(dst), "l"(src), "r"(bytes));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Flash attention stage loader: keys [from, min(from + STAGE, kend)) of KV head g, K rows
+// then (STAGE rows on) V rows of LD halves at shared address `stage_k`, gathered through
+// the sequence's block table with cp.async. Thread t of THREADS copies 16-byte piece
+// t % (HD / 8) of STAGE * (HD / 8) / THREADS consecutive keys, walking the table (one lookup
+// per KV block it enters, not per key); pieces past hd and keys past kend are zeros.
+// bs_shift is log2(block_size) when that is a power of two (no division), else -1.
+template <int HD, int STAGE, int THREADS, int LD>
+__device__ __forceinline__ void load_kv_stage(unsigned stage_k, const half_t* __restrict__ k_cache,
+                                              const half_t* __restrict__ v_cache,
+                                              const int* __restrict__ table, int from, int kend,
+                                              int g, int hd, int kvd, int block_size,
+                                              int bs_shift) {
+    constexpr int PIECES = HD / 8, KEYS_PER = STAGE * PIECES / THREADS;
+    const int nk = min(STAGE, kend - from);
+    const int piece = threadIdx.x % PIECES, jfirst = (threadIdx.x / PIECES) * KEYS_PER;
+    const bool in_row = piece * 8 < hd;
+    const size_t col = (size_t)g * hd + piece * 8;
+    int p = from + jfirst;
+    int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
+    int within = p - blk * block_size;
+    // Element offset of key p's piece in the cache (valid while p < kend).
+    size_t off = p < kend ? ((size_t)table[blk] * block_size + within) * kvd + col : 0;
+    const unsigned dst = stage_k + (unsigned)((jfirst * LD + piece * 8) * 2);
+#pragma unroll
+    for (int i = 0; i < KEYS_PER; ++i) {
+        const bool valid = jfirst + i < nk && in_row;
+        const size_t at = valid ? off : 0;
+        const int bytes = valid ? 16 : 0;
+        cp_async16(dst + i * LD * 2, k_cache + at, bytes);
+        cp_async16(dst + (STAGE + i) * LD * 2, v_cache + at, bytes);
+        ++p;
+        if (++within == block_size) {
+            within = 0;
+            ++blk;
+            off = p < kend ? (size_t)table[blk] * block_size * kvd + col : 0;
+        } else {
+            off += kvd;
+        }
+    }
+}

@@ -100,8 +100,9 @@ enum Command {
         /// bf16 or f16 (default: f16, or bf16 when a weight is beyond f16's range).
         #[arg(long)]
         dtype: Option<String>,
-        /// Linear layers on `auto` (the GEMV kernel for a few rows, else cuBLAS) or
-        /// `cublas` (always), to compare the two.
+        /// Linear layers on `auto` (whichever of the GEMV kernel, cublasGemmEx and the
+        /// cuBLASLt candidates was timed fastest for the shape at start) or `cublas`
+        /// (cublasGemmEx always), to compare the two.
         #[arg(long, default_value = "auto")]
         linear: String,
     },

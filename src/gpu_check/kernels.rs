@@ -10,8 +10,9 @@ use super::attention::attention;
 use super::{rel_err, Row};
 use crate::error::Result;
 use crate::kernels::cpu;
-use crate::kernels::cuda::gemm::{Blas, Out, Path};
+use crate::kernels::cuda::gemm::{Blas, Out, Path, Shape};
 use crate::kernels::cuda::launch::{self, Heads};
+use crate::kernels::cuda::lt;
 use crate::kernels::cuda::{DevBuf, Gpu, Half};
 use crate::kernels::matmul::{linear, Matrix};
 
@@ -270,11 +271,12 @@ fn rope(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     Ok(out)
 }
 
-/// Linear layers on both implementations (cuBLAS; the GEMV kernel where it runs) and both
+/// Linear layers on every implementation (cublasGemmEx; the GEMV kernel where it runs;
+/// above a few rows the fastest cuBLASLt candidate of the row bucket, timed first) and both
 /// output types, against the CPU matmul on the same rounded operands. A 16-bit output is
 /// compared after the same rounding.
 fn gemm(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
-    let blas = Blas::new(gpu)?;
+    let mut blas = Blas::new(gpu)?;
     let mut out = Vec::new();
     for (n, k, m) in [
         (1, 576, 1728),
@@ -296,7 +298,23 @@ fn gemm(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         let paths: &[(Path, &str)] = if gemv {
             &[(Path::Cublas, "cublas gemm"), (Path::Gemv, "gemv kernel")]
         } else {
-            &[(Path::Cublas, "cublas gemm")]
+            // Time the bucket's cuBLASLt candidates on buffers of the bucket's rows.
+            let b = lt::bucket(n).unwrap_or(n);
+            let (tx, ty) = (gpu.zeros::<u16>(b * k)?, gpu.alloc::<f32>(b * m)?);
+            for y_ty in [Out::F32, Out::Half] {
+                let shape = Shape {
+                    half: dt,
+                    n: b,
+                    inp: k,
+                    out: m,
+                    y: y_ty,
+                };
+                blas.tune_lt(gpu, shape, tx.ptr(), wd.ptr(), ty.ptr())?;
+            }
+            &[
+                (Path::Cublas, "cublas gemm"),
+                (Path::CublasLt, "cublasLt matmul"),
+            ]
         };
         for &(path, name) in paths {
             let shape = format!("n {n} in {k} out {m}");

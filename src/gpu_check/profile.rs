@@ -51,14 +51,16 @@ impl Batch {
 /// Prints the resources of the kernels a forward pass of `cuda` runs.
 fn print_resources(cuda: &CudaModel) -> Result<()> {
     let budget = flash_budget(&heads(&cuda.config));
-    let (rows, keys) = (flash_kernel("rows", budget), flash_kernel("keys", budget));
-    let smem = flash_smem(budget);
+    let (prefill, decode) = (
+        flash_kernel("prefill", budget),
+        flash_kernel("decode", budget),
+    );
     // (kernel, threads per block as launched, dynamic shared memory)
     let kernels: [(&str, u32, usize); 8] = [
-        (&rows, 128, smem),
-        (&keys, 128, smem),
+        (&prefill, 256, flash_smem("prefill", budget)),
+        (&decode, 128, flash_smem("decode", budget)),
         ("add_rms_norm", 256, 0),
-        ("rope_kv_write", 64, 0),
+        ("rope_kv_write", 256, 0),
         ("silu_mul", 256, 0),
         ("sample_rows", 1024, 0),
         ("paged_attention", 128, 0),
@@ -91,6 +93,34 @@ pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize, linear: P
         .unwrap_or(1);
     let mut fwd = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
     fwd.set_linear_path(linear);
+    println!("### linear layers at each row bucket: cublasGemmEx or the fastest cuBLASLt candidate (timed at start)\n");
+    println!("| rows | in | out | output | candidates | GemmEx µs | best Lt µs | GemmEx TFLOP/s | Lt TFLOP/s | runs on |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for t in fwd.linear_lt_timings() {
+        let sh = t.shape;
+        let tflop = (2 * sh.n * sh.inp * sh.out) as f64 / 1e9;
+        let rate = |ms: f64| {
+            if ms.is_finite() {
+                format!("{:.0}", tflop / ms)
+            } else {
+                "–".into()
+            }
+        };
+        println!(
+            "| {} | {} | {} | {:?} | {} | {:.1} | {:.1} | {} | {} | {} |",
+            sh.n,
+            sh.inp,
+            sh.out,
+            sh.y,
+            t.candidates,
+            t.gemm_ex_ms * 1e3,
+            t.lt_ms * 1e3,
+            rate(t.gemm_ex_ms),
+            rate(t.lt_ms),
+            if t.uses_lt() { "cuBLASLt" } else { "GemmEx" }
+        );
+    }
+    println!();
     println!("### linear layers at a few rows: GEMV kernel or cuBLAS (timed at start)\n");
     println!(
         "| rows | in | out | output | GEMV µs | cuBLAS µs | GEMV GB/s | cuBLAS GB/s | runs on |"

@@ -1,8 +1,8 @@
 //! Paged attention launches: the batch's query rows cut into tiles, the tensor-core kernels
-//! (`flash_attention_rows` for prefill tiles, `flash_attention_keys` for decode tiles, split
-//! along the sequence when too few blocks fill the GPU), the warp-per-key kernel for head
-//! sizes the tensor cores cannot take, and `attention_combine`, which merges the splits of
-//! either over the tiles' rows.
+//! (`flash_prefill` for prefill tiles, `flash_decode` for decode tiles, split along the
+//! sequence when too few blocks fill the GPU), the warp-per-key kernel for head sizes the
+//! tensor cores cannot take, and `attention_combine`, which merges the splits of either
+//! over the tiles' rows.
 
 use cudarc::driver::PushKernelArg;
 
@@ -38,10 +38,10 @@ pub struct Attention {
     pub half: Half,
 }
 
-/// Rows of one warp's mma tile (each is a (position, query head) pair).
+/// Rows of one mma atom (each is a (position, query head) pair): a decode tile's rows.
 const WARP_ROWS: usize = 16;
-/// Warps of a flash attention block.
-const WARPS: usize = 4;
+/// Warps of a prefill block (flash_prefill.cu's FP_WARPS), each owning one atom of rows.
+const PREFILL_WARPS: usize = 8;
 /// Keys of one shared-memory stage of the flash kernels.
 const STAGE: usize = 64;
 /// Work blocks that fill the GPU: below this, long contexts are split.
@@ -59,8 +59,9 @@ pub fn tensor_cores(h: &Heads) -> bool {
 
 /// The register budgets (largest head_dim) the tensor-core kernels are built for.
 pub const FLASH_BUDGETS: [usize; 2] = [64, 128];
-/// The tensor-core kernels' two ways to spread a tile over a block's warps.
-pub const FLASH_MODES: [&str; 2] = ["rows", "keys"];
+/// The tensor-core kernels: prefill tiles (warps share each stage of keys) and decode tiles
+/// (warps split each stage of keys).
+pub const FLASH_MODES: [&str; 2] = ["prefill", "decode"];
 
 /// The register budget of the tensor-core kernel build for `h`: 64 or 128.
 pub fn flash_budget(h: &Heads) -> usize {
@@ -73,19 +74,24 @@ pub fn flash_budget(h: &Heads) -> usize {
 
 /// The tensor-core kernel `mode` (one of [`FLASH_MODES`]) built for `budget`.
 pub fn flash_kernel(mode: &str, budget: usize) -> String {
-    format!("flash_attention_{mode}_hd{budget}")
+    format!("flash_{mode}_hd{budget}")
 }
 
-/// Dynamic shared memory of a tensor-core kernel built for `budget`: two stages of K and V
-/// rows padded by 8 halves.
-pub fn flash_smem(budget: usize) -> usize {
-    2 * 2 * STAGE * (budget + 8) * 2
+/// Dynamic shared memory of tensor-core kernel `mode` built for `budget`: two stages of K
+/// and V rows, after the block's query rows for a prefill, each row padded by 8 halves.
+pub fn flash_smem(mode: &str, budget: usize) -> usize {
+    let q_rows = if mode == "prefill" {
+        PREFILL_WARPS * WARP_ROWS
+    } else {
+        0
+    };
+    (q_rows + 2 * 2 * STAGE) * (budget + 8) * 2
 }
 
 /// Query tiles, each `[first row, rows]`: consecutive rows of one sequence. A sequence's
-/// rows that fit one warp (decodes, short drafts) make one `keys` tile; longer runs
-/// (prefill) are cut into `rows` tiles of one block's worth, the longest contexts first
-/// so that the GPU's last wave of blocks is its shortest.
+/// rows that fit one warp (decodes, short drafts) make one decode tile (`keys`); longer
+/// runs (prefill) are cut into prefill tiles (`rows`) of one block's worth, the longest
+/// contexts first so that the GPU's last wave of blocks is its shortest.
 #[derive(Debug, Default, PartialEq)]
 pub struct Tiles {
     pub rows: Vec<i32>,
@@ -111,8 +117,9 @@ impl Tiles {
                 t.keys.extend([i32_of(first)?, i32_of(len)?]);
                 continue;
             }
-            for at in (0..len).step_by(WARPS * per_warp) {
-                let n = (WARPS * per_warp).min(len - at);
+            let per_block = PREFILL_WARPS * per_warp;
+            for at in (0..len).step_by(per_block) {
+                let n = per_block.min(len - at);
                 rows.push((pos + at + n, first + at, n));
             }
         }
@@ -148,7 +155,7 @@ fn split_plan(a: &Attention, blocks: usize, align: usize) -> (usize, usize) {
 /// The kernel that runs an attention launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
-    /// The tensor-core kernels (flash_attention.cu).
+    /// The tensor-core kernels (flash_prefill.cu, flash_decode.cu).
     Flash,
     /// One warp per key position (attention.cu), for other head sizes.
     WarpPerKey,
@@ -219,8 +226,34 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
     let (bs, stride) = (i32_of(a.block_size)?, i32_of(a.table_stride)?);
     let scale = std::f32::consts::LOG2_E / (hs.head_dim as f32).sqrt();
     let budget = flash_budget(&hs);
-    let launch = |mode: &str, tiles: u64, count: usize, chunk: usize, splits: usize| {
-        let name = &flash_kernel(mode, budget);
+    if a.rows_tiles > 0 {
+        let name = &flash_kernel("prefill", budget);
+        let f = gpu.func(name, a.half)?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&a.q)
+            .arg(&a.k_cache)
+            .arg(&a.v_cache)
+            .arg(&a.tables)
+            .arg(&a.row_seq)
+            .arg(&a.row_pos)
+            .arg(&a.tiles)
+            .arg(&a.out)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&hd)
+            .arg(&bs)
+            .arg(&stride)
+            .arg(&scale);
+        // SAFETY: argument order and types match flash_prefill.cu; the first `rows_tiles`
+        // tiles are (first row, rows) pairs inside the batch; tables cover every row's
+        // positions (checked by the caller).
+        let mut c = cfg((a.rows_tiles, hs.kv_heads, 1), (PREFILL_WARPS * 32) as u32)?;
+        c.shared_mem_bytes = flash_smem("prefill", budget) as u32;
+        unsafe { b.launch(c) }.map_err(cuda_err(name))?;
+    }
+    if a.keys_tiles > 0 {
+        let keys = a.tiles + (2 * a.rows_tiles * std::mem::size_of::<i32>()) as u64;
+        let name = &flash_kernel("decode", budget);
         let (chunk_i, splits_i) = (i32_of(chunk)?, i32_of(splits)?);
         let f = gpu.func(name, a.half)?;
         let mut b = gpu.stream.launch_builder(f);
@@ -230,7 +263,7 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
             .arg(&a.tables)
             .arg(&a.row_seq)
             .arg(&a.row_pos)
-            .arg(&tiles)
+            .arg(&keys)
             .arg(&a.out)
             .arg(&a.part_acc)
             .arg(&a.part_ml)
@@ -242,19 +275,12 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
             .arg(&chunk_i)
             .arg(&splits_i)
             .arg(&scale);
-        // SAFETY: argument order and types match flash_attention.cu; tiles hold `count`
-        // (first row, rows) pairs inside the batch; the plan keeps partial sums within the
-        // workspace; tables cover every row's positions (checked by the caller).
-        let mut c = cfg((count, hs.kv_heads, splits), 128)?;
-        c.shared_mem_bytes = flash_smem(budget) as u32;
-        unsafe { b.launch(c) }.map_err(cuda_err(name))
-    };
-    if a.rows_tiles > 0 {
-        launch("rows", a.tiles, a.rows_tiles, a.max_len.max(1), 1)?;
-    }
-    if a.keys_tiles > 0 {
-        let keys = a.tiles + (2 * a.rows_tiles * std::mem::size_of::<i32>()) as u64;
-        launch("keys", keys, a.keys_tiles, chunk, splits)?;
+        // SAFETY: argument order and types match flash_decode.cu; the decode tiles follow
+        // the prefill tiles, each a (first row, rows) pair inside the batch; the plan keeps
+        // partial sums within the workspace; tables cover every row's positions.
+        let mut c = cfg((a.keys_tiles, hs.kv_heads, splits), 128)?;
+        c.shared_mem_bytes = flash_smem("decode", budget) as u32;
+        unsafe { b.launch(c) }.map_err(cuda_err(name))?;
         if splits > 1 {
             combine(gpu, a, keys, a.keys_tiles, splits)?;
         }
@@ -358,14 +384,18 @@ mod tests {
 
     #[test]
     fn tensor_core_kernels_are_named_by_mode_and_budget() {
-        assert_eq!(flash_kernel("rows", 128), "flash_attention_rows_hd128");
-        assert_eq!(flash_smem(128), 69_632);
-        assert_eq!(flash_smem(64), 36_864);
+        assert_eq!(flash_kernel("prefill", 128), "flash_prefill_hd128");
+        assert_eq!(flash_kernel("decode", 64), "flash_decode_hd64");
+        // Two stages of K and V (and 128 query rows for a prefill), rows padded by 8.
+        assert_eq!(flash_smem("decode", 128), 69_632);
+        assert_eq!(flash_smem("decode", 64), 36_864);
+        assert_eq!(flash_smem("prefill", 128), 104_448);
+        assert_eq!(flash_smem("prefill", 64), 55_296);
     }
 
     #[test]
     fn prefills_make_block_tiles_and_decodes_warp_tiles() {
-        // Group 4: 4 positions per warp, 16 per block. Spans: a 37-token prefill at row 0
+        // Group 4: 4 positions per decode tile, 32 per prefill block. Spans: a 37-token prefill at row 0
         // (positions 0..37), a decode at row 37, a 4-token draft check at row 38, an empty
         // chunk, a 5-token chunk at row 42 continuing from position 100. Prefill tiles come
         // longest context first.
@@ -377,15 +407,15 @@ mod tests {
             (42, 5, 100),
         ];
         let t = Tiles::new(spans, 4).unwrap();
-        assert_eq!(t.rows, vec![42, 5, 32, 5, 16, 16, 0, 16]);
+        assert_eq!(t.rows, vec![42, 5, 32, 5, 0, 32]);
         assert_eq!(t.keys, vec![37, 1, 38, 4]);
-        assert_eq!(t.counts(), (4, 2));
+        assert_eq!(t.counts(), (3, 2));
         let flat: Vec<i32> = t.flat().collect();
-        assert_eq!(flat.len(), 12);
-        assert_eq!(&flat[8..], &[37, 1, 38, 4]);
-        // Group 3 (SmolLM2): 5 positions per warp, 20 per block.
-        let t = Tiles::new([(0, 45, 0)], 3).unwrap();
-        assert_eq!(t.rows, vec![40, 5, 20, 20, 0, 20]);
+        assert_eq!(flat.len(), 10);
+        assert_eq!(&flat[6..], &[37, 1, 38, 4]);
+        // Group 3 (SmolLM2): 5 positions per decode tile, 40 per prefill block.
+        let t = Tiles::new([(0, 85, 0)], 3).unwrap();
+        assert_eq!(t.rows, vec![80, 5, 40, 40, 0, 40]);
         // Group 1: 16 positions per warp.
         let t = Tiles::new([(0, 16, 0), (16, 17, 0)], 1).unwrap();
         assert_eq!(

@@ -21,8 +21,12 @@ pub const MODULES: &[(&str, &str)] = &[
     ("swiglu", include_str!("../../../kernels/swiglu.cu")),
     ("attention", include_str!("../../../kernels/attention.cu")),
     (
-        "flash_attention",
-        include_str!("../../../kernels/flash_attention.cu"),
+        "flash_prefill",
+        include_str!("../../../kernels/flash_prefill.cu"),
+    ),
+    (
+        "flash_decode",
+        include_str!("../../../kernels/flash_decode.cu"),
     ),
     ("sample", include_str!("../../../kernels/sample.cu")),
     ("gemv", include_str!("../../../kernels/gemv.cu")),

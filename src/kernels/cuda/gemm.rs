@@ -1,7 +1,9 @@
 //! Linear layers: bf16 or f16 operands, fp32 accumulation, fp32 or 16-bit output. cuBLAS
 //! (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`) in general; up to [`GEMV_MAX_ROWS`] token rows
 //! either cuBLAS or the weight-streaming kernel of kernels/gemv.cu, whichever
-//! [`Blas::tune`] timed faster for that shape on this GPU.
+//! [`Blas::tune`] timed faster for that shape on this GPU; above that, the cuBLASLt
+//! algorithm [`Blas::tune_lt`] timed fastest for the shape's row bucket, where one beat
+//! `cublasGemmEx` (lt.rs).
 
 use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
@@ -12,6 +14,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKern
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::lt::{Lt, Tuned};
 use super::{cuda_err, Gpu, Half};
 use crate::error::{Error, Result};
 
@@ -37,10 +40,15 @@ pub enum Out {
 /// Which implementation runs a linear layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
-    /// The faster one as [`Blas::tune`] timed the shape; cuBLAS for untimed shapes.
+    /// The fastest as timed at start: the GEMV kernel, cublasGemmEx or the row bucket's
+    /// cuBLASLt algorithm; cublasGemmEx for untimed shapes.
     Auto,
+    /// cublasGemmEx only (the baseline to compare with).
     Cublas,
     Gemv,
+    /// The row bucket's fastest cuBLASLt algorithm even where cublasGemmEx was faster
+    /// (checks); cublasGemmEx where none was timed.
+    CublasLt,
 }
 
 /// A linear layer's shape, as [`Blas::tune`] keys its choices.
@@ -68,6 +76,8 @@ pub struct Blas {
     /// The GEMV kernel built for bf16 and for f16.
     gemv: [CudaFunction; 2],
     _workspace: CudaSlice<u8>,
+    /// cuBLASLt, sharing the workspace.
+    lt: Lt,
     /// Shapes on which the GEMV kernel was timed faster than cuBLAS.
     gemv_shapes: HashMap<Shape, Timed>,
     timed: Vec<Timed>,
@@ -85,7 +95,7 @@ impl Blas {
             .stream
             .alloc_zeros::<u8>(CUBLAS_WORKSPACE)
             .map_err(cuda_err("allocating the cuBLAS workspace"))?;
-        {
+        let workspace_ptr = {
             use cudarc::driver::DevicePtr;
             let (ptr, _sync) = workspace.device_ptr(&gpu.stream);
             // SAFETY: the workspace lives as long as the handle (both in this struct) and is
@@ -99,7 +109,9 @@ impl Blas {
             }
             .result()
             .map_err(cuda_err("setting the cuBLAS workspace"))?;
-        }
+            ptr
+        };
+        let lt = Lt::new(workspace_ptr, CUBLAS_WORKSPACE)?;
         Ok(Blas {
             blas,
             stream: gpu.stream.clone(),
@@ -108,6 +120,7 @@ impl Blas {
                 gpu.func("gemv", Half::F16)?.clone(),
             ],
             _workspace: workspace,
+            lt,
             gemv_shapes: HashMap::new(),
             timed: Vec::new(),
         })
@@ -117,7 +130,6 @@ impl Blas {
     /// it; their values do not matter) and keeps the faster for [`Path::Auto`].
     #[allow(clippy::too_many_arguments)]
     pub fn tune(&mut self, gpu: &Gpu, shape: Shape, x: u64, w: u64, y: u64) -> Result<Timed> {
-        const REPS: usize = 5;
         let Shape {
             half,
             n,
@@ -126,22 +138,9 @@ impl Blas {
             y: y_ty,
         } = shape;
         let time = |path: Path| -> Result<f64> {
-            self.linear(path, half, x, w, y, y_ty, n, inp, out)?;
-            let event = || {
-                gpu.ctx
-                    .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(cuda_err("creating an event"))
-            };
-            let (a, b) = (event()?, event()?);
-            a.record(&gpu.stream)
-                .map_err(cuda_err("recording an event"))?;
-            for _ in 0..REPS {
-                self.linear(path, half, x, w, y, y_ty, n, inp, out)?;
-            }
-            b.record(&gpu.stream)
-                .map_err(cuda_err("recording an event"))?;
-            let ms = a.elapsed_ms(&b).map_err(cuda_err("reading an event"))?;
-            Ok(f64::from(ms) / REPS as f64)
+            time_ms(gpu, &mut || {
+                self.linear(path, half, x, w, y, y_ty, n, inp, out)
+            })
         };
         let (gemv_ms, cublas_ms) = if Self::gemv_fits(x, w, n, inp) {
             (time(Path::Gemv)?, time(Path::Cublas)?)
@@ -158,6 +157,28 @@ impl Blas {
         }
         self.timed.push(t);
         Ok(t)
+    }
+
+    /// Times `cublasGemmEx` and the cuBLASLt candidates on `shape` (its rows one of
+    /// [`super::lt::BUCKETS`]; x, w, y device buffers big enough, values irrelevant) and
+    /// keeps the fastest for calls in that bucket.
+    pub fn tune_lt(&mut self, gpu: &Gpu, shape: Shape, x: u64, w: u64, y: u64) -> Result<Tuned> {
+        let Shape {
+            half,
+            n,
+            inp,
+            out,
+            y: y_ty,
+        } = shape;
+        let gemm_ex_ms = time_ms(gpu, &mut || self.gemm_ex(half, x, w, y, y_ty, n, inp, out))?;
+        let stream = self.stream.cu_stream() as _;
+        let time = |f: &mut dyn FnMut() -> Result<()>| time_ms(gpu, f);
+        self.lt.tune(shape, x, w, y, stream, gemm_ex_ms, &time)
+    }
+
+    /// Every (shape, row bucket) [`Blas::tune_lt`] timed, in order.
+    pub fn timed_lt(&self) -> Vec<Tuned> {
+        self.lt.tuned()
     }
 
     /// Every shape [`Blas::tune`] timed, in order.
@@ -203,13 +224,13 @@ impl Blas {
                 )))
             }
             Path::Gemv => true,
-            Path::Cublas => false,
+            Path::Cublas | Path::CublasLt => false,
             Path::Auto => fits && self.gemv_shapes.contains_key(&shape),
         };
         if gemv {
             self.gemv(half, x, w, y, y_ty, n, inp, out)
         } else {
-            self.gemm(half, x, w, y, y_ty, n, inp, out)
+            self.gemm(path, half, x, w, y, y_ty, n, inp, out)
         }
     }
 
@@ -254,9 +275,42 @@ impl Blas {
         Ok(())
     }
 
-    /// The cuBLAS path of [`Blas::linear`].
+    /// The cuBLAS paths of [`Blas::linear`]: the bucket's cuBLASLt algorithm where one was
+    /// timed faster (`Path::Auto`) or timed at all (`Path::CublasLt`), else `cublasGemmEx`.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
+        &self,
+        path: Path,
+        half: Half,
+        x: u64,
+        w: u64,
+        y: u64,
+        y_ty: Out,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<()> {
+        if n > GEMV_MAX_ROWS && path != Path::Cublas {
+            let shape = Shape {
+                half,
+                n,
+                inp,
+                out,
+                y: y_ty,
+            };
+            let stream = self.stream.cu_stream() as _;
+            if self
+                .lt
+                .matmul(shape, path == Path::CublasLt, (x, w, y), stream)?
+            {
+                return Ok(());
+            }
+        }
+        self.gemm_ex(half, x, w, y, y_ty, n, inp, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_ex(
         &self,
         half: Half,
         x: u64,
@@ -307,6 +361,27 @@ impl Blas {
         }
         .map_err(cuda_err("cublasGemmEx"))
     }
+}
+
+/// Milliseconds per run of `f`: one untimed run, then REPS between two events.
+fn time_ms(gpu: &Gpu, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    const REPS: usize = 5;
+    f()?;
+    let event = || {
+        gpu.ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda_err("creating an event"))
+    };
+    let (a, b) = (event()?, event()?);
+    a.record(&gpu.stream)
+        .map_err(cuda_err("recording an event"))?;
+    for _ in 0..REPS {
+        f()?;
+    }
+    b.record(&gpu.stream)
+        .map_err(cuda_err("recording an event"))?;
+    let ms = a.elapsed_ms(&b).map_err(cuda_err("reading an event"))?;
+    Ok(f64::from(ms) / REPS as f64)
 }
 
 /// Warps that share one output row of the GEMV kernel: the fewest (a power of two up to

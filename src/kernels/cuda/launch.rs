@@ -196,10 +196,16 @@ pub fn rope_kv_write(
         .arg(&kv_heads)
         .arg(&hd);
     // SAFETY: argument order and types match rope.cu; slots are inside the cache; one
-    // thread per rotated pair (head_dim is even and at most 128, checked by the model).
-    let pairs = u32::try_from(hs.head_dim / 2).map_err(|_| Error::Cuda("head_dim".into()))?;
-    unsafe { b.launch(cfg((n, hs.heads + hs.kv_heads, 1), pairs.max(1))?) }
-        .map_err(cuda_err("rope_kv_write"))?;
+    // thread per rotated pair of every q and k head, ROPE_THREADS to a block.
+    const ROPE_THREADS: usize = 256;
+    let pairs = (hs.heads + hs.kv_heads) * (hs.head_dim / 2);
+    unsafe {
+        b.launch(cfg(
+            (n, pairs.div_ceil(ROPE_THREADS).max(1), 1),
+            ROPE_THREADS as u32,
+        )?)
+    }
+    .map_err(cuda_err("rope_kv_write"))?;
     Ok(())
 }
 

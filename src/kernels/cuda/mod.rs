@@ -8,6 +8,7 @@ pub mod attention;
 pub mod compile;
 pub mod gemm;
 pub mod launch;
+pub mod lt;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -89,14 +90,10 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("swiglu", &["silu_mul"]),
     ("attention", &["paged_attention", "attention_combine"]),
     (
-        "flash_attention",
-        &[
-            "flash_attention_rows_hd64",
-            "flash_attention_keys_hd64",
-            "flash_attention_rows_hd128",
-            "flash_attention_keys_hd128",
-        ],
+        "flash_prefill",
+        &["flash_prefill_hd64", "flash_prefill_hd128"],
     ),
+    ("flash_decode", &["flash_decode_hd64", "flash_decode_hd128"]),
     ("sample", &["sample_rows"]),
     ("gemv", &["gemv"]),
 ];
@@ -163,7 +160,7 @@ impl Gpu {
                     let func = funcs
                         .get(&name)
                         .ok_or_else(|| Error::Cuda(format!("kernel {name} is not loaded")))?;
-                    let bytes = i32::try_from(attention::flash_smem(budget))
+                    let bytes = i32::try_from(attention::flash_smem(mode, budget))
                         .map_err(|_| Error::Cuda("shared memory size".into()))?;
                     func.set_attribute(
                         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

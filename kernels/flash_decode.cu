@@ -1,85 +1,24 @@
-// Tensor-core paged causal attention (mma.sync m16n8k16, fp32 accumulation) over tiles of
-// query rows. A tile is (first row, count): consecutive rows of one sequence at consecutive
-// positions. Its "M rows" are (position, query head of the KV head's group) pairs, 16 to a
-// warp: a warp holds 16 / group positions.
+// Tensor-core paged causal attention for decode tiles (mma.sync m16n8k16, fp32
+// accumulation). A tile is (first row, count): consecutive rows of one sequence at
+// consecutive positions, one warp's worth: its "M rows" are (position, query head of the KV
+// head's group) pairs, 16 to a warp, so a tile holds up to 16 / group positions (a decode
+// step, or a short draft to verify). Prefill tiles run flash_prefill.cu.
 //
-// Two ways to spread a tile over the block's 4 warps:
-//   - flash_attention_rows (prefill): the tile holds 4 warps' worth of positions; each warp
-//     owns 16 M rows and all warps share every K/V stage loaded into shared memory.
-//   - flash_attention_keys (decode, a few positions): one warp's worth of rows; each warp
-//     takes a quarter of every stage's keys and the warps merge at the end. Long contexts
-//     are also split over the grid (blockIdx.z), as partial sums for attention_combine (attention.cu).
-// K and V stages of 64 keys are gathered through the block table with cp.async into two
-// buffers of dynamic shared memory (the next stage loads while this one computes; rows
-// past the stage's end are zero-filled), read back with ldmatrix, and the online softmax runs in
-// base 2 (the query is pre-scaled by log2(e) / sqrt(head_dim)), once per stage for a
-// prefill warp (64 keys), once per 16 keys for a decode warp. Each kernel comes in two
-// register budgets, head_dim up to 64 (_hd64) and up to 128 (_hd128); head_dim must be a
-// multiple of 16, with at most 16 query heads per KV head.
+// Each of the block's 4 warps takes a quarter of every stage's keys, and the warps merge
+// at the end. Long contexts are also split over the grid (blockIdx.z), as partial sums for
+// attention_combine (attention.cu). K and V stages of 64 keys are gathered through the
+// block table with cp.async into two buffers of dynamic shared memory (the next stage
+// loads while this one computes; rows past the stage's end are zero-filled), read back with
+// ldmatrix, and the online softmax runs in base 2 (the query is pre-scaled by
+// log2(e) / sqrt(head_dim)), once per 16 keys. The kernel comes in two register budgets,
+// head_dim up to 64 (_hd64) and up to 128 (_hd128); head_dim must be a multiple of 16,
+// with at most 16 query heads per KV head.
 #define FA_WARPS 4
 #define FA_STAGE 64
 #define FA_LN2 0.69314718055994530942f
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-// The PTX spelling of the module's 16-bit type in cvt and mma.
-#ifdef INFLIGHT_F16
-#define FA_X2 "f16x2"
-#define FA_AB "f16.f16"
-#else
-#define FA_X2 "bf16x2"
-#define FA_AB "bf16.bf16"
-#endif
-
-// Two floats as one register of two 16-bit values, `lo` in the low half.
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn." FA_X2 ".f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// c += a * b on the tensor cores: a 16x16 (row-major fragments), b 16x8, c 16x8 fp32.
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32." FA_AB ".f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// ldmatrix from a shared-space address (bytes), so constant offsets fold into the
-// instruction.
-__device__ __forceinline__ void ldsm_x4(unsigned* r, unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// 16 bytes global -> shared (a shared-space address); `bytes` 0 writes zeros (src is not
-// read).
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :: "r"(dst), "l"(src), "r"(bytes));
-}
-
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-template <int HD, bool BY_KEYS>
-__device__ __forceinline__ void flash_attention(
+template <int HD>
+__device__ __forceinline__ void flash_decode(
     const float* __restrict__ q,          // [n, heads * hd]
     const half_t* __restrict__ k_cache,   // [slots, kv_heads * hd]
     const half_t* __restrict__ v_cache,
@@ -93,7 +32,7 @@ __device__ __forceinline__ void flash_attention(
     int heads, int kv_heads, int hd, int block_size, int table_stride,
     int chunk, int splits, float scale_log2) {
     constexpr int LD = HD + 8;  // shared row stride in halves: rows 16 bytes apart in the banks
-    constexpr int NB = BY_KEYS ? 2 : FA_STAGE / 8;  // n-blocks of 8 keys per warp and stage
+    constexpr int NB = 2;  // n-blocks of 8 keys per warp and stage
     // Two stages (double buffering), each K then V: half_t [buf][k|v][key][LD], dynamic.
     extern __shared__ __align__(16) unsigned char fa_smem[];
 
@@ -102,7 +41,6 @@ __device__ __forceinline__ void flash_attention(
     const int g = blockIdx.y, split = blockIdx.z;
     const int group = heads / kv_heads, pw = 16 / group;
     const int kvd = kv_heads * hd;
-    const int first = BY_KEYS ? 0 : warp * pw;  // this warp's first position in the tile
     const int len = row_pos[row0 + cnt - 1] + 1;
     const int kbeg = split * chunk;
     const int kend = min(len, kbeg + chunk);
@@ -113,7 +51,7 @@ __device__ __forceinline__ void flash_attention(
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         int m = (lane >> 2) + 8 * i;
-        int pi = first + m / group;
+        int pi = m / group;
         bool valid = m < pw * group && pi < cnt;
         rrow[i] = valid ? row0 + pi : -1;
         rpos[i] = valid ? row_pos[row0 + pi] : -1;
@@ -132,10 +70,10 @@ __device__ __forceinline__ void flash_attention(
         }
         return;
     }
-    // The last position among this warp's rows (keys past it are masked for all of them).
-    const int wlast = first < cnt ? row_pos[row0 + min(first + pw, cnt) - 1] : -1;
-    // The first position among them (keys up to it are visible to every row of the warp).
-    const int wfirst = first < cnt ? row_pos[row0 + first] : -1;
+    // The last position among the tile's rows (keys past it are masked for all of them).
+    const int wlast = row_pos[row0 + min(pw, cnt) - 1];
+    // The first position among them (keys up to it are visible to every row).
+    const int wfirst = row_pos[row0];
 
     // The query as A fragments, pre-scaled: qa[kc] covers dims kc*16 .. kc*16+15.
     unsigned qa[HD / 16][4];
@@ -169,49 +107,20 @@ __device__ __forceinline__ void flash_attention(
     float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
 
     const int* table = tables + (size_t)row_seq[row0] * table_stride;
-    // Stage loader: thread t copies 16-byte piece t % PIECES of the KEYS_PER consecutive keys
-    // from (t / PIECES) * KEYS_PER, walking the block table (one lookup per KV block it
-    // enters, not per key); keys past the split are zeros.
-    constexpr int PIECES = HD / 8, KEYS_PER = FA_STAGE * PIECES / 128;
-    // log2(block_size) when it is a power of two (no division), else -1.
     const int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
-    // Shared-space byte addresses: this thread's loader slot in stage 0's K rows, and its
-    // ldmatrix rows of K and V in stage 0 (the stage and the tile offsets are added as
-    // constants).
+    // Shared-space byte addresses: this lane's ldmatrix rows of K and V in stage 0 (the
+    // stage and the tile offsets are added as constants).
     const unsigned smem0 = smem_addr(fa_smem);
-    const unsigned ld_base = smem0 + (unsigned)(threadIdx.x % PIECES) * 16;
-    const int koff = BY_KEYS ? warp * 16 : 0;  // this warp's keys of a stage: all, or a quarter
+    const int koff = warp * 16;  // this warp's quarter of a stage's keys
     const unsigned k_rows =
         smem0 + (unsigned)(((koff + (lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8) * 2);
     const unsigned v_rows = smem0 + (unsigned)(((FA_STAGE + koff + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
                                                 (lane >> 4) * 8) * 2);
+    // Keys [from, ...) into stage buffer `buf` (keys past the split are zeros).
     auto load_stage = [&](int from, int buf) {
-        const int nk = min(FA_STAGE, kend - from);
-        const int piece = threadIdx.x % PIECES, jfirst = (threadIdx.x / PIECES) * KEYS_PER;
-        const bool in_row = piece * 8 < hd;
-        const size_t col = (size_t)g * hd + piece * 8;
-        int p = from + jfirst;
-        int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
-        int within = p - blk * block_size;
-        // Element offset of key p's piece in the cache (valid while p < kend).
-        size_t off = p < kend ? ((size_t)table[blk] * block_size + within) * kvd + col : 0;
-        const unsigned dst = ld_base + (unsigned)((buf * 2 * FA_STAGE + jfirst) * LD * 2);
-#pragma unroll
-        for (int i = 0; i < KEYS_PER; ++i) {
-            const bool valid = jfirst + i < nk && in_row;
-            const size_t at = valid ? off : 0;
-            const int bytes = valid ? 16 : 0;
-            cp_async16(dst + i * LD * 2, k_cache + at, bytes);
-            cp_async16(dst + (FA_STAGE + i) * LD * 2, v_cache + at, bytes);
-            ++p;
-            if (++within == block_size) {
-                within = 0;
-                ++blk;
-                off = p < kend ? (size_t)table[blk] * block_size * kvd + col : 0;
-            } else {
-                off += kvd;
-            }
-        }
+        load_kv_stage<HD, FA_STAGE, FA_WARPS * 32, LD>(smem0 + (unsigned)(buf * 2 * FA_STAGE * LD * 2), k_cache,
+                                                     v_cache, table, from, kend, g, hd, kvd, block_size,
+                                                     bs_shift);
     };
     load_stage(kbeg, 0);
     asm volatile("cp.async.commit_group;\n" ::);
@@ -314,24 +223,6 @@ __device__ __forceinline__ void flash_attention(
         lrun[i] += __shfl_xor_sync(0xffffffffu, lrun[i], 2);
     }
 
-    if (!BY_KEYS) {
-        // One split: each warp writes its own rows, normalised.
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            if (rrow[i] < 0) continue;
-            float inv = 1.0f / lrun[i];
-            half_t* dst = out + (size_t)rrow[i] * heads * hd + rhead[i] * hd + 2 * (lane & 3);
-#pragma unroll
-            for (int dn = 0; dn < HD / 8; ++dn) {
-                if (dn * 8 < hd) {
-                    unsigned v = pack2(o[dn][2 * i] * inv, o[dn][2 * i + 1] * inv);
-                    *reinterpret_cast<unsigned*>(dst + dn * 8) = v;
-                }
-            }
-        }
-        return;
-    }
-
     // Merge the warps' partial results through shared memory (the K/V stages are free now).
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     float* s_o = reinterpret_cast<float*>(fa_smem);          // [warps][16][HD]
@@ -396,15 +287,9 @@ __device__ __forceinline__ void flash_attention(
         kv_heads, hd, block_size, table_stride, chunk, splits, scale_log2
 
 // Blocks per multiprocessor the register budget aims for: 4 at head_dim 64, 3 at 128.
-extern "C" __global__ void __launch_bounds__(128, 4) KERNEL(flash_attention_rows_hd64)(FA_ARGS) {
-    flash_attention<64, false>(FA_PASS);
+extern "C" __global__ void __launch_bounds__(128, 4) KERNEL(flash_decode_hd64)(FA_ARGS) {
+    flash_decode<64>(FA_PASS);
 }
-extern "C" __global__ void __launch_bounds__(128, 4) KERNEL(flash_attention_keys_hd64)(FA_ARGS) {
-    flash_attention<64, true>(FA_PASS);
-}
-extern "C" __global__ void __launch_bounds__(128, 3) KERNEL(flash_attention_rows_hd128)(FA_ARGS) {
-    flash_attention<128, false>(FA_PASS);
-}
-extern "C" __global__ void __launch_bounds__(128, 3) KERNEL(flash_attention_keys_hd128)(FA_ARGS) {
-    flash_attention<128, true>(FA_PASS);
+extern "C" __global__ void __launch_bounds__(128, 3) KERNEL(flash_decode_hd128)(FA_ARGS) {
+    flash_decode<128>(FA_PASS);
 }

@@ -1,0 +1,357 @@
+//! cuBLASLt matmuls for the linear layers at more than a few token rows: for each layer
+//! shape and each row bucket (a power of two), the heuristic's candidate algorithms are
+//! timed against `cublasGemmEx` once at start and the fastest is kept; a call takes its
+//! bucket's choice (the bucket at or above its row count). Descriptors are built once per
+//! exact shape and cached. An algorithm that refuses a row count it was not timed at sends
+//! that shape back to `cublasGemmEx` for good.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys::{
+    self, cublasComputeType_t, cublasLtMatmulAlgo_t, cublasLtMatmulDescAttributes_t,
+    cublasLtMatmulHeuristicResult_t, cublasLtMatmulPreferenceAttributes_t, cudaDataType,
+};
+
+use super::gemm::{Out, Shape};
+use super::Half;
+use crate::error::{Error, Result};
+
+/// Runs a call `REPS` times between two events and returns ms per run.
+pub type Timer<'a> = dyn Fn(&mut dyn FnMut() -> Result<()>) -> Result<f64> + 'a;
+
+/// Candidate algorithms asked of the heuristic per shape.
+const CANDIDATES: usize = 8;
+/// Row buckets tuned at start (powers of two); calls above the largest use cublasGemmEx.
+pub const BUCKETS: [usize; 10] = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192];
+
+/// The bucket a call of `n` rows takes: the smallest at or above it.
+pub fn bucket(n: usize) -> Option<usize> {
+    BUCKETS.iter().copied().find(|&b| b >= n)
+}
+
+fn lt_err(what: &'static str) -> impl Fn(lt::CublasError) -> Error {
+    move |e| Error::Cuda(format!("{what}: {e:?}"))
+}
+
+/// A matmul's descriptors: `y[n, out] = x[n, inp] · w[out, inp]ᵀ` (row-major), which is
+/// column-major `yᵀ = w·xᵀ` with w read transposed.
+struct Descs {
+    desc: sys::cublasLtMatmulDesc_t,
+    w: sys::cublasLtMatrixLayout_t,
+    x: sys::cublasLtMatrixLayout_t,
+    y: sys::cublasLtMatrixLayout_t,
+}
+
+// SAFETY: the descriptors are plain host objects owned by this value; cuBLASLt does not
+// tie them to a thread.
+unsafe impl Send for Descs {}
+
+impl Descs {
+    fn new(shape: Shape) -> Result<Descs> {
+        let ty = match shape.half {
+            Half::Bf16 => cudaDataType::CUDA_R_16BF,
+            Half::F16 => cudaDataType::CUDA_R_16F,
+        };
+        let y_ty = match shape.y {
+            Out::F32 => cudaDataType::CUDA_R_32F,
+            Out::Half => ty,
+        };
+        let (n, k, m) = (shape.n as u64, shape.inp as u64, shape.out as u64);
+        let desc = lt::create_matmul_desc(
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cudaDataType::CUDA_R_32F,
+        )
+        .map_err(lt_err("cublasLtMatmulDescCreate"))?;
+        let transpose = cublasOperation_t::CUBLAS_OP_T;
+        // SAFETY: desc was just created; the attribute is a cublasOperation_t passed by
+        // address with its size.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                desc,
+                cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                (&transpose) as *const _ as *const c_void,
+                std::mem::size_of::<cublasOperation_t>(),
+            )
+        }
+        .map_err(lt_err("cublasLtMatmulDescSetAttribute"))?;
+        let w = lt::create_matrix_layout(ty, k, m, k as i64);
+        let x = lt::create_matrix_layout(ty, k, n, k as i64);
+        let y = lt::create_matrix_layout(y_ty, m, n, m as i64);
+        match (w, x, y) {
+            (Ok(w), Ok(x), Ok(y)) => Ok(Descs { desc, w, x, y }),
+            (w, x, y) => {
+                let made = Descs {
+                    desc,
+                    w: w.unwrap_or(std::ptr::null_mut()),
+                    x: x.unwrap_or(std::ptr::null_mut()),
+                    y: y.unwrap_or(std::ptr::null_mut()),
+                };
+                drop(made);
+                Err(Error::Cuda("cublasLtMatrixLayoutCreate failed".into()))
+            }
+        }
+    }
+}
+
+impl Drop for Descs {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor is owned by this value and destroyed once; null ones
+        // (a failed creation) are skipped.
+        unsafe {
+            for l in [self.w, self.x, self.y] {
+                if !l.is_null() {
+                    let _ = lt::destroy_matrix_layout(l);
+                }
+            }
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+/// What a bucket's timing found: the fastest cuBLASLt algorithm (None when none ran), and
+/// whether it beat `cublasGemmEx`.
+#[derive(Clone, Copy, Debug)]
+pub struct Tuned {
+    pub shape: Shape,
+    pub gemm_ex_ms: f64,
+    pub lt_ms: f64,
+    pub candidates: usize,
+    algo: Option<cublasLtMatmulAlgo_t>,
+}
+
+impl Tuned {
+    pub fn uses_lt(&self) -> bool {
+        self.algo.is_some() && self.lt_ms < self.gemm_ex_ms
+    }
+}
+
+/// The cuBLASLt handle, the choices per (shape at bucket rows), and the descriptors per
+/// exact shape.
+pub struct Lt {
+    handle: sys::cublasLtHandle_t,
+    workspace: u64,
+    workspace_bytes: usize,
+    tuned: HashMap<Shape, Tuned>,
+    order: Vec<Shape>,
+    /// Descriptors of each exact shape called, None once its algorithm refused it.
+    calls: Mutex<HashMap<Shape, Option<Descs>>>,
+}
+
+// SAFETY: the handle is used from one thread at a time (the engine's, through &mut or the
+// calls mutex), on one stream.
+unsafe impl Send for Lt {}
+
+impl Lt {
+    /// A handle that uses `workspace_bytes` at device address `workspace` (shared with
+    /// cuBLAS on the same stream).
+    pub fn new(workspace: u64, workspace_bytes: usize) -> Result<Lt> {
+        let handle = lt::create_handle().map_err(lt_err("cublasLtCreate"))?;
+        Ok(Lt {
+            handle,
+            workspace,
+            workspace_bytes,
+            tuned: HashMap::new(),
+            order: Vec::new(),
+            calls: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The heuristic's candidate algorithms for `shape`.
+    fn candidates(&self, shape: Shape) -> Result<Vec<cublasLtMatmulAlgo_t>> {
+        let d = Descs::new(shape)?;
+        let pref = lt::create_matmul_pref().map_err(lt_err("cublasLtMatmulPreferenceCreate"))?;
+        let bytes = self.workspace_bytes as u64;
+        let mut results = [cublasLtMatmulHeuristicResult_t {
+            algo: cublasLtMatmulAlgo_t { data: [0; 8] },
+            workspaceSize: 0,
+            state: sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS,
+            wavesCount: 0.0,
+            reserved: [0; 4],
+        }; CANDIDATES];
+        let mut count = 0i32;
+        // SAFETY: pref and the descriptors are live; results holds CANDIDATES entries.
+        let status = unsafe {
+            let set = lt::set_matmul_pref_attribute(
+                pref,
+                cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&bytes) as *const u64 as *const c_void,
+                std::mem::size_of::<u64>(),
+            );
+            let got = sys::cublasLtMatmulAlgoGetHeuristic(
+                self.handle,
+                d.desc,
+                d.w,
+                d.x,
+                d.y,
+                d.y,
+                pref,
+                CANDIDATES as i32,
+                results.as_mut_ptr(),
+                &mut count,
+            );
+            let _ = lt::destroy_matmul_pref(pref);
+            set.map(|_| got)
+        }
+        .map_err(lt_err("cublasLtMatmulPreferenceSetAttribute"))?;
+        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Ok(Vec::new());
+        }
+        Ok(results[..count.clamp(0, CANDIDATES as i32) as usize]
+            .iter()
+            .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .filter(|r| r.workspaceSize <= self.workspace_bytes)
+            .map(|r| r.algo)
+            .collect())
+    }
+
+    /// Runs one matmul with `algo` (`d` built for the shape).
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        d: &Descs,
+        algo: &cublasLtMatmulAlgo_t,
+        x: u64,
+        w: u64,
+        y: u64,
+        stream: sys::cudaStream_t,
+    ) -> std::result::Result<(), lt::CublasError> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: the descriptors match the buffers' shapes and types (the caller's
+        // contract, as for cublasGemmEx); the workspace is live for the handle's life.
+        unsafe {
+            lt::matmul(
+                self.handle,
+                d.desc,
+                (&alpha) as *const f32 as *const c_void,
+                (&beta) as *const f32 as *const c_void,
+                w as *const c_void,
+                d.w,
+                x as *const c_void,
+                d.x,
+                y as *const c_void,
+                d.y,
+                y as *mut c_void,
+                d.y,
+                algo,
+                self.workspace as *mut c_void,
+                self.workspace_bytes,
+                stream,
+            )
+        }
+    }
+
+    /// Times the heuristic's candidates for `shape` (rows = a bucket) with `time`, which
+    /// runs a closure `reps` times between events and returns ms per run, against
+    /// `gemm_ex_ms`, and keeps the winner.
+    #[allow(clippy::too_many_arguments)]
+    pub fn tune(
+        &mut self,
+        shape: Shape,
+        x: u64,
+        w: u64,
+        y: u64,
+        stream: sys::cudaStream_t,
+        gemm_ex_ms: f64,
+        time: &Timer,
+    ) -> Result<Tuned> {
+        let algos = self.candidates(shape)?;
+        let d = Descs::new(shape)?;
+        let (mut best, mut best_ms) = (None, f64::INFINITY);
+        for algo in &algos {
+            let mut call = || {
+                self.run(&d, algo, x, w, y, stream)
+                    .map_err(lt_err("cublasLtMatmul"))
+            };
+            // An algorithm that fails here is skipped.
+            if let Ok(ms) = time(&mut call) {
+                if ms < best_ms {
+                    best_ms = ms;
+                    best = Some(*algo);
+                }
+            }
+        }
+        let t = Tuned {
+            shape,
+            gemm_ex_ms,
+            lt_ms: best_ms,
+            candidates: algos.len(),
+            algo: best,
+        };
+        self.tuned.insert(shape, t);
+        self.order.push(shape);
+        Ok(t)
+    }
+
+    /// Every tuned (shape, bucket), in order.
+    pub fn tuned(&self) -> Vec<Tuned> {
+        self.order
+            .iter()
+            .filter_map(|s| self.tuned.get(s))
+            .copied()
+            .collect()
+    }
+
+    /// Runs `shape` on its bucket's cuBLASLt algorithm where that beat cublasGemmEx (or,
+    /// with `always`, wherever one was timed); false when it did not run (none, or it
+    /// refused this row count), so the caller runs cublasGemmEx.
+    pub fn matmul(
+        &self,
+        shape: Shape,
+        always: bool,
+        (x, w, y): (u64, u64, u64),
+        stream: sys::cudaStream_t,
+    ) -> Result<bool> {
+        let Some(b) = bucket(shape.n) else {
+            return Ok(false);
+        };
+        let Some(t) = self.tuned.get(&Shape { n: b, ..shape }) else {
+            return Ok(false);
+        };
+        let Some(algo) = t.algo.filter(|_| always || t.uses_lt()) else {
+            return Ok(false);
+        };
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        if let std::collections::hash_map::Entry::Vacant(e) = calls.entry(shape) {
+            e.insert(Some(Descs::new(shape)?));
+        }
+        let ran = match calls.get(&shape) {
+            Some(Some(d)) => self.run(d, &algo, x, w, y, stream).is_ok(),
+            _ => return Ok(false),
+        };
+        if !ran {
+            calls.insert(shape, None);
+        }
+        Ok(ran)
+    }
+}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        self.calls
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        // SAFETY: the handle is owned by this value and destroyed once, after every
+        // descriptor.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_take_the_bucket_at_or_above() {
+        assert_eq!(bucket(5), Some(16));
+        assert_eq!(bucket(16), Some(16));
+        assert_eq!(bucket(17), Some(32));
+        assert_eq!(bucket(2048), Some(2048));
+        assert_eq!(bucket(2049), Some(4096));
+        assert_eq!(bucket(8193), None);
+    }
+}
