@@ -7,13 +7,14 @@ use std::sync::Arc;
 
 use super::graphs::{GraphKey, Graphs, GRAPH_LEN_STEP};
 use super::stage_timer::{mark, stage, StageTimer};
+use super::tune;
 use super::{heads, CudaModel};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::attention::{self, Attention, Tiles};
-use crate::kernels::cuda::gemm::{Blas, Out, Path, Shape, Timed, GEMV_MAX_ROWS};
+use crate::kernels::cuda::gemm::{Blas, Out, Path, Timed};
 use crate::kernels::cuda::launch;
 use crate::kernels::cuda::lt;
-use crate::kernels::cuda::{DevBuf, Gpu, Half};
+use crate::kernels::cuda::{DevBuf, Gpu};
 use crate::model::backend::{ForwardPass, RowsOut};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{check_chunks, SeqChunk};
@@ -189,106 +190,6 @@ impl Layout {
     }
 }
 
-/// Times every linear layer's shape at 1..=GEMV_MAX_ROWS rows on the GEMV kernel and on
-/// cuBLAS (layer 0's weights, scratch inputs) so that decode runs each on the faster.
-fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
-    let (cfg, w, g) = (&model.config, &model.weights, &model.gpu);
-    let (h, qd, kvd, f) = (
-        cfg.hidden_size,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.intermediate_size,
-    );
-    let Some(l0) = w.layers.first() else {
-        return Ok(());
-    };
-    let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
-    let linears = [
-        (l0.qkv.w.ptr(), h, qd + 2 * kvd, Out::Half),
-        (l0.o.w.ptr(), qd, h, Out::F32),
-        (l0.gate_up.w.ptr(), h, 2 * f, Out::Half),
-        (l0.down.w.ptr(), f, h, Out::F32),
-        (head, h, cfg.vocab_size, Out::F32),
-    ];
-    let max_in = linears.iter().map(|l| l.1).max().unwrap_or(0);
-    let max_out = linears.iter().map(|l| l.2).max().unwrap_or(0);
-    let x = g.upload(&random_halves(w.half, GEMV_MAX_ROWS * max_in))?;
-    let y = g.alloc::<f32>(GEMV_MAX_ROWS * max_out)?;
-    for n in 1..=GEMV_MAX_ROWS {
-        for &(wp, inp, out, y_ty) in &linears {
-            let shape = Shape {
-                half: w.half,
-                n,
-                inp,
-                out,
-                y: y_ty,
-            };
-            blas.tune(g, shape, x.ptr(), wp, y.ptr())?;
-        }
-    }
-    drop((x, y));
-    // cuBLASLt against cublasGemmEx at each row bucket: the layers at every bucket that
-    // fits in half the free memory, lm_head (logit rows only) up to LM_HEAD_BUCKET.
-    const LM_HEAD_BUCKET: usize = 256;
-    let bytes = |y_ty: Out| if y_ty == Out::F32 { 4 } else { 2 };
-    let need = |b: usize| {
-        let xs = linears.iter().map(|l| b * l.1 * 2).max().unwrap_or(0);
-        let ys = linears
-            .iter()
-            .map(|l| b.min(if l.0 == head { LM_HEAD_BUCKET } else { b }) * l.2 * bytes(l.3))
-            .max()
-            .unwrap_or(0);
-        (xs, ys)
-    };
-    let (free, _) = g.mem_info()?;
-    let Some(top) = lt::BUCKETS
-        .iter()
-        .copied()
-        .filter(|&b| need(b).0 + need(b).1 <= free / 2)
-        .max()
-    else {
-        return Ok(());
-    };
-    let (xb, yb) = need(top);
-    // Random inputs: on zeros the tensor cores draw less power and run faster than they
-    // will on real activations.
-    let x = g.upload(&random_halves(w.half, xb / 2))?;
-    let y = g.alloc::<u8>(yb)?;
-    for b in lt::BUCKETS.into_iter().filter(|&b| b <= top) {
-        for &(wp, inp, out, y_ty) in &linears {
-            if wp == head && b > LM_HEAD_BUCKET {
-                continue;
-            }
-            let shape = Shape {
-                half: w.half,
-                n: b,
-                inp,
-                out,
-                y: y_ty,
-            };
-            blas.tune_lt(g, shape, x.ptr(), wp, y.ptr())?;
-        }
-    }
-    Ok(())
-}
-
-/// `len` 16-bit values of type `half`, uniform in [-1, 1) from a fixed-seed generator.
-fn random_halves(half: Half, len: usize) -> Vec<u16> {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1);
-            let v = ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
-            match half {
-                Half::Bf16 => half::bf16::from_f32(v).to_bits(),
-                Half::F16 => half::f16::from_f32(v).to_bits(),
-            }
-        })
-        .collect()
-}
-
 /// One model's forward pass and KV cache on one GPU.
 pub struct CudaForward {
     model: Arc<CudaModel>,
@@ -325,7 +226,7 @@ impl CudaForward {
             .gpu
             .zeros::<u16>(cfg.num_layers * 2 * slots * cfg.kv_dim())?;
         let mut blas = Blas::new(&model.gpu)?;
-        tune_linears(&model, &mut blas)?;
+        tune::tune_linears(&model, &mut blas)?;
         model.gpu.sync()?;
         Ok(CudaForward {
             model,

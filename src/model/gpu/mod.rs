@@ -6,6 +6,7 @@
 pub mod forward;
 pub mod graphs;
 pub mod stage_timer;
+pub mod tune;
 pub mod weights;
 
 use std::sync::Arc;

@@ -1,0 +1,110 @@
+//! Engine start-up timing of the linear layers: which of the GEMV kernel, cublasGemmEx and
+//! the cuBLASLt candidates runs each layer shape at each row count (the choices live in
+//! [`Blas`]).
+
+use super::CudaModel;
+use crate::error::Result;
+use crate::kernels::cuda::gemm::{Blas, Out, Shape, GEMV_MAX_ROWS};
+use crate::kernels::cuda::{lt, Half};
+
+/// Times every linear layer's shape (layer 0's weights, random inputs): at 1..=GEMV_MAX_ROWS
+/// rows on the GEMV kernel and on cuBLAS, so that decode runs each on the faster; at each
+/// row bucket on cublasGemmEx and the cuBLASLt candidates, so that larger batches and
+/// prefills run the fastest.
+pub fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
+    let (cfg, w, g) = (&model.config, &model.weights, &model.gpu);
+    let (h, qd, kvd, f) = (
+        cfg.hidden_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.intermediate_size,
+    );
+    let Some(l0) = w.layers.first() else {
+        return Ok(());
+    };
+    let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
+    let linears = [
+        (l0.qkv.w.ptr(), h, qd + 2 * kvd, Out::Half),
+        (l0.o.w.ptr(), qd, h, Out::F32),
+        (l0.gate_up.w.ptr(), h, 2 * f, Out::Half),
+        (l0.down.w.ptr(), f, h, Out::F32),
+        (head, h, cfg.vocab_size, Out::F32),
+    ];
+    let max_in = linears.iter().map(|l| l.1).max().unwrap_or(0);
+    let max_out = linears.iter().map(|l| l.2).max().unwrap_or(0);
+    let x = g.upload(&random_halves(w.half, GEMV_MAX_ROWS * max_in))?;
+    let y = g.alloc::<f32>(GEMV_MAX_ROWS * max_out)?;
+    for n in 1..=GEMV_MAX_ROWS {
+        for &(wp, inp, out, y_ty) in &linears {
+            let shape = Shape {
+                half: w.half,
+                n,
+                inp,
+                out,
+                y: y_ty,
+            };
+            blas.tune(g, shape, x.ptr(), wp, y.ptr())?;
+        }
+    }
+    drop((x, y));
+    // cuBLASLt against cublasGemmEx at each row bucket: the layers at every bucket that
+    // fits in half the free memory, lm_head (logit rows only) up to LM_HEAD_BUCKET.
+    const LM_HEAD_BUCKET: usize = 256;
+    let bytes = |y_ty: Out| if y_ty == Out::F32 { 4 } else { 2 };
+    let need = |b: usize| {
+        let xs = linears.iter().map(|l| b * l.1 * 2).max().unwrap_or(0);
+        let ys = linears
+            .iter()
+            .map(|l| b.min(if l.0 == head { LM_HEAD_BUCKET } else { b }) * l.2 * bytes(l.3))
+            .max()
+            .unwrap_or(0);
+        (xs, ys)
+    };
+    let (free, _) = g.mem_info()?;
+    let Some(top) = lt::BUCKETS
+        .iter()
+        .copied()
+        .filter(|&b| need(b).0 + need(b).1 <= free / 2)
+        .max()
+    else {
+        return Ok(());
+    };
+    let (xb, yb) = need(top);
+    // Random inputs: on zeros the tensor cores draw less power and run faster than they
+    // will on real activations.
+    let x = g.upload(&random_halves(w.half, xb / 2))?;
+    let y = g.alloc::<u8>(yb)?;
+    for b in lt::BUCKETS.into_iter().filter(|&b| b <= top) {
+        for &(wp, inp, out, y_ty) in &linears {
+            if wp == head && b > LM_HEAD_BUCKET {
+                continue;
+            }
+            let shape = Shape {
+                half: w.half,
+                n: b,
+                inp,
+                out,
+                y: y_ty,
+            };
+            blas.tune_lt(g, shape, x.ptr(), wp, y.ptr())?;
+        }
+    }
+    Ok(())
+}
+
+/// `len` 16-bit values of type `half`, uniform in [-1, 1) from a fixed-seed generator.
+fn random_halves(half: Half, len: usize) -> Vec<u16> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            let v = ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+            match half {
+                Half::Bf16 => half::bf16::from_f32(v).to_bits(),
+                Half::F16 => half::f16::from_f32(v).to_bits(),
+            }
+        })
+        .collect()
+}
