@@ -163,14 +163,7 @@ impl Blas {
     /// [`super::lt::BUCKETS`]; x, w, y device buffers big enough, values irrelevant) and
     /// keeps the fastest for calls in that bucket.
     pub fn tune_lt(&mut self, gpu: &Gpu, shape: Shape, x: u64, w: u64, y: u64) -> Result<Tuned> {
-        let Shape {
-            half,
-            n,
-            inp,
-            out,
-            y: y_ty,
-        } = shape;
-        let gemm_ex_ms = time_ms(gpu, &mut || self.gemm_ex(half, x, w, y, y_ty, n, inp, out))?;
+        let gemm_ex_ms = time_ms(gpu, &mut || self.gemm_ex(shape, x, w, y))?;
         let stream = self.stream.cu_stream() as _;
         let time = |f: &mut dyn FnMut() -> Result<()>| time_ms(gpu, f);
         self.lt.tune(shape, x, w, y, stream, gemm_ex_ms, &time)
@@ -228,24 +221,20 @@ impl Blas {
             Path::Auto => fits && self.gemv_shapes.contains_key(&shape),
         };
         if gemv {
-            self.gemv(half, x, w, y, y_ty, n, inp, out)
+            self.gemv(shape, x, w, y)
         } else {
-            self.gemm(path, half, x, w, y, y_ty, n, inp, out)
+            self.gemm(path, shape, x, w, y)
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn gemv(
-        &self,
-        half: Half,
-        x: u64,
-        w: u64,
-        y: u64,
-        y_ty: Out,
-        n: usize,
-        inp: usize,
-        out: usize,
-    ) -> Result<()> {
+    fn gemv(&self, shape: Shape, x: u64, w: u64, y: u64) -> Result<()> {
+        let Shape {
+            half,
+            n,
+            inp,
+            out,
+            y: y_ty,
+        } = shape;
         let i = |v: usize| {
             i32::try_from(v).map_err(|_| Error::Cuda(format!("GEMV dimension {v} too large")))
         };
@@ -277,27 +266,8 @@ impl Blas {
 
     /// The cuBLAS paths of [`Blas::linear`]: the bucket's cuBLASLt algorithm where one was
     /// timed faster (`Path::Auto`) or timed at all (`Path::CublasLt`), else `cublasGemmEx`.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm(
-        &self,
-        path: Path,
-        half: Half,
-        x: u64,
-        w: u64,
-        y: u64,
-        y_ty: Out,
-        n: usize,
-        inp: usize,
-        out: usize,
-    ) -> Result<()> {
-        if n > GEMV_MAX_ROWS && path != Path::Cublas {
-            let shape = Shape {
-                half,
-                n,
-                inp,
-                out,
-                y: y_ty,
-            };
+    fn gemm(&self, path: Path, shape: Shape, x: u64, w: u64, y: u64) -> Result<()> {
+        if shape.n > GEMV_MAX_ROWS && path != Path::Cublas {
             let stream = self.stream.cu_stream() as _;
             if self
                 .lt
@@ -306,21 +276,17 @@ impl Blas {
                 return Ok(());
             }
         }
-        self.gemm_ex(half, x, w, y, y_ty, n, inp, out)
+        self.gemm_ex(shape, x, w, y)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn gemm_ex(
-        &self,
-        half: Half,
-        x: u64,
-        w: u64,
-        y: u64,
-        y_ty: Out,
-        n: usize,
-        inp: usize,
-        out: usize,
-    ) -> Result<()> {
+    fn gemm_ex(&self, shape: Shape, x: u64, w: u64, y: u64) -> Result<()> {
+        let Shape {
+            half,
+            n,
+            inp,
+            out,
+            y: y_ty,
+        } = shape;
         let dim = |v: usize| {
             i32::try_from(v).map_err(|_| Error::Cuda(format!("GEMM dimension {v} too large")))
         };
