@@ -111,7 +111,9 @@ impl Blas {
             .map_err(cuda_err("setting the cuBLAS workspace"))?;
             ptr
         };
-        let lt = Lt::new(workspace_ptr, CUBLAS_WORKSPACE)?;
+        // As above: a missing libcublasLt is an error, not a panic.
+        let lt = std::panic::catch_unwind(|| Lt::new(workspace_ptr, CUBLAS_WORKSPACE))
+            .map_err(|_| Error::Cuda("libcublasLt could not be loaded".into()))??;
         Ok(Blas {
             blas,
             stream: gpu.stream.clone(),
