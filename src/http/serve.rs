@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 use super::{app, metrics_app, AppState};
@@ -23,6 +24,17 @@ pub async fn serve_on(
         let _ = rx.wait_for(|s| *s).await;
     };
     let model = state.model().clone();
+    // TCP_NODELAY on every connection: a streamed event is a small write, and with Nagle's
+    // algorithm it waits for the ACK of the one before, which the client may delay by up to
+    // 40 ms. Measured on an H200 with the 1B shape: 48 ms to the first token at the client
+    // against 15 ms in the server.
+    let nodelay = |tcp: &mut tokio::net::TcpStream| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
+        }
+    };
+    let http = http.tap_io(nodelay);
+    let metrics = metrics.tap_io(nodelay);
     let http_server =
         axum::serve(http, app(state.clone())).with_graceful_shutdown(wait(stop_rx.clone()));
     let metrics_server =
