@@ -79,6 +79,71 @@ fn print_resources(cuda: &CudaModel) -> Result<()> {
     Ok(())
 }
 
+/// `amount` per millisecond (GFLOP → TFLOP/s, MB → GB/s), or a dash for an untimed path.
+fn per_ms(amount: f64, ms: f64) -> String {
+    if ms.is_finite() {
+        format!("{:.0}", amount / ms)
+    } else {
+        "–".into()
+    }
+}
+
+/// The cuBLASLt table: each linear layer at each row bucket, cublasGemmEx against the best
+/// cuBLASLt candidate.
+fn print_lt_table(fwd: &CudaForward) {
+    println!("### linear layers at each row bucket: cublasGemmEx or the fastest cuBLASLt candidate (timed at start)\n");
+    println!("| rows | in | out | output | candidates | GemmEx µs | best Lt µs | GemmEx TFLOP/s | Lt TFLOP/s | runs on |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for t in fwd.linear_lt_timings() {
+        let sh = t.shape;
+        let gflop = (2 * sh.n * sh.inp * sh.out) as f64 / 1e9;
+        println!(
+            "| {} | {} | {} | {:?} | {} | {:.1} | {:.1} | {} | {} | {} |",
+            sh.n,
+            sh.inp,
+            sh.out,
+            sh.y,
+            t.candidates,
+            t.gemm_ex_ms * 1e3,
+            t.lt_ms * 1e3,
+            per_ms(gflop, t.gemm_ex_ms),
+            per_ms(gflop, t.lt_ms),
+            if t.uses_lt() { "cuBLASLt" } else { "GemmEx" }
+        );
+    }
+    println!();
+}
+
+/// The GEMV table: each linear layer at 1 to 4 rows, the GEMV kernel against cuBLAS.
+fn print_gemv_table(fwd: &CudaForward) {
+    println!("### linear layers at a few rows: GEMV kernel or cuBLAS (timed at start)\n");
+    println!(
+        "| rows | in | out | output | GEMV µs | cuBLAS µs | GEMV GB/s | cuBLAS GB/s | runs on |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for t in fwd.linear_timings() {
+        let sh = t.shape;
+        let mb = (sh.inp * sh.out * 2) as f64 / 1e6;
+        println!(
+            "| {} | {} | {} | {:?} | {:.1} | {:.1} | {} | {} | {} |",
+            sh.n,
+            sh.inp,
+            sh.out,
+            sh.y,
+            t.gemv_ms * 1e3,
+            t.cublas_ms * 1e3,
+            per_ms(mb, t.gemv_ms),
+            per_ms(mb, t.cublas_ms),
+            if t.gemv_ms < t.cublas_ms {
+                "GEMV"
+            } else {
+                "cuBLAS"
+            }
+        );
+    }
+    println!();
+}
+
 /// Times each batch `iters` times (after two untimed runs) and prints one table per batch.
 /// `linear`: which implementation runs the linear layers (`Path::Cublas` to compare
 /// against the GEMV kernel).
@@ -93,67 +158,8 @@ pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize, linear: P
         .unwrap_or(1);
     let mut fwd = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
     fwd.set_linear_path(linear);
-    println!("### linear layers at each row bucket: cublasGemmEx or the fastest cuBLASLt candidate (timed at start)\n");
-    println!("| rows | in | out | output | candidates | GemmEx µs | best Lt µs | GemmEx TFLOP/s | Lt TFLOP/s | runs on |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    for t in fwd.linear_lt_timings() {
-        let sh = t.shape;
-        let tflop = (2 * sh.n * sh.inp * sh.out) as f64 / 1e9;
-        let rate = |ms: f64| {
-            if ms.is_finite() {
-                format!("{:.0}", tflop / ms)
-            } else {
-                "–".into()
-            }
-        };
-        println!(
-            "| {} | {} | {} | {:?} | {} | {:.1} | {:.1} | {} | {} | {} |",
-            sh.n,
-            sh.inp,
-            sh.out,
-            sh.y,
-            t.candidates,
-            t.gemm_ex_ms * 1e3,
-            t.lt_ms * 1e3,
-            rate(t.gemm_ex_ms),
-            rate(t.lt_ms),
-            if t.uses_lt() { "cuBLASLt" } else { "GemmEx" }
-        );
-    }
-    println!();
-    println!("### linear layers at a few rows: GEMV kernel or cuBLAS (timed at start)\n");
-    println!(
-        "| rows | in | out | output | GEMV µs | cuBLAS µs | GEMV GB/s | cuBLAS GB/s | runs on |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for t in fwd.linear_timings() {
-        let sh = t.shape;
-        let gb = (sh.inp * sh.out * 2) as f64 / 1e6;
-        let rate = |ms: f64| {
-            if ms.is_finite() {
-                format!("{:.0}", gb / ms)
-            } else {
-                "–".into()
-            }
-        };
-        println!(
-            "| {} | {} | {} | {:?} | {:.1} | {:.1} | {} | {} | {} |",
-            sh.n,
-            sh.inp,
-            sh.out,
-            sh.y,
-            t.gemv_ms * 1e3,
-            t.cublas_ms * 1e3,
-            rate(t.gemv_ms),
-            rate(t.cublas_ms),
-            if t.gemv_ms < t.cublas_ms {
-                "GEMV"
-            } else {
-                "cuBLAS"
-            }
-        );
-    }
-    println!();
+    print_lt_table(&fwd);
+    print_gemv_table(&fwd);
     let vocab = cfg.vocab_size as u32;
     for b in batches {
         let per = b.blocks_per_seq();

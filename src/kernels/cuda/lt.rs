@@ -160,9 +160,8 @@ impl Lt {
         })
     }
 
-    /// The heuristic's candidate algorithms for `shape`.
-    fn candidates(&self, shape: Shape) -> Result<Vec<cublasLtMatmulAlgo_t>> {
-        let d = Descs::new(shape)?;
+    /// The heuristic's candidate algorithms for the matmul `d` describes.
+    fn candidates(&self, d: &Descs) -> Result<Vec<cublasLtMatmulAlgo_t>> {
         let pref = lt::create_matmul_pref().map_err(lt_err("cublasLtMatmulPreferenceCreate"))?;
         let bytes = self.workspace_bytes as u64;
         let mut results = [cublasLtMatmulHeuristicResult_t {
@@ -258,8 +257,8 @@ impl Lt {
         gemm_ex_ms: f64,
         time: &Timer,
     ) -> Result<Tuned> {
-        let algos = self.candidates(shape)?;
         let d = Descs::new(shape)?;
+        let algos = self.candidates(&d)?;
         let (mut best, mut best_ms) = (None, f64::INFINITY);
         for algo in &algos {
             let mut call = || {
