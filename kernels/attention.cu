@@ -24,6 +24,7 @@ extern "C" __global__ void KERNEL(paged_attention)(
     float* __restrict__ part_ml,          // [n, heads, splits, 2]
     int heads, int kv_heads, int hd, int block_size, int table_stride,
     int chunk, int splits, float scale) {
+    grid_dep_enter();
     __shared__ float s_acc[ATT_WARPS][ATT_MAX_GROUP][ATT_MAX_DPL * 32];
     __shared__ float s_m[ATT_WARPS][ATT_MAX_GROUP];
     __shared__ float s_l[ATT_WARPS][ATT_MAX_GROUP];
@@ -143,6 +144,7 @@ extern "C" __global__ void KERNEL(attention_combine)(const int* __restrict__ til
                                               const float* __restrict__ part_ml,
                                               half_t* __restrict__ out,
                                               int heads, int hd, int splits) {
+    grid_dep_enter();
     const int row0 = tiles[2 * blockIdx.x], cnt = tiles[2 * blockIdx.x + 1];
     const int qh = blockIdx.y;
     for (int i = 0; i < cnt; ++i) {

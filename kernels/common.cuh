@@ -37,6 +37,29 @@ __device__ __forceinline__ half_t f32_to_half(float f) {
 }
 #endif
 
+// Programmatic dependent launch (sm_90 and later). The host launches every kernel so that
+// it may begin while the kernel before it on the stream is still finishing. So each kernel
+// calls grid_dep_wait() before it reads anything an earlier kernel wrote, or writes anything
+// at all: it returns once that kernel has completed and its writes are visible. Only
+// immutable data (weights) may be read before it. grid_dep_launch() then lets the next
+// kernel start launching into the SMs this one leaves free. Both are no-ops for a launch
+// without the attribute and before sm_90.
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// Both, at the top of a kernel that reads nothing before its predecessor is done.
+__device__ __forceinline__ void grid_dep_enter() {
+    grid_dep_wait();
+    grid_dep_launch();
+}
+
 // Four floats as four 16-bit values, one 8-byte store (dst 8-byte aligned).
 __device__ __forceinline__ void store_half4(half_t* dst, float a, float b, float c, float d) {
     uint2 v;

@@ -3,6 +3,7 @@
 extern "C" __global__ void KERNEL(embed)(const half_t* __restrict__ table,
                                       const int* __restrict__ ids,
                                       float* __restrict__ x, int h) {
+    grid_dep_enter();
     int r = blockIdx.x;
     const half_t* src = table + (size_t)ids[r] * h;
     float* dst = x + (size_t)r * h;

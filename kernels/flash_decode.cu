@@ -288,8 +288,10 @@ __device__ __forceinline__ void flash_decode(
 
 // Blocks per multiprocessor the register budget aims for: 4 at head_dim 64, 3 at 128.
 extern "C" __global__ void __launch_bounds__(128, 4) KERNEL(flash_decode_hd64)(FA_ARGS) {
+    grid_dep_enter();
     flash_decode<64>(FA_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) KERNEL(flash_decode_hd128)(FA_ARGS) {
+    grid_dep_enter();
     flash_decode<128>(FA_PASS);
 }

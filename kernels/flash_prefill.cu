@@ -297,8 +297,10 @@ __device__ __forceinline__ void flash_prefill(
 // Two blocks of 8 warps per multiprocessor: up to 128 registers a thread (about 128 at
 // head_dim 128 and 111 at 64, without spilling).
 extern "C" __global__ void __launch_bounds__(FP_WARPS * 32, 2) KERNEL(flash_prefill_hd64)(FP_ARGS) {
+    grid_dep_enter();
     flash_prefill<64>(FP_PASS);
 }
 extern "C" __global__ void __launch_bounds__(FP_WARPS * 32, 2) KERNEL(flash_prefill_hd128)(FP_ARGS) {
+    grid_dep_enter();
     flash_prefill<128>(FP_PASS);
 }

@@ -58,14 +58,26 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     float acc[GEMV_MAX_ROWS];
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_ROWS; ++t) acc[t] = 0.0f;
+    const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)o * k);
+    // Every batch, the last one too, issues all its loads before using any. The weights are
+    // immutable, so the first batch is requested before waiting on the previous kernel:
+    // under a programmatic dependent launch those bytes stream in while it finishes.
+    uint4 wv[GEMV_UNROLL];
+    const int first = c0 + lane;
     if (o < out) {
-        const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)o * k);
-        // Every batch, the last one too, issues all its loads before using any.
-        for (int c = c0 + lane; c < c1; c += 32 * GEMV_UNROLL) {
-            uint4 wv[GEMV_UNROLL];
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) {
-                if (c + 32 * u < c1) wv[u] = load_stream(wr + c + 32 * u);
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            if (first + 32 * u < c1) wv[u] = load_stream(wr + first + 32 * u);
+        }
+    }
+    grid_dep_enter();
+    if (o < out) {
+        for (int c = first; c < c1; c += 32 * GEMV_UNROLL) {
+            if (c != first) {
+#pragma unroll
+                for (int u = 0; u < GEMV_UNROLL; ++u) {
+                    if (c + 32 * u < c1) wv[u] = load_stream(wr + c + 32 * u);
+                }
             }
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; ++u) {

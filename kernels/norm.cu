@@ -10,6 +10,7 @@ extern "C" __global__ void KERNEL(add_rms_norm)(float* __restrict__ x,
                                              const float* __restrict__ delta,
                                              const float* __restrict__ w,
                                              half_t* __restrict__ out, int h, float eps) {
+    grid_dep_enter();
     __shared__ float scratch[32];
     int r = blockIdx.x;
     float* xr = x + (size_t)r * h;
@@ -74,6 +75,7 @@ extern "C" __global__ void KERNEL(rms_norm_rows)(const float* __restrict__ x,
                                               const int* __restrict__ rows,
                                               const float* __restrict__ w,
                                               half_t* __restrict__ out, int h, float eps) {
+    grid_dep_enter();
     __shared__ float scratch[32];
     const float* xr = x + (size_t)rows[blockIdx.x] * h;
     float ss = 0.0f;

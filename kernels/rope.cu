@@ -17,6 +17,7 @@ extern "C" __global__ void KERNEL(rope_kv_write)(const half_t* __restrict__ qkv,
                                               half_t* __restrict__ k_cache,
                                               half_t* __restrict__ v_cache,
                                               int heads, int kv_heads, int hd) {
+    grid_dep_enter();
     int half = hd / 2;
     int t = blockIdx.y * ROPE_THREADS + threadIdx.x;
     if (t >= (heads + kv_heads) * half) return;

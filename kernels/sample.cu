@@ -146,6 +146,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     KERNEL(sample_rows)(float* __restrict__ logits, const unsigned* __restrict__ params,
                         const unsigned* __restrict__ edits, int vocab, int* __restrict__ tokens,
                         float* __restrict__ log_probs) {
+    grid_dep_enter();
     __shared__ unsigned hist_n[256];
     __shared__ unsigned long long hist_m[256];
     __shared__ double dscratch[32];

@@ -16,6 +16,7 @@ __device__ __forceinline__ unsigned int silu_pair(unsigned int g, unsigned int u
 
 extern "C" __global__ void KERNEL(silu_mul)(const half_t* __restrict__ gu,
                                          half_t* __restrict__ out, int f) {
+    grid_dep_enter();
     int r = blockIdx.y;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if ((f & 7) == 0) {

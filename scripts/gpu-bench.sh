@@ -187,11 +187,12 @@ bench_run() {
     return 0
   fi
   log "bench $model $kind $ilen/$olen: $n requests, concurrency ${conc:-unlimited}, warm-up $warm"
-  local it0 it1 iters=null c0 c1 w0 w1 n0 n1 engine=null
+  local it0 it1 iters=null c0 c1 w0 w1 n0 n1 p0 p1 engine=null
   it0=$(iterations)
   c0=$(server_metric inflight_engine_compute_duration_us)
   w0=$(server_metric inflight_engine_wait_duration_us)
   n0=$(server_metric inflight_engine_wait_count)
+  p0=$(server_metric inflight_preemptions_total)
   timeout -k 10 "$BENCH_TIMEOUT" "$BIN" bench --url "http://127.0.0.1:$PORT" \
     --endpoint generate_stream --tokenizer "$tok" --num-requests "$n" \
     ${conc:+--concurrency "$conc"} --warmup "$warm" --seed 0 --no-progress \
@@ -202,13 +203,14 @@ bench_run() {
   c1=$(server_metric inflight_engine_compute_duration_us)
   w1=$(server_metric inflight_engine_wait_duration_us)
   n1=$(server_metric inflight_engine_wait_count)
+  p1=$(server_metric inflight_preemptions_total)
   # Engine iterations of this run (its warm-up requests included), from the server's
   # Triton metric; the table derives tokens and milliseconds per iteration from them.
   if [ "$it0" -ge 0 ] && [ "$it1" -ge "$it0" ]; then iters=$((it1 - it0)); fi
   # Engine compute and the waits between back-to-back iterations (the device idle on the
-  # rest of the pipeline), in microseconds over this run.
+  # rest of the pipeline), in microseconds over this run; and the preemptions by recompute.
   if [ "$c0" -ge 0 ] && [ "$w0" -ge 0 ] && [ "$n0" -ge 0 ] && [ "$c1" -ge "$c0" ]; then
-    engine="{\"compute_us\":$((c1 - c0)),\"wait_us\":$((w1 - w0)),\"waits\":$((n1 - n0))}"
+    engine="{\"compute_us\":$((c1 - c0)),\"wait_us\":$((w1 - w0)),\"waits\":$((n1 - n0)),\"preemptions\":$((p1 >= p0 && p0 >= 0 ? p1 - p0 : 0))}"
   fi
   "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
     "http://127.0.0.1:$((PORT + 2))/metrics" >"$base.metrics" 2>/dev/null

@@ -494,6 +494,8 @@ def cmd_table(args):
                 notes.append(f"engine {eng['compute_us'] / 1e3 / iters:.2f} ms compute per "
                              f"iteration, {wait_ms:.2f} ms idle between back-to-back iterations "
                              f"({100 * (1 - busy):.0f}% of engine time)")
+            if eng.get("preemptions"):
+                notes.append(f"{eng['preemptions']} preemptions")
             if summary.get("output_length_mismatches"):
                 notes.append(f"{summary['output_length_mismatches']} wrong output lengths")
             if summary.get("errors"):

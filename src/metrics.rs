@@ -177,6 +177,11 @@ impl Metrics {
             "Back-to-back engine iterations whose wait is counted",
         );
         c(
+            "inflight_preemptions_total",
+            "Running sequences preempted by recompute to free KV cache blocks \
+             (max_utilization); each is recomputed from its prompt and outputs later",
+        );
+        c(
             "inflight_spec_decode_steps_total",
             "Target steps that verified draft tokens (speculative decoding)",
         );
@@ -459,6 +464,7 @@ impl Metrics {
                 t.wait.as_micros() as u64,
             ),
             ("inflight_engine_wait_count", t.waits),
+            ("inflight_preemptions_total", s.preemptions),
         ];
         for (name, value) in counters {
             let key = Self::key(name, &exec);

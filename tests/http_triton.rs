@@ -513,6 +513,7 @@ async fn metrics_move_with_requests() {
         "inflight_engine_compute_duration_us",
         "inflight_engine_wait_duration_us",
         "inflight_engine_wait_count",
+        "inflight_preemptions_total",
     ] {
         assert!(text.contains(name), "missing {name}");
     }

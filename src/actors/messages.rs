@@ -90,6 +90,8 @@ pub struct SchedulerStats {
     pub context_tokens: usize,
     pub generation_requests: usize,
     pub active_requests: usize,
+    /// Preemptions by recompute since start.
+    pub preemptions: u64,
     pub ready: bool,
     /// Engine time since start.
     pub engine_time: EngineTime,

@@ -418,6 +418,7 @@ impl SchedulerState {
             context_tokens: it.num_context_tokens,
             generation_requests: it.num_generation_requests,
             active_requests: self.requests.len(),
+            preemptions: self.core.num_preemptions(),
             ready: self.engine.is_some(),
             engine_time: self.timing,
         }

@@ -75,6 +75,8 @@ pub struct Scheduler {
     /// Iteration of the last batch applied by `update`.
     applied: u64,
     last_stats: IterationStats,
+    /// Preemptions by recompute since start.
+    preemptions: u64,
 }
 
 impl Scheduler {
@@ -90,6 +92,7 @@ impl Scheduler {
             iteration: 0,
             applied: 0,
             last_stats: IterationStats::default(),
+            preemptions: 0,
         })
     }
 
@@ -222,6 +225,11 @@ impl Scheduler {
     }
 
     /// The iteration number of the last batch (0 before the first `schedule`).
+    /// Preemptions by recompute since start.
+    pub fn num_preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
     pub fn iteration(&self) -> u64 {
         self.iteration
     }

@@ -148,6 +148,7 @@ impl Scheduler {
             step.budget += chunk.tokens.len() + chunk.max_draft;
         }
         step.preempted.push(seq.id);
+        self.preemptions += 1;
         self.waiting.push_front(seq);
     }
 

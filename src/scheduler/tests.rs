@@ -172,6 +172,7 @@ fn no_evict_admits_when_blocks_return_and_never_preempts() {
         done.extend(finished(&ev).into_iter().map(|(id, _)| id));
     }
     assert_eq!(done, vec![1, 2]);
+    assert_eq!(s.num_preemptions(), 0);
 }
 
 #[test]
@@ -215,6 +216,7 @@ fn max_utilization_preempts_newest_and_resumes_with_outputs_kept() {
         }
     }
     assert!(preempted_at.is_some() && resumed);
+    assert_eq!(s.num_preemptions(), 1);
     assert_eq!(done, vec![1, 2]);
     assert_eq!(
         tokens[&2],

@@ -4,9 +4,7 @@
 //! tensor cores cannot take, and `attention_combine`, which merges the splits of either
 //! over the tiles' rows.
 
-use cudarc::driver::PushKernelArg;
-
-use super::launch::{cfg, i32_of, Heads};
+use super::launch::{cfg, i32_of, Args, Heads};
 use super::{cuda_err, Gpu, Half};
 use crate::error::Result;
 
@@ -201,7 +199,7 @@ fn combine(gpu: &Gpu, a: &Attention, tiles: u64, count: usize, splits: usize) ->
         i32_of(splits)?,
     );
     let f = gpu.func("attention_combine", a.half)?;
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = Args::new();
     b.arg(&tiles)
         .arg(&a.part_acc)
         .arg(&a.part_ml)
@@ -211,7 +209,7 @@ fn combine(gpu: &Gpu, a: &Attention, tiles: u64, count: usize, splits: usize) ->
         .arg(&splits_i);
     // SAFETY: argument order and types match attention.cu; the tiles' rows are inside the
     // batch, and their partial results were written by the kernel just launched.
-    unsafe { b.launch(cfg((count, a.heads.heads, 1), 128)?) }
+    unsafe { gpu.launch(f, cfg((count, a.heads.heads, 1), 128)?, &mut b) }
         .map_err(cuda_err("attention_combine"))?;
     Ok(())
 }
@@ -229,7 +227,7 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
     if a.rows_tiles > 0 {
         let name = &flash_kernel("prefill", budget);
         let f = gpu.func(name, a.half)?;
-        let mut b = gpu.stream.launch_builder(f);
+        let mut b = Args::new();
         b.arg(&a.q)
             .arg(&a.k_cache)
             .arg(&a.v_cache)
@@ -249,14 +247,14 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
         // positions (checked by the caller).
         let mut c = cfg((a.rows_tiles, hs.kv_heads, 1), (PREFILL_WARPS * 32) as u32)?;
         c.shared_mem_bytes = flash_smem("prefill", budget) as u32;
-        unsafe { b.launch(c) }.map_err(cuda_err(name))?;
+        unsafe { gpu.launch(f, c, &mut b) }.map_err(cuda_err(name))?;
     }
     if a.keys_tiles > 0 {
         let keys = a.tiles + (2 * a.rows_tiles * std::mem::size_of::<i32>()) as u64;
         let name = &flash_kernel("decode", budget);
         let (chunk_i, splits_i) = (i32_of(chunk)?, i32_of(splits)?);
         let f = gpu.func(name, a.half)?;
-        let mut b = gpu.stream.launch_builder(f);
+        let mut b = Args::new();
         b.arg(&a.q)
             .arg(&a.k_cache)
             .arg(&a.v_cache)
@@ -280,7 +278,7 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
         // partial sums within the workspace; tables cover every row's positions.
         let mut c = cfg((a.keys_tiles, hs.kv_heads, splits), 128)?;
         c.shared_mem_bytes = flash_smem("decode", budget) as u32;
-        unsafe { b.launch(c) }.map_err(cuda_err(name))?;
+        unsafe { gpu.launch(f, c, &mut b) }.map_err(cuda_err(name))?;
         if splits > 1 {
             combine(gpu, a, keys, a.keys_tiles, splits)?;
         }
@@ -299,7 +297,7 @@ fn warp_per_key(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result
     let (chunk_i, splits_i) = (i32_of(chunk)?, i32_of(splits)?);
     let scale = 1.0f32 / (hs.head_dim as f32).sqrt();
     let f = gpu.func("paged_attention", a.half)?;
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = Args::new();
     b.arg(&a.q)
         .arg(&a.k_cache)
         .arg(&a.v_cache)
@@ -320,7 +318,7 @@ fn warp_per_key(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result
     // SAFETY: argument order and types match attention.cu; the plan keeps the partial
     // sums within the workspace; tables cover every row's positions (checked by the
     // caller).
-    unsafe { b.launch(cfg((a.n, hs.kv_heads, splits), 128)?) }
+    unsafe { gpu.launch(f, cfg((a.n, hs.kv_heads, splits), 128)?, &mut b) }
         .map_err(cuda_err("paged_attention"))?;
     if splits > 1 {
         // Every row is in exactly one tile, prefill or decode.

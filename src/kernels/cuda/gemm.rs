@@ -10,10 +10,11 @@ use cudarc::cublas::sys::{
 };
 use cudarc::cublas::{result, CudaBlas};
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::launch::{launch_kernel, Args};
 use super::lt::{Lt, Tuned};
 use super::{cuda_err, Gpu, Half};
 use crate::error::{Error, Result};
@@ -75,6 +76,8 @@ pub struct Blas {
     stream: Arc<CudaStream>,
     /// The GEMV kernel built for bf16 and for f16.
     gemv: [CudaFunction; 2],
+    /// GEMV launches are programmatic dependent launches ([`Gpu::pdl`]).
+    pdl: bool,
     _workspace: CudaSlice<u8>,
     /// cuBLASLt, sharing the workspace.
     lt: Lt,
@@ -121,6 +124,7 @@ impl Blas {
                 gpu.func("gemv", Half::Bf16)?.clone(),
                 gpu.func("gemv", Half::F16)?.clone(),
             ],
+            pdl: gpu.pdl,
             _workspace: workspace,
             lt,
             gemv_shapes: HashMap::new(),
@@ -244,7 +248,7 @@ impl Blas {
         let (ni, ki, oi, half_out) = (i(n)?, i(inp)?, i(out)?, i32::from(y_ty == Out::Half));
         let split_i = i(split)?;
         let f = &self.gemv[usize::from(half == Half::F16)];
-        let mut b = self.stream.launch_builder(f);
+        let mut b = Args::new();
         b.arg(&x)
             .arg(&w)
             .arg(&y)
@@ -262,7 +266,8 @@ impl Blas {
         };
         // SAFETY: argument order and types match gemv.cu; x holds n rows of inp, w out rows
         // of inp, y n rows of out of the asked type; gemv_fits checked rows and alignment.
-        unsafe { b.launch(cfg) }.map_err(cuda_err("gemv"))?;
+        unsafe { launch_kernel(&self.stream, f, cfg, self.pdl, &mut b) }
+            .map_err(cuda_err("gemv"))?;
         Ok(())
     }
 

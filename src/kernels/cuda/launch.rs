@@ -1,10 +1,85 @@
 //! One launcher per CUDA kernel: arguments pushed in the order of the `.cu` signature,
 //! device addresses as `u64` (0 for a null pointer), sizes as `i32`.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use std::ffi::c_void;
+use std::marker::PhantomData;
+
+use cudarc::driver::{sys, CudaFunction, CudaStream, DriverError, LaunchConfig};
 
 use super::{cuda_err, Gpu, Half};
 use crate::error::{Error, Result};
+
+/// A value a kernel takes by value: a device address (`u64`), a size (`i32`) or a scale.
+pub(crate) trait KernelArg: Copy {}
+impl KernelArg for u64 {}
+impl KernelArg for i32 {}
+impl KernelArg for f32 {}
+
+/// One launch's arguments, in the order of the `.cu` signature: pointers to values that
+/// live at least as long as the launch call (the driver copies them when it launches).
+pub(crate) struct Args<'a> {
+    ptrs: Vec<*mut c_void>,
+    _values: PhantomData<&'a ()>,
+}
+
+impl<'a> Args<'a> {
+    pub fn new() -> Self {
+        Args {
+            ptrs: Vec::with_capacity(20),
+            _values: PhantomData,
+        }
+    }
+
+    pub fn arg<T: KernelArg>(&mut self, v: &'a T) -> &mut Self {
+        self.ptrs.push(v as *const T as *mut c_void);
+        self
+    }
+}
+
+/// Launches `f` on `stream`. With `pdl` it is a programmatic dependent launch: the kernel
+/// may begin while the stream's previous kernel is finishing, and waits for that kernel in
+/// `grid_dep_wait` (kernels/common.cuh), which every kernel of ours calls before touching
+/// anything an earlier kernel wrote. Stream capture keeps the relation as a programmatic
+/// edge of the graph.
+///
+/// # Safety
+/// `args` match the kernel's parameters in number, order and type; `cfg` suits the kernel;
+/// every device address points into live buffers of the sizes the kernel reads and writes.
+pub(crate) unsafe fn launch_kernel(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    pdl: bool,
+    args: &mut Args,
+) -> std::result::Result<(), DriverError> {
+    stream.context().bind_to_thread()?;
+    // SAFETY: a plain C struct of integers; all-zero is a valid value of the union.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: if pdl { &mut attr } else { std::ptr::null_mut() },
+        numAttrs: u32::from(pdl),
+    };
+    // SAFETY: the caller vouches for the arguments; `config` and `attr` outlive the call.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            args.ptrs.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+}
 
 pub(super) fn i32_of(v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Cuda(format!("kernel size {v} exceeds i32")))
@@ -34,10 +109,10 @@ pub fn embed(
     }
     let h = i32_of(h)?;
     let f = gpu.func("embed", half)?;
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = Args::new();
     b.arg(&table).arg(&ids).arg(&x).arg(&h);
     // SAFETY: argument order and types match embed.cu; buffers hold n rows.
-    unsafe { b.launch(cfg((n, 1, 1), 256)?) }.map_err(cuda_err("embed"))?;
+    unsafe { gpu.launch(f, cfg((n, 1, 1), 256)?, &mut b) }.map_err(cuda_err("embed"))?;
     Ok(())
 }
 
@@ -59,10 +134,10 @@ pub fn add_rms_norm(
     }
     let h = i32_of(h)?;
     let f = gpu.func("add_rms_norm", half)?;
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = Args::new();
     b.arg(&x).arg(&delta).arg(&w).arg(&out).arg(&h).arg(&eps);
     // SAFETY: argument order and types match norm.cu; buffers hold n rows of h.
-    unsafe { b.launch(cfg((n, 1, 1), 256)?) }.map_err(cuda_err("add_rms_norm"))?;
+    unsafe { gpu.launch(f, cfg((n, 1, 1), 256)?, &mut b) }.map_err(cuda_err("add_rms_norm"))?;
     Ok(())
 }
 
@@ -84,10 +159,10 @@ pub fn rms_norm_rows(
     }
     let h = i32_of(h)?;
     let f = gpu.func("rms_norm_rows", half)?;
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = Args::new();
     b.arg(&x).arg(&rows).arg(&w).arg(&out).arg(&h).arg(&eps);
     // SAFETY: argument order and types match norm.cu; rows index valid rows of x.
-    unsafe { b.launch(cfg((m, 1, 1), 256)?) }.map_err(cuda_err("rms_norm_rows"))?;
+    unsafe { gpu.launch(f, cfg((m, 1, 1), 256)?, &mut b) }.map_err(cuda_err("rms_norm_rows"))?;
     Ok(())
 }
 
@@ -113,7 +188,7 @@ pub fn sample_rows(
     let vocab = i32_of(vocab)?;
     // The kernel reads logits as f32 whatever the model's 16-bit type.
     let f = gpu.func("sample_rows", Half::Bf16)?;
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = Args::new();
     b.arg(&logits)
         .arg(&params)
         .arg(&edits)
@@ -122,7 +197,8 @@ pub fn sample_rows(
         .arg(&log_probs);
     // SAFETY: argument order and types match sample.cu; params hold m rows whose edit
     // ranges lie inside edits.
-    unsafe { b.launch(cfg((m, 1, 1), SAMPLE_THREADS)?) }.map_err(cuda_err("sample_rows"))?;
+    unsafe { gpu.launch(f, cfg((m, 1, 1), SAMPLE_THREADS)?, &mut b) }
+        .map_err(cuda_err("sample_rows"))?;
     Ok(())
 }
 
@@ -183,7 +259,7 @@ pub fn rope_kv_write(
         i32_of(hs.head_dim)?,
     );
     let f = gpu.func("rope_kv_write", half)?;
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = Args::new();
     b.arg(&qkv)
         .arg(&bias)
         .arg(&pos)
@@ -200,10 +276,14 @@ pub fn rope_kv_write(
     const ROPE_THREADS: usize = 256;
     let pairs = (hs.heads + hs.kv_heads) * (hs.head_dim / 2);
     unsafe {
-        b.launch(cfg(
-            (n, pairs.div_ceil(ROPE_THREADS).max(1), 1),
-            ROPE_THREADS as u32,
-        )?)
+        gpu.launch(
+            f,
+            cfg(
+                (n, pairs.div_ceil(ROPE_THREADS).max(1), 1),
+                ROPE_THREADS as u32,
+            )?,
+            &mut b,
+        )
     }
     .map_err(cuda_err("rope_kv_write"))?;
     Ok(())
@@ -216,13 +296,19 @@ pub fn silu_mul(gpu: &Gpu, half: Half, gu: u64, out: u64, n: usize, f: usize) ->
     }
     let fi = i32_of(f)?;
     let func = gpu.func("silu_mul", half)?;
-    let mut b = gpu.stream.launch_builder(func);
+    let mut b = Args::new();
     b.arg(&gu).arg(&out).arg(&fi);
     // SAFETY: argument order and types match swiglu.cu.
     // Eight outputs per thread when f is a multiple of 8 (as swiglu.cu decides too).
     let per_thread = if f.is_multiple_of(8) { 8 } else { 1 };
-    unsafe { b.launch(cfg((f.div_ceil(per_thread * 256), n, 1), 256)?) }
-        .map_err(cuda_err("silu_mul"))?;
+    unsafe {
+        gpu.launch(
+            func,
+            cfg((f.div_ceil(per_thread * 256), n, 1), 256)?,
+            &mut b,
+        )
+    }
+    .map_err(cuda_err("silu_mul"))?;
     Ok(())
 }
 

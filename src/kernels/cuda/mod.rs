@@ -80,6 +80,9 @@ pub struct Gpu {
     pub arch: String,
     pub name: String,
     funcs: HashMap<String, CudaFunction>,
+    /// Launches are programmatic dependent launches ([`launch::launch_kernel`]): on sm_90
+    /// and later, unless the environment sets `INFLIGHT_PDL=0`.
+    pub pdl: bool,
 }
 
 /// The kernel entry points of each module (each gets a `_bf16` and an `_f16` build).
@@ -170,13 +173,29 @@ impl Gpu {
                 }
             }
         }
+        let pdl = major >= 9 && std::env::var("INFLIGHT_PDL").map_or(true, |v| v != "0");
         Ok(Arc::new(Gpu {
             ctx,
             stream,
             arch,
             name,
             funcs,
+            pdl,
         }))
+    }
+
+    /// Launches `f` on this device's stream ([`launch::launch_kernel`]).
+    ///
+    /// # Safety
+    /// As for [`launch::launch_kernel`].
+    pub(crate) unsafe fn launch(
+        &self,
+        f: &CudaFunction,
+        cfg: cudarc::driver::LaunchConfig,
+        args: &mut launch::Args,
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { launch::launch_kernel(&self.stream, f, cfg, self.pdl, args) }
     }
 
     /// Kernel `op` built for `half`.
