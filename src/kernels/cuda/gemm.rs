@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::launch::{launch_kernel, Args};
-use super::lt::{Lt, Tuned};
+use super::lt::{Lt, LtTuning, Tuned};
 use super::{cuda_err, Gpu, Half};
 use crate::error::{Error, Result};
 
@@ -60,6 +60,16 @@ pub struct Shape {
     pub inp: usize,
     pub out: usize,
     pub y: Out,
+}
+
+/// Every choice [`Blas::tune`] and [`Blas::tune_lt`] made, for another [`Blas`] on the same
+/// model and device to take ([`Blas::adopt`]): engines on one model then run the same
+/// kernels, in the same summation order, without timing again.
+#[derive(Clone, Debug)]
+pub struct Tuning {
+    gemv_shapes: HashMap<Shape, Timed>,
+    timed: Vec<Timed>,
+    lt: LtTuning,
 }
 
 /// One shape's timing: milliseconds per call on the GEMV kernel and on cuBLAS.
@@ -178,6 +188,22 @@ impl Blas {
     /// Every (shape, row bucket) [`Blas::tune_lt`] timed, in order.
     pub fn timed_lt(&self) -> Vec<Tuned> {
         self.lt.tuned()
+    }
+
+    /// The choices made so far.
+    pub fn tuning(&self) -> Tuning {
+        Tuning {
+            gemv_shapes: self.gemv_shapes.clone(),
+            timed: self.timed.clone(),
+            lt: self.lt.tuning(),
+        }
+    }
+
+    /// Takes the choices another [`Blas`] made for the same model on the same device.
+    pub fn adopt(&mut self, tuning: Tuning) {
+        self.gemv_shapes = tuning.gemv_shapes;
+        self.timed = tuning.timed;
+        self.lt.adopt(tuning.lt);
     }
 
     /// Every shape [`Blas::tune`] timed, in order.

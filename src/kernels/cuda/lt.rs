@@ -129,14 +129,20 @@ impl Tuned {
     }
 }
 
+/// The choices of [`Lt::tune`]: per (shape at bucket rows), in the order timed.
+#[derive(Clone, Debug, Default)]
+pub struct LtTuning {
+    tuned: HashMap<Shape, Tuned>,
+    order: Vec<Shape>,
+}
+
 /// The cuBLASLt handle, the choices per (shape at bucket rows), and the descriptors per
 /// exact shape.
 pub struct Lt {
     handle: sys::cublasLtHandle_t,
     workspace: u64,
     workspace_bytes: usize,
-    tuned: HashMap<Shape, Tuned>,
-    order: Vec<Shape>,
+    tuning: LtTuning,
     /// Descriptors of each exact shape called, None once its algorithm refused it.
     calls: Mutex<HashMap<Shape, Option<Descs>>>,
 }
@@ -154,8 +160,7 @@ impl Lt {
             handle,
             workspace,
             workspace_bytes,
-            tuned: HashMap::new(),
-            order: Vec::new(),
+            tuning: LtTuning::default(),
             calls: Mutex::new(HashMap::new()),
         })
     }
@@ -280,16 +285,27 @@ impl Lt {
             candidates: algos.len(),
             algo: best,
         };
-        self.tuned.insert(shape, t);
-        self.order.push(shape);
+        self.tuning.tuned.insert(shape, t);
+        self.tuning.order.push(shape);
         Ok(t)
+    }
+
+    /// The choices made so far.
+    pub fn tuning(&self) -> LtTuning {
+        self.tuning.clone()
+    }
+
+    /// Takes the choices another handle made for the same model on the same device.
+    pub fn adopt(&mut self, tuning: LtTuning) {
+        self.tuning = tuning;
     }
 
     /// Every tuned (shape, bucket), in order.
     pub fn tuned(&self) -> Vec<Tuned> {
-        self.order
+        self.tuning
+            .order
             .iter()
-            .filter_map(|s| self.tuned.get(s))
+            .filter_map(|s| self.tuning.tuned.get(s))
             .copied()
             .collect()
     }
@@ -307,7 +323,7 @@ impl Lt {
         let Some(b) = bucket(shape.n) else {
             return Ok(false);
         };
-        let Some(t) = self.tuned.get(&Shape { n: b, ..shape }) else {
+        let Some(t) = self.tuning.tuned.get(&Shape { n: b, ..shape }) else {
             return Ok(false);
         };
         let Some(algo) = t.algo.filter(|_| always || t.uses_lt()) else {

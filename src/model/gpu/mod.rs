@@ -9,12 +9,13 @@ pub mod stage_timer;
 pub mod tune;
 pub mod weights;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::backend::{Backend, ForwardPass};
 use super::config::ModelConfig;
 use super::Llama;
 use crate::error::{Error, Result};
+use crate::kernels::cuda::gemm::Tuning;
 use crate::kernels::cuda::launch::Heads;
 use crate::kernels::cuda::{Gpu, Half};
 use weights::GpuWeights;
@@ -24,6 +25,9 @@ pub struct CudaModel {
     pub gpu: Arc<Gpu>,
     pub config: ModelConfig,
     pub weights: GpuWeights,
+    /// The linear layers' kernel choices, timed by the first engine on this model and taken
+    /// by every later one (an engine restart, a second forward pass).
+    pub tuning: OnceLock<Tuning>,
 }
 
 impl CudaModel {
@@ -58,6 +62,7 @@ impl CudaModel {
             gpu,
             config,
             weights,
+            tuning: OnceLock::new(),
         }))
     }
 
