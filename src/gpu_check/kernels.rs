@@ -3,6 +3,8 @@
 //! block-boundary lengths, with the output buffers poisoned with NaN first so a skipped
 //! element shows.
 
+use std::sync::Arc;
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -54,7 +56,7 @@ pub(super) fn row(check: &str, dt: Half, shape: String, e: (f64, bool), tol: f64
 }
 
 /// Runs every kernel check in both 16-bit types.
-pub fn run_all(gpu: &Gpu, seed: u64) -> Result<Vec<Row>> {
+pub fn run_all(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Row>> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut rows = Vec::new();
     for dt in Half::ALL {
@@ -275,7 +277,7 @@ fn rope(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
 /// above a few rows the fastest cuBLASLt candidate of the row bucket, timed first) and both
 /// output types, against the CPU matmul on the same rounded operands. A 16-bit output is
 /// compared after the same rounding.
-fn gemm(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
+fn gemm(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let mut blas = Blas::new(gpu)?;
     let mut out = Vec::new();
     for (n, k, m) in [
@@ -309,7 +311,7 @@ fn gemm(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
                     out: m,
                     y: y_ty,
                 };
-                blas.tune_lt(gpu, shape, tx.ptr(), wd.ptr(), ty.ptr())?;
+                blas.tune_lt(shape, tx.ptr(), wd.ptr(), ty.ptr())?;
             }
             &[
                 (Path::Cublas, "cublas gemm"),

@@ -10,11 +10,11 @@ use cudarc::cublas::sys::{
 };
 use cudarc::cublas::{result, CudaBlas};
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::launch::{launch_kernel, Args};
+use super::launch::Args;
 use super::lt::{Lt, LtTuning, Tuned};
 use super::{cuda_err, Gpu, Half};
 use crate::error::{Error, Result};
@@ -83,11 +83,9 @@ pub struct Timed {
 /// A cuBLAS handle and the GEMV kernels, on the device's stream.
 pub struct Blas {
     blas: CudaBlas,
-    stream: Arc<CudaStream>,
+    gpu: Arc<Gpu>,
     /// The GEMV kernel built for bf16 and for f16.
     gemv: [CudaFunction; 2],
-    /// GEMV launches are programmatic dependent launches ([`Gpu::pdl`]).
-    pdl: bool,
     _workspace: CudaSlice<u8>,
     /// cuBLASLt, sharing the workspace.
     lt: Lt,
@@ -97,7 +95,7 @@ pub struct Blas {
 }
 
 impl Blas {
-    pub fn new(gpu: &Gpu) -> Result<Self> {
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
         gpu.bind()?;
         // cudarc's loader panics when libcublas is missing: make that an error.
         let stream = gpu.stream.clone();
@@ -129,12 +127,11 @@ impl Blas {
             .map_err(|_| Error::Cuda("libcublasLt could not be loaded".into()))??;
         Ok(Blas {
             blas,
-            stream: gpu.stream.clone(),
+            gpu: gpu.clone(),
             gemv: [
                 gpu.func("gemv", Half::Bf16)?.clone(),
                 gpu.func("gemv", Half::F16)?.clone(),
             ],
-            pdl: gpu.pdl,
             _workspace: workspace,
             lt,
             gemv_shapes: HashMap::new(),
@@ -145,7 +142,7 @@ impl Blas {
     /// Times the GEMV kernel and cuBLAS on `shape` (x, w, y device buffers big enough for
     /// it; their values do not matter) and keeps the faster for [`Path::Auto`].
     #[allow(clippy::too_many_arguments)]
-    pub fn tune(&mut self, gpu: &Gpu, shape: Shape, x: u64, w: u64, y: u64) -> Result<Timed> {
+    pub fn tune(&mut self, shape: Shape, x: u64, w: u64, y: u64) -> Result<Timed> {
         let Shape {
             half,
             n,
@@ -154,7 +151,7 @@ impl Blas {
             y: y_ty,
         } = shape;
         let time = |path: Path| -> Result<f64> {
-            time_ms(gpu, &mut || {
+            time_ms(&self.gpu, &mut || {
                 self.linear(path, half, x, w, y, y_ty, n, inp, out)
             })
         };
@@ -178,10 +175,11 @@ impl Blas {
     /// Times `cublasGemmEx` and the cuBLASLt candidates on `shape` (its rows one of
     /// [`super::lt::BUCKETS`]; x, w, y device buffers big enough, values irrelevant) and
     /// keeps the fastest for calls in that bucket.
-    pub fn tune_lt(&mut self, gpu: &Gpu, shape: Shape, x: u64, w: u64, y: u64) -> Result<Tuned> {
-        let gemm_ex_ms = time_ms(gpu, &mut || self.gemm_ex(shape, x, w, y))?;
-        let stream = self.stream.cu_stream() as _;
-        let time = |f: &mut dyn FnMut() -> Result<()>| time_ms(gpu, f);
+    pub fn tune_lt(&mut self, shape: Shape, x: u64, w: u64, y: u64) -> Result<Tuned> {
+        let gemm_ex_ms = time_ms(&self.gpu, &mut || self.gemm_ex(shape, x, w, y))?;
+        let gpu = self.gpu.clone();
+        let stream = gpu.stream.cu_stream() as _;
+        let time = |f: &mut dyn FnMut() -> Result<()>| time_ms(&gpu, f);
         self.lt.tune(shape, x, w, y, stream, gemm_ex_ms, &time)
     }
 
@@ -292,8 +290,7 @@ impl Blas {
         };
         // SAFETY: argument order and types match gemv.cu; x holds n rows of inp, w out rows
         // of inp, y n rows of out of the asked type; gemv_fits checked rows and alignment.
-        unsafe { launch_kernel(&self.stream, f, cfg, self.pdl, &mut b) }
-            .map_err(cuda_err("gemv"))?;
+        unsafe { self.gpu.launch(f, cfg, &mut b) }.map_err(cuda_err("gemv"))?;
         Ok(())
     }
 
@@ -301,7 +298,7 @@ impl Blas {
     /// timed faster (`Path::Auto`) or timed at all (`Path::CublasLt`), else `cublasGemmEx`.
     fn gemm(&self, path: Path, shape: Shape, x: u64, w: u64, y: u64) -> Result<()> {
         if shape.n > GEMV_MAX_ROWS && path != Path::Cublas {
-            let stream = self.stream.cu_stream() as _;
+            let stream = self.gpu.stream.cu_stream() as _;
             if self
                 .lt
                 .matmul(shape, path == Path::CublasLt, (x, w, y), stream)?

@@ -45,7 +45,7 @@ impl<'a> Args<'a> {
 /// # Safety
 /// `args` match the kernel's parameters in number, order and type; `cfg` suits the kernel;
 /// every device address points into live buffers of the sizes the kernel reads and writes.
-pub(crate) unsafe fn launch_kernel(
+pub(super) unsafe fn launch_kernel(
     stream: &CudaStream,
     f: &CudaFunction,
     cfg: LaunchConfig,

@@ -226,25 +226,7 @@ impl CudaForward {
             .gpu
             .zeros::<u16>(cfg.num_layers * 2 * slots * cfg.kv_dim())?;
         let mut blas = Blas::new(&model.gpu)?;
-        match model.tuning.get() {
-            Some(tuning) => blas.adopt(tuning.clone()),
-            None => {
-                let started = std::time::Instant::now();
-                tune::tune_linears(&model, &mut blas)?;
-                model.gpu.sync()?;
-                tracing::info!(
-                    seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
-                    "linear layers timed: GEMV or cuBLAS per shape at 1 to 4 rows, cuBLASLt \
-                     per row bucket"
-                );
-                // Two engines tuning at once: the first choices stored win, for both.
-                if model.tuning.set(blas.tuning()).is_err() {
-                    if let Some(tuning) = model.tuning.get() {
-                        blas.adopt(tuning.clone());
-                    }
-                }
-            }
-        }
+        tune::choose_linears(&model, &mut blas)?;
         Ok(CudaForward {
             model,
             blas,

@@ -1,6 +1,6 @@
 //! Engine start-up timing of the linear layers: which of the GEMV kernel, cublasGemmEx and
-//! the cuBLASLt candidates runs each layer shape at each row count (the choices live in
-//! [`Blas`]).
+//! the cuBLASLt candidates runs each layer shape at each row count. The first engine on a
+//! model times them; the choices are kept on the model for every later one.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -10,11 +10,32 @@ use crate::error::Result;
 use crate::kernels::cuda::gemm::{Blas, Out, Shape, GEMV_MAX_ROWS};
 use crate::kernels::cuda::{lt, Half};
 
+/// Gives `blas` the model's linear-layer choices: those of an earlier engine on the model, or,
+/// for the first, its own timing ([`tune_linears`]), then kept on the model.
+pub fn choose_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
+    if let Some(tuning) = model.tuning.get() {
+        blas.adopt(tuning.clone());
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    tune_linears(model, blas)?;
+    model.gpu.sync()?;
+    tracing::info!(
+        seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+        "linear layers timed: GEMV or cuBLAS per shape at 1 to 4 rows, cuBLASLt per row bucket"
+    );
+    // Engines are built one at a time; should two ever time at once, the first choices
+    // stored serve both.
+    let kept = model.tuning.get_or_init(|| blas.tuning());
+    blas.adopt(kept.clone());
+    Ok(())
+}
+
 /// Times every linear layer's shape (layer 0's weights, random inputs): at 1..=GEMV_MAX_ROWS
 /// rows on the GEMV kernel and on cuBLAS, so that decode runs each on the faster; at each
 /// row bucket on cublasGemmEx and the cuBLASLt candidates, so that larger batches and
 /// prefills run the fastest.
-pub fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
+fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
     let (cfg, w, g) = (&model.config, &model.weights, &model.gpu);
     let (h, qd, kvd, f) = (
         cfg.hidden_size,
@@ -46,7 +67,7 @@ pub fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
                 out,
                 y: y_ty,
             };
-            blas.tune(g, shape, x.ptr(), wp, y.ptr())?;
+            blas.tune(shape, x.ptr(), wp, y.ptr())?;
         }
     }
     drop((x, y));
@@ -89,7 +110,7 @@ pub fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
                 out,
                 y: y_ty,
             };
-            blas.tune_lt(g, shape, x.ptr(), wp, y.ptr())?;
+            blas.tune_lt(shape, x.ptr(), wp, y.ptr())?;
         }
     }
     Ok(())
