@@ -289,6 +289,10 @@ fn gemm(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         (2, 1000, 77),
         (3, 14336, 515),
         (4, 2048, 4099),
+        // Rows whose last batch of chunks is partial (257 and 513 chunks), and more rows
+        // than an H100's 132 SMs hold warps at once.
+        (1, 2056, 5000),
+        (2, 4104, 9001),
     ] {
         let (xb, xv) = half_of(dt, &rand_vec(rng, n * k, 1.0));
         let (wb, wv) = half_of(dt, &rand_vec(rng, m * k, 0.05));
