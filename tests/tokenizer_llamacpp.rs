@@ -203,3 +203,28 @@ fn chat_template_renders_the_greedy_fixture_prompt() {
         );
     }
 }
+
+#[test]
+fn a_long_prompt_encodes_as_its_sentences_do() {
+    // Long texts are cut into pieces encoded in parallel (src/tokenizer/split.rs). Built
+    // from the fixture strings as sentences that start with a space and end with a
+    // non-space, the text's ids must be each sentence's ids in turn, whatever the cuts.
+    let tok = tokenizer();
+    let mut text = String::new();
+    let mut want = Vec::new();
+    for (i, case) in cases().iter().cycle().take(300).enumerate() {
+        let sentence = format!(" {i}:{}.", case["text"].as_str().unwrap());
+        want.extend(tok.encode(&sentence, true).unwrap());
+        text.push_str(&sentence);
+    }
+    assert!(text.len() > 8192, "{} bytes", text.len());
+    // Both begin with BOS when the model adds one; drop the sentences' other BOS ids.
+    let bos = tok.bos_token_id();
+    let mut expect: Vec<u32> = Vec::new();
+    for (i, &id) in want.iter().enumerate() {
+        if i == 0 || Some(id) != bos || !tok.add_bos() {
+            expect.push(id);
+        }
+    }
+    assert_eq!(tok.encode(&text, true).unwrap(), expect);
+}

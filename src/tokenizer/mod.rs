@@ -10,8 +10,11 @@
 
 pub mod chat;
 pub mod detok;
+mod split;
 
 use std::path::Path;
+
+use rayon::prelude::*;
 
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -158,6 +161,10 @@ pub struct Tokenizer {
     byte_level: bool,
     /// Run the HF post-processor on encode (tokenizer.json checkpoints add BOS there).
     post_process: bool,
+    /// Long texts may be cut into pieces encoded in parallel ([`split`]): the
+    /// pre-tokenizer is one the cut is exact for, nothing normalizes across it, and no
+    /// added token holds a space or takes the whitespace after it.
+    cuttable: bool,
     add_bos: bool,
     bos: Option<u32>,
     /// `eos` first, then other end-of-generation ids.
@@ -338,7 +345,14 @@ impl Tokenizer {
     fn assemble(p: Parts) -> Tokenizer {
         let mut plain = p.inner.clone();
         plain.set_encode_special_tokens(true);
+        let cuttable = p.inner.get_normalizer().is_none()
+            && split::cuttable(p.inner.get_pre_tokenizer())
+            && p.inner
+                .get_added_tokens_decoder()
+                .values()
+                .all(|t| !t.rstrip && !t.content.contains(' '));
         Tokenizer {
+            cuttable,
             inner: p.inner,
             plain,
             bytes: p.bytes,
@@ -356,14 +370,36 @@ impl Tokenizer {
     /// become their single ids; otherwise they are tokenized as plain text. BOS is
     /// prepended when the model asks for it, unless the text already produced one.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
+        self.encode_cut(text, parse_special, self.cuttable)
+    }
+
+    /// [`Tokenizer::encode`], cutting a long text into pieces encoded in parallel when
+    /// `cut`.
+    fn encode_cut(&self, text: &str, parse_special: bool, cut: bool) -> Result<Vec<u32>> {
         let tk = if parse_special {
             &self.inner
         } else {
             &self.plain
         };
-        let enc = tk
-            .encode_fast(text, self.post_process)
-            .map_err(tk_err("encode"))?;
+        let enc = if cut && text.len() >= split::PARALLEL_MIN_BYTES {
+            let piece = split::piece_bytes(text.len(), rayon::current_num_threads());
+            let cuts = split::cut_points(text, piece);
+            let bounds: Vec<usize> = std::iter::once(0)
+                .chain(cuts)
+                .chain(std::iter::once(text.len()))
+                .collect();
+            let pieces = bounds
+                .par_windows(2)
+                .map(|w| tk.encode_fast(&text[w[0]..w[1]], false))
+                .collect::<tokenizers::Result<Vec<_>>>()
+                .map_err(tk_err("encode"))?;
+            let whole = tokenizers::Encoding::merge(pieces, false);
+            tk.post_process(whole, None, self.post_process)
+                .map_err(tk_err("encode"))?
+        } else {
+            tk.encode_fast(text, self.post_process)
+                .map_err(tk_err("encode"))?
+        };
         let ids = enc.get_ids();
         match self.bos {
             Some(bos) if self.add_bos && ids.first() != Some(&bos) => {
@@ -626,6 +662,72 @@ mod tests {
         assert_eq!(tok.decode(&ids, false).unwrap(), "é");
         assert_eq!(tok.token_bytes(1).unwrap(), b"<|im_start|>".to_vec());
         assert_eq!(tok.token_bytes(u32::MAX), None);
+    }
+
+    #[test]
+    fn long_texts_encode_in_pieces_to_the_same_ids() {
+        let words = [
+            "hello",
+            " world",
+            "  ",
+            "12",
+            "345",
+            ",",
+            " é",
+            "\n",
+            " \n ",
+            "\t",
+            "don't",
+            "<|im_start|>",
+            " user",
+            "!?",
+            " 7",
+            "ÿ",
+            "   x",
+            "<tool>",
+            " wor",
+            "ld",
+        ];
+        let mut text = String::new();
+        let mut k = 7usize;
+        while text.len() < 3 * split::PARALLEL_MIN_BYTES {
+            k = (k * 1_103_515_245 + 12_345) % (1 << 31);
+            text.push_str(words[k % words.len()]);
+        }
+        for pre in ["smollm", "gpt-2", "llama3", "qwen2", "default"] {
+            let tok = tiny(pre);
+            assert!(tok.cuttable, "{pre}");
+            // The pre-tokens themselves (vocabulary-independent): the pieces' in turn are
+            // the whole text's.
+            let pre_tokens = |t: &str| -> Vec<String> {
+                use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+                let mut p = PreTokenizedString::from(t);
+                tok.inner
+                    .get_pre_tokenizer()
+                    .unwrap()
+                    .pre_tokenize(&mut p)
+                    .unwrap();
+                p.get_splits(OffsetReferential::Original, OffsetType::Byte)
+                    .into_iter()
+                    .map(|(s, _, _)| s.to_owned())
+                    .collect()
+            };
+            let cuts = split::cut_points(&text, 64);
+            let bounds: Vec<usize> = std::iter::once(0)
+                .chain(cuts)
+                .chain(std::iter::once(text.len()))
+                .collect();
+            let pieces: Vec<String> = bounds
+                .windows(2)
+                .flat_map(|w| pre_tokens(&text[w[0]..w[1]]))
+                .collect();
+            assert_eq!(pieces, pre_tokens(&text), "{pre}");
+            for special in [true, false] {
+                let whole = tok.encode_cut(&text, special, false).unwrap();
+                let cut = tok.encode_cut(&text, special, true).unwrap();
+                assert_eq!(cut, whole, "{pre}, parse_special {special}");
+            }
+        }
     }
 
     #[test]
