@@ -393,22 +393,35 @@ impl Tokenizer {
                 .map(|w| tk.encode_fast(&text[w[0]..w[1]], false))
                 .collect::<tokenizers::Result<Vec<_>>>()
                 .map_err(tk_err("encode"))?;
+            // Merging encodings copies every field of every token: only for a template
+            // that adds tokens (BOS) to the whole.
+            let adds = self.post_process
+                && tk
+                    .get_post_processor()
+                    .is_some_and(|p| tokenizers::PostProcessor::added_tokens(p, false) > 0);
+            if !adds {
+                return Ok(
+                    self.with_bos(pieces.iter().flat_map(|e| e.get_ids()).copied().collect())
+                );
+            }
             let whole = tokenizers::Encoding::merge(pieces, false);
-            tk.post_process(whole, None, self.post_process)
+            tk.post_process(whole, None, true)
                 .map_err(tk_err("encode"))?
         } else {
             tk.encode_fast(text, self.post_process)
                 .map_err(tk_err("encode"))?
         };
-        let ids = enc.get_ids();
+        Ok(self.with_bos(enc.get_ids().to_vec()))
+    }
+
+    /// `ids` with BOS prepended when the model asks for it and they lack it.
+    fn with_bos(&self, mut ids: Vec<u32>) -> Vec<u32> {
         match self.bos {
             Some(bos) if self.add_bos && ids.first() != Some(&bos) => {
-                let mut out = Vec::with_capacity(ids.len() + 1);
-                out.push(bos);
-                out.extend_from_slice(ids);
-                Ok(out)
+                ids.insert(0, bos);
+                ids
             }
-            _ => Ok(ids.to_vec()),
+            _ => ids,
         }
     }
 
@@ -728,6 +741,25 @@ mod tests {
                 assert_eq!(cut, whole, "{pre}, parse_special {special}");
             }
         }
+        // A tokenizer.json template that adds BOS applies once, to the whole.
+        use tokenizers::processors::template::TemplateProcessing;
+        let mut tok = tiny("llama3");
+        let template = TemplateProcessing::builder()
+            .try_single("<|im_start|> $A")
+            .unwrap()
+            .special_tokens(vec![("<|im_start|>", 1)])
+            .build()
+            .unwrap();
+        tok.inner.with_post_processor(Some(template));
+        tok.plain = tok.inner.clone();
+        tok.plain.set_encode_special_tokens(true);
+        tok.post_process = true;
+        let whole = tok.encode_cut(&text, false, false).unwrap();
+        assert_eq!(tok.encode_cut(&text, false, true).unwrap(), whole);
+        assert_eq!(
+            (whole[0], whole.iter().filter(|&&i| i == 1).count()),
+            (1, 1)
+        );
     }
 
     #[test]
