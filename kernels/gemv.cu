@@ -1,14 +1,16 @@
 // Linear layers for a few token rows (decode at small batch), where reading the weights is
 // the whole cost: y[t, o] = sum_i x[t, i] * w[o, i] for t < n (n <= GEMV_MAX_ROWS), x and w
 // 16-bit row-major, fp32 accumulation, y fp32 (half_out == 0) or 16-bit.
-// Work items are (output row, k slice): `split` (1, 2, 4 or 8) warps of one block share a
-// row, so that even a short matrix gives every SM enough 16-byte loads in flight. Each lane
-// streams its slice's chunks with GEMV_UNROLL loads in flight, past L1 (the weights are read
-// once; x stays cached there for every warp); the slices meet in shared memory.
-// Needs k a multiple of 8 and 16-byte aligned rows. grid: ceil(out * split / GEMV_WARPS);
-// block: 32 * GEMV_WARPS.
+// Work items are (pair of output rows, k slice): `split` (1, 2, 4 or 8) warps of one block
+// share a pair, so that even a short matrix gives every SM enough 16-byte loads in flight.
+// Each lane streams its slice's chunks of both rows, GEMV_UNROLL per row in flight, past L1
+// (the weights are read once; x stays cached there for every warp), and converts each x
+// chunk once for the two rows: the kernel is bound by instructions per weight byte as much
+// as by bytes. The slices meet in shared memory.
+// Needs k a multiple of 8 and 16-byte aligned rows. grid: ceil(ceil(out / 2) * split /
+// GEMV_WARPS); block: 32 * GEMV_WARPS.
 #define GEMV_WARPS 8
-#define GEMV_UNROLL 8
+#define GEMV_UNROLL 4
 #define GEMV_MAX_ROWS 4
 
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
@@ -28,18 +30,35 @@ __device__ __forceinline__ void unpack8(uint4 v, float* f) {
     }
 }
 
-// acc[t] += chunk c of row t of x · the weight chunk wv.
-__device__ __forceinline__ void gemv_chunk(uint4 wv, const uint4* __restrict__ x, int chunks,
-                                           int c, int n, float* acc) {
-    float wf[8];
-    unpack8(wv, wf);
+// Two 16-bit values of a 32-bit word as floats.
+__device__ __forceinline__ void unpack2(unsigned u, float& lo, float& hi) {
+    lo = half_to_f32((half_t)(u & 0xffffu));
+    hi = half_to_f32((half_t)(u >> 16));
+}
+
+// acc[r][t] += chunk c of row t of x · the weight chunk w[r] of pair row r (the second
+// only when `two`), a 32-bit word at a time (few live registers).
+__device__ __forceinline__ void gemv_chunk2(const uint4* w, const uint4* __restrict__ x,
+                                            int chunks, int c, int n, bool two,
+                                            float (*acc)[GEMV_MAX_ROWS]) {
+    const unsigned w0[4] = {w[0].x, w[0].y, w[0].z, w[0].w};
+    const unsigned w1[4] = {w[1].x, w[1].y, w[1].z, w[1].w};
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_ROWS; ++t) {
         if (t < n) {
-            float xf[8];
-            unpack8(x[(size_t)t * chunks + c], xf);
+            const uint4 xv = x[(size_t)t * chunks + c];
+            const unsigned xw[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
-            for (int j = 0; j < 8; ++j) acc[t] = fmaf(wf[j], xf[j], acc[t]);
+            for (int q = 0; q < 4; ++q) {
+                float xa, xb, a, b;
+                unpack2(xw[q], xa, xb);
+                unpack2(w0[q], a, b);
+                acc[0][t] = fmaf(b, xb, fmaf(a, xa, acc[0][t]));
+                if (two) {
+                    unpack2(w1[q], a, b);
+                    acc[1][t] = fmaf(b, xb, fmaf(a, xa, acc[1][t]));
+                }
+            }
         }
     }
 }
@@ -47,68 +66,90 @@ __device__ __forceinline__ void gemv_chunk(uint4 wv, const uint4* __restrict__ x
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     KERNEL(gemv)(const half_t* __restrict__ x, const half_t* __restrict__ w,
                  void* __restrict__ y, int n, int k, int out, int half_out, int split) {
-    __shared__ float part[GEMV_WARPS][GEMV_MAX_ROWS];
+    __shared__ float part[GEMV_WARPS][2][GEMV_MAX_ROWS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int item = blockIdx.x * GEMV_WARPS + warp;
-    const int o = item / split, slice = item % split;
+    const int o = 2 * (item / split), slice = item % split;
+    const bool live = o < out, two = o + 1 < out;
     const int chunks = k >> 3;
     const int per = (chunks + split - 1) / split;
     const int c0 = slice * per, c1 = min(chunks, c0 + per);
     const uint4* xc = reinterpret_cast<const uint4*>(x);
-    float acc[GEMV_MAX_ROWS];
+    float acc[2][GEMV_MAX_ROWS];
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_ROWS; ++t) acc[t] = 0.0f;
-    const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)o * k);
+    for (int t = 0; t < GEMV_MAX_ROWS; ++t) acc[0][t] = acc[1][t] = 0.0f;
+    const uint4* wr0 = reinterpret_cast<const uint4*>(w + (size_t)o * k);
+    const uint4* wr1 = wr0 + chunks;
     // Every batch, the last one too, issues all its loads before using any. The weights are
     // immutable, so the first batch is requested before waiting on the previous kernel:
     // under a programmatic dependent launch those bytes stream in while it finishes.
-    uint4 wv[GEMV_UNROLL];
+    uint4 wv[GEMV_UNROLL][2];
     const int first = c0 + lane;
-    if (o < out) {
+    if (live) {
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
-            if (first + 32 * u < c1) wv[u] = load_stream(wr + first + 32 * u);
+            if (first + 32 * u < c1) {
+                wv[u][0] = load_stream(wr0 + first + 32 * u);
+                if (two) wv[u][1] = load_stream(wr1 + first + 32 * u);
+            }
         }
     }
     grid_dep_enter();
-    if (o < out) {
+    if (live) {
         for (int c = first; c < c1; c += 32 * GEMV_UNROLL) {
             if (c != first) {
 #pragma unroll
                 for (int u = 0; u < GEMV_UNROLL; ++u) {
-                    if (c + 32 * u < c1) wv[u] = load_stream(wr + c + 32 * u);
+                    if (c + 32 * u < c1) {
+                        wv[u][0] = load_stream(wr0 + c + 32 * u);
+                        if (two) wv[u][1] = load_stream(wr1 + c + 32 * u);
+                    }
                 }
             }
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; ++u) {
-                if (c + 32 * u < c1) gemv_chunk(wv[u], xc, chunks, c + 32 * u, n, acc);
+                if (c + 32 * u < c1) gemv_chunk2(wv[u], xc, chunks, c + 32 * u, n, two, acc);
             }
         }
     }
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_ROWS; ++t) {
-        if (t < n) acc[t] = warp_sum(acc[t]);
+        if (t < n) {
+            acc[0][t] = warp_sum(acc[0][t]);
+            acc[1][t] = warp_sum(acc[1][t]);
+        }
     }
     if (split > 1) {  // the same for the whole block
         if (lane == 0) {
 #pragma unroll
-            for (int t = 0; t < GEMV_MAX_ROWS; ++t) part[warp][t] = acc[t];
+            for (int t = 0; t < GEMV_MAX_ROWS; ++t) {
+                part[warp][0][t] = acc[0][t];
+                part[warp][1][t] = acc[1][t];
+            }
         }
         __syncthreads();
         if (slice != 0) return;
         for (int s = 1; s < split; ++s) {
 #pragma unroll
-            for (int t = 0; t < GEMV_MAX_ROWS; ++t) acc[t] += part[warp + s][t];
+            for (int t = 0; t < GEMV_MAX_ROWS; ++t) {
+                acc[0][t] += part[warp + s][0][t];
+                acc[1][t] += part[warp + s][1][t];
+            }
         }
     }
-    if (lane == 0 && o < out) {
+    if (lane == 0 && live) {
 #pragma unroll
-        for (int t = 0; t < GEMV_MAX_ROWS; ++t) {
-            if (t < n) {
-                if (half_out) {
-                    reinterpret_cast<half_t*>(y)[(size_t)t * out + o] = f32_to_half(acc[t]);
-                } else {
-                    reinterpret_cast<float*>(y)[(size_t)t * out + o] = acc[t];
+        for (int r = 0; r < 2; ++r) {
+            if (r == 1 && !two) break;
+#pragma unroll
+            for (int t = 0; t < GEMV_MAX_ROWS; ++t) {
+                if (t < n) {
+                    const size_t at = (size_t)t * out + o + r;
+                    if (half_out) {
+                        reinterpret_cast<half_t*>(y)[at] = f32_to_half(acc[r][t]);
+                    } else {
+                        reinterpret_cast<float*>(y)[at] = acc[r][t];
+                    }
                 }
             }
         }

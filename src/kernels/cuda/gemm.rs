@@ -268,7 +268,9 @@ impl Blas {
         let i = |v: usize| {
             i32::try_from(v).map_err(|_| Error::Cuda(format!("GEMV dimension {v} too large")))
         };
-        let split = gemv_split(inp, out);
+        // Warps take output rows in pairs.
+        let pairs = out.div_ceil(2);
+        let split = gemv_split(inp, pairs);
         let (ni, ki, oi, half_out) = (i(n)?, i(inp)?, i(out)?, i32::from(y_ty == Out::Half));
         let split_i = i(split)?;
         let f = &self.gemv[usize::from(half == Half::F16)];
@@ -281,7 +283,7 @@ impl Blas {
             .arg(&oi)
             .arg(&half_out)
             .arg(&split_i);
-        let blocks = u32::try_from((out * split).div_ceil(GEMV_WARPS))
+        let blocks = u32::try_from((pairs * split).div_ceil(GEMV_WARPS))
             .map_err(|_| Error::Cuda(format!("GEMV of {out} outputs")))?;
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
@@ -380,13 +382,13 @@ fn time_ms(gpu: &Gpu, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
     Ok(f64::from(ms) / REPS as f64)
 }
 
-/// Warps that share one output row of the GEMV kernel: the fewest (a power of two up to
-/// GEMV_WARPS) that make GEMV_TARGET_ITEMS work items, while each slice keeps at least two
-/// 16-byte chunks per lane.
-fn gemv_split(inp: usize, out: usize) -> usize {
+/// Warps that share one pair of output rows of the GEMV kernel (of `pairs`): the fewest (a
+/// power of two up to GEMV_WARPS) that make GEMV_TARGET_ITEMS work items, while each slice
+/// keeps at least two 16-byte chunks per lane.
+fn gemv_split(inp: usize, pairs: usize) -> usize {
     let chunks = inp / 8;
     let mut split = 1;
-    while split < GEMV_WARPS && out * split < GEMV_TARGET_ITEMS && chunks / (2 * split) >= 64 {
+    while split < GEMV_WARPS && pairs * split < GEMV_TARGET_ITEMS && chunks / (2 * split) >= 64 {
         split *= 2;
     }
     split
@@ -398,13 +400,14 @@ mod tests {
 
     #[test]
     fn short_matrices_share_rows_between_warps() {
-        // Llama-3.1-8B at batch 1: o (4096 x 4096) splits, gate_up (28672 rows) does not.
-        assert_eq!(gemv_split(4096, 4096), 4);
-        assert_eq!(gemv_split(4096, 6144), 4);
-        assert_eq!(gemv_split(14336, 4096), 4);
-        assert_eq!(gemv_split(4096, 28672), 1);
+        // Llama-3.1-8B at batch 1, in pairs of rows: o (2,048 pairs), qkv (3,072) and down
+        // share each pair among 8 warps, gate_up (14,336 pairs) among 2.
+        assert_eq!(gemv_split(4096, 2048), 8);
+        assert_eq!(gemv_split(4096, 3072), 8);
+        assert_eq!(gemv_split(14336, 2048), 8);
+        assert_eq!(gemv_split(4096, 14336), 2);
         // Too few chunks to cut: SmolLM2's 576 inputs are 72 chunks.
-        assert_eq!(gemv_split(576, 1728), 1);
+        assert_eq!(gemv_split(576, 864), 1);
         assert_eq!(gemv_split(512, 64), 1);
         assert_eq!(gemv_split(1024, 64), 2);
         assert_eq!(gemv_split(2048, 64), 4);
