@@ -165,6 +165,9 @@ pub struct Tokenizer {
     /// pre-tokenizer is one the cut is exact for, nothing normalizes across it, and no
     /// added token holds a space or takes the whitespace after it.
     cuttable: bool,
+    /// The post-processor adds tokens (a BOS template), so cut pieces are merged and
+    /// post-processed as a whole.
+    template_adds: bool,
     add_bos: bool,
     bos: Option<u32>,
     /// `eos` first, then other end-of-generation ids.
@@ -351,8 +354,13 @@ impl Tokenizer {
                 .get_added_tokens_decoder()
                 .values()
                 .all(|t| !t.rstrip && !t.content.contains(' '));
+        let template_adds = p.post_process
+            && p.inner
+                .get_post_processor()
+                .is_some_and(|pp| tokenizers::PostProcessor::added_tokens(pp, false) > 0);
         Tokenizer {
             cuttable,
+            template_adds,
             inner: p.inner,
             plain,
             bytes: p.bytes,
@@ -381,36 +389,26 @@ impl Tokenizer {
         } else {
             &self.plain
         };
-        let enc = if cut && text.len() >= split::PARALLEL_MIN_BYTES {
-            let piece = split::piece_bytes(text.len(), rayon::current_num_threads());
-            let cuts = split::cut_points(text, piece);
-            let bounds: Vec<usize> = std::iter::once(0)
-                .chain(cuts)
-                .chain(std::iter::once(text.len()))
-                .collect();
-            let pieces = bounds
-                .par_windows(2)
-                .map(|w| tk.encode_fast(&text[w[0]..w[1]], false))
-                .collect::<tokenizers::Result<Vec<_>>>()
+        if !cut || text.len() < split::PARALLEL_MIN_BYTES {
+            let enc = tk
+                .encode_fast(text, self.post_process)
                 .map_err(tk_err("encode"))?;
-            // Merging encodings copies every field of every token: only for a template
-            // that adds tokens (BOS) to the whole.
-            let adds = self.post_process
-                && tk
-                    .get_post_processor()
-                    .is_some_and(|p| tokenizers::PostProcessor::added_tokens(p, false) > 0);
-            if !adds {
-                return Ok(
-                    self.with_bos(pieces.iter().flat_map(|e| e.get_ids()).copied().collect())
-                );
-            }
-            let whole = tokenizers::Encoding::merge(pieces, false);
-            tk.post_process(whole, None, true)
-                .map_err(tk_err("encode"))?
-        } else {
-            tk.encode_fast(text, self.post_process)
-                .map_err(tk_err("encode"))?
-        };
+            return Ok(self.with_bos(enc.get_ids().to_vec()));
+        }
+        let piece = split::piece_bytes(text.len(), rayon::current_num_threads());
+        let pieces = split::pieces(text, piece)
+            .par_iter()
+            .map(|&p| tk.encode_fast(p, false))
+            .collect::<tokenizers::Result<Vec<_>>>()
+            .map_err(tk_err("encode"))?;
+        if !self.template_adds {
+            return Ok(self.with_bos(pieces.iter().flat_map(|e| e.get_ids()).copied().collect()));
+        }
+        // Merging copies every field of every token: only for a template that adds some.
+        let whole = tokenizers::Encoding::merge(pieces, false);
+        let enc = tk
+            .post_process(whole, None, true)
+            .map_err(tk_err("encode"))?;
         Ok(self.with_bos(enc.get_ids().to_vec()))
     }
 

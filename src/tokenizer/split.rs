@@ -92,6 +92,18 @@ pub fn cut_points(text: &str, piece: usize) -> Vec<usize> {
     cuts
 }
 
+/// `text` cut at [`cut_points`] about every `piece` bytes.
+pub fn pieces(text: &str, piece: usize) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    for cut in cut_points(text, piece) {
+        out.push(&text[from..cut]);
+        from = cut;
+    }
+    out.push(&text[from..]);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,5 +138,8 @@ mod tests {
         let cuts = cut_points(&text, 512);
         assert_eq!(cuts.len(), 9);
         assert!(cuts.iter().all(|&c| c % 5 == 4));
+        let pieces = pieces(&text, 512);
+        assert_eq!((pieces.len(), pieces.concat()), (10, text.clone()));
+        assert!(pieces[1..].iter().all(|p| p.starts_with(" word")));
     }
 }

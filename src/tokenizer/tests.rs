@@ -128,14 +128,9 @@ fn long_texts_encode_in_pieces_to_the_same_ids() {
                 .map(|(s, _, _)| s.to_owned())
                 .collect()
         };
-        let cuts = split::cut_points(&text, 64);
-        let bounds: Vec<usize> = std::iter::once(0)
-            .chain(cuts)
-            .chain(std::iter::once(text.len()))
-            .collect();
-        let pieces: Vec<String> = bounds
-            .windows(2)
-            .flat_map(|w| pre_tokens(&text[w[0]..w[1]]))
+        let pieces: Vec<String> = split::pieces(&text, 64)
+            .into_iter()
+            .flat_map(pre_tokens)
             .collect();
         assert_eq!(pieces, pre_tokens(&text), "{pre}");
         for special in [true, false] {
@@ -146,17 +141,27 @@ fn long_texts_encode_in_pieces_to_the_same_ids() {
     }
     // A tokenizer.json template that adds BOS applies once, to the whole.
     use tokenizers::processors::template::TemplateProcessing;
-    let mut tok = tiny("llama3");
+    let base = tiny("llama3");
     let template = TemplateProcessing::builder()
         .try_single("<|im_start|> $A")
         .unwrap()
         .special_tokens(vec![("<|im_start|>", 1)])
         .build()
         .unwrap();
-    tok.inner.with_post_processor(Some(template));
-    tok.plain = tok.inner.clone();
-    tok.plain.set_encode_special_tokens(true);
-    tok.post_process = true;
+    let mut inner = base.inner.clone();
+    inner.with_post_processor(Some(template));
+    let tok = Tokenizer::assemble(Parts {
+        inner,
+        bytes: base.bytes.clone(),
+        special: base.special.clone(),
+        byte_level: true,
+        post_process: true,
+        add_bos: false,
+        bos: base.bos,
+        eos: base.eos.clone(),
+        chat_template: None,
+    });
+    assert!(tok.cuttable && tok.template_adds);
     let whole = tok.encode_cut(&text, false, false).unwrap();
     assert_eq!(tok.encode_cut(&text, false, true).unwrap(), whole);
     assert_eq!(
