@@ -21,15 +21,6 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     return v;
 }
 
-__device__ __forceinline__ void unpack8(uint4 v, float* f) {
-    const unsigned int u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        f[2 * j] = half_to_f32((half_t)(u[j] & 0xffffu));
-        f[2 * j + 1] = half_to_f32((half_t)(u[j] >> 16));
-    }
-}
-
 // Two 16-bit values of a 32-bit word as floats.
 __device__ __forceinline__ void unpack2(unsigned u, float& lo, float& hi) {
     lo = half_to_f32((half_t)(u & 0xffffu));
