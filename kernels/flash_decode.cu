@@ -37,8 +37,9 @@ __device__ __forceinline__ void flash_decode(
     extern __shared__ __align__(16) unsigned char fa_smem[];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row0 = tiles[2 * blockIdx.x], cnt = tiles[2 * blockIdx.x + 1];
-    const int g = blockIdx.y, split = blockIdx.z;
+    // A tile's KV heads side by side, the tiles longest-context first (as in prefill).
+    const int tile = blockIdx.x / kv_heads, g = blockIdx.x % kv_heads, split = blockIdx.z;
+    const int row0 = tiles[2 * tile], cnt = tiles[2 * tile + 1];
     const int group = heads / kv_heads, pw = 16 / group;
     const int kvd = kv_heads * hd;
     const int len = row_pos[row0 + cnt - 1] + 1;

@@ -38,8 +38,10 @@ __device__ __forceinline__ void flash_prefill(
     extern __shared__ __align__(16) unsigned char fp_smem[];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row0 = tiles[2 * blockIdx.x], cnt = tiles[2 * blockIdx.x + 1];
-    const int g = blockIdx.y;
+    // Blocks run the tiles in order, a tile's KV heads side by side: the tiles come
+    // longest-context first, so the GPU's last wave is its shortest.
+    const int tile = blockIdx.x / kv_heads, g = blockIdx.x % kv_heads;
+    const int row0 = tiles[2 * tile], cnt = tiles[2 * tile + 1];
     const int group = heads / kv_heads, pw = 16 / group;
     const int kvd = kv_heads * hd;
     const int kend = row_pos[row0 + cnt - 1] + 1;

@@ -90,8 +90,9 @@ pub fn flash_smem(mode: &str, budget: usize) -> usize {
 
 /// Query tiles, each `[first row, rows]`: consecutive rows of one sequence. A sequence's
 /// rows that fit one warp (decodes, short drafts) make one decode tile (`keys`); longer
-/// runs (prefill) are cut into prefill tiles (`rows`) of one block's worth, the longest
-/// contexts first so that the GPU's last wave of blocks is its shortest.
+/// runs (prefill) are cut into prefill tiles (`rows`) of one block's worth. Each list runs
+/// longest context first, and the kernels take a tile's KV heads side by side, so that the
+/// GPU's last wave of blocks is its shortest.
 #[derive(Debug, Default, PartialEq)]
 pub struct Tiles {
     pub rows: Vec<i32>,
@@ -107,14 +108,14 @@ impl Tiles {
     ) -> Result<Tiles> {
         let per_warp = (WARP_ROWS / group.max(1)).max(1);
         let mut t = Tiles::default();
-        // Prefill tiles with the context each one reads: (end position, first row, rows).
-        let mut rows = Vec::new();
+        // Tiles with the context each one reads: (end position, first row, rows).
+        let (mut rows, mut keys) = (Vec::new(), Vec::new());
         for (first, len, pos) in spans {
             if len == 0 {
                 continue;
             }
             if len <= per_warp {
-                t.keys.extend([i32_of(first)?, i32_of(len)?]);
+                keys.push((pos + len, first, len));
                 continue;
             }
             let per_block = PREFILL_WARPS * per_warp;
@@ -123,9 +124,12 @@ impl Tiles {
                 rows.push((pos + at + n, first + at, n));
             }
         }
-        rows.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        for (_, first, n) in rows {
-            t.rows.extend([i32_of(first)?, i32_of(n)?]);
+        for (list, out) in [(rows, &mut t.rows), (keys, &mut t.keys)] {
+            let mut list = list;
+            list.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            for (_, first, n) in list {
+                out.extend([i32_of(first)?, i32_of(n)?]);
+            }
         }
         Ok(t)
     }
@@ -247,7 +251,10 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
         // SAFETY: argument order and types match flash_prefill.cu; the first `rows_tiles`
         // tiles are (first row, rows) pairs inside the batch; tables cover every row's
         // positions (checked by the caller).
-        let mut c = cfg((a.rows_tiles, hs.kv_heads, 1), (PREFILL_WARPS * 32) as u32)?;
+        let mut c = cfg(
+            (a.rows_tiles * hs.kv_heads, 1, 1),
+            (PREFILL_WARPS * 32) as u32,
+        )?;
         c.shared_mem_bytes = flash_smem("prefill", budget) as u32;
         unsafe { gpu.launch(f, c, &mut b) }.map_err(cuda_err(name))?;
     }
@@ -278,7 +285,7 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
         // SAFETY: argument order and types match flash_decode.cu; the decode tiles follow
         // the prefill tiles, each a (first row, rows) pair inside the batch; the plan keeps
         // partial sums within the workspace; tables cover every row's positions.
-        let mut c = cfg((a.keys_tiles, hs.kv_heads, splits), 128)?;
+        let mut c = cfg((a.keys_tiles * hs.kv_heads, 1, splits), 128)?;
         c.shared_mem_bytes = flash_smem("decode", budget) as u32;
         unsafe { gpu.launch(f, c, &mut b) }.map_err(cuda_err(name))?;
         if splits > 1 {
@@ -408,11 +415,14 @@ mod tests {
         ];
         let t = Tiles::new(spans, 4).unwrap();
         assert_eq!(t.rows, vec![42, 5, 32, 5, 0, 32]);
+        // Decode tiles too: the decode at position 50 reads 51 keys, the draft 13.
         assert_eq!(t.keys, vec![37, 1, 38, 4]);
         assert_eq!(t.counts(), (3, 2));
         let flat: Vec<i32> = t.flat().collect();
         assert_eq!(flat.len(), 10);
         assert_eq!(&flat[6..], &[37, 1, 38, 4]);
+        let t = Tiles::new([(0, 1, 5), (1, 1, 900), (2, 2, 40), (4, 1, 900)], 4).unwrap();
+        assert_eq!(t.keys, vec![1, 1, 4, 1, 2, 2, 0, 1]);
         // Group 3 (SmolLM2): 5 positions per decode tile, 40 per prefill block.
         let t = Tiles::new([(0, 85, 0)], 3).unwrap();
         assert_eq!(t.rows, vec![80, 5, 40, 40, 0, 40]);
