@@ -37,6 +37,11 @@ __device__ __forceinline__ half_t f32_to_half(float f) {
 }
 #endif
 
+// SwiGLU's product for one gate value and its up value: silu(g) * u.
+__device__ __forceinline__ float silu_times(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
 // Programmatic dependent launch (sm_90 and later). The host launches every kernel so that
 // it may begin while the kernel before it on the stream is still finishing. So each kernel
 // calls grid_dep_wait() before it reads anything an earlier kernel wrote, or writes anything

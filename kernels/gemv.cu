@@ -7,6 +7,9 @@
 // (the weights are read once; x stays cached there for every warp), and converts each x
 // chunk once for the two rows: the kernel is bound by instructions per weight byte as much
 // as by bytes. The slices meet in shared memory.
+// With `swiglu` (out even: gate_up's rows interleaved, gate i and up i at rows 2i and
+// 2i + 1), a pair is one gate and its up, and the kernel writes silu(gate) * up, each first
+// rounded to 16 bits as silu_mul (swiglu.cu) would read them: y is then [n, out / 2].
 // Needs k a multiple of 8 and 16-byte aligned rows. grid: ceil(ceil(out / 2) * split /
 // GEMV_WARPS); block: 32 * GEMV_WARPS.
 #define GEMV_WARPS 8
@@ -56,7 +59,8 @@ __device__ __forceinline__ void gemv_chunk2(const uint4* w, const uint4* __restr
 
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     KERNEL(gemv)(const half_t* __restrict__ x, const half_t* __restrict__ w,
-                 void* __restrict__ y, int n, int k, int out, int half_out, int split) {
+                 void* __restrict__ y, int n, int k, int out, int half_out, int split,
+                 int swiglu) {
     __shared__ float part[GEMV_WARPS][2][GEMV_MAX_ROWS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int item = blockIdx.x * GEMV_WARPS + warp;
@@ -128,7 +132,22 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
             }
         }
     }
-    if (lane == 0 && live) {
+    if (lane == 0 && live && swiglu) {
+#pragma unroll
+        for (int t = 0; t < GEMV_MAX_ROWS; ++t) {
+            if (t < n) {
+                const float g = half_to_f32(f32_to_half(acc[0][t]));
+                const float u = half_to_f32(f32_to_half(acc[1][t]));
+                const float v = silu_times(g, u);
+                const size_t at = (size_t)t * (out / 2) + o / 2;
+                if (half_out) {
+                    reinterpret_cast<half_t*>(y)[at] = f32_to_half(v);
+                } else {
+                    reinterpret_cast<float*>(y)[at] = v;
+                }
+            }
+        }
+    } else if (lane == 0 && live) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             if (r == 1 && !two) break;

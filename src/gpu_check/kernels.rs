@@ -17,6 +17,7 @@ use crate::kernels::cuda::launch::{self, Heads};
 use crate::kernels::cuda::lt;
 use crate::kernels::cuda::{DevBuf, Gpu, Half};
 use crate::kernels::matmul::{linear, Matrix};
+use crate::model::gpu::weights::interleave_halves;
 
 pub(super) fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n)
@@ -66,6 +67,7 @@ pub fn run_all(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Row>> {
         rows.extend(rope(gpu, dt, &mut rng)?);
         rows.extend(attention(gpu, dt, &mut rng)?);
         rows.extend(gemm(gpu, dt, &mut rng)?);
+        rows.extend(gate_up_swiglu(gpu, dt, &mut rng)?);
     }
     rows.extend(super::sample::sample_rows(gpu, &mut rng)?);
     Ok(rows)
@@ -152,6 +154,12 @@ fn swiglu(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let mut out = Vec::new();
     for (n, f) in [(1, 1536), (3, 8191), (17, 64), (2, 1540)] {
         let (gbits, gu) = half_of(dt, &rand_vec(rng, n * 2 * f, 4.0));
+        // The kernel reads each row's gate and up values interleaved, as the GPU's gate_up
+        // weights produce them; the CPU twin reads [gate | up].
+        let gbits: Vec<u16> = gbits
+            .chunks(2 * f)
+            .flat_map(|row| interleave_halves(row, 2 * f, 1))
+            .collect();
         let (gb, ob) = (gpu.upload(&gbits)?, poison_half(gpu, dt, n * f)?);
         launch::silu_mul(gpu, dt, gb.ptr(), ob.ptr(), n, f)?;
         let mut want = vec![0f32; n * f];
@@ -164,6 +172,68 @@ fn swiglu(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
             rel_err(&got, &want),
             1e-2,
         ));
+    }
+    Ok(out)
+}
+
+/// The MLP's gate|up projection with SwiGLU ([`Blas::gate_up`]): the GEMV kernel applying
+/// SwiGLU as it writes, and cuBLAS followed by silu_mul, both on the interleaved weights the
+/// GPU holds, against the CPU matmul on [gate | up] and the CPU SwiGLU, each output rounded
+/// to 16 bits as on the GPU.
+fn gate_up_swiglu(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
+    let blas = Blas::new(gpu)?;
+    let mut out = Vec::new();
+    for (n, k, f) in [
+        (1, 576, 1536),
+        (3, 2048, 2731),
+        (4, 4096, 1000),
+        (2, 2056, 7),
+    ] {
+        let (xb, xv) = half_of(dt, &rand_vec(rng, n * k, 1.0));
+        let (wb, wv) = half_of(dt, &rand_vec(rng, 2 * f * k, 0.05));
+        let (xd, wd) = (
+            gpu.upload(&xb)?,
+            gpu.upload(&interleave_halves(&wb, 2 * f, k))?,
+        );
+        let mut gu = vec![0f32; n * 2 * f];
+        linear(&xv, &Matrix::F32(wv), None, n, k, 2 * f, &mut gu);
+        let mut want = vec![0f32; n * f];
+        cpu::silu_mul(&half_of(dt, &gu).1, f, &mut want);
+        let want = half_of(dt, &want).1;
+        for (path, name) in [
+            (Path::Gemv, "gate_up + SwiGLU, gemv kernel"),
+            (Path::Cublas, "gate_up + SwiGLU, cublas gemm + silu_mul"),
+        ] {
+            let gud = gpu.alloc::<u16>(n * 2 * f)?;
+            let act = poison_half(gpu, dt, n * f)?;
+            let fused = blas.gate_up(
+                path,
+                dt,
+                xd.ptr(),
+                wd.ptr(),
+                (gud.ptr(), act.ptr()),
+                n,
+                k,
+                f,
+            )?;
+            if fused != (path == Path::Gemv) {
+                return Err(crate::error::Error::Cuda(format!(
+                    "{name}: SwiGLU fused {fused}, expected {}",
+                    path == Path::Gemv
+                )));
+            }
+            if !fused {
+                launch::silu_mul(gpu, dt, gud.ptr(), act.ptr(), n, f)?;
+            }
+            let got = to_f32(dt, &gpu.read(&act, n * f)?);
+            out.push(row(
+                name,
+                dt,
+                format!("n {n} in {k} f {f}"),
+                rel_err(&got, &want),
+                1e-2,
+            ));
+        }
     }
     Ok(out)
 }

@@ -232,7 +232,6 @@ impl Blas {
         if n == 0 {
             return Ok(());
         }
-        let fits = Self::gemv_fits(x, w, n, inp);
         let shape = Shape {
             half,
             n,
@@ -240,24 +239,65 @@ impl Blas {
             out,
             y: y_ty,
         };
-        let gemv = match path {
-            Path::Gemv if !fits => {
-                return Err(Error::Cuda(format!(
-                    "the GEMV kernel cannot run {n} rows of {inp} inputs"
-                )))
-            }
-            Path::Gemv => true,
-            Path::Cublas | Path::CublasLt => false,
-            Path::Auto => fits && self.gemv_shapes.contains_key(&shape),
-        };
-        if gemv {
-            self.gemv(shape, x, w, y)
+        if self.runs_gemv(path, shape, x, w)? {
+            self.gemv(shape, x, w, y, false)
         } else {
             self.gemm(path, shape, x, w, y)
         }
     }
 
-    fn gemv(&self, shape: Shape, x: u64, w: u64, y: u64) -> Result<()> {
+    /// The MLP's gate|up projection of `n` rows `x` (16-bit) by `w`, whose `2 * f` rows
+    /// interleave gate and up (gate i at row 2i, up i at 2i + 1), into `gu` (16-bit). Where
+    /// the GEMV kernel runs it, the kernel applies SwiGLU as it writes, into `act` ([n, f],
+    /// 16-bit), and this returns true; otherwise SwiGLU (launch::silu_mul) is still to run.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gate_up(
+        &self,
+        path: Path,
+        half: Half,
+        x: u64,
+        w: u64,
+        (gu, act): (u64, u64),
+        n: usize,
+        inp: usize,
+        f: usize,
+    ) -> Result<bool> {
+        if n == 0 {
+            return Ok(true);
+        }
+        let shape = Shape {
+            half,
+            n,
+            inp,
+            out: 2 * f,
+            y: Out::Half,
+        };
+        if self.runs_gemv(path, shape, x, w)? {
+            self.gemv(shape, x, w, act, true)?;
+            return Ok(true);
+        }
+        self.gemm(path, shape, x, w, gu)?;
+        Ok(false)
+    }
+
+    /// Whether `path` runs `shape` on the GEMV kernel.
+    fn runs_gemv(&self, path: Path, shape: Shape, x: u64, w: u64) -> Result<bool> {
+        let fits = Self::gemv_fits(x, w, shape.n, shape.inp);
+        Ok(match path {
+            Path::Gemv if !fits => {
+                return Err(Error::Cuda(format!(
+                    "the GEMV kernel cannot run {} rows of {} inputs",
+                    shape.n, shape.inp
+                )))
+            }
+            Path::Gemv => true,
+            Path::Cublas | Path::CublasLt => false,
+            Path::Auto => fits && self.gemv_shapes.contains_key(&shape),
+        })
+    }
+
+    /// The GEMV kernel; with `swiglu`, SwiGLU of each (gate, up) pair of rows into y.
+    fn gemv(&self, shape: Shape, x: u64, w: u64, y: u64, swiglu: bool) -> Result<()> {
         let Shape {
             half,
             n,
@@ -272,7 +312,7 @@ impl Blas {
         let pairs = out.div_ceil(2);
         let split = gemv_split(inp, pairs);
         let (ni, ki, oi, half_out) = (i(n)?, i(inp)?, i(out)?, i32::from(y_ty == Out::Half));
-        let split_i = i(split)?;
+        let (split_i, swiglu_i) = (i(split)?, i32::from(swiglu));
         let f = &self.gemv[usize::from(half == Half::F16)];
         let mut b = Args::new();
         b.arg(&x)
@@ -282,7 +322,8 @@ impl Blas {
             .arg(&ki)
             .arg(&oi)
             .arg(&half_out)
-            .arg(&split_i);
+            .arg(&split_i)
+            .arg(&swiglu_i);
         let blocks = u32::try_from((pairs * split).div_ceil(GEMV_WARPS))
             .map_err(|_| Error::Cuda(format!("GEMV of {out} outputs")))?;
         let cfg = LaunchConfig {
@@ -291,7 +332,8 @@ impl Blas {
             shared_mem_bytes: 0,
         };
         // SAFETY: argument order and types match gemv.cu; x holds n rows of inp, w out rows
-        // of inp, y n rows of out of the asked type; gemv_fits checked rows and alignment.
+        // of inp, y n rows of out (of out / 2 with swiglu, out then even) of the asked type;
+        // gemv_fits checked rows and alignment.
         unsafe { self.gpu.launch(f, cfg, &mut b) }.map_err(cuda_err("gemv"))?;
         Ok(())
     }

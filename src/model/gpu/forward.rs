@@ -417,19 +417,20 @@ impl CudaForward {
                 eps,
             )?;
             mark(&mut self.timer, stage::NORM)?;
-            self.blas.linear(
+            let swiglu_done = self.blas.gate_up(
                 self.linear_path,
                 dt,
                 s.xn.ptr(),
                 lw.gate_up.w.ptr(),
-                s.gu.ptr(),
-                Out::Half,
+                (s.gu.ptr(), s.act.ptr()),
                 n,
                 h,
-                2 * f,
+                f,
             )?;
             mark(&mut self.timer, stage::GATE_UP)?;
-            launch::silu_mul(g, dt, s.gu.ptr(), s.act.ptr(), n, f)?;
+            if !swiglu_done {
+                launch::silu_mul(g, dt, s.gu.ptr(), s.act.ptr(), n, f)?;
+            }
             mark(&mut self.timer, stage::SWIGLU)?;
             self.blas.linear(
                 self.linear_path,

@@ -24,6 +24,8 @@ pub struct GpuLayer {
     pub qkv: GpuLinear,
     pub o: GpuLinear,
     pub ffn_norm: DevBuf<f32>,
+    /// Gate and up rows interleaved ([`interleave_halves`]): gate i at row 2i, up i at
+    /// 2i + 1, so that the GEMV kernel's pair of rows is one SwiGLU input.
     pub gate_up: GpuLinear,
     pub down: GpuLinear,
 }
@@ -84,6 +86,34 @@ fn to_half_checked(
     Ok(bits)
 }
 
+/// The rows of `v` (`rows` of `cols`, `rows` even) with its two halves interleaved: row
+/// 2i is row i of the first half, row 2i + 1 row i of the second.
+pub fn interleave_halves<T: Copy + Send + Sync>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let half = rows / 2;
+    let mut out = v.to_vec();
+    out.par_chunks_mut(cols.max(1))
+        .enumerate()
+        .for_each(|(r, dst)| {
+            let from = if r % 2 == 0 { r / 2 } else { half + r / 2 };
+            dst.copy_from_slice(&v[from * cols..(from + 1) * cols]);
+        });
+    out
+}
+
+/// The MLP's gate|up layer with its gate and up rows interleaved.
+fn gate_up(gpu: &Gpu, l: &Linear, half: Half) -> Result<GpuLinear> {
+    let bits = to_half_checked(&l.w, l.rows, l.cols, half, "a linear layer")?;
+    Ok(GpuLinear {
+        w: gpu.upload(&interleave_halves(&bits, l.rows, l.cols))?,
+        b: l.b
+            .as_deref()
+            .map(|b| gpu.upload(&interleave_halves(b, l.rows, 1)))
+            .transpose()?,
+        rows: l.rows,
+        cols: l.cols,
+    })
+}
+
 fn linear(gpu: &Gpu, l: &Linear, half: Half) -> Result<GpuLinear> {
     Ok(GpuLinear {
         w: gpu.upload(&to_half_checked(
@@ -118,7 +148,7 @@ impl GpuWeights {
                 qkv: linear(gpu, &lw.qkv, half)?,
                 o: linear(gpu, &lw.o, half)?,
                 ffn_norm: gpu.upload(&lw.ffn_norm)?,
-                gate_up: linear(gpu, &lw.gate_up, half)?,
+                gate_up: gate_up(gpu, &lw.gate_up, half)?,
                 down: linear(gpu, &lw.down, half)?,
             });
         }
@@ -136,5 +166,22 @@ impl GpuWeights {
         };
         gpu.sync()?;
         Ok(weights)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::interleave_halves;
+
+    #[test]
+    fn gate_and_up_rows_alternate() {
+        // Rows g0 g1 g2 | u0 u1 u2 of two columns each.
+        let v = [1, 2, 3, 4, 5, 6, 11, 12, 13, 14, 15, 16];
+        assert_eq!(
+            interleave_halves(&v, 6, 2),
+            vec![1, 2, 11, 12, 3, 4, 13, 14, 5, 6, 15, 16]
+        );
+        // One column: an activation row [gate | up].
+        assert_eq!(interleave_halves(&[1, 2, 9, 8], 4, 1), vec![1, 9, 2, 8]);
     }
 }
