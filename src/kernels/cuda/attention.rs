@@ -91,8 +91,8 @@ pub fn flash_smem(mode: &str, budget: usize) -> usize {
 /// Query tiles, each `[first row, rows]`: consecutive rows of one sequence. A sequence's
 /// rows that fit one warp (decodes, short drafts) make one decode tile (`keys`); longer
 /// runs (prefill) are cut into prefill tiles (`rows`) of one block's worth. Each list runs
-/// longest context first, and the kernels take a tile's KV heads side by side, so that the
-/// GPU's last wave of blocks is its shortest.
+/// longest context first, and the tensor-core kernels take a tile's KV heads side by side,
+/// so that the GPU's last wave of blocks is its shortest.
 #[derive(Debug, Default, PartialEq)]
 pub struct Tiles {
     pub rows: Vec<i32>,

@@ -289,7 +289,9 @@ pub fn rope_kv_write(
     Ok(())
 }
 
-/// `out = silu(gate) * up` in `half` from the fused `[n, 2f]` product in `half`.
+/// `out = silu(gate) * up` in `half` from the fused `[n, 2f]` product in `half`, whose
+/// columns interleave gate and up (gate i at 2i, up i at 2i + 1; the weights' rows are
+/// uploaded so).
 pub fn silu_mul(gpu: &Gpu, half: Half, gu: u64, out: u64, n: usize, f: usize) -> Result<()> {
     if n == 0 {
         return Ok(());

@@ -88,15 +88,14 @@ fn to_half_checked(
 
 /// The rows of `v` (`rows` of `cols`, `rows` even) with its two halves interleaved: row
 /// 2i is row i of the first half, row 2i + 1 row i of the second.
-pub fn interleave_halves<T: Copy + Send + Sync>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
-    let half = rows / 2;
-    let mut out = v.to_vec();
-    out.par_chunks_mut(cols.max(1))
-        .enumerate()
-        .for_each(|(r, dst)| {
-            let from = if r % 2 == 0 { r / 2 } else { half + r / 2 };
-            dst.copy_from_slice(&v[from * cols..(from + 1) * cols]);
-        });
+pub fn interleave_halves<T: Copy>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
+    debug_assert!(rows.is_multiple_of(2) && v.len() == rows * cols);
+    let (first, second) = v.split_at(rows / 2 * cols);
+    let mut out = Vec::with_capacity(v.len());
+    for (a, b) in first.chunks(cols.max(1)).zip(second.chunks(cols.max(1))) {
+        out.extend_from_slice(a);
+        out.extend_from_slice(b);
+    }
     out
 }
 
