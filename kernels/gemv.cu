@@ -57,6 +57,15 @@ __device__ __forceinline__ void gemv_chunk2(const uint4* w, const uint4* __restr
     }
 }
 
+// y[at] = v, in fp32 or, with half_out, 16-bit.
+__device__ __forceinline__ void gemv_store(void* y, size_t at, float v, int half_out) {
+    if (half_out) {
+        reinterpret_cast<half_t*>(y)[at] = f32_to_half(v);
+    } else {
+        reinterpret_cast<float*>(y)[at] = v;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     KERNEL(gemv)(const half_t* __restrict__ x, const half_t* __restrict__ w,
                  void* __restrict__ y, int n, int k, int out, int half_out, int split,
@@ -138,13 +147,7 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
             if (t < n) {
                 const float g = half_to_f32(f32_to_half(acc[0][t]));
                 const float u = half_to_f32(f32_to_half(acc[1][t]));
-                const float v = silu_times(g, u);
-                const size_t at = (size_t)t * (out / 2) + o / 2;
-                if (half_out) {
-                    reinterpret_cast<half_t*>(y)[at] = f32_to_half(v);
-                } else {
-                    reinterpret_cast<float*>(y)[at] = v;
-                }
+                gemv_store(y, (size_t)t * (out / 2) + o / 2, silu_times(g, u), half_out);
             }
         }
     } else if (lane == 0 && live) {
@@ -153,14 +156,7 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
             if (r == 1 && !two) break;
 #pragma unroll
             for (int t = 0; t < GEMV_MAX_ROWS; ++t) {
-                if (t < n) {
-                    const size_t at = (size_t)t * out + o + r;
-                    if (half_out) {
-                        reinterpret_cast<half_t*>(y)[at] = f32_to_half(acc[r][t]);
-                    } else {
-                        reinterpret_cast<float*>(y)[at] = acc[r][t];
-                    }
-                }
+                if (t < n) gemv_store(y, (size_t)t * out + o + r, acc[r][t], half_out);
             }
         }
     }

@@ -124,8 +124,7 @@ impl Tiles {
                 rows.push((pos + at + n, first + at, n));
             }
         }
-        for (list, out) in [(rows, &mut t.rows), (keys, &mut t.keys)] {
-            let mut list = list;
+        for (mut list, out) in [(rows, &mut t.rows), (keys, &mut t.keys)] {
             list.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
             for (_, first, n) in list {
                 out.extend([i32_of(first)?, i32_of(n)?]);

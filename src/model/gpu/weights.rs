@@ -99,30 +99,29 @@ pub fn interleave_halves<T: Copy>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
     out
 }
 
-/// The MLP's gate|up layer with its gate and up rows interleaved.
-fn gate_up(gpu: &Gpu, l: &Linear, half: Half) -> Result<GpuLinear> {
-    let bits = to_half_checked(&l.w, l.rows, l.cols, half, "a linear layer")?;
-    Ok(GpuLinear {
-        w: gpu.upload(&interleave_halves(&bits, l.rows, l.cols))?,
-        b: l.b
-            .as_deref()
-            .map(|b| gpu.upload(&interleave_halves(b, l.rows, 1)))
-            .transpose()?,
-        rows: l.rows,
-        cols: l.cols,
-    })
+/// How a linear layer's rows are laid out on the GPU.
+#[derive(Clone, Copy, PartialEq)]
+enum Rows {
+    AsIs,
+    /// [`interleave_halves`]: the MLP's gate|up layer.
+    HalvesInterleaved,
 }
 
-fn linear(gpu: &Gpu, l: &Linear, half: Half) -> Result<GpuLinear> {
+fn arranged<T: Copy>(v: Vec<T>, rows: usize, cols: usize, order: Rows) -> Vec<T> {
+    match order {
+        Rows::AsIs => v,
+        Rows::HalvesInterleaved => interleave_halves(&v, rows, cols),
+    }
+}
+
+fn linear(gpu: &Gpu, l: &Linear, half: Half, order: Rows) -> Result<GpuLinear> {
+    let bits = to_half_checked(&l.w, l.rows, l.cols, half, "a linear layer")?;
     Ok(GpuLinear {
-        w: gpu.upload(&to_half_checked(
-            &l.w,
-            l.rows,
-            l.cols,
-            half,
-            "a linear layer",
-        )?)?,
-        b: l.b.as_deref().map(|b| gpu.upload(b)).transpose()?,
+        w: gpu.upload(&arranged(bits, l.rows, l.cols, order))?,
+        b: l.b
+            .as_deref()
+            .map(|b| gpu.upload(&arranged(b.to_vec(), l.rows, 1, order)))
+            .transpose()?,
         rows: l.rows,
         cols: l.cols,
     })
@@ -144,11 +143,11 @@ impl GpuWeights {
         for lw in &w.layers {
             layers.push(GpuLayer {
                 attn_norm: gpu.upload(&lw.attn_norm)?,
-                qkv: linear(gpu, &lw.qkv, half)?,
-                o: linear(gpu, &lw.o, half)?,
+                qkv: linear(gpu, &lw.qkv, half, Rows::AsIs)?,
+                o: linear(gpu, &lw.o, half, Rows::AsIs)?,
                 ffn_norm: gpu.upload(&lw.ffn_norm)?,
-                gate_up: gate_up(gpu, &lw.gate_up, half)?,
-                down: linear(gpu, &lw.down, half)?,
+                gate_up: linear(gpu, &lw.gate_up, half, Rows::HalvesInterleaved)?,
+                down: linear(gpu, &lw.down, half, Rows::AsIs)?,
             });
         }
         let weights = GpuWeights {
@@ -159,7 +158,7 @@ impl GpuWeights {
             lm_head: w
                 .lm_head
                 .as_ref()
-                .map(|l| linear(gpu, l, half))
+                .map(|l| linear(gpu, l, half, Rows::AsIs))
                 .transpose()?,
             inv_freq: gpu.upload(model.inv_freq())?,
         };
