@@ -1,6 +1,7 @@
 // Linear layers for a few token rows (decode at small batch), where reading the weights is
 // the whole cost: y[t, o] = sum_i x[t, i] * w[o, i] for t < n (n <= GEMV_MAX_ROWS), x and w
-// 16-bit row-major, fp32 accumulation, y fp32 (half_out == 0) or 16-bit.
+// 16-bit row-major, fp32 accumulation; y_mode 0: y fp32, 1: y 16-bit, 2: y fp32 added to
+// (y += the product, the residual stream's add).
 // Work items are (pair of output rows, k slice): `split` (1, 2, 4 or 8) warps of one block
 // share a pair, so that even a short matrix gives every SM enough 16-byte loads in flight.
 // Each lane streams its slice's chunks of both rows, GEMV_UNROLL per row in flight, past L1
@@ -58,7 +59,7 @@ __device__ __forceinline__ void gemv_chunk2(const uint4* w, const uint4* __restr
 }
 
 // y[at] = v, in fp32 or, with half_out, 16-bit.
-__device__ __forceinline__ void gemv_store(void* y, size_t at, float v, int half_out) {
+__device__ __forceinline__ void gemv_store(void* y, size_t at, float v, bool half_out) {
     if (half_out) {
         reinterpret_cast<half_t*>(y)[at] = f32_to_half(v);
     } else {
@@ -68,9 +69,11 @@ __device__ __forceinline__ void gemv_store(void* y, size_t at, float v, int half
 
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     KERNEL(gemv)(const half_t* __restrict__ x, const half_t* __restrict__ w,
-                 void* __restrict__ y, int n, int k, int out, int half_out, int split,
+                 void* __restrict__ y, int n, int k, int out, int y_mode, int split,
                  int swiglu) {
     __shared__ float part[GEMV_WARPS][2][GEMV_MAX_ROWS];
+    // y_mode 2: the values of y this warp adds to, fetched while the weights stream.
+    __shared__ float resid[GEMV_WARPS][2][GEMV_MAX_ROWS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int item = blockIdx.x * GEMV_WARPS + warp;
     const int o = 2 * (item / split), slice = item % split;
@@ -99,6 +102,18 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
         }
     }
     grid_dep_enter();
+    // The warp that stores its pair copies the y values it adds to into shared memory
+    // now, asynchronously (a lane each), so that their latency is not the kernel's tail.
+    const bool adds = y_mode == 2 && live && slice == 0;
+    if (adds && lane < 2 * GEMV_MAX_ROWS) {
+        const int r = lane / GEMV_MAX_ROWS, t = lane % GEMV_MAX_ROWS;
+        if (t < n && (r == 0 || two)) {
+            const float* src = reinterpret_cast<const float*>(y) + (size_t)t * out + o + r;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(&resid[warp][r][t])),
+                         "l"(src));
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
     if (live) {
         for (int c = first; c < c1; c += 32 * GEMV_UNROLL) {
             if (c != first) {
@@ -141,22 +156,33 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
             }
         }
     }
-    if (lane == 0 && live && swiglu) {
+    if (swiglu) {
+        if (lane == 0 && live) {
 #pragma unroll
-        for (int t = 0; t < GEMV_MAX_ROWS; ++t) {
-            if (t < n) {
-                const float g = half_to_f32(f32_to_half(acc[0][t]));
-                const float u = half_to_f32(f32_to_half(acc[1][t]));
-                gemv_store(y, (size_t)t * (out / 2) + o / 2, silu_times(g, u), half_out);
+            for (int t = 0; t < GEMV_MAX_ROWS; ++t) {
+                if (t < n) {
+                    const float g = half_to_f32(f32_to_half(acc[0][t]));
+                    const float u = half_to_f32(f32_to_half(acc[1][t]));
+                    gemv_store(y, (size_t)t * (out / 2) + o / 2, silu_times(g, u), y_mode == 1);
+                }
             }
         }
-    } else if (lane == 0 && live) {
+        return;
+    }
+    if (adds) {
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        __syncwarp();
+    }
+    if (lane == 0 && live) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             if (r == 1 && !two) break;
 #pragma unroll
             for (int t = 0; t < GEMV_MAX_ROWS; ++t) {
-                if (t < n) gemv_store(y, (size_t)t * out + o + r, acc[r][t], half_out);
+                if (t < n) {
+                    const float v = adds ? resid[warp][r][t] + acc[r][t] : acc[r][t];
+                    gemv_store(y, (size_t)t * out + o + r, v, y_mode == 1);
+                }
             }
         }
     }

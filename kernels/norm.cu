@@ -1,42 +1,26 @@
-// RMSNorm into 16-bit GEMM inputs. add_rms_norm fuses the residual add:
-// x += delta (when delta is not null), then out = x / rms(x) * w. rms_norm_rows norms
+// RMSNorm into 16-bit GEMM inputs: rms_norm norms every row of the fp32 residual stream x
+// (the linear layers add their outputs into x themselves, Out::F32Add); rms_norm_rows norms
 // the selected rows rows[i] of x into out row i (the rows that get logits).
 // grid: one block per output row; block: a multiple of 32 threads. Rows of a multiple of 4
 // up to blockDim.x * 4 * NORM_VEC take the fast path: float4 loads all issued at once,
 // the row kept in registers between the sum and the scaling (one read of x, not two).
 #define NORM_VEC 8
 
-extern "C" __global__ void KERNEL(add_rms_norm)(float* __restrict__ x,
-                                             const float* __restrict__ delta,
-                                             const float* __restrict__ w,
-                                             half_t* __restrict__ out, int h, float eps) {
+extern "C" __global__ void KERNEL(rms_norm)(const float* __restrict__ x,
+                                         const float* __restrict__ w,
+                                         half_t* __restrict__ out, int h, float eps) {
     grid_dep_enter();
     __shared__ float scratch[32];
-    int r = blockIdx.x;
-    float* xr = x + (size_t)r * h;
+    const int r = blockIdx.x;
+    const float* xr = x + (size_t)r * h;
     if ((h & 3) == 0 && h <= (int)blockDim.x * 4 * NORM_VEC) {
         const int h4 = h >> 2;
-        float4* x4 = reinterpret_cast<float4*>(xr);
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
         float4 v[NORM_VEC];
 #pragma unroll
         for (int k = 0; k < NORM_VEC; ++k) {
             int i = threadIdx.x + k * blockDim.x;
             v[k] = i < h4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-        if (delta != nullptr) {
-            const float4* d4 = reinterpret_cast<const float4*>(delta + (size_t)r * h);
-#pragma unroll
-            for (int k = 0; k < NORM_VEC; ++k) {
-                int i = threadIdx.x + k * blockDim.x;
-                if (i < h4) {
-                    float4 d = d4[i];
-                    v[k].x += d.x;
-                    v[k].y += d.y;
-                    v[k].z += d.z;
-                    v[k].w += d.w;
-                    x4[i] = v[k];
-                }
-            }
         }
         float ss = 0.0f;
 #pragma unroll
@@ -57,14 +41,7 @@ extern "C" __global__ void KERNEL(add_rms_norm)(float* __restrict__ x,
         return;
     }
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < h; i += blockDim.x) {
-        float v = xr[i];
-        if (delta != nullptr) {
-            v += delta[(size_t)r * h + i];
-            xr[i] = v;
-        }
-        ss += v * v;
-    }
+    for (int i = threadIdx.x; i < h; i += blockDim.x) ss += xr[i] * xr[i];
     float scale = rsqrtf(block_sum(ss, scratch) / (float)h + eps);
     for (int i = threadIdx.x; i < h; i += blockDim.x) {
         out[(size_t)r * h + i] = f32_to_half(xr[i] * scale * w[i]);

@@ -95,38 +95,30 @@ fn embed(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
 fn norms(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let mut out = Vec::new();
     let eps = 1e-5;
-    for (n, h, with_delta) in [
-        (1, 576, true),
-        (5, 1000, false),
-        (64, 2048, true),
-        (3, 4097, true),
-        (2, 8192, true),
-        (1, 8196, true),
+    for (n, h) in [
+        (1, 576),
+        (5, 1000),
+        (64, 2048),
+        (3, 4097),
+        (2, 8192),
+        (1, 8196),
     ] {
         let x = rand_vec(rng, n * h, 2.0);
-        let d = rand_vec(rng, n * h, 1.0);
         let w = rand_vec(rng, h, 1.5);
-        let (xb, db, wb) = (gpu.upload(&x)?, gpu.upload(&d)?, gpu.upload(&w)?);
+        let (xb, wb) = (gpu.upload(&x)?, gpu.upload(&w)?);
         let ob = poison_half(gpu, dt, n * h)?;
-        let dptr = if with_delta { db.ptr() } else { 0 };
-        launch::add_rms_norm(gpu, dt, xb.ptr(), dptr, wb.ptr(), ob.ptr(), n, h, eps)?;
-        let mut xs = x.clone();
-        if with_delta {
-            cpu::add_in_place(&mut xs, &d);
-        }
+        launch::rms_norm(gpu, dt, xb.ptr(), wb.ptr(), ob.ptr(), n, h, eps)?;
         let mut want = vec![0f32; n * h];
-        cpu::rms_norm(&xs, &w, eps, &mut want);
-        let shape = format!("n {n} h {h} delta {with_delta}");
+        cpu::rms_norm(&x, &w, eps, &mut want);
+        let shape = format!("n {n} h {h}");
         let got = to_f32(dt, &gpu.read(&ob, n * h)?);
         out.push(row(
-            "add_rms_norm",
+            "rms_norm",
             dt,
             shape.clone(),
             rel_err(&got, &want),
             1e-2,
         ));
-        let resid = rel_err(&gpu.read(&xb, n * h)?, &xs);
-        out.push(row("add_rms_norm (residual)", dt, shape, resid, 1e-6));
 
         // The rows that get logits: a few, out of order.
         let sel: Vec<i32> = [n - 1, 0, n / 2].iter().map(|&r| r as i32).collect();
@@ -370,6 +362,8 @@ fn gemm(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         let mut want = vec![0f32; n * m];
         linear(&xv, &Matrix::F32(wv), None, n, k, m, &mut want);
         let want_half = half_of(dt, &want).1;
+        let base = rand_vec(rng, n * m, 1.0);
+        let want_added: Vec<f32> = base.iter().zip(&want).map(|(b, w)| b + w).collect();
         let gemv = Blas::gemv_fits(xd.ptr(), wd.ptr(), n, k);
         let paths: &[(Path, &str)] = if gemv {
             &[(Path::Cublas, "cublas gemm"), (Path::Gemv, "gemv kernel")]
@@ -377,7 +371,7 @@ fn gemm(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
             // Time the bucket's cuBLASLt candidates on buffers of the bucket's rows.
             let b = lt::bucket(n).unwrap_or(n);
             let (tx, ty) = (gpu.zeros::<u16>(b * k)?, gpu.alloc::<f32>(b * m)?);
-            for y_ty in [Out::F32, Out::Half] {
+            for y_ty in [Out::F32, Out::Half, Out::F32Add] {
                 let shape = Shape {
                     half: dt,
                     n: b,
@@ -409,7 +403,19 @@ fn gemm(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
             blas.linear(path, dt, xd.ptr(), wd.ptr(), yh.ptr(), Out::Half, n, k, m)?;
             let got = to_f32(dt, &gpu.read(&yh, n * m)?);
             let e = rel_err(&got, &want_half);
-            out.push(row(&format!("{name}, 16-bit out"), dt, shape, e, 1e-2));
+            out.push(row(
+                &format!("{name}, 16-bit out"),
+                dt,
+                shape.clone(),
+                e,
+                1e-2,
+            ));
+            // Added into what y holds (the residual stream).
+            let y = gpu.upload(&base)?;
+            blas.linear(path, dt, xd.ptr(), wd.ptr(), y.ptr(), Out::F32Add, n, k, m)?;
+            let got = gpu.read(&y, n * m)?;
+            let e = rel_err(&got, &want_added);
+            out.push(row(&format!("{name}, fp32 added to y"), dt, shape, e, 1e-3));
         }
     }
     Ok(out)

@@ -59,7 +59,7 @@ fn print_resources(cuda: &CudaModel) -> Result<()> {
     let kernels: [(&str, u32, usize); 8] = [
         (&prefill, 256, flash_smem("prefill", budget)),
         (&decode, 128, flash_smem("decode", budget)),
-        ("add_rms_norm", 256, 0),
+        ("rms_norm", 256, 0),
         ("rope_kv_write", 256, 0),
         ("silu_mul", 256, 0),
         ("sample_rows", 1024, 0),

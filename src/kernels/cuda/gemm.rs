@@ -36,6 +36,29 @@ pub enum Out {
     F32,
     /// The operands' 16-bit type.
     Half,
+    /// fp32, added to what y holds (`y += x·wᵀ`, one fp32 add per element): the residual
+    /// stream takes a layer's output without a pass of its own.
+    F32Add,
+}
+
+impl Out {
+    /// The cuBLAS `beta` for this output: 1 where y is added to.
+    pub fn beta(self) -> f32 {
+        if self == Out::F32Add {
+            1.0
+        } else {
+            0.0
+        }
+    }
+
+    /// Bytes per element of y.
+    pub fn bytes(self) -> usize {
+        if self == Out::Half {
+            2
+        } else {
+            4
+        }
+    }
 }
 
 /// Which implementation runs a linear layer.
@@ -311,7 +334,13 @@ impl Blas {
         // Warps take output rows in pairs.
         let pairs = out.div_ceil(2);
         let split = gemv_split(inp, pairs);
-        let (ni, ki, oi, half_out) = (i(n)?, i(inp)?, i(out)?, i32::from(y_ty == Out::Half));
+        let (ni, ki, oi) = (i(n)?, i(inp)?, i(out)?);
+        // y_mode: 0 fp32, 1 16-bit, 2 fp32 added to (gemv.cu's gemv_store).
+        let y_mode: i32 = match y_ty {
+            Out::F32 => 0,
+            Out::Half => 1,
+            Out::F32Add => 2,
+        };
         let (split_i, swiglu_i) = (i(split)?, i32::from(swiglu));
         let f = &self.gemv[usize::from(half == Half::F16)];
         let mut b = Args::new();
@@ -321,7 +350,7 @@ impl Blas {
             .arg(&ni)
             .arg(&ki)
             .arg(&oi)
-            .arg(&half_out)
+            .arg(&y_mode)
             .arg(&split_i)
             .arg(&swiglu_i);
         let blocks = u32::try_from((pairs * split).div_ceil(GEMV_WARPS))
@@ -365,7 +394,7 @@ impl Blas {
             i32::try_from(v).map_err(|_| Error::Cuda(format!("GEMM dimension {v} too large")))
         };
         let (m, nn, k) = (dim(out)?, dim(n)?, dim(inp)?);
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (1.0f32, y_ty.beta());
         let ty = match half {
             Half::Bf16 => cudaDataType_t::CUDA_R_16BF,
             Half::F16 => cudaDataType_t::CUDA_R_16F,
@@ -391,7 +420,7 @@ impl Blas {
                 (&beta) as *const f32 as *const _,
                 y as *mut _,
                 match y_ty {
-                    Out::F32 => cudaDataType_t::CUDA_R_32F,
+                    Out::F32 | Out::F32Add => cudaDataType_t::CUDA_R_32F,
                     Out::Half => ty,
                 },
                 m,

@@ -116,13 +116,12 @@ pub fn embed(
     Ok(())
 }
 
-/// `x += delta` (when `delta` is not 0), then `out = rmsnorm(x) * w` in `half`.
+/// `out = rmsnorm(x) * w` in `half`, for `n` rows of fp32 `x`.
 #[allow(clippy::too_many_arguments)]
-pub fn add_rms_norm(
+pub fn rms_norm(
     gpu: &Gpu,
     half: Half,
     x: u64,
-    delta: u64,
     w: u64,
     out: u64,
     n: usize,
@@ -133,11 +132,11 @@ pub fn add_rms_norm(
         return Ok(());
     }
     let h = i32_of(h)?;
-    let f = gpu.func("add_rms_norm", half)?;
+    let f = gpu.func("rms_norm", half)?;
     let mut b = Args::new();
-    b.arg(&x).arg(&delta).arg(&w).arg(&out).arg(&h).arg(&eps);
+    b.arg(&x).arg(&w).arg(&out).arg(&h).arg(&eps);
     // SAFETY: argument order and types match norm.cu; buffers hold n rows of h.
-    unsafe { gpu.launch(f, cfg((n, 1, 1), 256)?, &mut b) }.map_err(cuda_err("add_rms_norm"))?;
+    unsafe { gpu.launch(f, cfg((n, 1, 1), 256)?, &mut b) }.map_err(cuda_err("rms_norm"))?;
     Ok(())
 }
 

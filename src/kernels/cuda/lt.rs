@@ -44,6 +44,8 @@ struct Descs {
     w: sys::cublasLtMatrixLayout_t,
     x: sys::cublasLtMatrixLayout_t,
     y: sys::cublasLtMatrixLayout_t,
+    /// 1 where y is added to ([`Out::F32Add`]), else 0.
+    beta: f32,
 }
 
 // SAFETY: the descriptors are plain host objects owned by this value; cuBLASLt does not
@@ -57,7 +59,7 @@ impl Descs {
             Half::F16 => cudaDataType::CUDA_R_16F,
         };
         let y_ty = match shape.y {
-            Out::F32 => cudaDataType::CUDA_R_32F,
+            Out::F32 | Out::F32Add => cudaDataType::CUDA_R_32F,
             Out::Half => ty,
         };
         let (n, k, m) = (shape.n as u64, shape.inp as u64, shape.out as u64);
@@ -82,13 +84,20 @@ impl Descs {
         let x = lt::create_matrix_layout(ty, k, n, k as i64);
         let y = lt::create_matrix_layout(y_ty, m, n, m as i64);
         match (w, x, y) {
-            (Ok(w), Ok(x), Ok(y)) => Ok(Descs { desc, w, x, y }),
+            (Ok(w), Ok(x), Ok(y)) => Ok(Descs {
+                desc,
+                w,
+                x,
+                y,
+                beta: shape.y.beta(),
+            }),
             (w, x, y) => {
                 let made = Descs {
                     desc,
                     w: w.unwrap_or(std::ptr::null_mut()),
                     x: x.unwrap_or(std::ptr::null_mut()),
                     y: y.unwrap_or(std::ptr::null_mut()),
+                    beta: 0.0,
                 };
                 drop(made);
                 Err(Error::Cuda("cublasLtMatrixLayoutCreate failed".into()))
@@ -223,7 +232,7 @@ impl Lt {
         y: u64,
         stream: sys::cudaStream_t,
     ) -> std::result::Result<(), lt::CublasError> {
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (1.0f32, d.beta);
         // SAFETY: the descriptors match the buffers' shapes and types (the caller's
         // contract, as for cublasGemmEx); the workspace is live for the handle's life.
         unsafe {

@@ -88,7 +88,7 @@ pub struct Gpu {
 /// The kernel entry points of each module (each gets a `_bf16` and an `_f16` build).
 const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("embed", &["embed"]),
-    ("norm", &["add_rms_norm", "rms_norm_rows"]),
+    ("norm", &["rms_norm", "rms_norm_rows"]),
     ("rope", &["rope_kv_write"]),
     ("swiglu", &["silu_mul"]),
     ("attention", &["paged_attention", "attention_combine"]),

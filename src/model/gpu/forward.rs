@@ -27,7 +27,6 @@ struct Scratch {
     meta_cap: usize,
     meta: DevBuf<i32>,
     x: DevBuf<f32>,
-    delta: DevBuf<f32>,
     xn: DevBuf<u16>,
     qkv: DevBuf<u16>,
     q: DevBuf<f32>,
@@ -53,8 +52,8 @@ pub fn scratch_bytes(cfg: &ModelConfig, tokens: usize, rows: usize) -> usize {
         cfg.kv_dim(),
         cfg.intermediate_size,
     );
-    // fp32: x, delta, q; 16-bit: qkv, gate|up, xn, attn, act; 8 ints of metadata.
-    let per_token = 4 * (2 * h + qd) + 2 * (qd + 2 * kvd + 2 * f) + 2 * (h + qd + f) + 4 * 8;
+    // fp32: x, q; 16-bit: qkv, gate|up, xn, attn, act; 8 ints of metadata.
+    let per_token = 4 * (h + qd) + 2 * (qd + 2 * kvd + 2 * f) + 2 * (h + qd + f) + 4 * 8;
     let acc = acc_floats(cfg, tokens);
     tokens * per_token
         + acc * 4
@@ -79,7 +78,6 @@ impl Scratch {
             meta_cap,
             meta: g.alloc(meta_cap)?,
             x: g.alloc(tokens * h)?,
-            delta: g.alloc(tokens * h)?,
             xn: g.alloc(tokens * h)?,
             qkv: g.alloc(tokens * (qd + 2 * kvd))?,
             q: g.alloc(tokens * qd)?,
@@ -325,20 +323,9 @@ impl CudaForward {
         mark(&mut self.timer, stage::HOST_AND_UPLOAD)?;
         launch::embed(g, dt, w.embed.ptr(), ids, s.x.ptr(), n, h)?;
         mark(&mut self.timer, stage::EMBED)?;
-        let mut pending = 0u64;
         for (l, lw) in w.layers.iter().enumerate() {
             let (kc, vc) = self.kv_layer(l);
-            launch::add_rms_norm(
-                g,
-                dt,
-                s.x.ptr(),
-                pending,
-                lw.attn_norm.ptr(),
-                s.xn.ptr(),
-                n,
-                h,
-                eps,
-            )?;
+            launch::rms_norm(g, dt, s.x.ptr(), lw.attn_norm.ptr(), s.xn.ptr(), n, h, eps)?;
             mark(&mut self.timer, stage::NORM)?;
             self.blas.linear(
                 self.linear_path,
@@ -398,24 +385,14 @@ impl CudaForward {
                 dt,
                 s.attn.ptr(),
                 lw.o.w.ptr(),
-                s.delta.ptr(),
-                Out::F32,
+                s.x.ptr(),
+                Out::F32Add,
                 n,
                 qd,
                 h,
             )?;
             mark(&mut self.timer, stage::O)?;
-            launch::add_rms_norm(
-                g,
-                dt,
-                s.x.ptr(),
-                s.delta.ptr(),
-                lw.ffn_norm.ptr(),
-                s.xn.ptr(),
-                n,
-                h,
-                eps,
-            )?;
+            launch::rms_norm(g, dt, s.x.ptr(), lw.ffn_norm.ptr(), s.xn.ptr(), n, h, eps)?;
             mark(&mut self.timer, stage::NORM)?;
             let swiglu_done = self.blas.gate_up(
                 self.linear_path,
@@ -437,30 +414,18 @@ impl CudaForward {
                 dt,
                 s.act.ptr(),
                 lw.down.w.ptr(),
-                s.delta.ptr(),
-                Out::F32,
+                s.x.ptr(),
+                Out::F32Add,
                 n,
                 f,
                 h,
             )?;
             mark(&mut self.timer, stage::DOWN)?;
-            pending = s.delta.ptr();
         }
         if m == 0 {
             return Ok(());
         }
-        // The last residual add (its norm output is unused), then the selected rows.
-        launch::add_rms_norm(
-            g,
-            dt,
-            s.x.ptr(),
-            pending,
-            w.final_norm.ptr(),
-            s.xn.ptr(),
-            n,
-            h,
-            eps,
-        )?;
+        // The o and down layers added themselves into x: norm the rows that get logits.
         launch::rms_norm_rows(
             g,
             dt,

@@ -61,14 +61,14 @@ pub mod stage {
     /// From the end of the previous pass to the metadata upload: the host's work in between.
     pub const HOST_AND_UPLOAD: &str = "host + upload";
     pub const EMBED: &str = "embed";
-    pub const NORM: &str = "add + rms_norm";
+    pub const NORM: &str = "rms_norm";
     pub const QKV: &str = "qkv gemm";
     pub const ROPE: &str = "rope + kv write";
     pub const ATTENTION: &str = "attention";
-    pub const O: &str = "o gemm";
+    pub const O: &str = "o gemm + residual";
     pub const GATE_UP: &str = "gate_up gemm";
     pub const SWIGLU: &str = "silu * up";
-    pub const DOWN: &str = "down gemm";
+    pub const DOWN: &str = "down gemm + residual";
     pub const FINAL_NORM: &str = "final norm";
     pub const LM_HEAD: &str = "lm_head gemm";
     pub const SAMPLING_UPLOAD: &str = "sampling upload";

@@ -49,9 +49,9 @@ fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
     let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
     let linears = [
         (l0.qkv.w.ptr(), h, qd + 2 * kvd, Out::Half),
-        (l0.o.w.ptr(), qd, h, Out::F32),
+        (l0.o.w.ptr(), qd, h, Out::F32Add),
         (l0.gate_up.w.ptr(), h, 2 * f, Out::Half),
-        (l0.down.w.ptr(), f, h, Out::F32),
+        (l0.down.w.ptr(), f, h, Out::F32Add),
         (head, h, cfg.vocab_size, Out::F32),
     ];
     let max_in = linears.iter().map(|l| l.1).max().unwrap_or(0);
@@ -74,7 +74,7 @@ fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
     // cuBLASLt against cublasGemmEx at each row bucket: the layers at every bucket that
     // fits in half the free memory, lm_head (logit rows only) up to LM_HEAD_BUCKET.
     const LM_HEAD_BUCKET: usize = 256;
-    let bytes = |y_ty: Out| if y_ty == Out::F32 { 4 } else { 2 };
+    let bytes = |y_ty: Out| y_ty.bytes();
     let need = |b: usize| {
         let xs = linears.iter().map(|l| b * l.1 * 2).max().unwrap_or(0);
         let ys = linears
