@@ -1,9 +1,9 @@
-//! Linear layers: bf16 or f16 operands, fp32 accumulation, fp32 or 16-bit output. cuBLAS
-//! (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`) in general; up to [`GEMV_MAX_ROWS`] token rows
-//! either cuBLAS or the weight-streaming kernel of kernels/gemv.cu, whichever
-//! [`Blas::tune`] timed faster for that shape on this GPU; above that, the cuBLASLt
-//! algorithm [`Blas::tune_lt`] timed fastest for the shape's row bucket, where one beat
-//! `cublasGemmEx` (lt.rs).
+//! Linear layers: bf16 or f16 operands, fp32 accumulation, fp32 or 16-bit output, or fp32
+//! added to what y holds (the residual stream). cuBLAS (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`)
+//! in general; up to [`GEMV_MAX_ROWS`] token rows either cuBLAS or the weight-streaming
+//! kernel of kernels/gemv.cu, whichever [`Blas::tune`] timed faster for that shape on this
+//! GPU; above that, the cuBLASLt algorithm [`Blas::tune_lt`] timed fastest for the shape's
+//! row bucket, where one beat `cublasGemmEx` (lt.rs).
 
 use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,

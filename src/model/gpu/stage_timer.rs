@@ -66,7 +66,7 @@ pub mod stage {
     pub const ROPE: &str = "rope + kv write";
     pub const ATTENTION: &str = "attention";
     pub const O: &str = "o gemm + residual";
-    pub const GATE_UP: &str = "gate_up gemm";
+    pub const GATE_UP: &str = "gate_up gemm (+ SwiGLU on the GEMV)";
     pub const SWIGLU: &str = "silu * up";
     pub const DOWN: &str = "down gemm + residual";
     pub const FINAL_NORM: &str = "final norm";
