@@ -14,7 +14,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::launch::Args;
+use super::launch::{self, Args};
 use super::lt::{Lt, LtTuning, Tuned};
 use super::{cuda_err, Gpu, Half};
 use crate::error::{Error, Result};
@@ -164,8 +164,18 @@ impl Blas {
 
     /// Times the GEMV kernel and cuBLAS on `shape` (x, w, y device buffers big enough for
     /// it; their values do not matter) and keeps the faster for [`Path::Auto`].
-    #[allow(clippy::too_many_arguments)]
     pub fn tune(&mut self, shape: Shape, x: u64, w: u64, y: u64) -> Result<Timed> {
+        self.tune_as(shape, x, w, y, false)
+    }
+
+    /// [`Blas::tune`] for the MLP's gate|up projection, as [`Blas::gate_up`] runs it: the
+    /// GEMV applying SwiGLU as it writes, against cuBLAS followed by `silu_mul` (y big
+    /// enough for both the product and the activation after it).
+    pub fn tune_gate_up(&mut self, shape: Shape, x: u64, w: u64, y: u64) -> Result<Timed> {
+        self.tune_as(shape, x, w, y, true)
+    }
+
+    fn tune_as(&mut self, shape: Shape, x: u64, w: u64, y: u64, swiglu: bool) -> Result<Timed> {
         let Shape {
             half,
             n,
@@ -173,9 +183,16 @@ impl Blas {
             out,
             y: y_ty,
         } = shape;
+        let act = y + (n * out * y_ty.bytes()) as u64;
         let time = |path: Path| -> Result<f64> {
             time_ms(&self.gpu, &mut || {
-                self.linear(path, half, x, w, y, y_ty, n, inp, out)
+                if !swiglu {
+                    return self.linear(path, half, x, w, y, y_ty, n, inp, out);
+                }
+                if !self.gate_up(path, half, x, w, (y, act), n, inp, out / 2)? {
+                    launch::silu_mul(&self.gpu, half, y, act, n, out / 2)?;
+                }
+                Ok(())
             })
         };
         let (gemv_ms, cublas_ms) = if Self::gemv_fits(x, w, n, inp) {

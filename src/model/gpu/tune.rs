@@ -57,6 +57,7 @@ fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
     let max_in = linears.iter().map(|l| l.1).max().unwrap_or(0);
     let max_out = linears.iter().map(|l| l.2).max().unwrap_or(0);
     let x = g.upload(&random_halves(w.half, GEMV_MAX_ROWS * max_in))?;
+    // fp32 rows of the widest layer: room for gate|up's 16-bit product and its activation.
     let y = g.alloc::<f32>(GEMV_MAX_ROWS * max_out)?;
     for n in 1..=GEMV_MAX_ROWS {
         for &(wp, inp, out, y_ty) in &linears {
@@ -67,7 +68,11 @@ fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
                 out,
                 y: y_ty,
             };
-            blas.tune(shape, x.ptr(), wp, y.ptr())?;
+            if wp == l0.gate_up.w.ptr() {
+                blas.tune_gate_up(shape, x.ptr(), wp, y.ptr())?;
+            } else {
+                blas.tune(shape, x.ptr(), wp, y.ptr())?;
+            }
         }
     }
     drop((x, y));
