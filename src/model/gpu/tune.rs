@@ -79,12 +79,11 @@ fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
     // cuBLASLt against cublasGemmEx at each row bucket: the layers at every bucket that
     // fits in half the free memory, lm_head (logit rows only) up to LM_HEAD_BUCKET.
     const LM_HEAD_BUCKET: usize = 256;
-    let bytes = |y_ty: Out| y_ty.bytes();
     let need = |b: usize| {
         let xs = linears.iter().map(|l| b * l.1 * 2).max().unwrap_or(0);
         let ys = linears
             .iter()
-            .map(|l| b.min(if l.0 == head { LM_HEAD_BUCKET } else { b }) * l.2 * bytes(l.3))
+            .map(|l| b.min(if l.0 == head { LM_HEAD_BUCKET } else { b }) * l.2 * l.3.bytes())
             .max()
             .unwrap_or(0);
         (xs, ys)
