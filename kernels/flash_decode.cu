@@ -9,8 +9,8 @@
 // attention_combine (attention.cu). K and V stages of 64 keys are gathered through the
 // block table with cp.async into two buffers of dynamic shared memory (the next stage
 // loads while this one computes; rows past the stage's end are zero-filled), read back with
-// ldmatrix, and the online softmax runs in base 2 (the query is pre-scaled by
-// log2(e) / sqrt(head_dim)), once per 16 keys. The kernel comes in two register budgets,
+// ldmatrix, and the online softmax runs in base 2 (the 16-bit query comes pre-scaled by
+// log2(e) / sqrt(head_dim): RoPE writes it so), once per 16 keys. The kernel comes in two register budgets,
 // head_dim up to 64 (_hd64) and up to 128 (_hd128); head_dim must be a multiple of 16,
 // with at most 16 query heads per KV head.
 #define FA_WARPS 4
@@ -19,7 +19,7 @@
 
 template <int HD>
 __device__ __forceinline__ void flash_decode(
-    const float* __restrict__ q,          // [n, heads * hd]
+    const half_t* __restrict__ q,         // [n, heads * hd], pre-scaled
     const half_t* __restrict__ k_cache,   // [slots, kv_heads * hd]
     const half_t* __restrict__ v_cache,
     const int* __restrict__ tables,       // [seqs, table_stride]
@@ -30,7 +30,7 @@ __device__ __forceinline__ void flash_decode(
     float* __restrict__ part_acc,         // [n, heads, splits, hd] (several splits)
     float* __restrict__ part_ml,          // [n, heads, splits, 2]
     int heads, int kv_heads, int hd, int block_size, int table_stride,
-    int chunk, int splits, float scale_log2) {
+    int chunk, int splits) {
     constexpr int LD = HD + 8;  // shared row stride in halves: rows 16 bytes apart in the banks
     constexpr int NB = 2;  // n-blocks of 8 keys per warp and stage
     // Two stages (double buffering), each K then V: half_t [buf][k|v][key][LD], dynamic.
@@ -76,7 +76,7 @@ __device__ __forceinline__ void flash_decode(
     // The first position among them (keys up to it are visible to every row).
     const int wfirst = row_pos[row0];
 
-    // The query as A fragments, pre-scaled: qa[kc] covers dims kc*16 .. kc*16+15.
+    // The query as A fragments: qa[kc] covers dims kc*16 .. kc*16+15.
     unsigned qa[HD / 16][4];
 #pragma unroll
     for (int kc = 0; kc < HD / 16; ++kc) {
@@ -88,12 +88,10 @@ __device__ __forceinline__ void flash_decode(
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
                     int d = kc * 16 + j * 8 + 2 * (lane & 3);
-                    float2 v = make_float2(0.0f, 0.0f);
                     if (rrow[i] >= 0) {
-                        v = *reinterpret_cast<const float2*>(
+                        qa[kc][i + 2 * j] = *reinterpret_cast<const unsigned*>(
                             q + (size_t)rrow[i] * heads * hd + rhead[i] * hd + d);
                     }
-                    qa[kc][i + 2 * j] = pack2(v.x * scale_log2, v.y * scale_log2);
                 }
             }
         }
@@ -277,15 +275,15 @@ __device__ __forceinline__ void flash_decode(
 }
 
 #define FA_ARGS                                                                              \
-    const float* __restrict__ q, const half_t* __restrict__ k_cache,                         \
+    const half_t* __restrict__ q, const half_t* __restrict__ k_cache,                        \
         const half_t* __restrict__ v_cache, const int* __restrict__ tables,                  \
         const int* __restrict__ row_seq, const int* __restrict__ row_pos,                    \
         const int* __restrict__ tiles, half_t* __restrict__ out, float* __restrict__ part_acc, \
         float* __restrict__ part_ml, int heads, int kv_heads, int hd, int block_size,        \
-        int table_stride, int chunk, int splits, float scale_log2
+        int table_stride, int chunk, int splits
 #define FA_PASS                                                                           \
     q, k_cache, v_cache, tables, row_seq, row_pos, tiles, out, part_acc, part_ml, heads,  \
-        kv_heads, hd, block_size, table_stride, chunk, splits, scale_log2
+        kv_heads, hd, block_size, table_stride, chunk, splits
 
 // Blocks per multiprocessor the register budget aims for: 4 at head_dim 64, 3 at 128.
 extern "C" __global__ void __launch_bounds__(128, 4) KERNEL(flash_decode_hd64)(FA_ARGS) {

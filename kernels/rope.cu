@@ -1,56 +1,126 @@
 // RoPE (HF rotate-half layout) fused with the paged KV-cache write. Input: the fused QKV
-// product [n, (heads + 2 * kv_heads) * hd] in 16-bit (plus an optional fp32 bias). Output: rotated
-// q in fp32 [n, heads * hd]; rotated k and plain v written in 16-bit into the layer's cache
-// [slots, kv_heads * hd] at slots[r]. The angle is formed and reduced to [-pi, pi] in
-// double precision, then its sine and cosine are taken in single precision (within about
-// 1e-7 of the CPU twin's double-precision values, at a fraction of the cost).
-// grid: (n rows, ceil((heads + kv_heads) * hd / 2 / ROPE_THREADS)); block: ROPE_THREADS
-// threads, one rotated pair each, q heads' pairs first, then k heads' (a k pair also
-// copies the same pair of v).
+// product [n, (heads + 2 * kv_heads) * hd] in 16-bit (plus an optional fp32 bias). Output:
+// rotated q [n, heads * hd] in one of two forms, and rotated k and plain v in 16-bit into
+// the layer's cache [slots, kv_heads * hd] at slots[r].
+//   - q_scale > 0: 16-bit q times q_scale, the tensor-core attention kernels' A operand
+//     (pre-scaled by log2(e) / sqrt(hd)), rounded once as those kernels used to round it;
+//   - q_scale == 0: fp32 q, unscaled (the warp-per-key kernel's input).
+// One thread takes V consecutive pairs of one head (elements i .. i + V - 1 and their
+// partners i + hd / 2 ..), with V-wide loads and stores; a k head's thread also copies the
+// same elements of v. V is 8 (rope_kv_write) where hd / 2 is a multiple of 8 and the rows
+// are many, else 1 (rope_kv_write_v1: decode's few rows want a sine a thread). The angle of each pair is formed and reduced to [-pi, pi] in double
+// precision, then its sine and cosine are taken in single precision (within about 1e-7 of
+// the CPU twin's double-precision values, at a fraction of the cost).
+// grid: ceil(n * (heads + kv_heads) * hd / 2 / V / ROPE_THREADS) blocks of ROPE_THREADS,
+// thread t taking row t / per_row, item t % per_row (q heads' items first, then k heads').
 #define ROPE_THREADS 256
-extern "C" __global__ void KERNEL(rope_kv_write)(const half_t* __restrict__ qkv,
-                                              const float* __restrict__ bias,
-                                              const int* __restrict__ pos,
-                                              const int* __restrict__ slots,
-                                              const float* __restrict__ inv_freq,
-                                              float* __restrict__ q_out,
-                                              half_t* __restrict__ k_cache,
-                                              half_t* __restrict__ v_cache,
-                                              int heads, int kv_heads, int hd) {
+
+template <int V>
+struct __align__(2 * V) rope_hvec {
+    half_t h[V];
+};
+
+template <int V>
+__device__ __forceinline__ void rope_kv(const half_t* __restrict__ qkv,
+                                        const float* __restrict__ bias,
+                                        const int* __restrict__ pos,
+                                        const int* __restrict__ slots,
+                                        const float* __restrict__ inv_freq,
+                                        void* __restrict__ q_out,
+                                        half_t* __restrict__ k_cache,
+                                        half_t* __restrict__ v_cache,
+                                        int n, int heads, int kv_heads, int hd, float q_scale) {
     grid_dep_enter();
-    int half = hd / 2;
-    int t = blockIdx.y * ROPE_THREADS + threadIdx.x;
-    if (t >= (heads + kv_heads) * half) return;
-    int r = blockIdx.x, head = t / half, i = t - head * half;  // q heads first, then k heads
-    int qd = heads * hd, kvd = kv_heads * hd;
+    typedef rope_hvec<V> hv;
+    const int half = hd / 2, per_head = half / V, per_row = (heads + kv_heads) * per_head;
+    const long long t = (long long)blockIdx.x * ROPE_THREADS + threadIdx.x;
+    if (t >= (long long)n * per_row) return;
+    const int r = (int)(t / per_row), item = (int)(t - (long long)r * per_row);
+    const int head = item / per_head, i0 = (item - head * per_head) * V;
+    const int qd = heads * hd, kvd = kv_heads * hd;
     const half_t* row = qkv + (size_t)r * (qd + 2 * kvd);
-    size_t slot = (size_t)slots[r];
-    const double angle = (double)pos[r] * (double)inv_freq[i];
+    const int a = head * hd + i0, b = a + half;
+    const hv xa = *reinterpret_cast<const hv*>(row + a);
+    const hv xb = *reinterpret_cast<const hv*>(row + b);
+    const double p = (double)pos[r];
     const double two_pi = 6.283185307179586476925;
-    float sn, cs;
-    sincosf((float)(angle - rint(angle * (1.0 / two_pi)) * two_pi), &sn, &cs);
-    int a = head * hd + i, b = a + half;
-    float xa = half_to_f32(row[a]), xb = half_to_f32(row[b]);
-    if (bias != nullptr) {
-        xa += bias[a];
-        xb += bias[b];
+    float ya[V], yb[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        const double angle = p * (double)inv_freq[i0 + j];
+        float sn, cs;
+        sincosf((float)(angle - rint(angle * (1.0 / two_pi)) * two_pi), &sn, &cs);
+        float fa = half_to_f32(xa.h[j]), fb = half_to_f32(xb.h[j]);
+        if (bias != nullptr) {
+            fa += bias[a + j];
+            fb += bias[b + j];
+        }
+        ya[j] = fa * cs - fb * sn;
+        yb[j] = fb * cs + fa * sn;
     }
-    float ya = xa * cs - xb * sn;
-    float yb = xb * cs + xa * sn;
     if (head < heads) {
-        q_out[(size_t)r * qd + a] = ya;
-        q_out[(size_t)r * qd + b] = yb;
+        const size_t at = (size_t)r * qd + a;
+        if (q_scale > 0.0f) {
+            half_t* q = reinterpret_cast<half_t*>(q_out);
+            hv oa, ob;
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+                oa.h[j] = f32_to_half(ya[j] * q_scale);
+                ob.h[j] = f32_to_half(yb[j] * q_scale);
+            }
+            *reinterpret_cast<hv*>(q + at) = oa;
+            *reinterpret_cast<hv*>(q + at + half) = ob;
+        } else {
+            float* q = reinterpret_cast<float*>(q_out);
+if constexpr (V % 4 == 0) {
+#pragma unroll
+                for (int j = 0; j < V; j += 4) {
+                    *reinterpret_cast<float4*>(q + at + j) = make_float4(ya[j], ya[j + 1], ya[j + 2], ya[j + 3]);
+                    *reinterpret_cast<float4*>(q + at + half + j) =
+                        make_float4(yb[j], yb[j + 1], yb[j + 2], yb[j + 3]);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < V; ++j) {
+                    q[at + j] = ya[j];
+                    q[at + half + j] = yb[j];
+                }
+            }
+        }
         return;
     }
-    k_cache[slot * kvd + (a - qd)] = f32_to_half(ya);
-    k_cache[slot * kvd + (b - qd)] = f32_to_half(yb);
-    // The k head's block also copies its v head.
-    int va = qd + kvd + (head - heads) * hd + i;
-    float v0 = half_to_f32(row[va]), v1 = half_to_f32(row[va + half]);
-    if (bias != nullptr) {
-        v0 += bias[va];
-        v1 += bias[va + half];
+    const size_t slot = (size_t)slots[r];
+    half_t* kdst = k_cache + slot * kvd + (a - qd);
+    hv ka, kb;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        ka.h[j] = f32_to_half(ya[j]);
+        kb.h[j] = f32_to_half(yb[j]);
     }
-    v_cache[slot * kvd + (va - qd - kvd)] = f32_to_half(v0);
-    v_cache[slot * kvd + (va + half - qd - kvd)] = f32_to_half(v1);
+    *reinterpret_cast<hv*>(kdst) = ka;
+    *reinterpret_cast<hv*>(kdst + half) = kb;
+    // The same elements of the k head's v head, copied (plus the bias where there is one).
+    const int va = a + kvd;
+    hv v0 = *reinterpret_cast<const hv*>(row + va);
+    hv v1 = *reinterpret_cast<const hv*>(row + va + half);
+    if (bias != nullptr) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            v0.h[j] = f32_to_half(half_to_f32(v0.h[j]) + bias[va + j]);
+            v1.h[j] = f32_to_half(half_to_f32(v1.h[j]) + bias[va + half + j]);
+        }
+    }
+    half_t* vdst = v_cache + slot * kvd + (a - qd);
+    *reinterpret_cast<hv*>(vdst) = v0;
+    *reinterpret_cast<hv*>(vdst + half) = v1;
 }
+
+#define ROPE_ARGS                                                                              \
+    const half_t* __restrict__ qkv, const float* __restrict__ bias, const int* __restrict__ pos, \
+        const int* __restrict__ slots, const float* __restrict__ inv_freq,                     \
+        void* __restrict__ q_out, half_t* __restrict__ k_cache, half_t* __restrict__ v_cache,  \
+        int n, int heads, int kv_heads, int hd, float q_scale
+#define ROPE_PASS qkv, bias, pos, slots, inv_freq, q_out, k_cache, v_cache, n, heads, kv_heads, hd, q_scale
+
+extern "C" __global__ void KERNEL(rope_kv_write)(ROPE_ARGS) { rope_kv<8>(ROPE_PASS); }
+extern "C" __global__ void KERNEL(rope_kv_write_v1)(ROPE_ARGS) { rope_kv<1>(ROPE_PASS); }

@@ -108,7 +108,18 @@ fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case)
     let q = rand_vec(rng, n * qd, 1.5);
 
     let acc_cap = qd * (n * 4).max(1024);
-    let (qb, kb, vb) = (gpu.upload(&q)?, gpu.upload(&kbits)?, gpu.upload(&vbits)?);
+    // The queries in the form the kernel reads: 16-bit pre-scaled for the tensor-core
+    // kernels (as RoPE writes them), fp32 for the warp-per-key kernel.
+    let q16 = match attention::query_scale(&hs) {
+        Some(scale) => {
+            let scaled: Vec<f32> = q.iter().map(|x| x * scale).collect();
+            Some(gpu.upload(&half_of(dt, &scaled).0)?)
+        }
+        None => None,
+    };
+    let q32 = gpu.upload(&q)?;
+    let qb = q16.as_ref().map_or(q32.ptr(), |b| b.ptr());
+    let (kb, vb) = (gpu.upload(&kbits)?, gpu.upload(&vbits)?);
     let (tb, sb, pb) = (
         gpu.upload(&table_flat)?,
         gpu.upload(&row_seq)?,
@@ -122,7 +133,7 @@ fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case)
         poison_f32(gpu, acc_cap / hs.head_dim * 2)?,
     );
     let a = Attention {
-        q: qb.ptr(),
+        q: qb,
         k_cache: kb.ptr(),
         v_cache: vb.ptr(),
         tables: tb.ptr(),

@@ -236,103 +236,150 @@ fn inv_freq(hd: usize, theta: f32) -> Vec<f32> {
         .collect()
 }
 
+/// RoPE with the KV-cache write, q out in both forms: fp32 (the warp-per-key kernel's) and
+/// 16-bit pre-scaled (the tensor-core kernels'), on shapes of both thread widths (hd / 2 a
+/// multiple of 8, and not).
 fn rope(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let mut out = Vec::new();
-    for (heads, kvh, hd, bias) in [(9, 3, 64, false), (32, 8, 128, true), (4, 2, 16, false)] {
-        let (qd, kvd, n, num_slots) = (heads * hd, kvh * hd, 13, 300);
-        let (qkv_bits, qkv) = half_of(dt, &rand_vec(rng, n * (qd + 2 * kvd), 1.0));
-        let b = rand_vec(rng, qd + 2 * kvd, 0.5);
-        let pos: Vec<usize> = (0..n)
-            .map(|i| if i == 0 { 0 } else { rng.gen_range(0..8192) })
+    for (heads, kvh, hd, bias) in [
+        (9, 3, 64, false),
+        (32, 8, 128, true),
+        (4, 2, 16, false),
+        (4, 2, 24, true),
+    ] {
+        for q_scale in [None, Some(std::f32::consts::LOG2_E / (hd as f32).sqrt())] {
+            out.extend(rope_one(gpu, dt, rng, (heads, kvh, hd, bias), q_scale)?);
+        }
+    }
+    Ok(out)
+}
+
+fn rope_one(
+    gpu: &Gpu,
+    dt: Half,
+    rng: &mut StdRng,
+    (heads, kvh, hd, bias): (usize, usize, usize, bool),
+    q_scale: Option<f32>,
+) -> Result<Vec<Row>> {
+    let (qd, kvd, n, num_slots) = (heads * hd, kvh * hd, 13, 300);
+    let (qkv_bits, qkv) = half_of(dt, &rand_vec(rng, n * (qd + 2 * kvd), 1.0));
+    let b = rand_vec(rng, qd + 2 * kvd, 0.5);
+    let pos: Vec<usize> = (0..n)
+        .map(|i| if i == 0 { 0 } else { rng.gen_range(0..8192) })
+        .collect();
+    // n distinct slots out of num_slots.
+    let mut slots: Vec<usize> = (0..num_slots).collect();
+    for i in 0..n {
+        let j = rng.gen_range(i..num_slots);
+        slots.swap(i, j);
+    }
+    slots.truncate(n);
+    let freqs = inv_freq(hd, 500000.0);
+    let hs = Heads {
+        heads,
+        kv_heads: kvh,
+        head_dim: hd,
+    };
+    let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
+    let slots_i: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
+    let (qkvb, bb, fb) = (gpu.upload(&qkv_bits)?, gpu.upload(&b)?, gpu.upload(&freqs)?);
+    let (pb, sb) = (gpu.upload(&pos_i)?, gpu.upload(&slots_i)?);
+    // fp32-sized either way: the 16-bit form uses its first half, poisoned too.
+    let qo = poison_f32(gpu, n * qd)?;
+    let kc = poison_half(gpu, dt, num_slots * kvd)?;
+    let vc = poison_half(gpu, dt, num_slots * kvd)?;
+    let bptr = if bias { bb.ptr() } else { 0 };
+    launch::rope_kv_write(
+        gpu,
+        dt,
+        qkvb.ptr(),
+        bptr,
+        pb.ptr(),
+        sb.ptr(),
+        fb.ptr(),
+        (qo.ptr(), q_scale),
+        kc.ptr(),
+        vc.ptr(),
+        n,
+        hs,
+    )?;
+    // CPU twin: split, bias, rotate; K/V compared after the cache's rounding.
+    let (mut q, mut k, mut v) = (vec![], vec![], vec![]);
+    for r in 0..n {
+        let row: Vec<f32> = (0..qd + 2 * kvd)
+            .map(|i| qkv[r * (qd + 2 * kvd) + i] + if bias { b[i] } else { 0.0 })
             .collect();
-        // n distinct slots out of num_slots.
-        let mut slots: Vec<usize> = (0..num_slots).collect();
-        for i in 0..n {
-            let j = rng.gen_range(i..num_slots);
-            slots.swap(i, j);
-        }
-        slots.truncate(n);
-        let freqs = inv_freq(hd, 500000.0);
-        let hs = Heads {
-            heads,
-            kv_heads: kvh,
-            head_dim: hd,
-        };
-        let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
-        let slots_i: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
-        let (qkvb, bb, fb) = (gpu.upload(&qkv_bits)?, gpu.upload(&b)?, gpu.upload(&freqs)?);
-        let (pb, sb) = (gpu.upload(&pos_i)?, gpu.upload(&slots_i)?);
-        let qo = poison_f32(gpu, n * qd)?;
-        let kc = poison_half(gpu, dt, num_slots * kvd)?;
-        let vc = poison_half(gpu, dt, num_slots * kvd)?;
-        let bptr = if bias { bb.ptr() } else { 0 };
-        launch::rope_kv_write(
-            gpu,
-            dt,
-            qkvb.ptr(),
-            bptr,
-            pb.ptr(),
-            sb.ptr(),
-            fb.ptr(),
-            qo.ptr(),
-            kc.ptr(),
-            vc.ptr(),
-            n,
-            hs,
-        )?;
-        // CPU twin: split, bias, rotate; K/V compared after the cache's rounding.
-        let (mut q, mut k, mut v) = (vec![], vec![], vec![]);
-        for r in 0..n {
-            let row: Vec<f32> = (0..qd + 2 * kvd)
-                .map(|i| qkv[r * (qd + 2 * kvd) + i] + if bias { b[i] } else { 0.0 })
-                .collect();
-            q.extend_from_slice(&row[..qd]);
-            k.extend_from_slice(&row[qd..qd + kvd]);
-            v.extend_from_slice(&row[qd + kvd..]);
-        }
-        cpu::rope(&mut q, &pos, hd, &freqs);
-        cpu::rope(&mut k, &pos, hd, &freqs);
-        let shape = format!("heads {heads}/{kvh} hd {hd} n {n} bias {bias}");
-        let gq = gpu.read(&qo, n * qd)?;
-        out.push(row(
+        q.extend_from_slice(&row[..qd]);
+        k.extend_from_slice(&row[qd..qd + kvd]);
+        v.extend_from_slice(&row[qd + kvd..]);
+    }
+    cpu::rope(&mut q, &pos, hd, &freqs);
+    cpu::rope(&mut k, &pos, hd, &freqs);
+    let form = if q_scale.is_some() { "16-bit" } else { "fp32" };
+    let shape = format!("heads {heads}/{kvh} hd {hd} n {n} bias {bias} q {form}");
+    let q_row = match q_scale {
+        None => row(
             "rope_kv_write (q)",
             dt,
             shape.clone(),
-            rel_err(&gq, &q),
+            rel_err(&gpu.read(&qo, n * qd)?, &q),
             1e-4,
-        ));
-        let kall = to_f32(dt, &gpu.read(&kc, num_slots * kvd)?);
-        let vall = to_f32(dt, &gpu.read(&vc, num_slots * kvd)?);
-        let pick = |all: &[f32]| -> Vec<f32> {
-            slots
+        ),
+        Some(scale) => {
+            // The 16-bit form: n * qd values in the buffer's first half, times the scale.
+            let words = gpu.read(&qo, n * qd / 2)?;
+            let bits: Vec<u16> = words
                 .iter()
-                .flat_map(|&s| all[s * kvd..(s + 1) * kvd].iter().copied())
-                .collect()
-        };
-        let stray = |all: &[f32]| all.iter().filter(|x| !x.is_nan()).count() != n * kvd;
-        let mut rk = row(
-            "rope_kv_write (k)",
-            dt,
-            shape.clone(),
-            rel_err(&pick(&kall), &k),
-            1e-2,
-        );
-        let mut rv = row(
-            "rope_kv_write (v)",
-            dt,
-            shape,
-            rel_err(&pick(&vall), &v),
-            1e-2,
-        );
-        if stray(&kall) || stray(&vall) {
-            rk.written = false;
-            rv.written = false;
-            rk.note = "wrote outside its slots".into();
+                .flat_map(|w| {
+                    let u = w.to_bits();
+                    [u as u16, (u >> 16) as u16]
+                })
+                .collect();
+            let got: Vec<f32> = to_f32(dt, &bits).iter().map(|x| x / scale).collect();
+            let rest = gpu.read(&qo, n * qd)?;
+            let mut r = row(
+                "rope_kv_write (q)",
+                dt,
+                shape.clone(),
+                rel_err(&got, &q),
+                1e-2,
+            );
+            if rest[n * qd / 2..].iter().any(|x| !x.is_nan()) {
+                r.written = false;
+                r.note = "wrote past its 16-bit rows".into();
+            }
+            r
         }
-        out.push(rk);
-        out.push(rv);
+    };
+    let kall = to_f32(dt, &gpu.read(&kc, num_slots * kvd)?);
+    let vall = to_f32(dt, &gpu.read(&vc, num_slots * kvd)?);
+    let pick = |all: &[f32]| -> Vec<f32> {
+        slots
+            .iter()
+            .flat_map(|&s| all[s * kvd..(s + 1) * kvd].iter().copied())
+            .collect()
+    };
+    let stray = |all: &[f32]| all.iter().filter(|x| !x.is_nan()).count() != n * kvd;
+    let mut rk = row(
+        "rope_kv_write (k)",
+        dt,
+        shape.clone(),
+        rel_err(&pick(&kall), &k),
+        1e-2,
+    );
+    let mut rv = row(
+        "rope_kv_write (v)",
+        dt,
+        shape,
+        rel_err(&pick(&vall), &v),
+        1e-2,
+    );
+    if stray(&kall) || stray(&vall) {
+        rk.written = false;
+        rv.written = false;
+        rk.note = "wrote outside its slots".into();
     }
-    Ok(out)
+    Ok(vec![q_row, rk, rv])
 }
 
 /// Linear layers on every implementation (cublasGemmEx; the GEMV kernel where it runs;

@@ -10,6 +10,8 @@ use crate::error::Result;
 
 /// Inputs of one paged attention launch (device addresses).
 pub struct Attention {
+    /// The queries `[n, heads * head_dim]`: 16-bit times [`query_scale`] where the
+    /// tensor-core kernels run, else fp32 (unscaled).
     pub q: u64,
     pub k_cache: u64,
     pub v_cache: u64,
@@ -55,6 +57,13 @@ pub fn tensor_cores(h: &Heads) -> bool {
         && h.head_dim <= 128
         && h.kv_heads > 0
         && h.heads / h.kv_heads <= 16
+}
+
+/// The factor the tensor-core kernels want their 16-bit queries pre-multiplied by,
+/// log2(e) / sqrt(head_dim), so that their online softmax runs in base 2 (RoPE writes the
+/// queries so); `None` where the warp-per-key kernel runs, which reads fp32 queries.
+pub fn query_scale(h: &Heads) -> Option<f32> {
+    tensor_cores(h).then(|| std::f32::consts::LOG2_E / (h.head_dim as f32).sqrt())
 }
 
 /// The register budgets (largest head_dim) the tensor-core kernels are built for.
@@ -227,7 +236,6 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
         i32_of(hs.head_dim)?,
     );
     let (bs, stride) = (i32_of(a.block_size)?, i32_of(a.table_stride)?);
-    let scale = std::f32::consts::LOG2_E / (hs.head_dim as f32).sqrt();
     let budget = flash_budget(&hs);
     if a.rows_tiles > 0 {
         let name = &flash_kernel("prefill", budget);
@@ -245,9 +253,9 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
             .arg(&kv_heads)
             .arg(&hd)
             .arg(&bs)
-            .arg(&stride)
-            .arg(&scale);
-        // SAFETY: argument order and types match flash_prefill.cu; the first `rows_tiles`
+            .arg(&stride);
+        // SAFETY: argument order and types match flash_prefill.cu; the queries are 16-bit
+        // and pre-scaled (query_scale); the first `rows_tiles`
         // tiles are (first row, rows) pairs inside the batch; tables cover every row's
         // positions (checked by the caller).
         let mut c = cfg(
@@ -279,9 +287,9 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
             .arg(&bs)
             .arg(&stride)
             .arg(&chunk_i)
-            .arg(&splits_i)
-            .arg(&scale);
-        // SAFETY: argument order and types match flash_decode.cu; the decode tiles follow
+            .arg(&splits_i);
+        // SAFETY: argument order and types match flash_decode.cu; the queries are 16-bit and
+        // pre-scaled (query_scale); the decode tiles follow
         // the prefill tiles, each a (first row, rows) pair inside the batch; the plan keeps
         // partial sums within the workspace; tables cover every row's positions.
         let mut c = cfg((a.keys_tiles * hs.kv_heads, 1, splits), 128)?;

@@ -1,7 +1,9 @@
 //! NVRTC compilation of the embedded `kernels/*.cu` sources for the device's architecture
 //! (`compute_90a` on Hopper), with the PTX cached on disk under
 //! `$INFLIGHT_KERNEL_CACHE` (default `~/.cache/inflight/kernels`), keyed by a hash of the
-//! source, the options and the NVRTC version.
+//! source, the options and the NVRTC version. For kernel work on a machine without cargo,
+//! `$INFLIGHT_KERNEL_DIR` names a folder whose `<module>.cu` and `common.cuh` replace the
+//! embedded sources (with a warning): one binary then times several kernel versions.
 
 use std::path::PathBuf;
 
@@ -46,6 +48,19 @@ fn cache_dir() -> PathBuf {
     PathBuf::from(home).join(".cache/inflight/kernels")
 }
 
+/// The source of `file` (`<module>.cu` or `common.cuh`): from `$INFLIGHT_KERNEL_DIR` where
+/// that folder has it, else the embedded one.
+fn source(file: &str, embedded: &str) -> String {
+    if let Some(dir) = std::env::var_os("INFLIGHT_KERNEL_DIR") {
+        let path = PathBuf::from(dir).join(file);
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            tracing::warn!("kernel source {file} from {}", path.display());
+            return text;
+        }
+    }
+    embedded.to_string()
+}
+
 /// PTX of module `name` for `arch` and 16-bit type `half`, from the disk cache or freshly compiled (and cached;
 /// a cache that cannot be written only costs a recompile next time).
 pub fn ptx(name: &str, source: &str, arch: &str, half: Half) -> Result<String> {
@@ -63,9 +78,13 @@ pub fn ptx(name: &str, source: &str, arch: &str, half: Half) -> Result<String> {
         .result()
         .map_err(|e| Error::Cuda(format!("nvrtc version: {e:?}")))?;
     let version = (major, minor);
+    let (common, source) = (
+        self::source("common.cuh", COMMON),
+        self::source(&format!("{name}.cu"), source),
+    );
     let mut h = Sha256::new();
-    h.update(COMMON);
-    h.update(source);
+    h.update(&common);
+    h.update(&source);
     h.update(options.join(" "));
     h.update(format!("{version:?}"));
     let key: String = h.finalize()[..12]
@@ -76,7 +95,7 @@ pub fn ptx(name: &str, source: &str, arch: &str, half: Half) -> Result<String> {
     if let Ok(text) = std::fs::read_to_string(&path) {
         return Ok(text);
     }
-    let full = format!("{COMMON}\n{source}");
+    let full = format!("{common}\n{source}");
     let opts = cudarc::nvrtc::CompileOptions {
         options,
         name: Some(format!("{name}.cu")),

@@ -89,7 +89,7 @@ pub struct Gpu {
 const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("embed", &["embed"]),
     ("norm", &["rms_norm", "rms_norm_rows"]),
-    ("rope", &["rope_kv_write"]),
+    ("rope", &["rope_kv_write", "rope_kv_write_v1"]),
     ("swiglu", &["silu_mul"]),
     ("attention", &["paged_attention", "attention_combine"]),
     (

@@ -348,7 +348,7 @@ impl CudaForward {
                 pos,
                 slots,
                 w.inv_freq.ptr(),
-                s.q.ptr(),
+                (s.q.ptr(), attention::query_scale(&heads(cfg))),
                 kc,
                 vc,
                 n,
