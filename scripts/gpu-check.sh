@@ -9,7 +9,8 @@
 #      transformers in fp32 (scripts/hf_compare.py).
 #   3. `serve --device cuda` over HTTP: greedy text equals the CPU engine's (`generate`),
 #      streaming and OpenAI routes answer, the KV block metrics report the GPU cache.
-#   4. compute-sanitizer memcheck over a short serving run.
+#   4. compute-sanitizer memcheck over a short serving run, and (4b) over the forward pass
+#      alone (gpu-logits, three prompts batched and four decode steps).
 # Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
 # GGUF; default ~/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf), WORK (scratch folder,
 # default /tmp/inflight-gpu-check), SKIP_HF=1 / SKIP_SANITIZER=1 to leave steps out,
@@ -148,6 +149,20 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
     fi
   else
     tail -20 "$WORK/serve.log"; status "compute-sanitizer memcheck (serve)" FAIL "server did not start"
+  fi
+fi
+
+if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
+  # The same tool straight on the forward pass (no server to stop): three prompts batched
+  # (62 rows, so RoPE's wide threads and the prefill kernel run) and four decode steps.
+  echo; echo "## 4b. compute-sanitizer memcheck, GPU forward pass (gpu-logits)"
+  if compute-sanitizer --tool memcheck --leak-check no --log-file "$WORK/memcheck-logits.log" \
+      "$BIN" gpu-logits --model "$MODEL" --dtype f16 --out "$WORK/logits-memcheck" --lens 5,17,40 \
+      --steps 4 && grep -q "ERROR SUMMARY: 0 errors" "$WORK/memcheck-logits.log"; then
+    status "compute-sanitizer memcheck (forward)" PASS "$(grep 'ERROR SUMMARY' "$WORK/memcheck-logits.log" | tail -1)"
+  else
+    tail -5 "$WORK/memcheck-logits.log"
+    status "compute-sanitizer memcheck (forward)" FAIL "$(grep 'ERROR SUMMARY' "$WORK/memcheck-logits.log" | tail -1)"
   fi
 fi
 
