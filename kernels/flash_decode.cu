@@ -10,9 +10,9 @@
 // block table with cp.async into two buffers of dynamic shared memory (the next stage
 // loads while this one computes; rows past the stage's end are zero-filled), read back with
 // ldmatrix, and the online softmax runs in base 2 (the 16-bit query comes pre-scaled by
-// log2(e) / sqrt(head_dim): RoPE writes it so), once per 16 keys. The kernel comes in two register budgets,
-// head_dim up to 64 (_hd64) and up to 128 (_hd128); head_dim must be a multiple of 16,
-// with at most 16 query heads per KV head.
+// log2(e) / sqrt(head_dim): RoPE writes it so), once per 16 keys. The kernel comes in two
+// register budgets, head_dim up to 64 (_hd64) and up to 128 (_hd128); head_dim must be a
+// multiple of 16, with at most 16 query heads per KV head.
 #define FA_WARPS 4
 #define FA_STAGE 64
 #define FA_LN2 0.69314718055994530942f

@@ -8,9 +8,10 @@
 // One thread takes V consecutive pairs of one head (elements i .. i + V - 1 and their
 // partners i + hd / 2 ..), with V-wide loads and stores; a k head's thread also copies the
 // same elements of v. V is 8 (rope_kv_write) where hd / 2 is a multiple of 8 and the rows
-// are many, else 1 (rope_kv_write_v1: decode's few rows want a sine a thread). The angle of each pair is formed and reduced to [-pi, pi] in double
-// precision, then its sine and cosine are taken in single precision (within about 1e-7 of
-// the CPU twin's double-precision values, at a fraction of the cost).
+// are many, else 1 (rope_kv_write_v1: decode's few rows want a sine a thread). The angle of
+// each pair is formed and reduced to [-pi, pi] in double precision, then its sine and
+// cosine are taken in single precision (within about 1e-7 of the CPU twin's
+// double-precision values, at a fraction of the cost).
 // grid: ceil(n * (heads + kv_heads) * hd / 2 / V / ROPE_THREADS) blocks of ROPE_THREADS,
 // thread t taking row t / per_row, item t % per_row (q heads' items first, then k heads').
 #define ROPE_THREADS 256

@@ -110,15 +110,18 @@ fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case)
     let acc_cap = qd * (n * 4).max(1024);
     // The queries in the form the kernel reads: 16-bit pre-scaled for the tensor-core
     // kernels (as RoPE writes them), fp32 for the warp-per-key kernel.
-    let q16 = match attention::query_scale(&hs) {
+    let (q16, q32);
+    let qb = match attention::query_scale(&hs) {
         Some(scale) => {
             let scaled: Vec<f32> = q.iter().map(|x| x * scale).collect();
-            Some(gpu.upload(&half_of(dt, &scaled).0)?)
+            q16 = gpu.upload(&half_of(dt, &scaled).0)?;
+            q16.ptr()
         }
-        None => None,
+        None => {
+            q32 = gpu.upload(&q)?;
+            q32.ptr()
+        }
     };
-    let q32 = gpu.upload(&q)?;
-    let qb = q16.as_ref().map_or(q32.ptr(), |b| b.ptr());
     let (kb, vb) = (gpu.upload(&kbits)?, gpu.upload(&vbits)?);
     let (tb, sb, pb) = (
         gpu.upload(&table_flat)?,

@@ -247,7 +247,7 @@ fn rope(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         (4, 2, 16, false),
         (4, 2, 24, true),
     ] {
-        for q_scale in [None, Some(std::f32::consts::LOG2_E / (hd as f32).sqrt())] {
+        for q_scale in [None, Some(crate::kernels::cuda::attention::base2_scale(hd))] {
             out.extend(rope_one(gpu, dt, rng, (heads, kvh, hd, bias), q_scale)?);
         }
     }
@@ -326,9 +326,11 @@ fn rope_one(
             1e-4,
         ),
         Some(scale) => {
-            // The 16-bit form: n * qd values in the buffer's first half, times the scale.
-            let words = gpu.read(&qo, n * qd / 2)?;
-            let bits: Vec<u16> = words
+            // The 16-bit form: n * qd values in the buffer's first half, times the scale;
+            // its second half must still hold the poison.
+            let words = gpu.read(&qo, n * qd)?;
+            let (used, rest) = words.split_at(n * qd / 2);
+            let bits: Vec<u16> = used
                 .iter()
                 .flat_map(|w| {
                     let u = w.to_bits();
@@ -336,7 +338,6 @@ fn rope_one(
                 })
                 .collect();
             let got: Vec<f32> = to_f32(dt, &bits).iter().map(|x| x / scale).collect();
-            let rest = gpu.read(&qo, n * qd)?;
             let mut r = row(
                 "rope_kv_write (q)",
                 dt,
@@ -344,7 +345,7 @@ fn rope_one(
                 rel_err(&got, &q),
                 1e-2,
             );
-            if rest[n * qd / 2..].iter().any(|x| !x.is_nan()) {
+            if rest.iter().any(|x| !x.is_nan()) {
                 r.written = false;
                 r.note = "wrote past its 16-bit rows".into();
             }

@@ -59,11 +59,17 @@ pub fn tensor_cores(h: &Heads) -> bool {
         && h.heads / h.kv_heads <= 16
 }
 
-/// The factor the tensor-core kernels want their 16-bit queries pre-multiplied by,
-/// log2(e) / sqrt(head_dim), so that their online softmax runs in base 2 (RoPE writes the
-/// queries so); `None` where the warp-per-key kernel runs, which reads fp32 queries.
+/// log2(e) / sqrt(head_dim): the factor that makes a base-2 softmax of the scaled scores
+/// equal the usual one.
+pub fn base2_scale(head_dim: usize) -> f32 {
+    std::f32::consts::LOG2_E / (head_dim as f32).sqrt()
+}
+
+/// The factor the tensor-core kernels want their 16-bit queries pre-multiplied by
+/// ([`base2_scale`]), so that their online softmax runs in base 2 (RoPE writes the queries
+/// so); `None` where the warp-per-key kernel runs, which reads fp32 queries.
 pub fn query_scale(h: &Heads) -> Option<f32> {
-    tensor_cores(h).then(|| std::f32::consts::LOG2_E / (h.head_dim as f32).sqrt())
+    tensor_cores(h).then(|| base2_scale(h.head_dim))
 }
 
 /// The register budgets (largest head_dim) the tensor-core kernels are built for.
@@ -255,9 +261,9 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
             .arg(&bs)
             .arg(&stride);
         // SAFETY: argument order and types match flash_prefill.cu; the queries are 16-bit
-        // and pre-scaled (query_scale); the first `rows_tiles`
-        // tiles are (first row, rows) pairs inside the batch; tables cover every row's
-        // positions (checked by the caller).
+        // and pre-scaled (query_scale); the first `rows_tiles` tiles are (first row, rows)
+        // pairs inside the batch; tables cover every row's positions (checked by the
+        // caller).
         let mut c = cfg(
             (a.rows_tiles * hs.kv_heads, 1, 1),
             (PREFILL_WARPS * 32) as u32,
@@ -289,9 +295,9 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
             .arg(&chunk_i)
             .arg(&splits_i);
         // SAFETY: argument order and types match flash_decode.cu; the queries are 16-bit and
-        // pre-scaled (query_scale); the decode tiles follow
-        // the prefill tiles, each a (first row, rows) pair inside the batch; the plan keeps
-        // partial sums within the workspace; tables cover every row's positions.
+        // pre-scaled (query_scale); the decode tiles follow the prefill tiles, each a (first
+        // row, rows) pair inside the batch; the plan keeps partial sums within the
+        // workspace; tables cover every row's positions.
         let mut c = cfg((a.keys_tiles * hs.kv_heads, 1, splits), 128)?;
         c.shared_mem_bytes = flash_smem("decode", budget) as u32;
         unsafe { gpu.launch(f, c, &mut b) }.map_err(cuda_err(name))?;
