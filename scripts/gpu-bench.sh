@@ -33,8 +33,8 @@
 #
 # Environment (defaults in brackets; QUICK=1 values after the slash):
 #   INFLIGHT_BIN [target/release/inflight]  OUT [a new temp dir]  WORK [/tmp/inflight-bench]
-#   MODELS ["8b 1b" / "1b"]: any of 8b, 1b, smollm2 (the GGUF at INFLIGHT_MODEL, default
-#     ~/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf)
+#   MODELS ["8b 1b" / "1b"]: any of 8b, 1b, 135m (random weights in SmolLM2-135M's shapes),
+#     smollm2 (the GGUF at INFLIGHT_MODEL, default ~/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf)
 #   TP_MODEL [8b if in MODELS, else the first]: the model of the throughput and TTFT rows
 #   WORKLOADS ["128/128 2048/128 128/2048 500/2000"]
 #   N_<in>_<out> (e.g. N_128_2048=512): requests of one workload [1024, 256, 192, 192 /
@@ -238,7 +238,7 @@ server_metric() {
 
 model_path() {
   case $1 in
-    8b | 1b) echo "$WORK/llama-$1" ;;
+    8b | 1b | 135m) echo "$WORK/llama-$1" ;;
     smollm2) realpath -m "$SMOLLM2" ;;
     *) return 1 ;;
   esac
@@ -248,7 +248,7 @@ model_path() {
 prepare_model() {
   local ck
   case $1 in
-    8b | 1b)
+    8b | 1b | 135m)
       ck=$(model_path "$1")
       if [ ! -f "$ck/.complete" ]; then
         log "creating the random $1 checkpoint in $ck"
@@ -262,7 +262,7 @@ prepare_model() {
       [ -f "$SMOLLM2" ] || { log "no SmolLM2 GGUF at $SMOLLM2 (set INFLIGHT_MODEL)"; return 1; }
       ;;
     *)
-      log "unknown model '$1' in MODELS (8b, 1b, smollm2)"
+      log "unknown model '$1' in MODELS (8b, 1b, 135m, smollm2)"
       return 1
       ;;
   esac

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes a random-initialised Llama checkpoint (config.json + safetensors, bf16, fixed
-seed) shaped like Llama-3.2-1B or Llama-3.1-8B, for GPU work without a download.
+seed) shaped like SmolLM2-135M, Llama-3.2-1B or Llama-3.1-8B, for GPU work without a download
+(the 135m shape times as the default GGUF does, without carrying its 98 MB).
 Needs PyTorch and transformers (the GPU machine has both); uses the GPU when there is one.
 
     python3 scripts/random_llama.py 1b /tmp/llama-1b [--seed 0]
@@ -27,6 +28,12 @@ COMMON = dict(
     initializer_range=0.02,
 )
 SHAPES = {
+    # SmolLM2-135M (the default model's shapes; the vocabulary's last 256 ids are the
+    # specials of gpu_bench.py's tokenizer)
+    "135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                 num_attention_heads=9, num_key_value_heads=3, head_dim=64, rope_theta=100000.0,
+                 max_position_embeddings=8192, tie_word_embeddings=True, rope_scaling=None,
+                 bos_token_id=49152 - 256, eos_token_id=49152 - 255),
     # Llama-3.2-1B
     "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64,
                tie_word_embeddings=True,
@@ -46,7 +53,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    cfg = LlamaConfig(**COMMON, **SHAPES[args.shape])
+    cfg = LlamaConfig(**{**COMMON, **SHAPES[args.shape]})
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):

@@ -170,11 +170,17 @@ impl Metrics {
         c(
             "inflight_engine_wait_duration_us",
             "Cumulative time the engine waited between back-to-back iterations (host sampling, \
-             scheduling, drafting, messages), in microseconds",
+             scheduling, drafting, messages), in microseconds; on a GPU, the device's own idle \
+             time between them, measured with events",
         );
         c(
             "inflight_engine_wait_count",
             "Back-to-back engine iterations whose wait is counted",
+        );
+        c(
+            "inflight_iterations_planned_ahead_total",
+            "Engine iterations planned while the previous one ran (overlap): their decodes \
+             took that iteration's tokens on the device, so it never waited for the host",
         );
         c(
             "inflight_preemptions_total",
@@ -465,6 +471,7 @@ impl Metrics {
             ),
             ("inflight_engine_wait_count", t.waits),
             ("inflight_preemptions_total", s.preemptions),
+            ("inflight_iterations_planned_ahead_total", s.planned_ahead),
         ];
         for (name, value) in counters {
             let key = Self::key(name, &exec);

@@ -110,6 +110,12 @@ fn prompt(i: usize) -> Vec<u32> {
 
 /// Every case at once (they batch), each answer with its tokens and log-probs.
 async fn run(handle: &ModelHandle, cases: usize) -> Vec<Chunk> {
+    run_counting(handle, cases).await.0
+}
+
+/// [`run`], and how many iterations were planned ahead (overlap) during it.
+async fn run_counting(handle: &ModelHandle, cases: usize) -> (Vec<Chunk>, u64) {
+    let before = handle.stats().await.unwrap().planned_ahead;
     let mut streams = Vec::new();
     for i in 0..cases {
         let request = Request {
@@ -124,8 +130,8 @@ async fn run(handle: &ModelHandle, cases: usize) -> Vec<Chunk> {
         let chunks: Vec<Chunk> = s.collect().await;
         answers.push(inflight::request::answers(chunks, 1).remove(0));
     }
-    wait_idle(handle).await;
-    answers
+    let after = wait_idle(handle).await.planned_ahead;
+    (answers, after - before)
 }
 
 fn assert_same(a: &[Chunk], b: &[Chunk], what: &str) {
@@ -141,14 +147,19 @@ fn assert_same(a: &[Chunk], b: &[Chunk], what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampling_in_the_engine_matches_the_sampler_actor() {
     let dir = model_dir("plain", 7);
-    let base = run(&spawn(&dir, false, 4096, None).await, 36).await;
-    let engine = run(&spawn(&dir, true, 4096, None).await, 36).await;
+    let (base, ahead) = run_counting(&spawn(&dir, false, 4096, None).await, 36).await;
+    assert_eq!(ahead, 0, "the Sampler actor's path is not planned ahead");
+    // The engine that samples runs iterations planned ahead: decodes take the previous
+    // iteration's tokens from its result, and stops are seen one iteration late.
+    let (engine, ahead) = run_counting(&spawn(&dir, true, 4096, None).await, 36).await;
     assert_same(&base, &engine, "no speculation");
+    assert!(ahead > 5, "{ahead} iterations planned ahead");
     // Few blocks: sequences are preempted and recomputed, and the engine rebuilds their
     // sampling state from their tokens.
     let tight = spawn(&dir, true, 24, None).await;
-    let preempted = run(&tight, 36).await;
+    let (preempted, ahead) = run_counting(&tight, 36).await;
     assert_same(&base, &preempted, "preemption");
+    assert!(ahead > 0, "planned ahead under preemption too");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,10 @@
 //!   samples on its device (the GPU), the engine plans each row from its own sampling
 //!   state (`engine_sampling`), gets token ids back, and answers the Scheduler
 //!   (`SchedulerMsg::StepDone`) itself.
+//!   With `hold` (the Scheduler plans ahead), the step is launched and its answer waits
+//!   until the next `Step` is launched too, or `EngineMsg::Finish` comes: the next step's
+//!   pending tokens are this one's choices, taken on the device, so the device runs
+//!   iteration after iteration while the host plans.
 //! - `EngineMsg::Forward` (from the speculative orchestrator driving a draft model): the
 //!   logits come back on the reply port.
 //!
@@ -24,7 +28,6 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use super::engine_sampling::EngineSampling;
 use super::messages::{EngineMsg, SampleRow, SamplerMsg, SchedulerMsg, SeqId, StepSeq, StepTiming};
 use crate::model::{Backend, ForwardPass, RowsOut, SeqChunk};
-use crate::sampling::RowPlan;
 
 pub struct Engine;
 
@@ -47,7 +50,35 @@ pub struct EngineState {
     sampling: Option<EngineSampling>,
     /// When the last `Step` finished (its results handed on).
     last_end: Option<Instant>,
+    /// A launched step whose answer waits for the next launch (`Step::hold`).
+    held: Option<Held>,
     fault: bool,
+}
+
+/// A step launched on a forward pass that samples, not yet answered.
+struct Held {
+    iteration: u64,
+    seqs: Vec<StepSeq>,
+    reply_to: ActorRef<SchedulerMsg>,
+    /// When its launch began, and the device's idle time before it as the host saw it.
+    started: Instant,
+    wait: Option<Duration>,
+}
+
+impl Held {
+    /// The logits row (in chunk order) of each sampling sequence: where a step planned
+    /// after this one finds its pending tokens.
+    fn rows(&self) -> HashMap<SeqId, usize> {
+        let mut at = 0;
+        let mut rows = HashMap::new();
+        for s in &self.seqs {
+            if s.logit_rows() > 0 {
+                rows.insert(s.seq, at);
+            }
+            at += s.logit_rows();
+        }
+        rows
+    }
 }
 
 impl Actor for Engine {
@@ -69,6 +100,7 @@ impl Actor for Engine {
             sampler: args.sampler,
             sampling,
             last_end: None,
+            held: None,
             fault: false,
         })
     }
@@ -81,38 +113,44 @@ impl Actor for Engine {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             EngineMsg::InjectFault => state.fault = true,
+            EngineMsg::Finish => {
+                if let Some(held) = state.held.take() {
+                    state.answer(held).await?;
+                }
+            }
             EngineMsg::Step {
                 iteration,
                 seqs,
                 dropped,
                 follows,
                 reply_to,
+                hold,
             } => {
                 let started = Instant::now();
-                let wait = state
-                    .last_end
-                    .filter(|_| follows)
-                    .map(|end| started.duration_since(end));
+                // With a step in flight the device had work queued, whatever the host did.
+                let wait = match state.held {
+                    Some(_) => Some(Duration::ZERO),
+                    None => state
+                        .last_end
+                        .filter(|_| follows)
+                        .map(|end| started.duration_since(end)),
+                };
                 state.drop_seqs(dropped);
                 if state.fault {
                     panic!("injected engine fault at iteration {iteration}");
                 }
                 let sampler = state.sampler.clone().ok_or("a draft engine got a Step")?;
-                if let Some(sampling) = state.sampling.as_mut() {
-                    let plans: Vec<Vec<RowPlan>> = seqs.iter().map(|s| sampling.plan(s)).collect();
-                    let (seqs, out) = state.step(seqs, Some(plans)).await?;
-                    let sampling = state.sampling.as_mut().ok_or("engine lost its sampling")?;
-                    let (output, sampled) = sampling.finish(&seqs, out);
-                    let timing = state.finish_timing(started, wait);
-                    reply_to.cast(SchedulerMsg::StepDone {
+                if state.sampling.is_some() {
+                    let held = Held {
                         iteration,
-                        output,
-                        sampled,
-                        timing,
-                    })?;
-                    return Ok(());
+                        seqs,
+                        reply_to,
+                        started,
+                        wait,
+                    };
+                    return state.launch(held, hold).await;
                 }
-                let (seqs, out) = state.step(seqs, None).await?;
+                let (seqs, out) = state.step(seqs).await?;
                 let timing = state.finish_timing(started, wait);
                 let mut rows = Vec::new();
                 let mut logits = Vec::new();
@@ -139,7 +177,7 @@ impl Actor for Engine {
                 reply,
             } => {
                 state.drop_seqs(dropped);
-                let (_, out) = state.step(seqs, None).await?;
+                let (_, out) = state.step(seqs).await?;
                 let _ = reply.send(out.into_iter().map(into_logits).collect());
             }
         }
@@ -148,14 +186,98 @@ impl Actor for Engine {
 }
 
 impl EngineState {
-    /// The timing of a step that started at `started`, which now ends.
+    /// The timing of a step that started at `started`, which now ends. A step launched
+    /// while the previous one ran computes from that one's end on.
     fn finish_timing(&mut self, started: Instant, wait: Option<Duration>) -> StepTiming {
         let end = Instant::now();
+        let from = self.last_end.map_or(started, |last| last.max(started));
         self.last_end = Some(end);
         StepTiming {
-            compute: end.duration_since(started),
+            compute: end.duration_since(from),
             wait,
         }
+    }
+
+    /// Launches a step on the forward pass that samples, then answers for the step held
+    /// before it (whose results the device is producing meanwhile), then either holds
+    /// this one (`hold`) or answers for it too.
+    async fn launch(&mut self, step: Held, hold: bool) -> Result<(), ActorProcessingErr> {
+        let sampling = self.sampling.as_mut().ok_or("engine lost its sampling")?;
+        let rows = self.held.as_ref().map(Held::rows).unwrap_or_default();
+        let mut plans = Vec::with_capacity(step.seqs.len());
+        let mut pending = Vec::with_capacity(step.seqs.len());
+        for s in &step.seqs {
+            if s.is_pending() {
+                let row = rows.get(&s.seq).copied().ok_or_else(|| {
+                    format!(
+                        "seq {} is planned ahead of a step that does not sample it",
+                        s.seq
+                    )
+                })?;
+                pending.push(Some(row));
+                plans.push(vec![sampling.plan_ahead(s)?]);
+            } else {
+                pending.push(None);
+                plans.push(sampling.plan(s));
+            }
+        }
+        let tables = self.tables_for(&step.seqs);
+        let mut forward = self.forward.take().ok_or("engine lost its KV cache")?;
+        let (forward, step, launched) = tokio::task::spawn_blocking(move || {
+            let chunks = chunks(&step.seqs, &tables);
+            let launched = forward.launch_step(&chunks, &plans, &pending);
+            (forward, step, launched)
+        })
+        .await?;
+        self.forward = Some(forward);
+        launched?;
+        if let Some(previous) = self.held.take() {
+            self.answer(previous).await?;
+        }
+        if hold {
+            self.held = Some(step);
+            Ok(())
+        } else {
+            self.answer(step).await
+        }
+    }
+
+    /// Waits for the oldest launched step's results and answers the Scheduler with them.
+    async fn answer(&mut self, step: Held) -> Result<(), ActorProcessingErr> {
+        let mut forward = self.forward.take().ok_or("engine lost its KV cache")?;
+        let (forward, finished) = tokio::task::spawn_blocking(move || {
+            let finished = forward.finish_step();
+            (forward, finished)
+        })
+        .await?;
+        self.forward = Some(forward);
+        let (out, idle) = finished?;
+        let sampling = self.sampling.as_mut().ok_or("engine lost its sampling")?;
+        let (output, sampled) = sampling.finish(&step.seqs, out);
+        // The device's own measure of its idle time, where it has one.
+        let wait = step.wait.map(|w| idle.unwrap_or(w));
+        let timing = self.finish_timing(step.started, wait);
+        step.reply_to.cast(SchedulerMsg::StepDone {
+            iteration: step.iteration,
+            output,
+            sampled,
+            timing,
+        })?;
+        Ok(())
+    }
+
+    /// Applies each sequence's block delta and gives its whole table.
+    fn tables_for(&mut self, seqs: &[StepSeq]) -> Vec<Vec<u32>> {
+        let mut tables = Vec::with_capacity(seqs.len());
+        for s in seqs {
+            let table = self.tables.entry(s.seq).or_default();
+            if s.reset {
+                table.clear();
+            }
+            table.extend_from_slice(&s.new_blocks);
+            tables.push(table.clone());
+        }
+        tables
     }
 
     fn drop_seqs(&mut self, dropped: Vec<SeqId>) {
@@ -168,46 +290,36 @@ impl EngineState {
     }
 
     /// Applies the block deltas and runs the forward pass off the async runtime; gives
-    /// the steps back with, per sequence, its `logit_rows()` rows: logits, or with
-    /// `plans` the tokens chosen with them.
+    /// the steps back with, per sequence, its `logit_rows()` rows of logits.
     async fn step(
         &mut self,
         seqs: Vec<StepSeq>,
-        plans: Option<Vec<Vec<RowPlan>>>,
     ) -> Result<(Vec<StepSeq>, Vec<RowsOut>), ActorProcessingErr> {
-        let mut tables = Vec::with_capacity(seqs.len());
-        for s in &seqs {
-            let table = self.tables.entry(s.seq).or_default();
-            if s.reset {
-                table.clear();
-            }
-            table.extend_from_slice(&s.new_blocks);
-            tables.push(table.clone());
-        }
+        let tables = self.tables_for(&seqs);
         let mut forward = self.forward.take().ok_or("engine lost its KV cache")?;
         let (forward, seqs, result) = tokio::task::spawn_blocking(move || {
-            let chunks: Vec<SeqChunk> = seqs
-                .iter()
-                .zip(&tables)
-                .map(|(s, table)| SeqChunk {
-                    tokens: &s.tokens,
-                    start_pos: s.start_pos,
-                    block_table: table,
-                    logits: s.logit_rows(),
-                })
-                .collect();
-            let out = match &plans {
-                Some(plans) => forward.forward_choose(&chunks, plans),
-                None => forward
-                    .forward(&chunks)
-                    .map(|rows| rows.into_iter().map(RowsOut::Logits).collect()),
-            };
+            let out = forward
+                .forward(&chunks(&seqs, &tables))
+                .map(|rows| rows.into_iter().map(RowsOut::Logits).collect());
             (forward, seqs, out)
         })
         .await?;
         self.forward = Some(forward);
         Ok((seqs, result?))
     }
+}
+
+/// The forward pass's view of each sequence's chunk.
+fn chunks<'a>(seqs: &'a [StepSeq], tables: &'a [Vec<u32>]) -> Vec<SeqChunk<'a>> {
+    seqs.iter()
+        .zip(tables)
+        .map(|(s, table)| SeqChunk {
+            tokens: &s.tokens,
+            start_pos: s.start_pos,
+            block_table: table,
+            logits: s.logit_rows(),
+        })
+        .collect()
 }
 
 /// A chunk's logits (a chunk run without plans always has them).

@@ -77,6 +77,16 @@ impl EngineSampling {
         }
     }
 
+    /// The plan of a chunk planned ahead ([`StepSeq::is_pending`]): its token is the one
+    /// the sequence's previous step chooses, not recorded yet.
+    pub fn plan_ahead(&self, s: &StepSeq) -> Result<RowPlan, String> {
+        self.seqs
+            .get(&s.seq)
+            .and_then(|st| st.sampler.as_ref())
+            .and_then(|sampler| sampler.plan_ahead())
+            .ok_or_else(|| format!("seq {} cannot be planned ahead", s.seq))
+    }
+
     /// Each sampling chunk's tokens from its result, in the Scheduler's terms.
     pub fn finish(
         &mut self,

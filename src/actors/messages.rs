@@ -10,7 +10,7 @@ use ractor::{ActorRef, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::request::{Chunk, GenerationParams, Prompt, RequestId};
-use crate::scheduler::{AddError, FinishReason as SeqFinish, StepOutput};
+use crate::scheduler::{AddError, FinishReason as SeqFinish, StepOutput, PENDING_TOKEN};
 
 /// The scheduler's id of one prompt's sequence.
 pub type SeqId = u64;
@@ -92,6 +92,8 @@ pub struct SchedulerStats {
     pub active_requests: usize,
     /// Preemptions by recompute since start.
     pub preemptions: u64,
+    /// Iterations planned while the one before them ran (overlap), since start.
+    pub planned_ahead: u64,
     pub ready: bool,
     /// Engine time since start.
     pub engine_time: EngineTime,
@@ -173,6 +175,12 @@ pub struct StepSeq {
 }
 
 impl StepSeq {
+    /// The chunk is the one token its previous iteration samples ([`PENDING_TOKEN`]),
+    /// planned before that token is known.
+    pub fn is_pending(&self) -> bool {
+        self.tokens == [PENDING_TOKEN]
+    }
+
     /// The chunk's known tokens (without the draft's).
     pub fn known_tokens(&self) -> &[u32] {
         let draft = self.draft.as_ref().map_or(0, |d| d.tokens.len());
@@ -240,7 +248,14 @@ pub enum EngineMsg {
         follows: bool,
         /// Where the sampled tokens go.
         reply_to: ActorRef<SchedulerMsg>,
+        /// The Scheduler plans ahead (an engine that samples on its device): it follows
+        /// this step with the next `Step` (whose pending tokens are this step's) or with
+        /// `Finish`, and the engine answers for this step only after launching that one, so
+        /// that its device never waits for the host between iterations.
+        hold: bool,
     },
+    /// Answer for the step held back (`Step::hold`): no step is planned ahead of it.
+    Finish,
     /// Run one forward pass and answer with each sequence's `logit_rows()` rows (a draft
     /// model's engine, driven by the speculative orchestrator).
     Forward {

@@ -4,12 +4,18 @@
 //! the sampled tokens (`StepDone`, from the Sampler) and fans the resulting outputs to the
 //! Postprocess workers (`PostprocessMsg::Emit`).
 //!
+//! Overlap: with an engine that samples on its device, the next iteration is planned
+//! while the last one runs (`Scheduler::schedule_ahead`): decodes continue with the token
+//! that iteration samples, which the engine takes on the device; the step goes out with
+//! `hold`, and when nothing can be planned ahead `EngineMsg::Finish` lets the engine
+//! answer. At most two iterations are in flight. `INFLIGHT_OVERLAP=0` turns it off.
+//!
 //! Cancels (`Cancel`, `EndSeq`) free blocks at once and are reported to the engine with
 //! the next step. When the engine dies (`EngineFailed`, from the supervisor) every
 //! sequence whose KV state it held gets an error; queued ones wait for `EngineReady`.
 //! Supervised by ModelSupervisor.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +26,7 @@ use super::messages::{
     SeqId, SeqInit, SeqOutput, SeqSampled, StepSeq, SubmitError,
 };
 use crate::request::{GenerationParams, RequestId};
+use crate::sampling::SeqSampler;
 use crate::scheduler::{Batch, SchedulerConfig, SeqEvent, SeqSpec, StepOutput};
 
 pub struct SchedulerActor;
@@ -31,6 +38,8 @@ pub struct SchedulerArgs {
     pub default_draft_tokens: Option<usize>,
     pub sampler: ActorRef<SamplerMsg>,
     pub postprocess: Vec<ActorRef<PostprocessMsg>>,
+    /// Plan iterations ahead (the engine samples on its device; no draft source).
+    pub overlap: bool,
 }
 
 struct SeqMeta {
@@ -46,6 +55,8 @@ struct SeqMeta {
     /// Wait before its first batch; reported with its first token, then None.
     queued: Option<Duration>,
     first_scheduled: bool,
+    /// Its sampling does not depend on a token not yet known: it may be planned ahead.
+    continues: bool,
 }
 
 pub struct SchedulerState {
@@ -53,7 +64,14 @@ pub struct SchedulerState {
     engine: Option<ActorRef<EngineMsg>>,
     sampler: ActorRef<SamplerMsg>,
     postprocess: Vec<ActorRef<PostprocessMsg>>,
-    in_flight: Option<Batch>,
+    /// Iterations sent to the engine and not yet answered, oldest first (two at most).
+    in_flight: VecDeque<Batch>,
+    /// The engine was told to answer for the iteration in flight (`Finish`): nothing is
+    /// planned ahead of it.
+    finishing: bool,
+    overlap: bool,
+    /// Iterations planned ahead since start.
+    planned_ahead: u64,
     seqs: HashMap<SeqId, SeqMeta>,
     requests: HashMap<RequestId, Vec<SeqId>>,
     /// Sequences whose engine state can go, sent with the next step.
@@ -80,7 +98,10 @@ impl Actor for SchedulerActor {
             engine: None,
             sampler: args.sampler,
             postprocess: args.postprocess,
-            in_flight: None,
+            in_flight: VecDeque::new(),
+            finishing: false,
+            overlap: args.overlap,
+            planned_ahead: 0,
             seqs: HashMap::new(),
             requests: HashMap::new(),
             dropped: Vec::new(),
@@ -171,6 +192,7 @@ impl SchedulerState {
                 enqueued: Instant::now(),
                 queued: None,
                 first_scheduled: false,
+                continues: SeqSampler::plans_ahead(&s.params),
             };
             self.seqs.insert(s.seq, meta);
         }
@@ -223,9 +245,15 @@ impl SchedulerState {
     }
 
     fn step_done(&mut self, iteration: u64, output: StepOutput, sampled: Vec<SeqSampled>) {
-        let Some(batch) = self.in_flight.take_if(|b| b.iteration == iteration) else {
+        if self.in_flight.front().map(|b| b.iteration) != Some(iteration) {
+            return;
+        }
+        let Some(batch) = self.in_flight.pop_front() else {
             return;
         };
+        if self.in_flight.is_empty() {
+            self.finishing = false;
+        }
         // Per sequence: what the sampler said, and how many of its tokens went out.
         let mut per_seq: HashMap<SeqId, (SeqSampled, usize)> = output
             .tokens
@@ -295,7 +323,8 @@ impl SchedulerState {
 
     fn engine_failed(&mut self, error: &str) {
         self.engine = None;
-        self.in_flight = None;
+        self.in_flight.clear();
+        self.finishing = false;
         self.dropped.clear();
         let held: Vec<SeqId> = self
             .seqs
@@ -325,7 +354,8 @@ impl SchedulerState {
     }
 
     /// Plans and sends the next iteration when the engine is idle; `follows` when this is
-    /// the reply to the previous iteration's results.
+    /// the reply to the previous iteration's results. With overlap, then plans the one
+    /// after it ahead, or tells the engine to answer when there is none.
     fn kick(
         &mut self,
         myself: &ActorRef<SchedulerMsg>,
@@ -334,15 +364,45 @@ impl SchedulerState {
         let Some(engine) = self.engine.clone() else {
             return Ok(());
         };
-        if self.in_flight.is_some() || !self.core.has_work() {
+        if self.in_flight.is_empty() {
+            if !self.core.has_work() {
+                return Ok(());
+            }
+            let batch = self.core.schedule();
+            if !self.send(&engine, myself, batch, follows)? {
+                return Ok(());
+            }
+        }
+        if !self.overlap || self.in_flight.len() != 1 || self.finishing {
             return Ok(());
         }
-        let batch = self.core.schedule();
+        let seqs = &self.seqs;
+        let batch = self
+            .core
+            .schedule_ahead(|id| seqs.get(&id).is_some_and(|m| m.continues));
+        if self.send(&engine, myself, batch, true)? {
+            self.planned_ahead += 1;
+        } else {
+            engine.cast(EngineMsg::Finish)?;
+            self.finishing = true;
+        }
+        Ok(())
+    }
+
+    /// Sends a planned iteration to the engine; false (nothing sent) when it computes
+    /// nothing.
+    fn send(
+        &mut self,
+        engine: &ActorRef<EngineMsg>,
+        myself: &ActorRef<SchedulerMsg>,
+        batch: Batch,
+        follows: bool,
+    ) -> Result<bool, ActorProcessingErr> {
         for &id in &batch.preempted {
             self.reset(id);
         }
         if batch.seqs.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let mut seqs = Vec::with_capacity(batch.seqs.len());
         for s in &batch.seqs {
@@ -378,9 +438,10 @@ impl SchedulerState {
             dropped,
             follows,
             reply_to: myself.clone(),
+            hold: self.overlap,
         })?;
-        self.in_flight = Some(batch);
-        Ok(())
+        self.in_flight.push_back(batch);
+        Ok(true)
     }
 
     /// The request key of a live sequence (0 for unknown ones, whose outputs the
@@ -419,6 +480,7 @@ impl SchedulerState {
             generation_requests: it.num_generation_requests,
             active_requests: self.requests.len(),
             preemptions: self.core.num_preemptions(),
+            planned_ahead: self.planned_ahead,
             ready: self.engine.is_some(),
             engine_time: self.timing,
         }

@@ -90,6 +90,7 @@ impl Actor for Speculative {
                 dropped,
                 follows,
                 reply_to,
+                hold,
             } => {
                 for id in &dropped {
                     state.seqs.remove(id);
@@ -110,8 +111,10 @@ impl Actor for Speculative {
                     dropped,
                     follows,
                     reply_to,
+                    hold,
                 })?;
             }
+            EngineMsg::Finish => state.target.cast(EngineMsg::Finish)?,
             EngineMsg::InjectFault => state.target.cast(EngineMsg::InjectFault)?,
             EngineMsg::Forward { .. } => {
                 return Err("the speculative orchestrator takes steps, not forward passes".into())

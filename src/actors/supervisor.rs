@@ -118,6 +118,11 @@ impl Actor for ModelSupervisor {
             config: args.scheduler,
             sampler: sampler.clone(),
             postprocess: postprocess.clone(),
+            // Iterations are planned ahead when the engine samples on its device and no
+            // draft source stands in front of it; INFLIGHT_OVERLAP=0 turns it off (A/B).
+            overlap: engines.backend.samples()
+                && engines.speculative.is_none()
+                && std::env::var("INFLIGHT_OVERLAP").map_or(true, |v| v != "0"),
         };
         let (scheduler, _) = Actor::spawn_linked(None, SchedulerActor, sa, cell.clone()).await?;
         let engine = engines.spawn(&myself, &sampler).await?;

@@ -77,16 +77,33 @@ fn embed(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
     let mut out = Vec::new();
     for (vocab, h, n) in [(1000, 576, 1), (49152, 77, 13), (301, 2048, 33)] {
         let (tbits, tvals) = half_of(dt, &rand_vec(rng, vocab * h, 1.0));
-        let ids: Vec<i32> = (0..n).map(|_| rng.gen_range(0..vocab as i32)).collect();
-        let (table, idb) = (gpu.upload(&tbits)?, gpu.upload(&ids)?);
+        // The last step's choices (-1: no token allowed, embedded as token 0); every
+        // other row takes one of them (a pending token, id -(row + 1)).
+        let fed: Vec<i32> = (0..7)
+            .map(|r| {
+                if r == 3 {
+                    -1
+                } else {
+                    rng.gen_range(0..vocab as i32)
+                }
+            })
+            .collect();
+        let ids: Vec<i32> = (0..n)
+            .map(|r| match r % 2 {
+                0 => rng.gen_range(0..vocab as i32),
+                _ => -rng.gen_range(1..=fed.len() as i32),
+            })
+            .collect();
+        let (table, idb, fedb) = (gpu.upload(&tbits)?, gpu.upload(&ids)?, gpu.upload(&fed)?);
         let x = poison_f32(gpu, n * h)?;
-        launch::embed(gpu, dt, table.ptr(), idb.ptr(), x.ptr(), n, h)?;
+        launch::embed(gpu, dt, table.ptr(), idb.ptr(), fedb.ptr(), x.ptr(), n, h)?;
         let got = gpu.read(&x, n * h)?;
+        let token = |i: i32| if i >= 0 { i } else { fed[(-i - 1) as usize].max(0) } as usize;
         let want: Vec<f32> = ids
             .iter()
-            .flat_map(|&i| tvals[i as usize * h..(i as usize + 1) * h].iter().copied())
+            .flat_map(|&i| tvals[token(i) * h..(token(i) + 1) * h].iter().copied())
             .collect();
-        let shape = format!("vocab {vocab} h {h} n {n}");
+        let shape = format!("vocab {vocab} h {h} n {n}, odd rows pending");
         out.push(row("embed", dt, shape, rel_err(&got, &want), 1e-6));
     }
     Ok(out)

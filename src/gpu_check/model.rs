@@ -3,7 +3,10 @@
 //! model as loaded (for GGUF: quantized weights times int8-quantized activations, llama.cpp's
 //! arithmetic) and once against the same weights dequantized (f16 weights, f32 activations),
 //! which is the function the GPU computes; and each prompt alone, whose decode steps run
-//! as captured CUDA graphs, against the same steps launched kernel by kernel. [`dump_logits`]:
+//! as captured CUDA graphs, against the same steps launched kernel by kernel; and greedy
+//! decoding planned ahead (each step launched before the last one's tokens reach the host,
+//! which the device feeds itself), batched and alone, against the steps run one by one.
+//! [`dump_logits`]:
 //! the GPU engine's fp32 logits at every position of a batch of random prompts of
 //! different lengths (one prefill, then 32 batched decode steps on its own argmax), written
 //! for scripts/hf_compare.py to check against HF transformers in fp32.
@@ -19,12 +22,12 @@ use serde::Deserialize;
 use super::{rel_err, Row};
 use crate::error::{Error, Result};
 use crate::kernels::matmul::Matrix;
-use crate::model::backend::ForwardPass;
+use crate::model::backend::{ForwardPass, RowsOut};
 use crate::model::gpu::forward::CudaForward;
 use crate::model::gpu::CudaModel;
 use crate::model::weights::{LayerWeights, Linear, LlamaWeights};
 use crate::model::{KvCache, Llama, SeqChunk};
-use crate::sampling::argmax;
+use crate::sampling::{argmax, RowPlan};
 
 const BLOCK: usize = 16;
 
@@ -58,6 +61,58 @@ fn step_chunks<'a>(
             }
         })
         .collect()
+}
+
+/// Greedy decoding planned ahead ([`ForwardPass::launch_step`]): every step after the
+/// first is launched before the previous one's tokens are back, its tokens pending (read
+/// on the device), so two steps are outstanding; `steps` tokens per prompt.
+fn greedy_ahead(
+    gpu: &mut CudaForward,
+    prompts: &[Vec<u32>],
+    tabs: &[Vec<u32>],
+    steps: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let n = prompts.len();
+    let plans: Vec<Vec<RowPlan>> = (0..n).map(|_| vec![RowPlan::argmax()]).collect();
+    let mut out = vec![Vec::new(); n];
+    let mut take = |rows: Vec<RowsOut>| -> Result<()> {
+        for (i, r) in rows.into_iter().enumerate() {
+            match r {
+                RowsOut::Chosen(c) if c.len() == 1 => out[i].push(c[0].token.unwrap_or(u32::MAX)),
+                _ => return Err(Error::Model("a step planned ahead gave no choice".into())),
+            }
+        }
+        Ok(())
+    };
+    let first: Vec<SeqChunk<'_>> = prompts
+        .iter()
+        .zip(tabs)
+        .map(|(p, t)| SeqChunk {
+            tokens: p,
+            start_pos: 0,
+            block_table: t,
+            logits: 1,
+        })
+        .collect();
+    gpu.launch_step(&first, &plans, &vec![None; n])?;
+    let placeholder = [0u32];
+    for step in 1..steps {
+        let chunks: Vec<SeqChunk<'_>> = prompts
+            .iter()
+            .zip(tabs)
+            .map(|(p, t)| SeqChunk {
+                tokens: &placeholder,
+                start_pos: p.len() + step - 1,
+                block_table: t,
+                logits: 1,
+            })
+            .collect();
+        let pending: Vec<Option<usize>> = (0..n).map(Some).collect();
+        gpu.launch_step(&chunks, &plans, &pending)?;
+        take(gpu.finish_step()?.0)?;
+    }
+    take(gpu.finish_step()?.0)?;
+    Ok(out)
 }
 
 /// Block tables for `seqs` sequences of up to `tokens` tokens, interleaved so each
@@ -207,6 +262,16 @@ pub fn greedy_vs_cpu(
         .filter(|&i| alone_tokens[i] == cpu_tokens[i])
         .count();
 
+    // Planned ahead, batched (kernel by kernel: 5 rows) and each prompt alone (graphs).
+    let mut ahead = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
+    let mut same_ahead =
+        usize::from(greedy_ahead(&mut ahead, &prompts, &tabs, steps)? == gpu_tokens);
+    for (i, p) in prompts.iter().enumerate() {
+        let mut alone = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
+        let got = greedy_ahead(&mut alone, std::slice::from_ref(p), &tabs[i..=i], steps)?;
+        same_ahead += usize::from(got[0] == alone_tokens[i]);
+    }
+
     let mut rows = Vec::new();
     rows.push(Row {
         check: "decode as a CUDA graph vs kernel by kernel".into(),
@@ -216,6 +281,22 @@ pub fn greedy_vs_cpu(
         // Both sides launched kernel by kernel would compare nothing.
         written: graph_err.1 && captured > 0,
         note: format!("max rel err of the logits over every step; {captured} passes captured"),
+        info: false,
+    });
+    rows.push(Row {
+        check: "greedy planned ahead (tokens fed on the device) vs step by step".into(),
+        shape: format!(
+            "{} prompts batched, then each alone; {steps} steps",
+            prompts.len()
+        ),
+        err: if same_ahead == 1 + prompts.len() {
+            0.0
+        } else {
+            1.0
+        },
+        tol: 0.5,
+        written: true,
+        note: format!("{same_ahead}/{} runs identical", 1 + prompts.len()),
         info: false,
     });
     rows.push(Row {

@@ -7,12 +7,19 @@
 //! samples each row on the device from its [`RowPlan`], so only token ids and
 //! log-probabilities come back. The default runs the plans on the host (`RowPlan::choose`,
 //! the CPU twin of the device kernel).
+//!
+//! Such a forward pass also runs steps planned ahead ([`ForwardPass::launch_step`],
+//! [`ForwardPass::finish_step`]): a step is launched before the previous one's tokens are
+//! back on the host, its chunks of a pending token take that token from the previous
+//! step's result on the device, and the device never waits for the host in between.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::kv_cache::KvCache;
 use super::llama::{Llama, SeqChunk};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sampling::{RowChoice, RowPlan};
 
 /// One chunk's result from [`ForwardPass::forward_choose`].
@@ -52,6 +59,88 @@ pub trait ForwardPass: Send + 'static {
             .map(|(mut rows, plans)| choose_on_host(&mut rows, plans))
             .collect())
     }
+
+    /// Starts [`forward_choose`](Self::forward_choose) on a batch whose results
+    /// [`finish_step`](Self::finish_step) returns later. `pending[i] = Some(r)`: chunk `i`
+    /// is one token that the host does not know yet, the choice of logits row `r` (rows
+    /// in chunk order) of the step launched before this one. At most one launched step
+    /// awaits its `finish_step` when the next is launched. Only for passes that
+    /// [`samples`](Self::samples).
+    fn launch_step(
+        &mut self,
+        _chunks: &[SeqChunk<'_>],
+        _plans: &[Vec<RowPlan>],
+        _pending: &[Option<usize>],
+    ) -> Result<()> {
+        Err(Error::Model("this engine does not run steps ahead".into()))
+    }
+
+    /// The results of the oldest launched step, and how long the device sat idle before it
+    /// (between the previous step's end and its start; None where that is not measured).
+    fn finish_step(&mut self) -> Result<(Vec<RowsOut>, Option<Duration>)> {
+        Err(Error::Model("no step was launched".into()))
+    }
+}
+
+/// Steps planned ahead on the host: each is computed when launched and kept until
+/// finished; a pending token is read from the previous step's kept choices.
+#[derive(Default)]
+pub struct HostSteps {
+    results: VecDeque<Vec<RowsOut>>,
+}
+
+impl HostSteps {
+    /// Runs `forward_choose` on the chunks, pending tokens filled in, and keeps the result.
+    pub fn launch(
+        &mut self,
+        pass: &mut dyn ForwardPass,
+        chunks: &[SeqChunk<'_>],
+        plans: &[Vec<RowPlan>],
+        pending: &[Option<usize>],
+    ) -> Result<()> {
+        if self.results.len() > 1 {
+            return Err(Error::Model("two launched steps are not finished".into()));
+        }
+        let chosen: Vec<u32> = match self.results.back() {
+            Some(prev) => prev
+                .iter()
+                .flat_map(|out| match out {
+                    RowsOut::Chosen(c) => c.iter().map(|c| c.token.unwrap_or(0)).collect(),
+                    RowsOut::Logits(_) => Vec::new(),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let resolved: Vec<[u32; 1]> = pending
+            .iter()
+            .map(|p| match p {
+                Some(r) => chosen.get(*r).map(|&t| [t]).ok_or_else(|| {
+                    Error::Model(format!("no chosen token at row {r} of the last step"))
+                }),
+                None => Ok([0]),
+            })
+            .collect::<Result<_>>()?;
+        let chunks: Vec<SeqChunk<'_>> = chunks
+            .iter()
+            .zip(pending)
+            .zip(&resolved)
+            .map(|((c, p), t)| match p {
+                Some(_) => SeqChunk { tokens: t, ..*c },
+                None => *c,
+            })
+            .collect();
+        let out = pass.forward_choose(&chunks, plans)?;
+        self.results.push_back(out);
+        Ok(())
+    }
+
+    pub fn finish(&mut self) -> Result<(Vec<RowsOut>, Option<Duration>)> {
+        let out = self
+            .results
+            .pop_front()
+            .ok_or_else(|| Error::Model("no step was launched".into()))?;
+        Ok((out, None))
+    }
 }
 
 /// A chunk's rows chosen with their plans on the host (its logits when it has none).
@@ -73,6 +162,12 @@ pub fn choose_on_host(rows: &mut Vec<f32>, plans: &[RowPlan]) -> RowsOut {
 /// tokens.
 pub trait Backend: Send + Sync + 'static {
     fn start(&self, block_size: usize, num_blocks: usize) -> Result<Box<dyn ForwardPass>>;
+
+    /// Whether the passes it starts choose tokens themselves ([`ForwardPass::samples`]),
+    /// and so run steps planned ahead.
+    fn samples(&self) -> bool {
+        false
+    }
 }
 
 /// The CPU engine: the shared model and a KV cache of its own.
@@ -80,6 +175,7 @@ pub struct CpuForward {
     model: Arc<Llama>,
     cache: KvCache,
     samples: bool,
+    steps: HostSteps,
 }
 
 impl ForwardPass for CpuForward {
@@ -89,6 +185,22 @@ impl ForwardPass for CpuForward {
 
     fn samples(&self) -> bool {
         self.samples
+    }
+
+    fn launch_step(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        plans: &[Vec<RowPlan>],
+        pending: &[Option<usize>],
+    ) -> Result<()> {
+        let mut steps = std::mem::take(&mut self.steps);
+        let launched = steps.launch(self, chunks, plans, pending);
+        self.steps = steps;
+        launched
+    }
+
+    fn finish_step(&mut self) -> Result<(Vec<RowsOut>, Option<Duration>)> {
+        self.steps.finish()
     }
 }
 
@@ -124,6 +236,11 @@ impl Backend for CpuBackend {
             model: self.model.clone(),
             cache,
             samples: self.samples,
+            steps: HostSteps::default(),
         }))
+    }
+
+    fn samples(&self) -> bool {
+        self.samples
     }
 }

@@ -14,6 +14,7 @@ use crate::kernels::cpu::{self, AttnRow, KvElem, PagedView};
 use crate::kernels::matmul::linear;
 
 /// New tokens of one sequence for one forward call.
+#[derive(Clone, Copy, Debug)]
 pub struct SeqChunk<'a> {
     /// Tokens at positions `start_pos..start_pos + tokens.len()`.
     pub tokens: &'a [u32],

@@ -57,7 +57,7 @@ impl Penalties {
         penalties
     }
 
-    fn is_active(&self) -> bool {
+    pub(crate) fn is_active(&self) -> bool {
         self.repetition != 1.0 || self.presence != 0.0 || self.frequency != 0.0
     }
 

@@ -113,6 +113,36 @@ impl SeqSampler {
             .collect()
     }
 
+    /// Whether a sequence with these parameters can be planned a step ahead
+    /// ([`plan_ahead`](Self::plan_ahead)): no penalty counts the token not yet known, and
+    /// no word rule looks back at it (bad words; stop words while `min_length` bans
+    /// their last tokens).
+    pub fn plans_ahead(params: &GenerationParams) -> bool {
+        let words = WordRules::new(params, &[]);
+        !Penalties::new(params, &[]).is_active() && !words.looks_back()
+    }
+
+    /// The plan for the token after the next one, before the next one is known: what
+    /// [`plan`](Self::plan) will give once it is recorded, when
+    /// [`plans_ahead`](Self::plans_ahead) holds for the request (None otherwise).
+    pub fn plan_ahead(&self) -> Option<RowPlan> {
+        if self.penalties.is_active() || self.words.looks_back() {
+            return None;
+        }
+        let generated = self.history.len() - self.prompt_tail + 1;
+        let mut edits = Vec::new();
+        // The rules look only at the count here: `history` is not read.
+        self.words
+            .banned(&[], generated, |t| edits_ban(&mut edits, t));
+        edits.sort_unstable_by_key(|e| e.token);
+        merge_edits(&mut edits);
+        Some(RowPlan {
+            step: generated as u64,
+            edits,
+            ..self.row_plan(&[])
+        })
+    }
+
     /// The plan for the token after the generated ones and then `extra`.
     fn row_plan(&self, extra: &[u32]) -> RowPlan {
         let generated = self.history.len() - self.prompt_tail + extra.len();

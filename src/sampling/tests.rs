@@ -484,3 +484,50 @@ fn plans_carry_penalties_and_bans_for_each_draft_row() {
         .iter()
         .all(|p| p.edits.windows(2).all(|w| w[0].token < w[1].token)));
 }
+
+/// A plan made a step ahead (before the next token is known) is the plan made once it
+/// is: same draw step, same bans, across `min_length` lifting the end-token ban.
+#[test]
+fn plans_ahead_equal_plans_made_after_the_token() {
+    let p = params(|p| {
+        p.temperature = 0.7;
+        p.top_k = 20;
+        p.random_seed = Some(5);
+        p.min_length = 3;
+        p.stop_words = vec![];
+    });
+    assert!(SeqSampler::plans_ahead(&p));
+    let mut s = SeqSampler::new(&p, &[1, 2, 3], EOS);
+    for token in [4, 5, 6, 7] {
+        let ahead = s.plan_ahead().expect("plans ahead");
+        s.replay(token);
+        assert_eq!(s.plan(&[]), vec![ahead], "after {token}");
+    }
+}
+
+/// Parameters whose next plan depends on the token not yet known are not planned ahead.
+#[test]
+fn penalties_and_looking_back_words_are_not_planned_ahead() {
+    let refused = [
+        params(|p| p.repetition_penalty = 1.1),
+        params(|p| p.presence_penalty = 0.5),
+        params(|p| p.frequency_penalty = -0.5),
+        params(|p| p.bad_words = vec![vec![3]]),
+        params(|p| {
+            p.min_length = 2;
+            p.stop_words = vec![vec![4, 5]];
+        }),
+    ];
+    for p in &refused {
+        assert!(!SeqSampler::plans_ahead(p), "{p:?}");
+        assert_eq!(SeqSampler::new(p, &[1], EOS).plan_ahead(), None);
+    }
+    let allowed = [
+        params(|p| p.stop_words = vec![vec![4, 5]]),
+        params(|p| p.repetition_penalty = f32::NAN),
+        params(|p| p.return_log_probs = true),
+    ];
+    for p in &allowed {
+        assert!(SeqSampler::plans_ahead(p), "{p:?}");
+    }
+}

@@ -51,6 +51,12 @@ impl WordRules {
             .unwrap_or(0)
     }
 
+    /// Whether the tokens `banned` forbids depend on the tokens before (bad words, or stop
+    /// words while `min_length` holds their last tokens back), not only on their count.
+    pub(crate) fn looks_back(&self) -> bool {
+        !self.bad_words.is_empty() || (self.min_length > 0 && !self.stop_words.is_empty())
+    }
+
     /// Whether `token` ends the sequence (never with `ignore_eos`).
     pub(crate) fn is_end(&self, token: u32) -> bool {
         !self.ignore_eos && self.end_ids.binary_search(&token).is_ok()

@@ -28,6 +28,11 @@ impl Batch {
     }
 }
 
+/// The token of a chunk planned ahead (`Scheduler::schedule_ahead`): the one the
+/// sequence's previous iteration samples, which the engine takes from that iteration's
+/// result on its device; the host does not know it yet.
+pub const PENDING_TOKEN: u32 = u32::MAX;
+
 /// One sequence's share of an iteration: compute `tokens` at positions
 /// `start_pos..start_pos + tokens.len()`.
 #[derive(Debug, Clone, PartialEq, Eq)]

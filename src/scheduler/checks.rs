@@ -29,6 +29,14 @@ pub(super) fn check_batch(s: &Scheduler, batch: &Batch) {
             .iter()
             .find(|q| q.id == x.id)
             .expect("scheduled ⊆ running");
+        if x.tokens == [PENDING_TOKEN] {
+            // Planned ahead: the token the in-flight chunk samples, right after it.
+            assert_eq!(x.start_pos, seq.num_known(), "a continuation's position");
+            assert!(x.sample && x.max_draft == 0 && !x.new);
+            assert_eq!(seq.ahead, Some(batch.iteration));
+            assert!(seq.in_flight.is_some_and(|it| it < batch.iteration));
+            continue;
+        }
         assert_eq!(x.tokens[..], seq.tokens[x.start_pos..end]);
         assert_eq!(x.sample, end == seq.num_known());
         assert!(x.max_draft == 0 || x.sample, "drafts after a prefill chunk");
@@ -57,10 +65,13 @@ pub(super) fn check_invariants(s: &Scheduler) {
         assert!(seq.num_computed <= seq.num_known());
         assert!(seq.num_known() <= seq.max_len);
         assert!(seq.blocks.len() >= seq.num_computed.div_ceil(bs));
+        // A chunk planned ahead holds one position past the known tokens.
+        let ahead = usize::from(seq.ahead.is_some());
         assert!(
-            seq.blocks.len() <= (seq.num_known() + seq.num_draft).div_ceil(bs),
+            seq.blocks.len() <= (seq.num_known() + seq.num_draft + ahead).div_ceil(bs),
             "over-allocated"
         );
+        assert!(seq.ahead.is_none() || seq.in_flight.is_some());
         owned.extend(&seq.blocks);
     }
     for &b in &owned {

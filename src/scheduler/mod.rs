@@ -4,6 +4,8 @@
 //! # Verbs
 //! - [`Scheduler::add`] queues a request, or refuses it at once ([`AddError`]).
 //! - [`Scheduler::schedule`] plans one iteration ([`Batch`]).
+//! - [`Scheduler::schedule_ahead`] plans the next one while the last is being computed:
+//!   decodes continue with the token that iteration samples ([`PENDING_TOKEN`]).
 //! - [`Scheduler::update`] applies the engine's result for a batch and returns
 //!   [`SeqEvent`]s (tokens, finishes, preemptions).
 //! - [`Scheduler::cancel`] drops a request and frees its blocks at once.
@@ -28,6 +30,12 @@
 //!   cancelled, preempted or stale entry is ignored.
 //! - A sequence scheduled with `sample` whose token is missing from the step output
 //!   is not advanced: the same chunk is scheduled again.
+//! - Planning ahead (overlap): a sequence whose in-flight chunk samples may get one more
+//!   chunk, of that unknown token, in the next batch, so that the engine never waits for
+//!   the host between iterations. It is applied in order after the first; if the first
+//!   finished the sequence (a stop), the second's result is ignored and its blocks were
+//!   freed with the sequence. A sequence whose pending token may be its last by length,
+//!   that speculates, or whose sampling would depend on that token is not continued.
 //! - Speculative decoding needs nothing else from the scheduler than room: a decode
 //!   chunk of a sequence with `num_draft_tokens` gets blocks and token budget for that
 //!   many draft tokens after it (`ScheduledSeq::max_draft`), and the step output may
@@ -51,6 +59,7 @@ use std::collections::{HashSet, VecDeque};
 
 pub use batch::{
     Batch, FinishReason, IterationStats, SampledToken, ScheduledSeq, SeqEvent, StepOutput,
+    PENDING_TOKEN,
 };
 pub use block_manager::BlockManager;
 pub use policy::{AddError, ConfigError, Limit, SchedulerConfig, SchedulerPolicy};
@@ -149,8 +158,13 @@ impl Scheduler {
                 continue;
             }
             let Some(sampled) = out.tokens.iter().find(|t| t.id == chunk.id) else {
+                // Not advanced: a chunk planned ahead of this token is stale.
+                self.drop_ahead(idx);
                 continue;
             };
+            let seq = &mut self.running[idx];
+            // A chunk planned ahead now computes the token this one sampled.
+            seq.in_flight = seq.ahead.take();
             let accepted = &sampled.accepted[..sampled.accepted.len().min(chunk.max_draft)];
             seq.num_computed += chunk.tokens.len() + accepted.len();
             let mut reason = None;
@@ -164,6 +178,10 @@ impl Scheduler {
                     break;
                 }
             }
+            if seq.in_flight.is_some() {
+                // The continuation computes the token just pushed and samples after it.
+                seq.flight_end = seq.num_known();
+            }
             let Some(reason) = reason else {
                 continue;
             };
@@ -173,12 +191,29 @@ impl Scheduler {
                 reason,
             });
         }
-        for seq in &mut self.running {
+        for idx in 0..self.running.len() {
+            let seq = &mut self.running[idx];
             if seq.in_flight.is_some_and(|it| it <= batch.iteration) {
                 seq.in_flight = None;
+                self.drop_ahead(idx);
             }
         }
         events
+    }
+
+    /// Forgets running sequence `idx`'s chunk planned ahead (stale: the token it computes
+    /// was lost) and the block it may have taken for it. The engine may still write that
+    /// chunk's KV there, before any later batch that reuses the block.
+    fn drop_ahead(&mut self, idx: usize) {
+        let seq = &mut self.running[idx];
+        if seq.ahead.take().is_none() {
+            return;
+        }
+        let keep = self.blocks.blocks_for(seq.num_known() + seq.num_draft);
+        if seq.blocks.len() > keep {
+            let extra = seq.blocks.split_off(keep);
+            self.blocks.free(&extra);
+        }
     }
 
     /// Drops a waiting or running sequence and frees its blocks now; engines hear of

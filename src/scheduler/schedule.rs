@@ -1,7 +1,7 @@
 //! Planning one iteration: which sequences compute which tokens, which waiting
 //! sequences are admitted, and which running ones are preempted for blocks.
 
-use super::batch::{Batch, IterationStats, ScheduledSeq};
+use super::batch::{Batch, IterationStats, ScheduledSeq, PENDING_TOKEN};
 use super::policy::SchedulerPolicy;
 use super::Scheduler;
 
@@ -31,6 +31,21 @@ impl Scheduler {
     /// waiting sequences, FCFS, while `max_batch_size`, `max_num_tokens` and blocks
     /// (per the policy) allow. Blocks are allocated here as chunks need them.
     pub fn schedule(&mut self) -> Batch {
+        self.plan(None)
+    }
+
+    /// Plans the next iteration while the last one is still being computed, as
+    /// [`schedule`](Self::schedule) does, and first gives each running sequence whose
+    /// in-flight chunk samples its next token a one-token chunk of that token
+    /// ([`PENDING_TOKEN`], at position `num_known`), when `continues(id)` allows it (its
+    /// sampling does not depend on that token) and the sequence neither speculates nor
+    /// could end by length with that token. Such a chunk never preempts: a sequence whose
+    /// block does not fit waits for its update instead.
+    pub fn schedule_ahead(&mut self, continues: impl Fn(u64) -> bool) -> Batch {
+        self.plan(Some(&continues))
+    }
+
+    fn plan(&mut self, continues: Option<&dyn Fn(u64) -> bool>) -> Batch {
         self.iteration += 1;
         let mut step = Step {
             iteration: self.iteration,
@@ -38,9 +53,20 @@ impl Scheduler {
             seqs: Vec::new(),
             preempted: Vec::new(),
         };
+        if let Some(continues) = continues {
+            self.schedule_continuations(continues, &mut step);
+        }
         self.schedule_running(&mut step);
         if step.preempted.is_empty() {
             self.admit_waiting(&mut step);
+        }
+        if continues.is_some() && step.seqs.is_empty() && step.preempted.is_empty() {
+            // Nothing to plan ahead: not an iteration (the cancels wait for the next).
+            self.iteration -= 1;
+            return Batch {
+                iteration: step.iteration,
+                ..Batch::default()
+            };
         }
         debug_assert_eq!(
             step.budget
@@ -58,6 +84,44 @@ impl Scheduler {
             seqs: step.seqs,
             preempted: step.preempted,
             cancelled: std::mem::take(&mut self.cancelled),
+        }
+    }
+
+    /// The one-token chunks of [`schedule_ahead`](Self::schedule_ahead), in admission order.
+    fn schedule_continuations(&mut self, continues: &dyn Fn(u64) -> bool, step: &mut Step) {
+        for idx in 0..self.running.len() {
+            if step.seqs.len() >= self.config.max_batch_size || step.budget == 0 {
+                break;
+            }
+            let seq = &self.running[idx];
+            let samples = seq.in_flight.is_some() && seq.flight_end == seq.num_known();
+            if !samples
+                || seq.ahead.is_some()
+                || seq.num_draft > 0
+                || seq.num_known() + 1 >= seq.max_len
+                || !continues(seq.id)
+            {
+                continue;
+            }
+            // Room for the pending token at position num_known.
+            let needed = self.blocks.blocks_for(seq.num_known() + 1);
+            let missing = needed.saturating_sub(seq.blocks.len());
+            let Some(new) = self.blocks.allocate(missing) else {
+                continue;
+            };
+            let seq = &mut self.running[idx];
+            seq.blocks.extend(new);
+            seq.ahead = Some(step.iteration);
+            step.budget -= 1;
+            step.seqs.push(ScheduledSeq {
+                id: seq.id,
+                start_pos: seq.num_known(),
+                tokens: vec![PENDING_TOKEN],
+                block_table: seq.blocks.clone(),
+                sample: true,
+                new: false,
+                max_draft: 0,
+            });
         }
     }
 
@@ -143,6 +207,7 @@ impl Scheduler {
         seq.blocks.clear();
         seq.num_computed = 0;
         seq.in_flight = None;
+        seq.ahead = None;
         if let Some(pos) = step.seqs.iter().position(|c| c.id == seq.id) {
             let chunk = step.seqs.remove(pos);
             step.budget += chunk.tokens.len() + chunk.max_draft;
@@ -221,6 +286,7 @@ impl Scheduler {
         debug_assert!(draft == 0 || end == seq.num_known());
         debug_assert!(seq.blocks.len() * self.config.block_size >= end + draft);
         seq.in_flight = Some(step.iteration);
+        seq.flight_end = end;
         step.budget -= n + draft;
         step.seqs.push(ScheduledSeq {
             id: seq.id,

@@ -31,6 +31,12 @@ pub(crate) struct Sequence {
     pub(crate) admitted_len: usize,
     /// Iteration of the batch computing this sequence now, until its update.
     pub(crate) in_flight: Option<u64>,
+    /// Known tokens once the in-flight chunk is computed (its end): it samples the next
+    /// token when this is every known token.
+    pub(crate) flight_end: usize,
+    /// Iteration of a batch planned ahead (`schedule_ahead`) that computes the token the
+    /// in-flight chunk samples; it becomes `in_flight` when that chunk is applied.
+    pub(crate) ahead: Option<u64>,
     /// Most draft tokens a decode step of this sequence verifies.
     pub(crate) num_draft: usize,
 }
@@ -47,6 +53,8 @@ impl Sequence {
             blocks: Vec::new(),
             admitted_len: 0,
             in_flight: None,
+            flight_end: 0,
+            ahead: None,
             num_draft: spec.num_draft_tokens,
         }
     }

@@ -549,3 +549,101 @@ fn speculative_limits_and_stop() {
     assert_eq!((count(1), count(2)), (3, 2));
     assert_eq!(s.num_used_blocks(), 0, "both finished: every block back");
 }
+
+/// Overlap: with a decode in flight, the next batch continues it with the token that batch
+/// samples; updates apply in order; a block is taken at a block boundary; the sequence is
+/// not continued where its sampling depends on the token or the token may be its last.
+#[test]
+fn decodes_continue_ahead_of_the_batch_in_flight() {
+    let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 16, 4));
+    s.add(spec(1, 3, 4)).unwrap();
+    s.add(spec(2, 4, 10)).unwrap();
+    let b1 = s.schedule();
+    let o1 = output(&s, &b1, &[]);
+    let b2 = s.schedule_ahead(|id| id != 2);
+    check_batch(&s, &b2);
+    check_invariants(&s);
+    let c = chunk(&b2, 1).expect("seq 1 continues");
+    assert_eq!(
+        (c.start_pos, &c.tokens[..], c.sample),
+        (3, &[PENDING_TOKEN][..], true)
+    );
+    assert_eq!(c.block_table.len(), 1, "position 3 fits the first block");
+    assert!(chunk(&b2, 2).is_none(), "seq 2's sampling needs the token");
+    assert_eq!(s.update(&b1, &o1).len(), 2);
+    check_invariants(&s);
+    // Seq 1 is in flight with b2 now; b3 continues it past the block boundary.
+    let b3 = s.schedule_ahead(|_| true);
+    check_batch(&s, &b3);
+    let c = chunk(&b3, 1).expect("seq 1 continues again");
+    assert_eq!((c.start_pos, c.block_table.len()), (4, 2));
+    assert_eq!(
+        chunk(&b3, 2).map(|c| c.start_pos),
+        Some(4),
+        "seq 2 decodes as usual"
+    );
+    // b2 samples seq 1's second token of 4, b3 its third; b4 computes the third and
+    // samples the fourth, its last, which no batch computes: nothing continues after b4.
+    let o2 = output(&s, &b2, &[]);
+    let ev = s.update(&b2, &o2);
+    assert_eq!(ev, vec![SeqEvent::Token { id: 1, token: 101 }]);
+    let b4 = s.schedule_ahead(|_| true);
+    check_batch(&s, &b4);
+    assert_eq!(chunk(&b4, 1).map(|c| c.start_pos), Some(5));
+    let o3 = output(&s, &b3, &[]);
+    s.update(&b3, &o3);
+    let b5 = s.schedule_ahead(|_| true);
+    check_batch(&s, &b5);
+    assert!(chunk(&b5, 1).is_none(), "its pending token is its last");
+    let o4 = output(&s, &b4, &[]);
+    let ev = s.update(&b4, &o4);
+    assert_eq!(finished(&ev), vec![(1, FinishReason::Length)]);
+    let o5 = output(&s, &b5, &[]);
+    s.update(&b5, &o5);
+    check_invariants(&s);
+}
+
+/// A sequence that stops in the batch in flight also ran in the batch planned ahead: that
+/// result is ignored and the blocks are freed once.
+#[test]
+fn a_stop_in_flight_makes_the_continuation_stale() {
+    let mut s = scheduler(small(SchedulerPolicy::MaxUtilization, 8, 4));
+    s.add(spec(1, 4, 10)).unwrap();
+    let b1 = s.schedule();
+    let o1 = output(&s, &b1, &[1]);
+    let b2 = s.schedule_ahead(|_| true);
+    assert_eq!(chunk(&b2, 1).map(|c| c.block_table.len()), Some(2));
+    let o2 = output(&s, &b2, &[]);
+    assert_eq!(finished(&s.update(&b1, &o1)), vec![(1, FinishReason::Stop)]);
+    assert_eq!(
+        s.num_free_blocks(),
+        8,
+        "both blocks freed with the sequence"
+    );
+    assert!(
+        s.update(&b2, &o2).is_empty(),
+        "the continuation's result is ignored"
+    );
+    check_invariants(&s);
+    assert!(!s.has_work());
+}
+
+/// Continuations never preempt: without a free block the sequence waits for its update.
+#[test]
+fn a_continuation_that_needs_a_block_waits_when_there_is_none() {
+    let mut s = scheduler(small(SchedulerPolicy::MaxUtilization, 2, 4));
+    s.add(spec(1, 4, 2)).unwrap();
+    s.add(spec(2, 4, 2)).unwrap();
+    let b1 = s.schedule();
+    assert_eq!((b1.seqs.len(), s.num_free_blocks()), (2, 0));
+    let b2 = s.schedule_ahead(|_| true);
+    assert!(b2.seqs.is_empty() && b2.preempted.is_empty());
+    assert_eq!(
+        s.iteration(),
+        b1.iteration,
+        "an empty plan ahead is no iteration"
+    );
+    let o1 = output(&s, &b1, &[]);
+    assert_eq!(s.update(&b1, &o1).len(), 2);
+    check_invariants(&s);
+}

@@ -4,7 +4,9 @@
 //! context back through the block table. Some requests speculate: the fake engine
 //! writes random draft tokens after their last known one and accepts a random prefix. Checked after every step: the invariants of
 //! `checks::check_invariants`, the batch limits, the engine's view of the KV cache, the
-//! event stream; at the end, that every request finished or was cancelled.
+//! event stream; at the end, that every request finished or was cancelled. Runs with
+//! overlap plan the next batch ahead of the one in flight (`schedule_ahead`): the fake
+//! engine feeds a continued sequence the token the in-flight batch sampled.
 
 use super::checks::{check_batch, check_invariants};
 use super::*;
@@ -32,14 +34,41 @@ struct Engine {
 impl Engine {
     /// Writes every chunk's tokens (and drafts), checks the context read back before
     /// sampling, and samples (accepting some drafts, sometimes stopping, rarely losing
-    /// the token).
-    fn execute(&mut self, batch: &Batch, oracle: &Oracle, rng: &mut StdRng) -> StepOutput {
+    /// the token). A chunk planned ahead takes its token from `prev`, the output of the
+    /// batch still in flight, as a device would.
+    fn execute(
+        &mut self,
+        batch: &Batch,
+        prev: Option<&StepOutput>,
+        oracle: &Oracle,
+        rng: &mut StdRng,
+    ) -> StepOutput {
         let bs = self.block_size;
         let slot = |table: &[u32], pos: usize| table[pos / bs] as usize * bs + pos % bs;
         let mut out = StepOutput::default();
         for c in &batch.seqs {
-            let known = &oracle.known[&c.id];
-            for (i, &t) in c.tokens.iter().enumerate() {
+            let mut known = oracle.known[&c.id].clone();
+            let mut tokens = c.tokens.clone();
+            if c.tokens == [PENDING_TOKEN] {
+                assert_eq!(
+                    c.start_pos,
+                    known.len(),
+                    "continues right after the known tokens"
+                );
+                assert!(prev.is_some(), "planned ahead of a batch in flight");
+                let Some(sampled) = prev.and_then(|p| p.tokens.iter().find(|t| t.id == c.id))
+                else {
+                    // That batch lost the token: this chunk is stale, its update ignored.
+                    continue;
+                };
+                assert!(
+                    sampled.accepted.is_empty(),
+                    "no continuation of a speculating seq"
+                );
+                tokens = vec![sampled.token];
+                known.push(sampled.token);
+            }
+            for (i, &t) in tokens.iter().enumerate() {
                 self.pool[slot(&c.block_table, c.start_pos + i)] = Some((c.id, t));
             }
             if !c.sample {
@@ -82,16 +111,22 @@ fn random_config(rng: &mut StdRng, policy: SchedulerPolicy, chunked: bool) -> Sc
     }
 }
 
-/// Schedules, runs the engine and checks the batch against the oracle.
+/// Schedules (ahead of `prev`, the batch in flight, when given), runs the engine and
+/// checks the batch against the oracle.
 fn schedule(
     s: &mut Scheduler,
     engine: &mut Engine,
     oracle: &Oracle,
     rng: &mut StdRng,
+    prev: Option<&StepOutput>,
 ) -> (Batch, StepOutput) {
     let idle = s.running.iter().all(|q| q.in_flight.is_none());
     let had_work = s.num_running() + s.num_waiting() > 0;
-    let batch = s.schedule();
+    // Some sequences' sampling depends on the pending token: they are not continued.
+    let batch = match prev {
+        Some(_) => s.schedule_ahead(|id| id % 3 != 0),
+        None => s.schedule(),
+    };
     check_batch(s, &batch);
     check_invariants(s);
     if idle && had_work {
@@ -102,12 +137,20 @@ fn schedule(
     }
     for c in &batch.seqs {
         let known = &oracle.known[&c.id];
+        if c.tokens == [PENDING_TOKEN] {
+            assert!(
+                prev.is_some() && c.id % 3 != 0,
+                "continued only ahead, as allowed"
+            );
+            assert_eq!(c.start_pos, known.len());
+            continue;
+        }
         assert_eq!(
             c.tokens[..],
             known[c.start_pos..c.start_pos + c.tokens.len()]
         );
     }
-    let out = engine.execute(&batch, oracle, rng);
+    let out = engine.execute(&batch, prev, oracle, rng);
     (batch, out)
 }
 
@@ -199,7 +242,8 @@ fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
     }
 }
 
-fn run(seed: u64, policy: SchedulerPolicy, chunked: bool, ops: usize) {
+/// Returns how many chunks were planned ahead (continued with a pending token).
+fn run(seed: u64, policy: SchedulerPolicy, chunked: bool, ahead: bool, ops: usize) -> usize {
     let mut rng = StdRng::seed_from_u64(seed);
     let config = random_config(&mut rng, policy, chunked);
     let mut s = Scheduler::new(config.clone()).unwrap();
@@ -211,6 +255,7 @@ fn run(seed: u64, policy: SchedulerPolicy, chunked: bool, ops: usize) {
     let mut outstanding: VecDeque<(Batch, StepOutput)> = VecDeque::new();
     let mut applied: Option<(Batch, StepOutput)> = None;
     let mut next_id = 1u64;
+    let mut continued = 0;
     for _ in 0..ops {
         match rng.gen_range(0..20) {
             0..=5 => {
@@ -234,13 +279,25 @@ fn run(seed: u64, policy: SchedulerPolicy, chunked: bool, ops: usize) {
                 }
             }
             _ => {
-                let step = schedule(&mut s, &mut engine, &oracle, &mut rng);
+                // With one batch in flight, the next is planned ahead of it (overlap)
+                // or, in the pipelined case, beside it.
+                let prev = match outstanding.back() {
+                    Some((_, o)) if ahead => Some(o.clone()),
+                    _ => None,
+                };
+                let step = schedule(&mut s, &mut engine, &oracle, &mut rng, prev.as_ref());
+                continued += step
+                    .0
+                    .seqs
+                    .iter()
+                    .filter(|c| c.tokens == [PENDING_TOKEN])
+                    .count();
                 outstanding.push_back(step);
                 let r = rng.gen_range(0..100);
                 if r < 4 {
                     outstanding.pop_front(); // lost with its engine
-                } else if r < 12 && outstanding.len() < 2 {
-                    continue; // pipelined: the next batch is scheduled first
+                } else if (r < 12 || (ahead && r < 60)) && outstanding.len() < 2 {
+                    continue; // the next batch is scheduled before this one is applied
                 }
                 while let Some((b, o)) = outstanding.pop_front() {
                     update(&mut s, &mut oracle, &b, &o);
@@ -259,6 +316,7 @@ fn run(seed: u64, policy: SchedulerPolicy, chunked: bool, ops: usize) {
     );
     assert_eq!(s.num_free_blocks(), s.num_total_blocks());
     assert!(oracle.accepted.len() > 10, "the test exercised too little");
+    continued
 }
 
 /// Runs until every request is done; bounded so that a livelock fails the test.
@@ -267,7 +325,7 @@ fn drain(s: &mut Scheduler, engine: &mut Engine, oracle: &mut Oracle, rng: &mut 
         if !s.has_work() {
             return;
         }
-        let (b, o) = schedule(s, engine, oracle, rng);
+        let (b, o) = schedule(s, engine, oracle, rng, None);
         update(s, oracle, &b, &o);
     }
     panic!("requests still pending after 100000 iterations");
@@ -281,9 +339,13 @@ fn random_operations_keep_every_invariant() {
     ];
     for policy in policies {
         for chunked in [false, true] {
-            for seed in 0..12 {
-                run(seed * 7919 + chunked as u64, policy, chunked, 3000);
+            let mut continued = 0;
+            for ahead in [false, true] {
+                for seed in 0..12 {
+                    continued += run(seed * 7919 + chunked as u64, policy, chunked, ahead, 3000);
+                }
             }
+            assert!(continued > 100, "overlap planned {continued} chunks ahead");
         }
     }
 }
@@ -314,7 +376,7 @@ fn max_utilization_random_runs_do_preempt() {
             add(&mut s, &mut oracle, &mut rng, id);
         }
         while s.has_work() {
-            let (b, o) = schedule(&mut s, &mut engine, &oracle, &mut rng);
+            let (b, o) = schedule(&mut s, &mut engine, &oracle, &mut rng, None);
             preempted += b.preempted.len();
             update(&mut s, &mut oracle, &b, &o);
         }

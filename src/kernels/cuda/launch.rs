@@ -95,11 +95,13 @@ pub(super) fn cfg(grid: (usize, usize, usize), block: u32) -> Result<LaunchConfi
 }
 
 /// `x[r] = table[ids[r]]` as fp32, for `n` rows of width `h`.
+#[allow(clippy::too_many_arguments)]
 pub fn embed(
     gpu: &Gpu,
     half: Half,
     table: u64,
     ids: u64,
+    fed: u64,
     x: u64,
     n: usize,
     h: usize,
@@ -110,7 +112,7 @@ pub fn embed(
     let h = i32_of(h)?;
     let f = gpu.func("embed", half)?;
     let mut b = Args::new();
-    b.arg(&table).arg(&ids).arg(&x).arg(&h);
+    b.arg(&table).arg(&ids).arg(&fed).arg(&x).arg(&h);
     // SAFETY: argument order and types match embed.cu; buffers hold n rows.
     unsafe { gpu.launch(f, cfg((n, 1, 1), 256)?, &mut b) }.map_err(cuda_err("embed"))?;
     Ok(())

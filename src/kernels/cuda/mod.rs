@@ -14,7 +14,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    PinnedHostSlice, ValidAsZeroBits,
 };
 
 use crate::error::{Error, Result};
@@ -295,6 +296,46 @@ impl Gpu {
         }
         self.sync()?;
         Ok(host)
+    }
+
+    /// Page-locked host memory for `len` elements (cached: the host reads it), which
+    /// [`copy_to_pinned`](Self::copy_to_pinned) fills without waiting.
+    pub fn pinned<T: DeviceRepr>(&self, len: usize) -> Result<PinnedHostSlice<T>> {
+        // SAFETY: the contents are read only after a copy into them completed.
+        unsafe { self.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
+            .map_err(cuda_err("allocating page-locked memory"))
+    }
+
+    /// Queues a copy of the first `len` elements of `buf` into `host`, after everything
+    /// queued so far; `host`'s contents are current once an event recorded after it
+    /// completes.
+    pub fn copy_to_pinned<T: DeviceRepr>(
+        &self,
+        buf: &DevBuf<T>,
+        len: usize,
+        host: &mut PinnedHostSlice<T>,
+    ) -> Result<()> {
+        if len > buf.len || len > host.len() {
+            return Err(Error::Cuda(format!(
+                "copy of {len} elements from a buffer of {} into one of {}",
+                buf.len,
+                host.len()
+            )));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_dtoh(&buf.s.slice(..len), host)
+            .map_err(cuda_err("copy to page-locked memory"))
+    }
+
+    /// An event recorded now on this device's stream, with timing (its `synchronize`
+    /// spins, for the lowest latency).
+    pub fn event(&self) -> Result<CudaEvent> {
+        self.stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda_err("recording an event"))
     }
 
     pub fn sync(&self) -> Result<()> {

@@ -1,9 +1,19 @@
 //! One GPU engine: the 16-bit paged KV cache (`[layer][k|v][num_blocks * block_size][kv_dim]`),
 //! a cuBLAS handle and scratch buffers, running a batch of [`SeqChunk`]s (prefills of any
 //! length and decodes together) exactly as the CPU engine's forward pass does, and
-//! returning fp32 logits rows to the host.
+//! returning fp32 logits rows to the host, or each row's token chosen on the device.
+//!
+//! Steps planned ahead ([`ForwardPass::launch_step`]) are launched before the previous
+//! step's choices reach the host: a pending token is read by the embedding kernel from
+//! the previous step's choices on the device, each step's choices travel to page-locked
+//! host memory (two buffers, as two steps may be outstanding), and events around each
+//! step measure the device's idle time between steps.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::{CudaEvent, PinnedHostSlice};
 
 use super::graphs::{GraphKey, Graphs, GRAPH_LEN_STEP};
 use super::stage_timer::{mark, stage, StageTimer};
@@ -14,7 +24,7 @@ use crate::kernels::cuda::attention::{self, Attention, Tiles};
 use crate::kernels::cuda::gemm::{Blas, Out, Path, Timed};
 use crate::kernels::cuda::launch;
 use crate::kernels::cuda::lt;
-use crate::kernels::cuda::{DevBuf, Gpu};
+use crate::kernels::cuda::{cuda_err, DevBuf, Gpu};
 use crate::model::backend::{ForwardPass, RowsOut};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{check_chunks, SeqChunk};
@@ -108,6 +118,8 @@ struct Layout {
     tiles: (usize, usize),
     /// Logit rows per chunk.
     counts: Vec<usize>,
+    /// Row of each chunk's first token.
+    firsts: Vec<usize>,
 }
 
 impl Layout {
@@ -160,6 +172,14 @@ impl Layout {
             start += len;
         }
         let m = rows.len();
+        let firsts = seqs
+            .iter()
+            .scan(0, |at, c| {
+                let first = *at;
+                *at += c.tokens.len();
+                Some(first)
+            })
+            .collect();
         let mut first = 0;
         let spans = seqs.iter().map(|c| {
             let span = (first, c.tokens.len(), c.start_pos);
@@ -184,8 +204,37 @@ impl Layout {
             tiles_at,
             tiles: tiles.counts(),
             counts,
+            firsts,
         })
     }
+
+    /// Marks each pending chunk's one token as the previous step's choice at its row
+    /// (`-(row + 1)`, which the embedding kernel reads from that step's choices).
+    fn feed_pending(&mut self, pending: &[Option<usize>]) -> Result<()> {
+        for (&first, p) in self.firsts.iter().zip(pending) {
+            if let Some(row) = *p {
+                let id = i32::try_from(row + 1)
+                    .map_err(|_| Error::InvalidRequest(format!("row {row} exceeds i32")))?;
+                self.meta[first] = -id;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A launched step whose choices are on their way to page-locked host memory.
+struct Launched {
+    /// Logit rows per chunk, and whether each chunk's rows were chosen (it had plans).
+    counts: Vec<usize>,
+    chosen: Vec<bool>,
+    /// The logits of the chunks without plans (read at launch).
+    logits: Vec<f32>,
+    m: usize,
+    /// Which host buffer gets the choices.
+    host: usize,
+    /// Recorded before its first upload and after its choices' copy.
+    begin: CudaEvent,
+    end: CudaEvent,
 }
 
 /// One model's forward pass and KV cache on one GPU.
@@ -197,6 +246,13 @@ pub struct CudaForward {
     num_blocks: usize,
     scratch: Option<Scratch>,
     sample_bufs: Option<SampleBufs>,
+    /// Steps launched and not finished, oldest first (two at most).
+    launched: VecDeque<Launched>,
+    /// Page-locked buffers for the choices of two outstanding steps.
+    host: [Option<PinnedHostSlice<u32>>; 2],
+    next_host: usize,
+    /// The end of the last finished step (for the idle time before the next).
+    last_end: Option<CudaEvent>,
     /// Per-stage GPU timing of the passes run while set (profiling only).
     timer: Option<StageTimer>,
     /// Which implementation runs the linear layers (`Path::Auto` but when profiling).
@@ -233,6 +289,10 @@ impl CudaForward {
             num_blocks,
             scratch: None,
             sample_bufs: None,
+            launched: VecDeque::new(),
+            host: [None, None],
+            next_host: 0,
+            last_end: None,
             timer: None,
             linear_path: Path::Auto,
             graphs: Graphs::default(),
@@ -321,7 +381,9 @@ impl CudaForward {
         let tiles = s.meta.at(lay.tiles_at);
 
         mark(&mut self.timer, stage::HOST_AND_UPLOAD)?;
-        launch::embed(g, dt, w.embed.ptr(), ids, s.x.ptr(), n, h)?;
+        // Pending tokens come from the last step's choices (no buffer yet: none pending).
+        let fed = self.sample_bufs.as_ref().map_or(0, |b| b.chosen.ptr());
+        launch::embed(g, dt, w.embed.ptr(), ids, fed, s.x.ptr(), n, h)?;
         mark(&mut self.timer, stage::EMBED)?;
         for (l, lw) in w.layers.iter().enumerate() {
             let (kc, vc) = self.kv_layer(l);
@@ -461,8 +523,14 @@ impl CudaForward {
     }
 
     /// Chooses every logits row's token on the device (rows without a plan get a greedy
-    /// one, unused); returns the choices, and the logits when some chunk has no plans.
-    fn choose(&mut self, lay: &Layout, plans: &[Vec<RowPlan>]) -> Result<Vec<RowsOut>> {
+    /// one, unused) and queues the choices' copy to the host; the logits of chunks
+    /// without plans are read now. `begin` was recorded before the step's first upload.
+    fn launch_choices(
+        &mut self,
+        lay: &Layout,
+        plans: &[Vec<RowPlan>],
+        begin: CudaEvent,
+    ) -> Result<Launched> {
         let filler = RowPlan::argmax();
         let filler = &filler;
         let rows = lay
@@ -474,6 +542,18 @@ impl CudaForward {
         let m = lay.m;
         let g = self.model.gpu.clone();
         let vocab = self.model.config.vocab_size;
+        let host = self.next_host;
+        if m == 0 {
+            return Ok(Launched {
+                counts: lay.counts.clone(),
+                chosen: vec![false; lay.counts.len()],
+                logits: Vec::new(),
+                m,
+                host,
+                begin,
+                end: g.event()?,
+            });
+        }
         let fits = self
             .sample_bufs
             .as_ref()
@@ -489,6 +569,14 @@ impl CudaForward {
                 grow(m, r),
                 grow(packed.edits.len(), e),
             )?);
+            // The captured passes read pending tokens from the old choices' address. This
+            // step's pass already has (it was queued before the buffer it reads is freed).
+            self.graphs.clear();
+        }
+        self.next_host = 1 - host;
+        if self.host[host].as_ref().is_none_or(|b| b.len() < 2 * m) {
+            let len = (2 * m).next_power_of_two().max(128);
+            self.host[host] = Some(g.pinned(len)?);
         }
         let bufs = self
             .sample_bufs
@@ -504,11 +592,13 @@ impl CudaForward {
             .scratch
             .as_ref()
             .ok_or_else(|| Error::Cuda("no scratch".into()))?;
-        let logits_wanted = lay
+        let chosen: Vec<bool> = lay
             .counts
             .iter()
             .zip(plans)
-            .any(|(&c, p)| c > 0 && p.len() != c);
+            .map(|(&c, p)| c > 0 && p.len() == c)
+            .collect();
+        let logits_wanted = lay.counts.iter().zip(&chosen).any(|(&c, &ch)| c > 0 && !ch);
         let logits = if logits_wanted {
             g.read(&s.logits, m * vocab)?
         } else {
@@ -526,13 +616,40 @@ impl CudaForward {
             m,
         )?;
         mark(&mut self.timer, stage::SAMPLING)?;
-        // One read (one wait): the m tokens, then their m log-probabilities' bits.
-        let chosen = g.read(&bufs.chosen, 2 * m)?;
-        let (tokens, log_probs) = chosen.split_at(m);
-        let mut out = Vec::with_capacity(lay.counts.len());
+        // One copy: the m tokens, then their m log-probabilities' bits.
+        let pinned = self.host[host]
+            .as_mut()
+            .ok_or_else(|| Error::Cuda("no host buffer".into()))?;
+        g.copy_to_pinned(&bufs.chosen, 2 * m, pinned)?;
+        let end = g.event()?;
+        Ok(Launched {
+            counts: lay.counts.clone(),
+            chosen,
+            logits,
+            m,
+            host,
+            begin,
+            end,
+        })
+    }
+
+    /// Waits for a launched step's choices and gives each chunk its rows.
+    fn take_choices(&mut self, l: &Launched) -> Result<Vec<RowsOut>> {
+        l.end
+            .synchronize()
+            .map_err(cuda_err("waiting for a step's choices"))?;
+        let pinned = self.host[l.host]
+            .as_ref()
+            .ok_or_else(|| Error::Cuda("no host buffer".into()))?;
+        let words = pinned
+            .as_slice()
+            .map_err(cuda_err("reading a step's choices"))?;
+        let (tokens, log_probs) = words[..2 * l.m].split_at(l.m);
+        let vocab = self.model.config.vocab_size;
+        let mut out = Vec::with_capacity(l.counts.len());
         let mut at = 0;
-        for (&c, p) in lay.counts.iter().zip(plans) {
-            out.push(if p.len() == c && c > 0 {
+        for (&c, &chosen) in l.counts.iter().zip(&l.chosen) {
+            out.push(if chosen {
                 RowsOut::Chosen(
                     (at..at + c)
                         .map(|r| RowChoice {
@@ -544,7 +661,7 @@ impl CudaForward {
                 )
             } else {
                 RowsOut::Logits(
-                    logits
+                    l.logits
                         .get(at * vocab..(at + c) * vocab)
                         .unwrap_or(&[])
                         .to_vec(),
@@ -617,14 +734,16 @@ impl CudaForward {
     }
 
     /// Checks and lays out the chunks and runs them through the model (when they hold
-    /// tokens), leaving the logits rows on the device.
-    fn run_chunks(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Layout> {
+    /// tokens), leaving the logits rows on the device. `pending` (empty, or one entry
+    /// per chunk): chunks whose one token is the last step's choice at that row.
+    fn run_chunks(&mut self, chunks: &[SeqChunk<'_>], pending: &[Option<usize>]) -> Result<Layout> {
         check_chunks(&self.model.config, chunks, self.block_size, self.num_blocks)?;
         let cfg = &self.model.config;
         let group = cfg.num_heads / cfg.num_kv_heads.max(1);
         let decode = self.graphs.takes(chunks);
         let step = if decode { GRAPH_LEN_STEP } else { 1 };
-        let lay = Layout::new(chunks, self.block_size, group, step)?;
+        let mut lay = Layout::new(chunks, self.block_size, group, step)?;
+        lay.feed_pending(pending)?;
         let key = decode.then_some(GraphKey {
             n: lay.n,
             plan_len: lay.plan_len,
@@ -640,7 +759,7 @@ impl CudaForward {
 
 impl ForwardPass for CudaForward {
     fn forward(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>> {
-        let lay = self.run_chunks(chunks)?;
+        let lay = self.run_chunks(chunks, &[])?;
         if lay.m == 0 {
             return Ok(lay.counts.iter().map(|_| Vec::new()).collect());
         }
@@ -667,15 +786,61 @@ impl ForwardPass for CudaForward {
         chunks: &[SeqChunk<'_>],
         plans: &[Vec<RowPlan>],
     ) -> Result<Vec<RowsOut>> {
-        let lay = self.run_chunks(chunks)?;
-        if lay.m == 0 {
-            return Ok(lay
-                .counts
-                .iter()
-                .map(|_| RowsOut::Logits(Vec::new()))
-                .collect());
+        if !self.launched.is_empty() {
+            return Err(Error::Cuda("a launched step is not finished".into()));
         }
-        self.choose(&lay, plans)
+        self.launch_step(chunks, plans, &[])?;
+        Ok(self.finish_step()?.0)
+    }
+
+    fn launch_step(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        plans: &[Vec<RowPlan>],
+        pending: &[Option<usize>],
+    ) -> Result<()> {
+        if self.launched.len() > 1 {
+            return Err(Error::Cuda("two launched steps are not finished".into()));
+        }
+        // A pending token is checked as token 0; the device reads the real one.
+        let zero = [0u32];
+        let checked: Vec<SeqChunk<'_>> = chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match pending.get(i) {
+                Some(Some(_)) => SeqChunk {
+                    tokens: &zero,
+                    ..*c
+                },
+                _ => *c,
+            })
+            .collect();
+        self.model.gpu.bind()?;
+        let begin = self.model.gpu.event()?;
+        let lay = self.run_chunks(&checked, pending)?;
+        let launched = self.launch_choices(&lay, plans, begin)?;
+        self.launched.push_back(launched);
+        Ok(())
+    }
+
+    fn finish_step(&mut self) -> Result<(Vec<RowsOut>, Option<Duration>)> {
+        let l = self
+            .launched
+            .pop_front()
+            .ok_or_else(|| Error::Cuda("no step was launched".into()))?;
+        self.model.gpu.bind()?;
+        let out = self.take_choices(&l)?;
+        let idle = match &self.last_end {
+            Some(last) => {
+                let ms = last
+                    .elapsed_ms(&l.begin)
+                    .map_err(cuda_err("timing the idle device"))?;
+                Some(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
+            }
+            None => None,
+        };
+        self.last_end = Some(l.end);
+        Ok((out, idle))
     }
 }
 
@@ -712,8 +877,27 @@ mod tests {
         assert_eq!(&lay.meta[3 * n..4 * n], &[0, 0, 0, 1]); // row -> sequence
         assert_eq!(&lay.meta[4 * n..4 * n + 3], &[1, 2, 3]); // rows with logits
         assert_eq!(&lay.meta[4 * n + 3..lay.tiles_at], &[5, 2, 0, 7, 1, 9]); // tables, stride 3
-        assert_eq!(&lay.meta[lay.tiles_at..], &[0, 3, 3, 1]); // decode tiles
+                                                                             // Tiles (first row, rows), longest context first: the decode (5 positions), then
+                                                                             // the prefill (3).
+        assert_eq!(&lay.meta[lay.tiles_at..], &[3, 1, 0, 3]);
         assert_eq!(lay.counts, vec![2, 1]);
+    }
+
+    #[test]
+    fn pending_tokens_are_marked_by_the_row_they_come_from() {
+        // A prefill, then two decodes whose tokens are rows 4 and 0 of the last step's
+        // choices (the placeholders stand in for them).
+        let (a, b) = ([7u32, 8], [0u32]);
+        let chunk = |tokens, start_pos| SeqChunk {
+            tokens,
+            start_pos,
+            block_table: &[1, 2, 3],
+            logits: 1,
+        };
+        let chunks = [chunk(&a[..], 0), chunk(&b[..], 5), chunk(&b[..], 9)];
+        let mut lay = Layout::new(&chunks, 4, 1, 1).unwrap();
+        lay.feed_pending(&[None, Some(4), Some(0)]).unwrap();
+        assert_eq!(&lay.meta[..lay.n], &[7, 8, -5, -1]);
     }
 
     #[test]

@@ -110,4 +110,8 @@ impl Backend for CudaBackend {
             num_blocks,
         )?))
     }
+
+    fn samples(&self) -> bool {
+        true
+    }
 }
