@@ -33,7 +33,7 @@
 #
 # Environment (defaults in brackets; QUICK=1 values after the slash):
 #   INFLIGHT_BIN [target/release/inflight]  OUT [a new temp dir]  WORK [/tmp/inflight-bench]
-#   MODELS ["8b 1b" / "1b"]: any of 8b, 1b, 135m (random weights in SmolLM2-135M's shapes),
+#   MODELS ["8b 1b 135m" / "1b"]: any of 8b, 1b, 135m (random weights in SmolLM2-135M's shapes),
 #     smollm2 (the GGUF at INFLIGHT_MODEL, default ~/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf)
 #   TP_MODEL [8b if in MODELS, else the first]: the model of the throughput and TTFT rows
 #   WORKLOADS ["128/128 2048/128 128/2048 500/2000"]
@@ -64,7 +64,7 @@ WORK=${WORK:-/tmp/inflight-bench}
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-bench.XXXXXX")}
 SMOLLM2=${INFLIGHT_MODEL:-$HOME/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf}
 q() { if [ "$QUICK" = 1 ]; then echo "$2"; else echo "$1"; fi; }  # q FULL QUICK
-MODELS=${MODELS:-$(q "8b 1b" "1b")}
+MODELS=${MODELS:-$(q "8b 1b 135m" "1b")}
 case " $MODELS " in *" 8b "*) DEF_TP=8b ;; *) DEF_TP=${MODELS%% *} ;; esac
 TP_MODEL=${TP_MODEL:-$DEF_TP}
 WORKLOADS=${WORKLOADS:-"128/128 2048/128 128/2048 500/2000"}
