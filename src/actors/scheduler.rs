@@ -304,7 +304,9 @@ impl SchedulerState {
                         }
                     }
                 }
-                SeqEvent::Preempted { id } => self.reset(id),
+                // Reset when its batch was sent (`send`): by now a batch planned ahead may
+                // have admitted it again.
+                SeqEvent::Preempted { .. } => {}
             }
         }
         self.emit(outs);

@@ -86,7 +86,8 @@ pub trait ForwardPass: Send + 'static {
 /// finished; a pending token is read from the previous step's kept choices.
 #[derive(Default)]
 pub struct HostSteps {
-    results: VecDeque<Vec<RowsOut>>,
+    /// Each launched step's result, and its logits rows per chunk.
+    results: VecDeque<(Vec<RowsOut>, Vec<usize>)>,
 }
 
 impl HostSteps {
@@ -101,12 +102,15 @@ impl HostSteps {
         if self.results.len() > 1 {
             return Err(Error::Model("two launched steps are not finished".into()));
         }
+        // The last step's choice at each of its logits rows (chunks without plans
+        // chose nothing: 0 stands in for their rows).
         let chosen: Vec<u32> = match self.results.back() {
-            Some(prev) => prev
+            Some((prev, rows)) => prev
                 .iter()
-                .flat_map(|out| match out {
+                .zip(rows)
+                .flat_map(|(out, &rows)| match out {
                     RowsOut::Chosen(c) => c.iter().map(|c| c.token.unwrap_or(0)).collect(),
-                    RowsOut::Logits(_) => Vec::new(),
+                    RowsOut::Logits(_) => vec![0; rows],
                 })
                 .collect(),
             None => Vec::new(),
@@ -130,12 +134,16 @@ impl HostSteps {
             })
             .collect();
         let out = pass.forward_choose(&chunks, plans)?;
-        self.results.push_back(out);
+        let rows = chunks
+            .iter()
+            .map(|c| c.logits.min(c.tokens.len()))
+            .collect();
+        self.results.push_back((out, rows));
         Ok(())
     }
 
     pub fn finish(&mut self) -> Result<(Vec<RowsOut>, Option<Duration>)> {
-        let out = self
+        let (out, _) = self
             .results
             .pop_front()
             .ok_or_else(|| Error::Model("no step was launched".into()))?;

@@ -202,18 +202,10 @@ impl Scheduler {
     }
 
     /// Forgets running sequence `idx`'s chunk planned ahead (stale: the token it computes
-    /// was lost) and the block it may have taken for it. The engine may still write that
-    /// chunk's KV there, before any later batch that reuses the block.
+    /// was lost). A block taken for it stays with the sequence (its table only grows, as
+    /// the engine's does): the recomputed token lands in it.
     fn drop_ahead(&mut self, idx: usize) {
-        let seq = &mut self.running[idx];
-        if seq.ahead.take().is_none() {
-            return;
-        }
-        let keep = self.blocks.blocks_for(seq.num_known() + seq.num_draft);
-        if seq.blocks.len() > keep {
-            let extra = seq.blocks.split_off(keep);
-            self.blocks.free(&extra);
-        }
+        self.running[idx].ahead = None;
     }
 
     /// Drops a waiting or running sequence and frees its blocks now; engines hear of

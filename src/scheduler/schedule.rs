@@ -3,6 +3,7 @@
 
 use super::batch::{Batch, IterationStats, ScheduledSeq, PENDING_TOKEN};
 use super::policy::SchedulerPolicy;
+use super::sequence::Sequence;
 use super::Scheduler;
 
 /// The iteration being planned.
@@ -40,12 +41,21 @@ impl Scheduler {
     /// ([`PENDING_TOKEN`], at position `num_known`), when `continues(id)` allows it (its
     /// sampling does not depend on that token) and the sequence neither speculates nor
     /// could end by length with that token. Such a chunk never preempts: a sequence whose
-    /// block does not fit waits for its update instead.
+    /// block does not fit waits for its update instead. Nothing is planned (an empty batch,
+    /// no iteration) while an in-flight sequence could not go on in it and will not end
+    /// (a prefill chunk, a speculating sequence, or one `continues` refuses): it would
+    /// otherwise run only every other iteration.
     pub fn schedule_ahead(&mut self, continues: impl Fn(u64) -> bool) -> Batch {
         self.plan(Some(&continues))
     }
 
     fn plan(&mut self, continues: Option<&dyn Fn(u64) -> bool>) -> Batch {
+        if continues.is_some_and(|c| self.running.iter().any(|s| self.stalls_ahead(s, c))) {
+            return Batch {
+                iteration: self.iteration + 1,
+                ..Batch::default()
+            };
+        }
         self.iteration += 1;
         let mut step = Step {
             iteration: self.iteration,
@@ -85,6 +95,15 @@ impl Scheduler {
             preempted: step.preempted,
             cancelled: std::mem::take(&mut self.cancelled),
         }
+    }
+
+    /// Whether `seq`, in flight, would wait out an iteration planned ahead: it neither
+    /// continues in it nor ends with the token it samples.
+    fn stalls_ahead(&self, seq: &Sequence, continues: &dyn Fn(u64) -> bool) -> bool {
+        let samples = seq.in_flight.is_some() && seq.flight_end == seq.num_known();
+        let ends = samples && seq.num_known() + 1 >= seq.max_len;
+        let goes_on = samples && seq.num_draft == 0 && continues(seq.id);
+        seq.in_flight.is_some() && seq.ahead.is_none() && !ends && !goes_on
     }
 
     /// The one-token chunks of [`schedule_ahead`](Self::schedule_ahead), in admission order.

@@ -638,6 +638,14 @@ impl CudaForward {
         l.end
             .synchronize()
             .map_err(cuda_err("waiting for a step's choices"))?;
+        if l.m == 0 {
+            // No row chose (a prefill chunk that does not sample): nothing was copied.
+            return Ok(l
+                .counts
+                .iter()
+                .map(|_| RowsOut::Logits(Vec::new()))
+                .collect());
+        }
         let pinned = self.host[l.host]
             .as_ref()
             .ok_or_else(|| Error::Cuda("no host buffer".into()))?;
@@ -735,8 +743,15 @@ impl CudaForward {
 
     /// Checks and lays out the chunks and runs them through the model (when they hold
     /// tokens), leaving the logits rows on the device. `pending` (empty, or one entry
-    /// per chunk): chunks whose one token is the last step's choice at that row.
-    fn run_chunks(&mut self, chunks: &[SeqChunk<'_>], pending: &[Option<usize>]) -> Result<Layout> {
+    /// per chunk): chunks whose one token is the last step's choice at that row. With
+    /// `begin`, an event is recorded there once the host's layout is done, before the
+    /// step's first upload (the start of its device work, for the idle time before it).
+    fn run_chunks(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        pending: &[Option<usize>],
+        begin: Option<&mut Option<CudaEvent>>,
+    ) -> Result<Layout> {
         check_chunks(&self.model.config, chunks, self.block_size, self.num_blocks)?;
         let cfg = &self.model.config;
         let group = cfg.num_heads / cfg.num_kv_heads.max(1);
@@ -749,8 +764,11 @@ impl CudaForward {
             plan_len: lay.plan_len,
             tiles: lay.tiles,
         });
+        self.model.gpu.bind()?;
+        if let Some(begin) = begin {
+            *begin = Some(self.model.gpu.event()?);
+        }
         if lay.n > 0 {
-            self.model.gpu.bind()?;
             self.run(&lay, key)?;
         }
         Ok(lay)
@@ -759,7 +777,7 @@ impl CudaForward {
 
 impl ForwardPass for CudaForward {
     fn forward(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>> {
-        let lay = self.run_chunks(chunks, &[])?;
+        let lay = self.run_chunks(chunks, &[], None)?;
         if lay.m == 0 {
             return Ok(lay.counts.iter().map(|_| Vec::new()).collect());
         }
@@ -815,9 +833,9 @@ impl ForwardPass for CudaForward {
                 _ => *c,
             })
             .collect();
-        self.model.gpu.bind()?;
-        let begin = self.model.gpu.event()?;
-        let lay = self.run_chunks(&checked, pending)?;
+        let mut begin = None;
+        let lay = self.run_chunks(&checked, pending, Some(&mut begin))?;
+        let begin = begin.ok_or_else(|| Error::Cuda("no start event".into()))?;
         let launched = self.launch_choices(&lay, plans, begin)?;
         self.launched.push_back(launched);
         Ok(())
