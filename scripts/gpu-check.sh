@@ -9,6 +9,8 @@
 #      transformers in fp32 (scripts/hf_compare.py).
 #   3. `serve --device cuda` over HTTP: greedy text equals the CPU engine's (`generate`),
 #      streaming and OpenAI routes answer, the KV block metrics report the GPU cache.
+#      3b: chunked prefills, penalty and plain requests at once while the engine plans
+#      iterations ahead: every answer whole.
 #   4. compute-sanitizer memcheck over a short serving run, and (4b) over the forward pass
 #      alone (gpu-logits, three prompts batched and four decode steps).
 # Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
@@ -125,6 +127,39 @@ if serve "$BIN" serve --config "$WORK/serve.toml"; then
   fi
 else
   tail -20 "$WORK/serve.log"; status "serve --device cuda (HTTP)" FAIL "server did not become ready"
+fi
+
+echo; echo "## 3b. serving while planning ahead: chunked prefills, penalties and plain requests"
+# Prompts longer than max_num_tokens are prefilled in chunks (steps with no logits rows);
+# penalty requests cannot be planned ahead; plain ones are. All at once, every answer must
+# come back whole, and the engine must have planned iterations ahead.
+cp "$WORK/serve.toml" "$WORK/serve-ahead.toml"
+printf 'max_num_tokens = 64\nenable_chunked_context = true\n' >> "$WORK/serve-ahead.toml"
+if serve "$BIN" serve --config "$WORK/serve-ahead.toml"; then
+  LONG=$(python3 -c 'print(" ".join(["the river runs to the sea"] * 40))')
+  PIDS=()
+  for i in 1 2 3 4 5 6; do
+    case $i in
+      1 | 2) BODY="{\"text_input\": \"$LONG\", \"max_tokens\": 12}" ;;
+      3 | 4) BODY="{\"text_input\": \"$PROMPT\", \"max_tokens\": 12, \"repetition_penalty\": 1.3}" ;;
+      *) BODY="{\"text_input\": \"$PROMPT $i\", \"max_tokens\": 24}" ;;
+    esac
+    curl -s localhost:18500/v2/models/ensemble/generate -d "$BODY" > "$WORK/ahead-$i.json" &
+    PIDS+=($!)
+  done
+  wait "${PIDS[@]}"
+  AHEAD=$(curl -s localhost:18502/metrics | grep '^inflight_iterations_planned_ahead_total' | awk '{print $2}')
+  stop
+  OK=0
+  for i in 1 2 3 4 5 6; do grep -q '"text_output"' "$WORK/ahead-$i.json" && OK=$((OK + 1)); done
+  echo "answers: $OK/6; iterations planned ahead: ${AHEAD:-none}"
+  if [ "$OK" = 6 ] && [ "${AHEAD%%.*}" -gt 0 ] 2>/dev/null; then
+    status "serve, planning ahead (chunked, penalties, plain)" PASS "6/6 answers; $AHEAD iterations planned ahead"
+  else
+    head -c 300 "$WORK"/ahead-*.json; status "serve, planning ahead (chunked, penalties, plain)" FAIL "$OK/6 answers; planned ahead: ${AHEAD:-none}"
+  fi
+else
+  tail -20 "$WORK/serve.log"; status "serve, planning ahead (chunked, penalties, plain)" FAIL "server did not become ready"
 fi
 
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
