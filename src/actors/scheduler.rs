@@ -245,10 +245,7 @@ impl SchedulerState {
     }
 
     fn step_done(&mut self, iteration: u64, output: StepOutput, sampled: Vec<SeqSampled>) {
-        if self.in_flight.front().map(|b| b.iteration) != Some(iteration) {
-            return;
-        }
-        let Some(batch) = self.in_flight.pop_front() else {
+        let Some(batch) = self.in_flight.pop_front_if(|b| b.iteration == iteration) else {
             return;
         };
         if self.in_flight.is_empty() {

@@ -85,14 +85,14 @@ pub trait ForwardPass: Send + 'static {
 /// Steps planned ahead on the host: each is computed when launched and kept until
 /// finished; a pending token is read from the previous step's kept choices.
 #[derive(Default)]
-pub struct HostSteps {
+struct HostSteps {
     /// Each launched step's result, and its logits rows per chunk.
     results: VecDeque<(Vec<RowsOut>, Vec<usize>)>,
 }
 
 impl HostSteps {
     /// Runs `forward_choose` on the chunks, pending tokens filled in, and keeps the result.
-    pub fn launch(
+    fn launch(
         &mut self,
         pass: &mut dyn ForwardPass,
         chunks: &[SeqChunk<'_>],
@@ -142,7 +142,7 @@ impl HostSteps {
         Ok(())
     }
 
-    pub fn finish(&mut self) -> Result<(Vec<RowsOut>, Option<Duration>)> {
+    fn finish(&mut self) -> Result<(Vec<RowsOut>, Option<Duration>)> {
         let (out, _) = self
             .results
             .pop_front()

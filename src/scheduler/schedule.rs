@@ -50,11 +50,9 @@ impl Scheduler {
     }
 
     fn plan(&mut self, continues: Option<&dyn Fn(u64) -> bool>) -> Batch {
-        if continues.is_some_and(|c| self.running.iter().any(|s| self.stalls_ahead(s, c))) {
-            return Batch {
-                iteration: self.iteration + 1,
-                ..Batch::default()
-            };
+        let stalls = |s: &Sequence| continues.is_some_and(|c| ahead(s, c) == Ahead::Stalls);
+        if self.running.iter().any(stalls) {
+            return self.nothing_ahead();
         }
         self.iteration += 1;
         let mut step = Step {
@@ -71,12 +69,8 @@ impl Scheduler {
             self.admit_waiting(&mut step);
         }
         if continues.is_some() && step.seqs.is_empty() && step.preempted.is_empty() {
-            // Nothing to plan ahead: not an iteration (the cancels wait for the next).
             self.iteration -= 1;
-            return Batch {
-                iteration: step.iteration,
-                ..Batch::default()
-            };
+            return self.nothing_ahead();
         }
         debug_assert_eq!(
             step.budget
@@ -97,13 +91,12 @@ impl Scheduler {
         }
     }
 
-    /// Whether `seq`, in flight, would wait out an iteration planned ahead: it neither
-    /// continues in it nor ends with the token it samples.
-    fn stalls_ahead(&self, seq: &Sequence, continues: &dyn Fn(u64) -> bool) -> bool {
-        let samples = seq.in_flight.is_some() && seq.flight_end == seq.num_known();
-        let ends = samples && seq.num_known() + 1 >= seq.max_len;
-        let goes_on = samples && seq.num_draft == 0 && continues(seq.id);
-        seq.in_flight.is_some() && seq.ahead.is_none() && !ends && !goes_on
+    /// An empty plan ahead: no iteration is taken (cancels wait for the next batch).
+    fn nothing_ahead(&self) -> Batch {
+        Batch {
+            iteration: self.iteration + 1,
+            ..Batch::default()
+        }
     }
 
     /// The one-token chunks of [`schedule_ahead`](Self::schedule_ahead), in admission order.
@@ -113,13 +106,7 @@ impl Scheduler {
                 break;
             }
             let seq = &self.running[idx];
-            let samples = seq.in_flight.is_some() && seq.flight_end == seq.num_known();
-            if !samples
-                || seq.ahead.is_some()
-                || seq.num_draft > 0
-                || seq.num_known() + 1 >= seq.max_len
-                || !continues(seq.id)
-            {
+            if ahead(seq, continues) != Ahead::Continues {
                 continue;
             }
             // Room for the pending token at position num_known.
@@ -339,5 +326,33 @@ impl Scheduler {
             }
         }
         stats
+    }
+}
+
+/// What an iteration planned ahead does with a running sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ahead {
+    /// Not in flight (or already continued): planned as `schedule` plans it.
+    Free,
+    /// Its in-flight chunk samples and it goes on with that token (`PENDING_TOKEN`).
+    Continues,
+    /// The token its in-flight chunk samples is its last by length.
+    Ends,
+    /// In flight and neither: a prefill chunk, a speculating sequence, or one whose
+    /// sampling needs the pending token (`continues` refuses it).
+    Stalls,
+}
+
+fn ahead(seq: &Sequence, continues: &dyn Fn(u64) -> bool) -> Ahead {
+    if seq.in_flight.is_none() || seq.ahead.is_some() {
+        return Ahead::Free;
+    }
+    let samples = seq.flight_end == seq.num_known();
+    if samples && seq.num_known() + 1 >= seq.max_len {
+        Ahead::Ends
+    } else if samples && seq.num_draft == 0 && continues(seq.id) {
+        Ahead::Continues
+    } else {
+        Ahead::Stalls
     }
 }

@@ -149,8 +149,10 @@ impl Layout {
             (vec![], vec![], vec![], vec![], vec![]);
         let mut tables = vec![0i32; seqs.len() * stride];
         let mut counts = Vec::with_capacity(seqs.len());
+        let mut firsts = Vec::with_capacity(seqs.len());
         let mut start = 0;
         for (s, c) in seqs.iter().enumerate() {
+            firsts.push(start);
             let len = c.tokens.len();
             let end = c.start_pos + len;
             for (j, &b) in c.block_table[..end.div_ceil(block_size)].iter().enumerate() {
@@ -172,20 +174,10 @@ impl Layout {
             start += len;
         }
         let m = rows.len();
-        let firsts = seqs
+        let spans = seqs
             .iter()
-            .scan(0, |at, c| {
-                let first = *at;
-                *at += c.tokens.len();
-                Some(first)
-            })
-            .collect();
-        let mut first = 0;
-        let spans = seqs.iter().map(|c| {
-            let span = (first, c.tokens.len(), c.start_pos);
-            first += c.tokens.len();
-            span
-        });
+            .zip(&firsts)
+            .map(|(c, &first)| (first, c.tokens.len(), c.start_pos));
         let tiles = Tiles::new(spans, group)?;
         let mut meta = ids;
         meta.extend(pos);
