@@ -1,9 +1,11 @@
 //! Criterion: the default model's tokenizer (SmolLM2, byte-level BPE from its GGUF) on a
-//! 2048-token prompt: encode, and incremental detokenization of 2048 generated tokens,
-//! both bare (`Detokenizer`) and as Postprocess runs it (`SeqOutputState`, streaming,
-//! two stop strings watched).
+//! 2048-token prompt: encode (the fast path, and HF `tokenizers` beside it, one thread and
+//! cut into pieces on all threads), and incremental detokenization of 2048 generated
+//! tokens, both bare (`Detokenizer`) and as Postprocess runs it (`SeqOutputState`,
+//! streaming, two stop strings watched).
 //!
-//! `cargo bench --bench tokenizer`
+//! `cargo bench --bench tokenizer`; `INFLIGHT_TOKENIZER=<tokenizer.json, its folder or a
+//! .gguf>` measures another tokenizer.
 
 use std::hint::black_box;
 
@@ -17,7 +19,10 @@ use inflight::GenerationParams;
 const TOKENS: usize = 2048;
 
 fn tokenizer(c: &mut Criterion) {
-    let path = inflight::fetch::default_model_path().expect("default model");
+    let path = match std::env::var_os("INFLIGHT_TOKENIZER") {
+        Some(p) => p.into(),
+        None => inflight::fetch::default_model_path().expect("default model"),
+    };
     let tok = load_tokenizer(&path).expect("tokenizer");
     let (text, n) = PromptSynth::new(&tok)
         .expect("words")
@@ -31,6 +36,17 @@ fn tokenizer(c: &mut Criterion) {
     g.bench_function("encode 2048 tokens", |b| {
         b.iter(|| black_box(count_tokens(&tok, black_box(&text)).unwrap()))
     });
+    for threads in [false, true] {
+        let name = if threads { "all threads" } else { "one thread" };
+        g.bench_function(format!("encode 2048 tokens (HF tokenizers, {name})"), |b| {
+            b.iter(|| {
+                black_box(
+                    tok.encode_reference(black_box(&text), true, threads)
+                        .unwrap(),
+                )
+            })
+        });
+    }
     g.bench_function("incremental detokenize 2048 tokens (Detokenizer)", |b| {
         b.iter(|| {
             let mut d = Detokenizer::new();

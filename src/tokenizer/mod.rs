@@ -2,14 +2,19 @@
 //! GGUF metadata, with the pre-tokenizer llama.cpp uses for the file's
 //! `tokenizer.ggml.pre`, or from an HF `tokenizer.json` (+ `tokenizer_config.json`);
 //! also the raw bytes of every token for incremental UTF-8-safe detokenization, the
-//! special and end-of-generation ids, and the model's chat template ([`chat`]).
+//! special and end-of-generation ids, and the model's chat template ([`chat`]). Where it
+//! knows every step of HF's encode, `encode` takes its own path to the same ids ([`bpe`]).
 //!
 //! Parity target: for GGUF files, `encode` gives llama.cpp's ids (`llama_tokenize` with
 //! `add_special = add_bos`) and `decode` gives `llama_detokenize`'s text; both are checked
 //! against fixtures in tests/tokenizer_llamacpp.rs.
 
+mod bpe;
 pub mod chat;
 pub mod detok;
+#[cfg(test)]
+mod fast_tests;
+mod pretok;
 mod split;
 
 use std::path::Path;
@@ -153,6 +158,8 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// The same tokenizer with special tokens treated as plain text.
     plain: tokenizers::Tokenizer,
+    /// The same ids without HF's per-call machinery, where it knows every step ([`bpe`]).
+    fast: Option<bpe::FastBpe>,
     /// Raw bytes of every id, as llama.cpp's `token_to_piece(special = true)` gives them.
     bytes: Vec<Box<[u8]>>,
     /// Ids dropped by `decode(skip_special = true)`: control and unknown tokens.
@@ -358,9 +365,13 @@ impl Tokenizer {
             && p.inner
                 .get_post_processor()
                 .is_some_and(|pp| tokenizers::PostProcessor::added_tokens(pp, false) > 0);
+        let fast = bpe::FastBpe::new(&p.inner, p.post_process)
+            .inspect_err(|why| tracing::debug!("tokenizer: HF's encode ({why})"))
+            .ok();
         Tokenizer {
             cuttable,
             template_adds,
+            fast,
             inner: p.inner,
             plain,
             bytes: p.bytes,
@@ -378,12 +389,22 @@ impl Tokenizer {
     /// become their single ids; otherwise they are tokenized as plain text. BOS is
     /// prepended when the model asks for it, unless the text already produced one.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
-        self.encode_cut(text, parse_special, self.cuttable)
+        match &self.fast {
+            Some(fast) => Ok(self.with_bos(fast.encode(text, parse_special))),
+            None => self.encode_hf(text, parse_special, self.cuttable),
+        }
     }
 
-    /// [`Tokenizer::encode`], cutting a long text into pieces encoded in parallel when
-    /// `cut`.
-    fn encode_cut(&self, text: &str, parse_special: bool, cut: bool) -> Result<Vec<u32>> {
+    /// [`Tokenizer::encode`] through HF `tokenizers` even where the fast path applies:
+    /// the reference it is tested against, for benchmarks. `cut`: long texts in pieces on
+    /// all threads, where the pre-tokenizer allows.
+    pub fn encode_reference(&self, text: &str, parse_special: bool, cut: bool) -> Result<Vec<u32>> {
+        self.encode_hf(text, parse_special, cut && self.cuttable)
+    }
+
+    /// [`Tokenizer::encode`] through HF `tokenizers`, cutting a long text into pieces
+    /// encoded in parallel when `cut`.
+    fn encode_hf(&self, text: &str, parse_special: bool, cut: bool) -> Result<Vec<u32>> {
         let tk = if parse_special {
             &self.inner
         } else {

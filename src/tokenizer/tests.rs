@@ -134,8 +134,8 @@ fn long_texts_encode_in_pieces_to_the_same_ids() {
             .collect();
         assert_eq!(pieces, pre_tokens(&text), "{pre}");
         for special in [true, false] {
-            let whole = tok.encode_cut(&text, special, false).unwrap();
-            let cut = tok.encode_cut(&text, special, true).unwrap();
+            let whole = tok.encode_hf(&text, special, false).unwrap();
+            let cut = tok.encode_hf(&text, special, true).unwrap();
             assert_eq!(cut, whole, "{pre}, parse_special {special}");
         }
     }
@@ -162,8 +162,8 @@ fn long_texts_encode_in_pieces_to_the_same_ids() {
         chat_template: None,
     });
     assert!(tok.cuttable && tok.template_adds);
-    let whole = tok.encode_cut(&text, false, false).unwrap();
-    assert_eq!(tok.encode_cut(&text, false, true).unwrap(), whole);
+    let whole = tok.encode_hf(&text, false, false).unwrap();
+    assert_eq!(tok.encode_hf(&text, false, true).unwrap(), whole);
     assert_eq!(
         (whole[0], whole.iter().filter(|&&i| i == 1).count()),
         (1, 1)
