@@ -11,6 +11,11 @@
 // With `swiglu` (out even: gate_up's rows interleaved, gate i and up i at rows 2i and
 // 2i + 1), a pair is one gate and its up, and the kernel writes silu(gate) * up, each first
 // rounded to 16 bits as silu_mul (swiglu.cu) would read them: y is then [n, out / 2].
+// With `xf` (not null), x is the RMSNorm of the fp32 rows xf by the fp32 weights gw: each
+// block norms them itself into shared memory (n * k 16-bit values of dynamic shared
+// memory) after the predecessor wait, as rms_norm (norm.cu) would have written them, same
+// sums in the same order for its 256 threads, so a decode layer needs no norm kernel before
+// qkv and gate_up. The weights' first batch streams in meanwhile.
 // Needs k a multiple of 8 and 16-byte aligned rows. grid: ceil(ceil(out / 2) * split /
 // GEMV_WARPS); block: 32 * GEMV_WARPS.
 #define GEMV_WARPS 8
@@ -67,10 +72,35 @@ __device__ __forceinline__ void gemv_store(void* y, size_t at, float v, bool hal
     }
 }
 
+// rms_norm's rows of xf by gw into xs ([n, k] 16-bit, shared), for the whole block.
+__device__ __forceinline__ void gemv_norm(const float* __restrict__ xf, const float* __restrict__ gw,
+                                          float eps, int n, int k, half_t* xs) {
+    __shared__ float scratch[32];
+    const int k4 = k >> 2;
+    const float4* g4 = reinterpret_cast<const float4*>(gw);
+    for (int t = 0; t < n; ++t) {
+        const float4* x4 = reinterpret_cast<const float4*>(xf + (size_t)t * k);
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < k4; i += blockDim.x) {
+            const float4 v = x4[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        const float scale = rsqrtf(block_sum(ss, scratch) / (float)k + eps);
+        for (int i = threadIdx.x; i < k4; i += blockDim.x) {
+            const float4 v = x4[i], g = g4[i];
+            store_half4(xs + (size_t)t * k + 4 * i, v.x * scale * g.x, v.y * scale * g.y,
+                        v.z * scale * g.z, v.w * scale * g.w);
+        }
+    }
+    __syncthreads();
+}
+
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     KERNEL(gemv)(const half_t* __restrict__ x, const half_t* __restrict__ w,
                  void* __restrict__ y, int n, int k, int out, int y_mode, int split,
-                 int swiglu) {
+                 int swiglu, const float* __restrict__ xf, const float* __restrict__ gw,
+                 float eps) {
+    extern __shared__ __align__(16) half_t gemv_xs[];
     __shared__ float part[GEMV_WARPS][2][GEMV_MAX_ROWS];
     // y_mode 2: the values of y this warp adds to, fetched while the weights stream.
     __shared__ float resid[GEMV_WARPS][2][GEMV_MAX_ROWS];
@@ -81,7 +111,7 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     const int chunks = k >> 3;
     const int per = (chunks + split - 1) / split;
     const int c0 = slice * per, c1 = min(chunks, c0 + per);
-    const uint4* xc = reinterpret_cast<const uint4*>(x);
+    const uint4* xc = reinterpret_cast<const uint4*>(xf != nullptr ? gemv_xs : x);
     float acc[2][GEMV_MAX_ROWS];
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_ROWS; ++t) acc[0][t] = acc[1][t] = 0.0f;
@@ -102,6 +132,7 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
         }
     }
     grid_dep_enter();
+    if (xf != nullptr) gemv_norm(xf, gw, eps, n, k, gemv_xs);
     // The warp that stores its pair copies the y values it adds to into shared memory
     // now, asynchronously (a lane each), so that their latency is not the kernel's tail.
     const bool adds = y_mode == 2 && live && slice == 0;

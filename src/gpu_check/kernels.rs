@@ -12,7 +12,7 @@ use super::attention::attention;
 use super::{rel_err, Row};
 use crate::error::Result;
 use crate::kernels::cpu;
-use crate::kernels::cuda::gemm::{Blas, Out, Path, Shape};
+use crate::kernels::cuda::gemm::{Blas, Input, Norm, Out, Path, Shape};
 use crate::kernels::cuda::launch::{self, Heads};
 use crate::kernels::cuda::lt;
 use crate::kernels::cuda::{DevBuf, Gpu, Half};
@@ -68,6 +68,7 @@ pub fn run_all(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Row>> {
         rows.extend(attention(gpu, dt, &mut rng)?);
         rows.extend(gemm(gpu, dt, &mut rng)?);
         rows.extend(gate_up_swiglu(gpu, dt, &mut rng)?);
+        rows.extend(normed_linear(gpu, dt, &mut rng)?);
     }
     rows.extend(super::sample::sample_rows(gpu, &mut rng)?);
     Ok(rows)
@@ -198,33 +199,42 @@ fn gate_up_swiglu(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>
         (4, 4096, 1000),
         (2, 2056, 7),
     ] {
-        let (xb, xv) = half_of(dt, &rand_vec(rng, n * k, 1.0));
+        // x is the norm of fp32 rows, so that the GEMV kernel can also norm them itself.
+        let normed = NormedRows::new(gpu, dt, rng, n, k)?;
+        let (xb, xv) = (&normed.bits, normed.vals.clone());
         let (wb, wv) = half_of(dt, &rand_vec(rng, 2 * f * k, 0.05));
         let (xd, wd) = (
-            gpu.upload(&xb)?,
+            gpu.upload(xb)?,
             gpu.upload(&interleave_halves(&wb, 2 * f, k))?,
         );
+        let xn = poison_half(gpu, dt, n * k)?;
+        let norm = normed.input(&xn);
         let mut gu = vec![0f32; n * 2 * f];
         linear(&xv, &Matrix::F32(wv), None, n, k, 2 * f, &mut gu);
         let mut want = vec![0f32; n * f];
         cpu::silu_mul(&half_of(dt, &gu).1, f, &mut want);
         let want = half_of(dt, &want).1;
-        for (path, name) in [
-            (Path::Gemv, "gate_up + SwiGLU, gemv kernel"),
-            (Path::Cublas, "gate_up + SwiGLU, cublas gemm + silu_mul"),
+        for (path, x, name) in [
+            (
+                Path::Gemv,
+                Input::Rows(xd.ptr()),
+                "gate_up + SwiGLU, gemv kernel",
+            ),
+            (
+                Path::Cublas,
+                Input::Rows(xd.ptr()),
+                "gate_up + SwiGLU, cublas gemm + silu_mul",
+            ),
+            (Path::Gemv, norm, "rms_norm + gate_up + SwiGLU, gemv kernel"),
+            (
+                Path::Cublas,
+                norm,
+                "rms_norm + gate_up + SwiGLU, rms_norm + cublas + silu_mul",
+            ),
         ] {
             let gud = gpu.alloc::<u16>(n * 2 * f)?;
             let act = poison_half(gpu, dt, n * f)?;
-            let fused = blas.gate_up(
-                path,
-                dt,
-                xd.ptr(),
-                wd.ptr(),
-                (gud.ptr(), act.ptr()),
-                n,
-                k,
-                f,
-            )?;
+            let fused = blas.gate_up(path, dt, x, wd.ptr(), (gud.ptr(), act.ptr()), n, k, f)?;
             if fused != (path == Path::Gemv) {
                 return Err(crate::error::Error::Cuda(format!(
                     "{name}: SwiGLU fused {fused}, expected {}",
@@ -243,6 +253,109 @@ fn gate_up_swiglu(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>
                 1e-2,
             ));
         }
+    }
+    Ok(out)
+}
+
+/// The norms' epsilon in the fused-norm checks.
+const NORM_EPS: f32 = 1e-5;
+
+/// Random fp32 rows and norm weights on the device, and their CPU norm in 16 bits.
+struct NormedRows {
+    xf: DevBuf<f32>,
+    g: DevBuf<f32>,
+    bits: Vec<u16>,
+    vals: Vec<f32>,
+}
+
+impl NormedRows {
+    fn new(gpu: &Gpu, dt: Half, rng: &mut StdRng, n: usize, k: usize) -> Result<NormedRows> {
+        let (xf, g) = (rand_vec(rng, n * k, 2.0), rand_vec(rng, k, 1.5));
+        let mut normed = vec![0f32; n * k];
+        cpu::rms_norm(&xf, &g, NORM_EPS, &mut normed);
+        let (bits, vals) = half_of(dt, &normed);
+        Ok(NormedRows {
+            xf: gpu.upload(&xf)?,
+            g: gpu.upload(&g)?,
+            bits,
+            vals,
+        })
+    }
+
+    /// The rows as a layer's input normed on the way in, `xn` for the paths that need it.
+    fn input(&self, xn: &DevBuf<u16>) -> Input {
+        Input::Normed(Norm {
+            x: self.xf.ptr(),
+            w: self.g.ptr(),
+            eps: NORM_EPS,
+            xn: xn.ptr(),
+        })
+    }
+}
+
+/// A linear layer of normed rows ([`Input::Normed`]): the GEMV kernel norming the fp32
+/// rows itself (`Path::Gemv` does at every width that fits its shared memory), and
+/// rms_norm followed by cuBLAS (and by the GEMV kernel, where the rows would overflow its
+/// shared memory), against the CPU norm, rounded, and matmul; and the kernel's own norm
+/// against the rms_norm kernel's rows, which it reproduces bit for bit.
+fn normed_linear(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
+    let blas = Blas::new(gpu)?;
+    let mut out = Vec::new();
+    for (n, k, m) in [
+        (1, 576, 960),
+        (1, 2048, 3072),
+        (4, 4096, 6144),
+        (3, 2048, 4099),
+        // 64 KB of 16-bit rows: more than the kernel's shared memory, normed by rms_norm.
+        (4, 8192, 64),
+    ] {
+        let normed = NormedRows::new(gpu, dt, rng, n, k)?;
+        let (wb, wv) = half_of(dt, &rand_vec(rng, m * k, 0.05));
+        let mut want = vec![0f32; n * m];
+        linear(&normed.vals, &Matrix::F32(wv), None, n, k, m, &mut want);
+        let want = half_of(dt, &want).1;
+        let wd = gpu.upload(&wb)?;
+        let shape = format!("n {n} in {k} out {m}");
+        let mut got_path = Vec::new();
+        for (path, name) in [
+            (Path::Gemv, "rms_norm + linear, gemv kernel"),
+            (Path::Cublas, "rms_norm + linear, rms_norm + cublas"),
+        ] {
+            let xn = poison_half(gpu, dt, n * k)?;
+            let y = poison_half(gpu, dt, n * m)?;
+            let x = normed.input(&xn);
+            blas.linear(path, dt, x, wd.ptr(), y.ptr(), Out::Half, n, k, m)?;
+            let got = to_f32(dt, &gpu.read(&y, n * m)?);
+            out.push(row(name, dt, shape.clone(), rel_err(&got, &want), 1e-2));
+            got_path.push(got);
+        }
+        if 2 * n * k > 48 << 10 {
+            continue;
+        }
+        // The same layer after the rms_norm kernel, on the GEMV kernel: the same bits.
+        let xn = poison_half(gpu, dt, n * k)?;
+        let (xf, g) = (normed.xf.ptr(), normed.g.ptr());
+        launch::rms_norm(gpu, dt, xf, g, xn.ptr(), n, k, NORM_EPS)?;
+        let y = poison_half(gpu, dt, n * m)?;
+        blas.linear(
+            Path::Gemv,
+            dt,
+            xn.ptr(),
+            wd.ptr(),
+            y.ptr(),
+            Out::Half,
+            n,
+            k,
+            m,
+        )?;
+        let apart = to_f32(dt, &gpu.read(&y, n * m)?);
+        out.push(row(
+            "rms_norm in the gemv kernel = rms_norm kernel + gemv",
+            dt,
+            shape,
+            rel_err(&got_path[0], &apart),
+            1e-9,
+        ));
     }
     Ok(out)
 }

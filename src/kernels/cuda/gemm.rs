@@ -61,6 +61,34 @@ impl Out {
     }
 }
 
+/// A linear layer's input normed on its way in: the RMSNorm of the fp32 rows `x` by the
+/// fp32 weights `w` (launch::rms_norm's arithmetic). The GEMV kernel norms them itself;
+/// other paths have rms_norm write them into the 16-bit rows `xn` first.
+#[derive(Clone, Copy, Debug)]
+pub struct Norm {
+    pub x: u64,
+    pub w: u64,
+    pub eps: f32,
+    pub xn: u64,
+}
+
+/// Shared memory the GEMV kernel may take for the normed rows (no opt-in needed).
+const GEMV_NORM_SMEM: usize = 48 << 10;
+/// The widest rows [`Path::Auto`] norms inside the GEMV kernel. Each block norms the whole
+/// rows itself, after the predecessor wait, so the cost grows with the width while the
+/// norm kernel it replaces costs about one launch. Measured on the H100 (batch-1 decode,
+/// same call, norm kernel / in the GEMV): SmolLM2-135M's 576 0.64 / 0.59 ms per token,
+/// Llama-3.2-1B's 2,048 1.18 / 1.19, Llama-3.1-8B's 4,096 5.86 / 5.96.
+const GEMV_NORM_MAX_AUTO: usize = 1024;
+
+/// What a linear layer reads.
+#[derive(Clone, Copy, Debug)]
+pub enum Input {
+    /// 16-bit rows.
+    Rows(u64),
+    Normed(Norm),
+}
+
 /// Which implementation runs a linear layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
@@ -73,6 +101,22 @@ pub enum Path {
     /// The row bucket's fastest cuBLASLt algorithm even where cublasGemmEx was faster
     /// (checks); cublasGemmEx where none was timed.
     CublasLt,
+}
+
+impl From<u64> for Input {
+    fn from(x: u64) -> Input {
+        Input::Rows(x)
+    }
+}
+
+impl Input {
+    /// The 16-bit rows the layer reads where nothing norms them in the kernel.
+    fn rows(self) -> u64 {
+        match self {
+            Input::Rows(x) => x,
+            Input::Normed(n) => n.xn,
+        }
+    }
 }
 
 /// A linear layer's shape, as [`Blas::tune`] keys its choices.
@@ -189,7 +233,7 @@ impl Blas {
                 if !swiglu {
                     return self.linear(path, half, x, w, y, y_ty, n, inp, out);
                 }
-                if !self.gate_up(path, half, x, w, (y, act), n, inp, out / 2)? {
+                if !self.gate_up(path, half, Input::Rows(x), w, (y, act), n, inp, out / 2)? {
                     launch::silu_mul(&self.gpu, half, y, act, n, out / 2)?;
                 }
                 Ok(())
@@ -254,14 +298,15 @@ impl Blas {
         n <= GEMV_MAX_ROWS && inp.is_multiple_of(8) && x.is_multiple_of(16) && w.is_multiple_of(16)
     }
 
-    /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ`, all row-major; x and w of type `half`, y of
-    /// type `y_ty`, on `path` (`Path::Gemv` where it cannot run is an error).
+    /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ`, all row-major; x (16-bit rows, or normed on
+    /// the way in: [`Input`]) and w of type `half`, y of type `y_ty`, on `path`
+    /// (`Path::Gemv` where it cannot run is an error).
     #[allow(clippy::too_many_arguments)]
     pub fn linear(
         &self,
         path: Path,
         half: Half,
-        x: u64,
+        x: impl Into<Input>,
         w: u64,
         y: u64,
         y_ty: Out,
@@ -279,23 +324,56 @@ impl Blas {
             out,
             y: y_ty,
         };
-        if self.runs_gemv(path, shape, x, w)? {
-            self.gemv(shape, x, w, y, false)
+        self.linear_of(path, shape, x.into(), w, y)
+    }
+
+    fn linear_of(&self, path: Path, shape: Shape, x: Input, w: u64, y: u64) -> Result<()> {
+        let gemv = self.runs_gemv(path, shape, x.rows(), w)?;
+        let (x, norm) = self.prepare(path, gemv, shape, x)?;
+        if gemv {
+            self.gemv(shape, x, w, y, false, norm)
         } else {
             self.gemm(path, shape, x, w, y)
         }
     }
 
-    /// The MLP's gate|up projection of `n` rows `x` (16-bit) by `w`, whose `2 * f` rows
-    /// interleave gate and up (gate i at row 2i, up i at 2i + 1), into `gu` (16-bit). Where
-    /// the GEMV kernel runs it, the kernel applies SwiGLU as it writes, into `act` ([n, f],
-    /// 16-bit), and this returns true; otherwise SwiGLU (launch::silu_mul) is still to run.
+    /// The 16-bit rows a layer on `shape` reads, and the norm the GEMV kernel is to apply
+    /// (`gemv`: it runs the shape): normed input the kernel cannot norm (too many values
+    /// for its shared memory), should not ([`GEMV_NORM_MAX_AUTO`]; `Path::Gemv` norms in
+    /// the kernel wherever it can) or that another path runs is normed here, by rms_norm.
+    fn prepare(
+        &self,
+        path: Path,
+        gemv: bool,
+        shape: Shape,
+        x: Input,
+    ) -> Result<(u64, Option<Norm>)> {
+        let in_kernel = gemv
+            && shape.n * shape.inp * 2 <= GEMV_NORM_SMEM
+            && (path == Path::Gemv || shape.inp <= GEMV_NORM_MAX_AUTO);
+        match x {
+            Input::Rows(x) => Ok((x, None)),
+            Input::Normed(norm) if in_kernel => Ok((norm.xn, Some(norm))),
+            Input::Normed(norm) => {
+                let (n, h) = (shape.n, shape.inp);
+                launch::rms_norm(
+                    &self.gpu, shape.half, norm.x, norm.w, norm.xn, n, h, norm.eps,
+                )?;
+                Ok((norm.xn, None))
+            }
+        }
+    }
+
+    /// The MLP's gate|up projection of `n` rows `x` by `w`, whose `2 * f` rows interleave
+    /// gate and up (gate i at row 2i, up i at 2i + 1), into `gu` (16-bit). Where the GEMV
+    /// kernel runs it, the kernel applies SwiGLU as it writes, into `act` ([n, f], 16-bit),
+    /// and this returns true; otherwise SwiGLU (launch::silu_mul) is still to run.
     #[allow(clippy::too_many_arguments)]
     pub fn gate_up(
         &self,
         path: Path,
         half: Half,
-        x: u64,
+        x: Input,
         w: u64,
         (gu, act): (u64, u64),
         n: usize,
@@ -312,8 +390,10 @@ impl Blas {
             out: 2 * f,
             y: Out::Half,
         };
-        if self.runs_gemv(path, shape, x, w)? {
-            self.gemv(shape, x, w, act, true)?;
+        let gemv = self.runs_gemv(path, shape, x.rows(), w)?;
+        let (x, norm) = self.prepare(path, gemv, shape, x)?;
+        if gemv {
+            self.gemv(shape, x, w, act, true, norm)?;
             return Ok(true);
         }
         self.gemm(path, shape, x, w, gu)?;
@@ -336,8 +416,17 @@ impl Blas {
         })
     }
 
-    /// The GEMV kernel; with `swiglu`, SwiGLU of each (gate, up) pair of rows into y.
-    fn gemv(&self, shape: Shape, x: u64, w: u64, y: u64, swiglu: bool) -> Result<()> {
+    /// The GEMV kernel; with `swiglu`, SwiGLU of each (gate, up) pair of rows into y; with
+    /// `norm`, x normed in the kernel (x itself unread).
+    fn gemv(
+        &self,
+        shape: Shape,
+        x: u64,
+        w: u64,
+        y: u64,
+        swiglu: bool,
+        norm: Option<Norm>,
+    ) -> Result<()> {
         let Shape {
             half,
             n,
@@ -370,16 +459,24 @@ impl Blas {
             .arg(&y_mode)
             .arg(&split_i)
             .arg(&swiglu_i);
+        let (xf, gw, eps) = norm.map_or((0, 0, 0.0f32), |nm| (nm.x, nm.w, nm.eps));
+        b.arg(&xf).arg(&gw).arg(&eps);
         let blocks = u32::try_from((pairs * split).div_ceil(GEMV_WARPS))
             .map_err(|_| Error::Cuda(format!("GEMV of {out} outputs")))?;
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: if norm.is_some() {
+                (2 * n * inp) as u32
+            } else {
+                0
+            },
         };
-        // SAFETY: argument order and types match gemv.cu; x holds n rows of inp, w out rows
-        // of inp, y n rows of out (of out / 2 with swiglu, out then even) of the asked type;
-        // gemv_fits checked rows and alignment.
+        // SAFETY: argument order and types match gemv.cu; x holds n rows of inp (or, with
+        // norm, xf n fp32 rows and gw inp weights, the rows' 16-bit values fitting the
+        // shared memory asked, as prepare checked), w out rows of inp, y n rows of out (of
+        // out / 2 with swiglu, out then even) of the asked type; gemv_fits checked rows and
+        // alignment.
         unsafe { self.gpu.launch(f, cfg, &mut b) }.map_err(cuda_err("gemv"))?;
         Ok(())
     }

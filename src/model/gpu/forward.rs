@@ -21,7 +21,7 @@ use super::tune;
 use super::{heads, CudaModel};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::attention::{self, Attention, Tiles};
-use crate::kernels::cuda::gemm::{Blas, Out, Path, Timed};
+use crate::kernels::cuda::gemm::{Blas, Input, Norm, Out, Path, Timed};
 use crate::kernels::cuda::launch;
 use crate::kernels::cuda::lt;
 use crate::kernels::cuda::{cuda_err, DevBuf, Gpu};
@@ -379,12 +379,17 @@ impl CudaForward {
         mark(&mut self.timer, stage::EMBED)?;
         for (l, lw) in w.layers.iter().enumerate() {
             let (kc, vc) = self.kv_layer(l);
-            launch::rms_norm(g, dt, s.x.ptr(), lw.attn_norm.ptr(), s.xn.ptr(), n, h, eps)?;
-            mark(&mut self.timer, stage::NORM)?;
+            // The norms run inside the GEMV kernel where it runs the layer after them.
+            let attn_norm = Norm {
+                x: s.x.ptr(),
+                w: lw.attn_norm.ptr(),
+                eps,
+                xn: s.xn.ptr(),
+            };
             self.blas.linear(
                 self.linear_path,
                 dt,
-                s.xn.ptr(),
+                Input::Normed(attn_norm),
                 lw.qkv.w.ptr(),
                 s.qkv.ptr(),
                 Out::Half,
@@ -446,12 +451,14 @@ impl CudaForward {
                 h,
             )?;
             mark(&mut self.timer, stage::O)?;
-            launch::rms_norm(g, dt, s.x.ptr(), lw.ffn_norm.ptr(), s.xn.ptr(), n, h, eps)?;
-            mark(&mut self.timer, stage::NORM)?;
+            let ffn_norm = Norm {
+                w: lw.ffn_norm.ptr(),
+                ..attn_norm
+            };
             let swiglu_done = self.blas.gate_up(
                 self.linear_path,
                 dt,
-                s.xn.ptr(),
+                Input::Normed(ffn_norm),
                 lw.gate_up.w.ptr(),
                 (s.gu.ptr(), s.act.ptr()),
                 n,
