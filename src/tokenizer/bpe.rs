@@ -17,6 +17,7 @@ use rayon::prelude::*;
 use ahash::AHashMap;
 use aho_corasick::{AhoCorasick, MatchKind};
 use serde_json::Value;
+use tokenizers::Model;
 
 use super::pretok::Pretok;
 
@@ -34,8 +35,11 @@ struct AddedPass {
 
 pub struct FastBpe {
     pretok: Pretok,
-    /// Byte strings of the vocabulary (byte-level characters mapped back to bytes).
-    vocab: AHashMap<Box<[u8]>, u32>,
+    /// Byte strings of the vocabulary (byte-level characters mapped back to bytes): the
+    /// id, and whether merging the string's own bytes gives that one token. Most words of
+    /// a text are tokens of the vocabulary, and this spares them their merges (found for
+    /// every entry at construction, by the same merges).
+    vocab: AHashMap<Box<[u8]>, (u32, bool)>,
     /// (left << 32 | right) -> (rank, merged id).
     merges: AHashMap<u64, (u32, u32)>,
     /// The id of each single byte; [`NO_ID`] for a byte the vocabulary lacks, which HF
@@ -43,10 +47,6 @@ pub struct FastBpe {
     bytes: [u32; 256],
     /// A piece found whole in the vocabulary is that id, unmerged (Llama 3).
     ignore_merges: bool,
-    /// Per id: whether merging the token's own bytes gives that one token. Most words of
-    /// a text are tokens of the vocabulary, and this spares them their merges (found for
-    /// every token at construction, by the same merges).
-    whole: Vec<bool>,
     passes: Vec<AddedPass>,
     /// What the post-processor puts before and after the text's ids.
     prefix: Vec<u32>,
@@ -92,29 +92,29 @@ impl FastBpe {
             .get("ignore_merges")
             .and_then(Value::as_bool)
             .unwrap_or(false);
-        let by_text: AHashMap<&str, u32> = model
-            .get("vocab")
-            .and_then(Value::as_object)
-            .and_then(|v| {
-                v.iter()
-                    .map(|(k, v)| Some((k.as_str(), u32::try_from(v.as_u64()?).ok()?)))
-                    .collect::<Option<_>>()
-            })
-            .ok_or("no vocabulary")?;
+        // The model's own text-to-id map: every spelling, where two share an id.
+        let by_text = tk.get_model().get_vocab();
         let unmap = char_to_byte();
-        let vocab: AHashMap<Box<[u8]>, u32> = by_text
+        let vocab: AHashMap<Box<[u8]>, (u32, bool)> = by_text
             .iter()
             .filter_map(|(t, &id)| {
                 let b: Option<Vec<u8>> = t.chars().map(|c| unmap.get(&c).copied()).collect();
-                Some((b?.into_boxed_slice(), id))
+                Some((b?.into_boxed_slice(), (id, false)))
             })
             .collect();
         let mut bytes = [0u32; 256];
         for (b, slot) in bytes.iter_mut().enumerate() {
-            *slot = vocab.get(&[b as u8][..]).copied().unwrap_or(NO_ID);
+            *slot = vocab.get(&[b as u8][..]).map_or(NO_ID, |v| v.0);
         }
-        if bytes.contains(&NO_ID) && !model.get("unk_token").is_none_or(Value::is_null) {
-            return Err("an unknown token for bytes outside the vocabulary".into());
+        let set = |key: &str| {
+            !model
+                .get(key)
+                .is_none_or(|v| v.is_null() || v == &Value::Bool(false))
+        };
+        if bytes.contains(&NO_ID) && (set("unk_token") || set("byte_fallback")) {
+            return Err(
+                "an unknown token or byte fallback for bytes outside the vocabulary".into(),
+            );
         }
         let mut merges = AHashMap::default();
         let list = model
@@ -179,9 +179,7 @@ impl FastBpe {
         } else {
             (Vec::new(), Vec::new())
         };
-        let ids = by_text.values().max().map_or(0, |&m| m as usize + 1);
         let mut fast = FastBpe {
-            whole: Vec::new(),
             pretok,
             vocab,
             merges,
@@ -191,18 +189,20 @@ impl FastBpe {
             prefix,
             suffix,
         };
-        let whole: Vec<(u32, bool)> = fast
+        let whole: Vec<Box<[u8]>> = fast
             .vocab
             .par_iter()
-            .map_init(Work::default, |work, (w, &id)| {
+            .map_init(Work::default, |work, (w, &(id, _))| {
                 let mut got = Vec::new();
                 fast.merge(w, work, &mut got);
-                (id, got == [id])
+                (got == [id]).then(|| w.clone())
             })
+            .flatten()
             .collect();
-        fast.whole = vec![false; ids];
-        for (id, whole) in whole {
-            fast.whole[id as usize] = whole;
+        for w in whole {
+            if let Some(entry) = fast.vocab.get_mut(&w) {
+                entry.1 = true;
+            }
         }
         Ok(fast)
     }
@@ -271,16 +271,9 @@ impl FastBpe {
             }
             return;
         }
-        let Some(&id) = self.vocab.get(w) else {
-            return self.merge(w, work, ids);
-        };
-        if self.ignore_merges {
-            return ids.push(id);
-        }
-        if self.whole[id as usize] {
-            ids.push(id)
-        } else {
-            self.merge(w, work, ids)
+        match self.vocab.get(w) {
+            Some(&(id, whole)) if whole || self.ignore_merges => ids.push(id),
+            _ => self.merge(w, work, ids),
         }
     }
 

@@ -84,6 +84,13 @@ const FRAGMENTS: &[&str] = &[
     " It's",
     "don't",
     "fox",
+    // Pieces longer than the merge queue's short list (its heap).
+    "abcdefghijklmnopqrstuvwxyzabcdefghijklm",
+    "😀😀😀😀😀😀😀😀😀😀",
+    "                                        ",
+    // A byte one vocabulary lacks, and a token no merge makes (see `from_gguf`).
+    "\u{1}",
+    " zzqx",
 ];
 
 fn texts(seed: u64, n: usize) -> Vec<String> {
@@ -199,8 +206,19 @@ fn byte_level(use_regex: bool) -> Value {
     json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
 }
 
+/// What the post-processor adds around the text's ids.
+#[derive(Clone, Copy, PartialEq)]
+enum Post {
+    /// Nothing (byte-level).
+    Nothing,
+    /// BOS before (Llama 3's template).
+    Bos,
+    /// `<|im_end|>` after.
+    ImEnd,
+}
+
 /// An HF tokenizer.json over the trained vocabulary, loaded through `from_files`.
-fn from_json(pre: Value, ignore_merges: bool, bos_template: bool) -> Tokenizer {
+fn from_json(pre: Value, ignore_merges: bool, post: Post) -> Tokenizer {
     let (vocab, merges) = trained();
     let n = vocab.len();
     let vocab: serde_json::Map<String, Value> = vocab
@@ -216,15 +234,22 @@ fn from_json(pre: Value, ignore_merges: bool, bos_template: bool) -> Tokenizer {
                    "rstrip": false, "normalized": normalized, "special": special})
         })
         .collect();
-    let post = if bos_template {
-        json!({"type": "TemplateProcessing",
-               "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
-                          {"Sequence": {"id": "A", "type_id": 0}}],
+    let template = |name: &str, id: usize, before: bool| {
+        let special = json!({"SpecialToken": {"id": name, "type_id": 0}});
+        let text = json!({"Sequence": {"id": "A", "type_id": 0}});
+        let single = if before {
+            [special, text]
+        } else {
+            [text, special]
+        };
+        json!({"type": "TemplateProcessing", "single": single,
                "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-               "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [n],
-                                                        "tokens": ["<|begin_of_text|>"]}}})
-    } else {
-        byte_level(true)
+               "special_tokens": {name: {"id": name, "ids": [id], "tokens": [name]}}})
+    };
+    let post = match post {
+        Post::Nothing => byte_level(true),
+        Post::Bos => template("<|begin_of_text|>", n, true),
+        Post::ImEnd => template("<|im_end|>", n + 2, false),
     };
     let merges: Vec<Value> = merges.into_iter().map(|(a, b)| json!([a, b])).collect();
     let doc = json!({
@@ -249,8 +274,22 @@ fn from_json(pre: Value, ignore_merges: bool, bos_template: bool) -> Tokenizer {
     tok
 }
 
+/// A GGUF vocabulary over the trained BPE, with byte 0x01 missing (HF drops it from the
+/// text, its neighbours merging across it) and a token no merge makes (" zzqx": its own
+/// merges split it, unless the pre-tokenizer ignores merges for whole words).
 fn from_gguf(pre: &str) -> Tokenizer {
     let (mut tokens, merges) = trained();
+    let missing = byte_to_char()[1].to_string();
+    let slot = tokens
+        .iter()
+        .position(|t| *t == missing)
+        .expect("byte 0x01");
+    tokens[slot] = "<unused-0x01>".into();
+    let merges: Vec<_> = merges
+        .into_iter()
+        .filter(|(a, b)| !a.contains(&missing) && !b.contains(&missing))
+        .collect();
+    tokens.push(format!("{}zzqx", byte_to_char()[b' ' as usize]));
     let mut token_types = vec![TOKEN_NORMAL; tokens.len()];
     for &(content, special, _) in ADDED {
         tokens.push(content.into());
@@ -278,8 +317,12 @@ fn assert_parity(name: &str, tok: &Tokenizer) {
     if let Err(why) = bpe::FastBpe::new(&tok.inner, tok.post_process) {
         panic!("{name}: no fast path: {why}");
     }
+    assert!(tok.fast.is_some(), "{name}");
+    let seed = name
+        .bytes()
+        .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
     let mut merged = 0;
-    for text in texts(name.len() as u64, 3000) {
+    for text in texts(seed, 3000) {
         for special in [true, false] {
             let hf = tok.encode_hf(&text, special, false).unwrap();
             let fast = tok.encode(&text, special).unwrap();
@@ -300,7 +343,7 @@ fn llama3_and_qwen2_tokenizer_json() {
     let tok = from_json(
         json!({"type": "Sequence", "pretokenizers": [split(l3), byte_level(false)]}),
         true,
-        true,
+        Post::Bos,
     );
     assert_eq!(
         tok.encode("", false).unwrap(),
@@ -310,24 +353,45 @@ fn llama3_and_qwen2_tokenizer_json() {
     let tok = from_json(
         json!({"type": "Sequence", "pretokenizers": [split(q2), byte_level(false)]}),
         false,
-        false,
+        Post::ImEnd,
     );
+    let im_end = tok.token_to_id("<|im_end|>").unwrap();
+    assert_eq!(tok.encode("", false).unwrap(), vec![im_end]);
     assert_parity("qwen2.json", &tok);
 }
 
 #[test]
 fn gpt2_byte_level_tokenizer_json() {
-    assert_parity("gpt2.json", &from_json(byte_level(true), false, false));
+    assert_parity(
+        "gpt2.json",
+        &from_json(byte_level(true), false, Post::Nothing),
+    );
     assert_parity(
         "gpt2.json, ignore_merges",
-        &from_json(byte_level(true), true, false),
+        &from_json(byte_level(true), true, Post::Nothing),
     );
+    // SmolLM2's tokenizer.json: HF's Digits pre-tokenizer, then GPT-2's.
+    let digits = json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": true}, byte_level(true)]});
+    let tok = from_json(digits, false, Post::Nothing);
+    assert_eq!(tok.encode("123", false).unwrap().len(), 3);
+    assert_parity("smollm.json", &tok);
 }
 
 #[test]
 fn gguf_pre_tokenizers() {
     for pre in ["gpt-2", "smollm", "llama3", "qwen2"] {
-        assert_parity(pre, &from_gguf(pre));
+        let tok = from_gguf(pre);
+        // The missing byte is dropped; the token no merge makes is one id only where
+        // whole words skip the merges.
+        assert_eq!(
+            tok.encode("\u{1}", false).unwrap(),
+            Vec::<u32>::new(),
+            "{pre}"
+        );
+        let zzqx = tok.encode(" zzqx", false).unwrap();
+        assert_eq!(zzqx.len() == 1, pre == "llama3", "{pre}: {zzqx:?}");
+        assert_parity(pre, &tok);
     }
     // llama.cpp's default runs four regexes in turn: HF's path.
     assert!(from_gguf("default").fast.is_none());

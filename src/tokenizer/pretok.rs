@@ -30,8 +30,10 @@ pub(super) const HF_QWEN2_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\
 pub enum Pretok {
     /// GPT-2's regex.
     Gpt2,
-    /// Every digit alone first (`\p{N}`), then GPT-2's regex within the rest (SmolLM).
-    DigitsThenGpt2,
+    /// Every digit alone first, then GPT-2's regex within the rest (SmolLM): digits as the
+    /// regex `\p{N}` reads them (llama.cpp's spelling), or, with `std_numeric`, as HF's
+    /// `Digits` pre-tokenizer does (`char::is_numeric`, the tokenizer.json spelling).
+    DigitsThenGpt2 { std_numeric: bool },
     /// Llama 3's regex, with numbers of up to `digits` digits (Qwen2: 1); `fold`: the
     /// contractions' letters match by case folding (HF's `(?i:...)`) rather than in their
     /// two ASCII cases (llama.cpp's `'[sS]`).
@@ -56,6 +58,10 @@ impl Pretok {
             }
             PreTokenizerWrapper::Sequence(seq) => {
                 let parts: &[PreTokenizerWrapper] = seq.as_ref();
+                if let [PreTokenizerWrapper::Digits(d), PreTokenizerWrapper::ByteLevel(b)] = parts {
+                    return (d.individual_digits && b.use_regex && !b.add_prefix_space)
+                        .then_some(Pretok::DigitsThenGpt2 { std_numeric: true });
+                }
                 let (last, splits) = parts.split_last()?;
                 match last {
                     PreTokenizerWrapper::ByteLevel(b) if !b.use_regex && !b.add_prefix_space => {}
@@ -68,7 +74,7 @@ impl Pretok {
                 match res.as_slice() {
                     [re] if *re == super::GPT2_RE || *re == HF_GPT2_RE => Some(Pretok::Gpt2),
                     [d, re] if *d == r"\p{N}" && (*re == super::GPT2_RE || *re == HF_GPT2_RE) => {
-                        Some(Pretok::DigitsThenGpt2)
+                        Some(Pretok::DigitsThenGpt2 { std_numeric: false })
                     }
                     [re] if *re == super::LLAMA3_RE || *re == HF_LLAMA3_RE => {
                         Some(Pretok::Llama3 {
@@ -96,12 +102,17 @@ impl Pretok {
         };
         match self {
             Pretok::Gpt2 => s.gpt2(0, text.len(), out),
-            Pretok::DigitsThenGpt2 => {
+            Pretok::DigitsThenGpt2 { std_numeric } => {
                 let mut from = 0;
                 let mut i = 0;
                 while i < text.len() {
                     let (c, n) = s.char_at(i);
-                    if s.c.class(c) == NUMBER {
+                    let digit = if std_numeric {
+                        c.is_numeric()
+                    } else {
+                        s.c.class(c) == NUMBER
+                    };
+                    if digit {
                         s.gpt2(from, i, out);
                         out.push((i, i + n));
                         from = i + n;
@@ -408,7 +419,7 @@ mod tests {
         );
         assert_eq!(pieces(Pretok::Gpt2, "a\nb"), ["a", "\n", "b"]);
         assert_eq!(
-            pieces(Pretok::DigitsThenGpt2, "a 123b"),
+            pieces(Pretok::DigitsThenGpt2 { std_numeric: false }, "a 123b"),
             ["a", " ", "1", "2", "3", "b"]
         );
     }

@@ -72,8 +72,12 @@ pub struct Norm {
     pub xn: u64,
 }
 
-/// Shared memory the GEMV kernel may take for the normed rows (no opt-in needed).
-const GEMV_NORM_SMEM: usize = 48 << 10;
+/// Shared memory the GEMV kernel may take for the normed rows: without an opt-in, its
+/// static (640 bytes) and dynamic shared memory together must fit 48 KB.
+const GEMV_NORM_SMEM: usize = 47 << 10;
+/// The widest rows the GEMV kernel norms, those rms_norm norms on its vector path (256
+/// threads, 8 float4 each), whose sums it repeats in the same order.
+const GEMV_NORM_MAX_INP: usize = 8192;
 /// The widest rows [`Path::Auto`] norms inside the GEMV kernel. Each block norms the whole
 /// rows itself, after the predecessor wait, so the cost grows with the width while the
 /// norm kernel it replaces costs about one launch. Measured on the H100 (batch-1 decode,
@@ -293,6 +297,12 @@ impl Blas {
         &self.timed
     }
 
+    /// Whether the GEMV kernel can norm `n` rows of `inp` inputs itself ([`Input::Normed`]):
+    /// they fit its shared memory, and rms_norm would take its vector path.
+    pub fn gemv_can_norm(n: usize, inp: usize) -> bool {
+        n * inp * 2 <= GEMV_NORM_SMEM && inp <= GEMV_NORM_MAX_INP && inp.is_multiple_of(4)
+    }
+
     /// Whether the GEMV kernel can run this shape: few rows, 16-byte aligned rows.
     pub fn gemv_fits(x: u64, w: u64, n: usize, inp: usize) -> bool {
         n <= GEMV_MAX_ROWS && inp.is_multiple_of(8) && x.is_multiple_of(16) && w.is_multiple_of(16)
@@ -349,7 +359,7 @@ impl Blas {
         x: Input,
     ) -> Result<(u64, Option<Norm>)> {
         let in_kernel = gemv
-            && shape.n * shape.inp * 2 <= GEMV_NORM_SMEM
+            && Self::gemv_can_norm(shape.n, shape.inp)
             && (path == Path::Gemv || shape.inp <= GEMV_NORM_MAX_AUTO);
         match x {
             Input::Rows(x) => Ok((x, None)),
