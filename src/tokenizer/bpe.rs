@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use ahash::AHashMap;
 use aho_corasick::{AhoCorasick, MatchKind};
 use serde_json::Value;
-use tokenizers::Model;
+use tokenizers::ModelWrapper;
 
 use super::pretok::Pretok;
 
@@ -79,43 +79,34 @@ impl FastBpe {
             return Err("a normalizer, truncation or padding".into());
         }
         let pretok = Pretok::from_hf(tk.get_pre_tokenizer()).ok_or("another pre-tokenizer")?;
-        let model = serde_json::to_value(tk.get_model()).map_err(|e| e.to_string())?;
-        if model.get("type").and_then(Value::as_str) != Some("BPE") {
+        let ModelWrapper::BPE(bpe) = tk.get_model() else {
             return Err("not a BPE model".into());
+        };
+        if bpe.dropout.is_some()
+            || bpe.continuing_subword_prefix.is_some()
+            || bpe.end_of_word_suffix.is_some()
+        {
+            return Err("BPE with dropout or affixes".into());
         }
-        for key in ["dropout", "continuing_subword_prefix", "end_of_word_suffix"] {
-            if !model.get(key).is_none_or(Value::is_null) {
-                return Err(format!("BPE with {key}"));
-            }
-        }
-        let ignore_merges = model
-            .get("ignore_merges")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
         // The model's own text-to-id map: every spelling, where two share an id.
-        let by_text = tk.get_model().get_vocab();
-        let unmap = char_to_byte();
+        let by_text = bpe.get_vocab();
         let vocab: AHashMap<Box<[u8]>, (u32, bool)> = by_text
             .iter()
             .filter_map(|(t, &id)| {
-                let b: Option<Vec<u8>> = t.chars().map(|c| unmap.get(&c).copied()).collect();
-                Some((b?.into_boxed_slice(), (id, false)))
+                Some((super::byte_level_bytes(t)?.into_boxed_slice(), (id, false)))
             })
             .collect();
         let mut bytes = [0u32; 256];
         for (b, slot) in bytes.iter_mut().enumerate() {
             *slot = vocab.get(&[b as u8][..]).map_or(NO_ID, |v| v.0);
         }
-        let set = |key: &str| {
-            !model
-                .get(key)
-                .is_none_or(|v| v.is_null() || v == &Value::Bool(false))
-        };
-        if bytes.contains(&NO_ID) && (set("unk_token") || set("byte_fallback")) {
+        if bytes.contains(&NO_ID) && (bpe.unk_token.is_some() || bpe.byte_fallback) {
             return Err(
                 "an unknown token or byte fallback for bytes outside the vocabulary".into(),
             );
         }
+        // The merges in rank order: only the model's serialized form lists them.
+        let model = serde_json::to_value(bpe).map_err(|e| e.to_string())?;
         let mut merges = AHashMap::default();
         let list = model
             .get("merges")
@@ -184,7 +175,7 @@ impl FastBpe {
             vocab,
             merges,
             bytes,
-            ignore_merges,
+            ignore_merges: bpe.ignore_merges,
             passes,
             prefix,
             suffix,
@@ -212,15 +203,9 @@ impl FastBpe {
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<u32> {
         let mut ids = Vec::with_capacity(self.prefix.len() + text.len() / 3 + self.suffix.len());
         ids.extend_from_slice(&self.prefix);
-        self.encode_body(text, parse_special, &mut ids);
+        self.added(0, text, parse_special, &mut Work::default(), &mut ids);
         ids.extend_from_slice(&self.suffix);
         ids
-    }
-
-    /// [`FastBpe::encode`] without the post-processor's ids, appended to `ids`.
-    pub fn encode_body(&self, text: &str, parse_special: bool, ids: &mut Vec<u32>) {
-        let mut work = Work::default();
-        self.added(0, text, parse_special, &mut work, ids);
     }
 
     /// Splits `text` by added-token pass `p` and onwards; what no pass matches is BPE'd.
@@ -294,7 +279,7 @@ impl FastBpe {
         let n = syms.len();
         let Some(last) = syms.last_mut() else { return };
         last.next = -1;
-        queue.clear(n > SHORT_WORD);
+        queue.clear();
         let merge_at = |syms: &[Sym], at: usize, right: usize| {
             let (l, r) = (syms[at].id, syms[right].id);
             self.merges.get(&pair(l, r)).map(|&(rank, new)| Entry {
@@ -344,10 +329,6 @@ impl FastBpe {
     }
 }
 
-/// Up to this many symbols a word's pending merges are a list scanned for the least
-/// (cheaper than a heap at these sizes); both pop in the same order.
-const SHORT_WORD: usize = 32;
-
 /// A pending merge: its rank, its left symbol, the id it makes, and the pair as it was.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Entry {
@@ -371,38 +352,6 @@ impl PartialOrd for Entry {
     }
 }
 
-/// Pending merges, popped lowest rank first, then leftmost.
-#[derive(Default)]
-struct Queue {
-    list: Vec<Entry>,
-    heap: BinaryHeap<Entry>,
-    long: bool,
-}
-
-impl Queue {
-    fn clear(&mut self, long: bool) {
-        self.list.clear();
-        self.heap.clear();
-        self.long = long;
-    }
-
-    fn push(&mut self, e: Entry) {
-        if self.long {
-            self.heap.push(e);
-        } else {
-            self.list.push(e);
-        }
-    }
-
-    fn pop(&mut self) -> Option<Entry> {
-        if self.long {
-            return self.heap.pop();
-        }
-        let (at, _) = self.list.iter().enumerate().max_by(|a, b| a.1.cmp(b.1))?;
-        Some(self.list.swap_remove(at))
-    }
-}
-
 #[derive(Clone, Copy)]
 struct Sym {
     id: u32,
@@ -416,14 +365,6 @@ struct Sym {
 struct Work {
     pieces: Vec<(usize, usize)>,
     syms: Vec<Sym>,
-    queue: Queue,
-}
-
-/// The byte-level alphabet backwards: the character GPT-2 prints for each byte.
-fn char_to_byte() -> AHashMap<char, u8> {
-    super::byte_to_char()
-        .iter()
-        .enumerate()
-        .map(|(b, &c)| (c, b as u8))
-        .collect()
+    /// Pending merges, popped lowest rank first, then leftmost.
+    queue: BinaryHeap<Entry>,
 }

@@ -590,17 +590,24 @@ fn byte_to_char() -> [char; 256] {
 /// Byte-level token text to its bytes; text with a char outside the table (an added
 /// token stored verbatim) is its own UTF-8.
 fn byte_level_decode(text: &str) -> Box<[u8]> {
-    thread_local! {
-        static CHAR_TO_BYTE: std::collections::HashMap<char, u8> =
-            byte_to_char().iter().zip(0..=255u8).map(|(&c, b)| (c, b)).collect();
-    }
-    CHAR_TO_BYTE.with(|map| {
-        text.chars()
-            .map(|c| map.get(&c).copied())
-            .collect::<Option<Vec<u8>>>()
-            .unwrap_or_else(|| text.as_bytes().to_vec())
-            .into_boxed_slice()
-    })
+    byte_level_bytes(text)
+        .unwrap_or_else(|| text.as_bytes().to_vec())
+        .into_boxed_slice()
+}
+
+/// The bytes byte-level text stands for; None if a char is outside the table.
+fn byte_level_bytes(text: &str) -> Option<Vec<u8>> {
+    static CHAR_TO_BYTE: std::sync::LazyLock<std::collections::HashMap<char, u8>> =
+        std::sync::LazyLock::new(|| {
+            byte_to_char()
+                .iter()
+                .zip(0..=255u8)
+                .map(|(&c, b)| (c, b))
+                .collect()
+        });
+    text.chars()
+        .map(|c| CHAR_TO_BYTE.get(&c).copied())
+        .collect()
 }
 
 /// SentencePiece-style token text to bytes: `<0xAB>` byte tokens, `▁` for spaces.

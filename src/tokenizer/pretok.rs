@@ -97,7 +97,7 @@ impl Pretok {
     /// cover the text.
     pub fn split(self, text: &str, out: &mut Vec<(usize, usize)>) {
         let s = Scan {
-            t: text.as_bytes(),
+            t: text,
             c: &CLASSES,
         };
         match self {
@@ -174,17 +174,8 @@ fn ranges(re: &str) -> Vec<(char, char)> {
 }
 
 fn within(ranges: &[(char, char)], c: char) -> bool {
-    ranges
-        .binary_search_by(|&(lo, hi)| {
-            if hi < c {
-                std::cmp::Ordering::Less
-            } else if lo > c {
-                std::cmp::Ordering::Greater
-            } else {
-                std::cmp::Ordering::Equal
-            }
-        })
-        .is_ok()
+    let i = ranges.partition_point(|&(_, hi)| hi < c);
+    ranges.get(i).is_some_and(|&(lo, _)| lo <= c)
 }
 
 impl Classes {
@@ -244,7 +235,7 @@ impl Classes {
 }
 
 struct Scan<'a> {
-    t: &'a [u8],
+    t: &'a str,
     c: &'a Classes,
 }
 
@@ -252,13 +243,11 @@ impl Scan<'_> {
     /// The character at byte `i` (a char boundary, `i < len`) and its length in bytes.
     #[inline]
     fn char_at(&self, i: usize) -> (char, usize) {
-        let b = self.t[i];
+        let b = self.t.as_bytes()[i];
         if b < 0x80 {
             return (b as char, 1);
         }
-        // SAFETY: `t` is a `str`'s bytes and `i` a char boundary.
-        let s = unsafe { std::str::from_utf8_unchecked(&self.t[i..]) };
-        let c = s.chars().next().expect("a char");
+        let c = self.t[i..].chars().next().expect("a char");
         (c, c.len_utf8())
     }
 
@@ -309,10 +298,11 @@ impl Scan<'_> {
         if j == end {
             return j;
         }
-        let mut last = j - 1;
-        while self.t[last] & 0xC0 == 0x80 {
-            last -= 1;
-        }
+        // The run's last character starts the next piece, if the run has another.
+        let last = self.t[..j]
+            .char_indices()
+            .next_back()
+            .map_or(i, |(at, _)| at);
         if last > i {
             last
         } else {
@@ -387,14 +377,17 @@ impl Scan<'_> {
         };
         if let Some(at) = other {
             let mut j = self.run(at, end, OTHER);
-            while j < end && (self.t[j] == b'\r' || self.t[j] == b'\n') {
+            while j < end && matches!(self.t.as_bytes()[j], b'\r' | b'\n') {
                 j += 1;
             }
             return j;
         }
         // Whitespace: `\s*[\r\n]+` ends after the run's last line break, if any.
         let j = self.run(i, end, SPACE);
-        if let Some(last) = self.t[i..j].iter().rposition(|&b| b == b'\r' || b == b'\n') {
+        if let Some(last) = self.t.as_bytes()[i..j]
+            .iter()
+            .rposition(|&b| b == b'\r' || b == b'\n')
+        {
             return i + last + 1;
         }
         self.whitespace(i, end)

@@ -61,12 +61,13 @@ pub mod stage {
     /// From the end of the previous pass to the metadata upload: the host's work in between.
     pub const HOST_AND_UPLOAD: &str = "host + upload";
     pub const EMBED: &str = "embed";
-    pub const NORM: &str = "rms_norm";
-    pub const QKV: &str = "qkv gemm";
+    /// The norm before it included: inside the GEMV kernel for narrow rows, else rms_norm.
+    pub const QKV: &str = "rms_norm + qkv gemm";
     pub const ROPE: &str = "rope + kv write";
     pub const ATTENTION: &str = "attention";
     pub const O: &str = "o gemm + residual";
-    pub const GATE_UP: &str = "gate_up gemm (+ SwiGLU on the GEMV)";
+    /// As QKV, the norm included.
+    pub const GATE_UP: &str = "rms_norm + gate_up gemm (+ SwiGLU on the GEMV)";
     pub const SWIGLU: &str = "silu * up";
     pub const DOWN: &str = "down gemm + residual";
     pub const FINAL_NORM: &str = "final norm";
