@@ -75,6 +75,8 @@ __device__ __forceinline__ void flash_decode(
     const int wlast = row_pos[row0 + min(pw, cnt) - 1];
     // The first position among them (keys up to it are visible to every row).
     const int wfirst = row_pos[row0];
+    // The valid M rows: (position, query head) pairs, positions first.
+    const int rows = min(pw, cnt) * group;
 
     // The query as A fragments: qa[kc] covers dims kc*16 .. kc*16+15.
     unsigned qa[HD / 16][4];
@@ -232,7 +234,7 @@ __device__ __forceinline__ void flash_decode(
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 int m = (lane >> 2) + 8 * (e >> 1);
-                s_o[(warp * 16 + m) * HD + dn * 8 + 2 * (lane & 3) + (e & 1)] = o[dn][e];
+                if (m < rows) s_o[(warp * 16 + m) * HD + dn * 8 + 2 * (lane & 3) + (e & 1)] = o[dn][e];
             }
         }
     }
@@ -245,30 +247,33 @@ __device__ __forceinline__ void flash_decode(
         }
     }
     __syncthreads();
-    for (int t = threadIdx.x; t < 16 * hd; t += blockDim.x) {
-        int m = t / hd, d = t - m * hd;
-        int pi = m / group;
-        if (m >= pw * group || pi >= cnt) continue;
+    // One valid M row at a time (its weights per warp found once), its dimensions across
+    // the block: no division in the loop, no pass over the rows past the tile.
+    for (int m = 0; m < rows; ++m) {
         float mx = -INFINITY;
 #pragma unroll
         for (int w = 0; w < FA_WARPS; ++w) mx = fmaxf(mx, s_ml[(w * 16 + m) * 2]);
-        float base = mx == -INFINITY ? 0.0f : mx;
-        float sum = 0.0f, a = 0.0f;
+        const float base = mx == -INFINITY ? 0.0f : mx;
+        float c[FA_WARPS], sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < FA_WARPS; ++w) {
-            float c = ex2(s_ml[(w * 16 + m) * 2] - base);
-            sum += s_ml[(w * 16 + m) * 2 + 1] * c;
-            a += s_o[(w * 16 + m) * HD + d] * c;
+            c[w] = ex2(s_ml[(w * 16 + m) * 2] - base);
+            sum += s_ml[(w * 16 + m) * 2 + 1] * c[w];
         }
-        int row = row0 + pi, qh = g * group + m % group;
-        if (splits == 1) {
-            out[(size_t)row * heads * hd + qh * hd + d] = f32_to_half(a / sum);
-        } else {
-            size_t pi2 = ((size_t)row * heads + qh) * splits + split;
-            part_acc[pi2 * hd + d] = a;
-            if (d == 0) {
-                part_ml[pi2 * 2] = mx * FA_LN2;  // natural log units, as attention_combine reads
-                part_ml[pi2 * 2 + 1] = sum;
+        const int row = row0 + m / group, qh = g * group + m % group;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float a = 0.0f;
+#pragma unroll
+            for (int w = 0; w < FA_WARPS; ++w) a += s_o[(w * 16 + m) * HD + d] * c[w];
+            if (splits == 1) {
+                out[(size_t)row * heads * hd + qh * hd + d] = f32_to_half(a / sum);
+            } else {
+                size_t pi2 = ((size_t)row * heads + qh) * splits + split;
+                part_acc[pi2 * hd + d] = a;
+                if (d == 0) {
+                    part_ml[pi2 * 2] = mx * FA_LN2;  // natural log units, as attention_combine reads
+                    part_ml[pi2 * 2 + 1] = sum;
+                }
             }
         }
     }

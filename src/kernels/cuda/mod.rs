@@ -377,3 +377,22 @@ impl<T> DevBuf<T> {
         self.ptr() + (i * std::mem::size_of::<T>()) as u64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tensor_core_kernel_is_an_entry_point() {
+        let names: Vec<&str> = ENTRY_POINTS
+            .iter()
+            .flat_map(|(_, names)| names.iter().copied())
+            .collect();
+        for mode in attention::FLASH_MODES {
+            for budget in attention::FLASH_BUDGETS {
+                let name = attention::flash_kernel(mode, budget);
+                assert!(names.contains(&name.as_str()), "{name} is not loaded");
+            }
+        }
+    }
+}
