@@ -112,6 +112,7 @@ impl SeqOutputState {
         let mut chunk = Chunk {
             batch_index: self.batch_index,
             queue_time: queued,
+            prompt_tokens: self.prompt_tokens,
             ..Chunk::default()
         };
         // End tokens close the sequence; they are not part of the answer.

@@ -143,7 +143,7 @@ pub struct Chunk {
     pub finish_reason: Option<FinishReason>,
     /// Set when the request failed.
     pub error: Option<String>,
-    /// Prompt tokens of this prompt (on the last chunk).
+    /// Prompt tokens of this prompt (on its token chunks and its last).
     pub prompt_tokens: usize,
     /// Output tokens of this prompt so far.
     pub output_tokens: usize,

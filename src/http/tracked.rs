@@ -20,6 +20,9 @@ pub struct TrackedStream {
     model: Arc<str>,
     timing: RequestTiming,
     prompts: usize,
+    /// Prompt tokens of each prompt, known from its first chunk (a stream the client
+    /// leaves early still logs them).
+    prompt_tokens: Vec<usize>,
     open: usize,
     reason: Option<FinishReason>,
     queue: Duration,
@@ -40,6 +43,7 @@ impl TrackedStream {
             model: model.into(),
             timing,
             prompts,
+            prompt_tokens: vec![0; prompts],
             open: prompts,
             reason: None,
             queue: Duration::ZERO,
@@ -53,6 +57,9 @@ impl TrackedStream {
 
     fn observe(&mut self, c: &Chunk) {
         self.timing.tokens(c.token_ids.len(), c.first_token_at);
+        if let Some(p) = self.prompt_tokens.get_mut(c.batch_index) {
+            *p = (*p).max(c.prompt_tokens);
+        }
         if let Some(q) = c.queue_time {
             self.queue = self.queue.max(q);
         }
@@ -64,7 +71,6 @@ impl TrackedStream {
                 c.draft_tokens,
                 c.accepted_draft_tokens,
             );
-            self.timing.prompt_tokens += c.prompt_tokens;
             // The request's outcome is its worst prompt's.
             self.reason = match (self.reason, r) {
                 (Some(FinishReason::Error), _) | (_, FinishReason::Error) => {
@@ -83,6 +89,7 @@ impl TrackedStream {
             return;
         }
         self.done = true;
+        self.timing.prompt_tokens = self.prompt_tokens.iter().sum();
         let reason = if self.open > 0 {
             Some(FinishReason::Cancelled)
         } else {
