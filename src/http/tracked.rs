@@ -20,8 +20,8 @@ pub struct TrackedStream {
     model: Arc<str>,
     timing: RequestTiming,
     prompts: usize,
-    /// Prompt tokens of each prompt, known from its first chunk (a stream the client
-    /// leaves early still logs them).
+    /// Prompt tokens of each prompt, known from its first token chunk (a stream the
+    /// client leaves after its first token still logs them).
     prompt_tokens: Vec<usize>,
     open: usize,
     reason: Option<FinishReason>,
