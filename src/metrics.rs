@@ -57,7 +57,6 @@ pub struct RequestTiming {
     /// Gaps between token-bearing chunks, divided by the tokens each carried.
     pub inter_token: Vec<Duration>,
     pub output_tokens: usize,
-    pub prompt_tokens: usize,
 }
 
 impl RequestTiming {
@@ -68,7 +67,6 @@ impl RequestTiming {
             last_token: None,
             inter_token: Vec::new(),
             output_tokens: 0,
-            prompt_tokens: 0,
         }
     }
 

@@ -89,7 +89,6 @@ impl TrackedStream {
             return;
         }
         self.done = true;
-        self.timing.prompt_tokens = self.prompt_tokens.iter().sum();
         let reason = if self.open > 0 {
             Some(FinishReason::Cancelled)
         } else {
@@ -107,7 +106,7 @@ impl TrackedStream {
             id = %self.inner.id(),
             model = %self.model,
             prompts = self.prompts,
-            tokens_in = t.prompt_tokens,
+            tokens_in = self.prompt_tokens.iter().sum::<usize>(),
             tokens_out = t.output_tokens,
             ttft_ms = t.ttft().map(|d| d.as_secs_f64() * 1e3),
             latency_ms = t.arrived.elapsed().as_secs_f64() * 1e3,
