@@ -24,9 +24,15 @@ use crate::error::{Error, Result};
 pub const GEMV_MAX_ROWS: usize = 4;
 /// Warps of a GEMV block (GEMV_WARPS).
 const GEMV_WARPS: usize = 8;
-/// GEMV work items (row, k slice) worth launching: about twice the warps an H100 or H200
-/// holds at once.
-const GEMV_TARGET_ITEMS: usize = 16384;
+/// GEMV work items (pair of rows, k slice) worth launching: about four times the warps an
+/// H100 or H200 holds at once. Swept on the H100 at 4,096, 8,192, 16,384 and 32,768
+/// (docs/perf.md, thirteenth pass): fewer items (the 8B's qkv, o and down split in 4 or 2)
+/// made the 8B's batch-1 step 5.92-6.01 ms against 5.83; 32,768 cuts the 8B's gate_up in
+/// quarters, one batch of loads per lane instead of two (79.7 -> 76.5 µs at 1 row, 3.07
+/// TB/s; 92.1 -> 80.0 at 3), the step 5.83 -> 5.73 ms. It quarters the 1B's gate_up too,
+/// where that ties at 1 row (25.1 / 24.9 µs) and loses at 2-3 (25.7 -> 27.3, 27.5 -> 31.0,
+/// where cuBLAS then runs): one rule for both would be a split timed per shape at start.
+const GEMV_TARGET_ITEMS: usize = 32768;
 /// cuBLAS's workspace, set once so that a captured pass never allocates.
 const CUBLAS_WORKSPACE: usize = 32 << 20;
 
@@ -596,11 +602,19 @@ mod tests {
     #[test]
     fn short_matrices_share_rows_between_warps() {
         // Llama-3.1-8B at batch 1, in pairs of rows: o (2,048 pairs), qkv (3,072) and down
-        // share each pair among 8 warps, gate_up (14,336 pairs) among 2.
+        // share each pair among 8 warps, gate_up (14,336 pairs) among 4; lm_head (64,128)
+        // takes one warp a pair.
         assert_eq!(gemv_split(4096, 2048), 8);
         assert_eq!(gemv_split(4096, 3072), 8);
         assert_eq!(gemv_split(14336, 2048), 8);
-        assert_eq!(gemv_split(4096, 14336), 2);
+        assert_eq!(gemv_split(4096, 14336), 4);
+        assert_eq!(gemv_split(4096, 64128), 1);
+        // Llama-3.2-1B: gate_up (8,192 pairs of 2,048 inputs) shares among 4, its qkv (1,536
+        // pairs) too, held there by the two chunks a lane keeps at least; down (1,024 pairs
+        // of 8,192) among 8.
+        assert_eq!(gemv_split(2048, 8192), 4);
+        assert_eq!(gemv_split(2048, 1536), 4);
+        assert_eq!(gemv_split(8192, 1024), 8);
         // Too few chunks to cut: SmolLM2's 576 inputs are 72 chunks.
         assert_eq!(gemv_split(576, 864), 1);
         assert_eq!(gemv_split(512, 64), 1);
