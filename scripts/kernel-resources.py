@@ -61,6 +61,7 @@ def compile_ptx(lib, name, source, f16):
     if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(), 0,
                               None, None):
         return None, "nvrtcCreateProgram failed"
+    # src/kernels/cuda/compile.rs's options (ptx()), for the Hopper arch.
     opts = [b"--gpu-architecture=compute_90a", b"--std=c++17", b"--fmad=true"]
     if f16:
         opts.append(b"-DINFLIGHT_F16")

@@ -64,6 +64,7 @@ fn source(file: &str, embedded: &str) -> String {
 /// PTX of module `name` for `arch` and 16-bit type `half`, from the disk cache or freshly compiled (and cached;
 /// a cache that cannot be written only costs a recompile next time).
 pub fn ptx(name: &str, source: &str, arch: &str, half: Half) -> Result<String> {
+    // scripts/kernel-resources.py compiles with these options too: keep the two in step.
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),

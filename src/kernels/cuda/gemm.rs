@@ -25,13 +25,11 @@ pub const GEMV_MAX_ROWS: usize = 4;
 /// Warps of a GEMV block (GEMV_WARPS).
 const GEMV_WARPS: usize = 8;
 /// GEMV work items (pair of rows, k slice) worth launching: about four times the warps an
-/// H100 or H200 holds at once. Swept on the H100 at 4,096, 8,192, 16,384 and 32,768
-/// (docs/perf.md, thirteenth pass): fewer items (the 8B's qkv, o and down split in 4 or 2)
-/// made the 8B's batch-1 step 5.92-6.01 ms against 5.83; 32,768 cuts the 8B's gate_up in
-/// quarters, one batch of loads per lane instead of two (79.7 -> 76.5 µs at 1 row, 3.07
-/// TB/s; 92.1 -> 80.0 at 3), the step 5.83 -> 5.73 ms. It quarters the 1B's gate_up too,
-/// where that ties at 1 row (25.1 / 24.9 µs) and loses at 2-3 (25.7 -> 27.3, 27.5 -> 31.0,
-/// where cuBLAS then runs): one rule for both would be a split timed per shape at start.
+/// H100 or H200 holds at once. The best of 4,096-32,768 on the H100 (docs/perf.md,
+/// thirteenth pass): it quarters Llama-3.1-8B's gate_up (one batch of loads a lane, at the
+/// copy ceiling) and keeps its smaller matrices at 8 warps a pair, which fewer items slowed.
+/// The 1B's gate_up, quartered too, loses at 2-3 rows: a split timed per shape at start
+/// would suit both.
 const GEMV_TARGET_ITEMS: usize = 32768;
 /// cuBLAS's workspace, set once so that a captured pass never allocates.
 const CUBLAS_WORKSPACE: usize = 32 << 20;
