@@ -19,7 +19,8 @@
 // pipelined inside the warp, 6.4 ms). A warp whose rows all end before a step skips it;
 // masking runs only on steps that cross a row's position. Two register budgets: head_dim
 // up to 64 (_hd64) and up to 128 (_hd128); head_dim a multiple of 16, at most 16 query
-// heads per KV head.
+// heads per KV head. On Hopper, head_dim 64 and 128 run flash_prefill_sm90.cu (wgmma)
+// instead.
 #define FP_WARPS 8
 #define FP_ATOMS 1
 #define FP_STAGE 64

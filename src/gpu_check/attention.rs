@@ -1,8 +1,9 @@
 //! The paged attention kernels against the CPU twin (the tensor-core kernels for head_dim
 //! a multiple of 16, the warp-per-key kernel for the rest): mixed prefill rows (every position of
-//! sequences of 1, 31, 32, 33, 100 tokens) with decode rows of long sequences in one
+//! sequences of 1, 31, 32, 33, 100 tokens, and of 300 and 513) with decode rows in one
 //! launch, and decode-only batches long enough to take the split-K path; shuffled block
-//! tables, odd block sizes, NaN-poisoned output and workspace.
+//! tables, odd block sizes, NaN-poisoned output and workspace. Where the device runs prefill
+//! tiles on the wgmma kernel, each prefill case runs on the mma.sync kernel too.
 
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -30,6 +31,11 @@ const CASES: &[Case] = &[
         decode: &[1000, 4097],
     },
     Case {
+        name: "long prefill",
+        prefill: &[300, 513],
+        decode: &[64],
+    },
+    Case {
         name: "decode split-K",
         prefill: &[],
         decode: &[1, 33, 1000, 5000],
@@ -47,25 +53,32 @@ pub fn attention(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         (6, 2, 80, 32),
         (4, 2, 24, 16),
     ] {
+        let hs = Heads {
+            heads,
+            kv_heads: kvh,
+            head_dim: hd,
+        };
         for case in CASES {
-            out.push(one(
-                gpu,
-                dt,
-                rng,
-                Heads {
-                    heads,
-                    kv_heads: kvh,
-                    head_dim: hd,
-                },
-                bs,
-                case,
-            )?);
+            out.push(one(gpu, dt, rng, hs, bs, case, gpu.wgmma)?);
+            // Where prefill tiles run on the wgmma kernel, the mma.sync kernel too.
+            if !case.prefill.is_empty() && attention::prefill_mode(&hs, gpu.wgmma) == "prefill_sm90"
+            {
+                out.push(one(gpu, dt, rng, hs, bs, case, false)?);
+            }
         }
     }
     Ok(out)
 }
 
-fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case) -> Result<Row> {
+fn one(
+    gpu: &Gpu,
+    dt: Half,
+    rng: &mut StdRng,
+    hs: Heads,
+    bs: usize,
+    case: &Case,
+    wgmma: bool,
+) -> Result<Row> {
     let (qd, kvd) = (hs.heads * hs.head_dim, hs.kv_heads * hs.head_dim);
     let lens: Vec<usize> = case.prefill.iter().chain(case.decode).copied().collect();
     let blocks: Vec<usize> = lens.iter().map(|l| l.div_ceil(bs)).collect();
@@ -157,7 +170,7 @@ fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case)
         half: dt,
     };
     let (kernel, _, splits) = attention::attention_plan(&a);
-    attention::paged_attention(gpu, &a)?;
+    attention::paged_attention_with(gpu, &a, wgmma)?;
     let got = to_f32(dt, &gpu.read(&ob, n * qd)?);
 
     let rows: Vec<AttnRow> = row_seq
@@ -193,8 +206,13 @@ fn one(gpu: &Gpu, dt: Half, rng: &mut StdRng, hs: Heads, bs: usize, case: &Case)
         rel_err(&got, &want),
         1e-2,
     );
+    let prefill = if rows_tiles > 0 && kernel == attention::Kernel::Flash {
+        format!(", {}", attention::prefill_mode(&hs, wgmma))
+    } else {
+        String::new()
+    };
     r.note = format!(
-        "{}, tiles {rows_tiles}+{keys_tiles}, splits {splits}",
+        "{}{prefill}, tiles {rows_tiles}+{keys_tiles}, splits {splits}",
         kernel.name()
     );
     Ok(r)

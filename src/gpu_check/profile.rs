@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::Result;
-use crate::kernels::cuda::attention::{flash_budget, flash_kernel, flash_smem};
+use crate::kernels::cuda::attention::{flash_budget, flash_kernel, flash_smem, prefill_mode};
 use crate::kernels::cuda::gemm::Path;
 use crate::model::backend::ForwardPass;
 use crate::model::gpu::forward::CudaForward;
@@ -50,14 +50,13 @@ impl Batch {
 
 /// Prints the resources of the kernels a forward pass of `cuda` runs.
 fn print_resources(cuda: &CudaModel) -> Result<()> {
-    let budget = flash_budget(&heads(&cuda.config));
-    let (prefill, decode) = (
-        flash_kernel("prefill", budget),
-        flash_kernel("decode", budget),
-    );
+    let h = heads(&cuda.config);
+    let budget = flash_budget(&h);
+    let mode = prefill_mode(&h, cuda.gpu.wgmma);
+    let (prefill, decode) = (flash_kernel(mode, budget), flash_kernel("decode", budget));
     // (kernel, threads per block as launched, dynamic shared memory)
     let kernels: [(&str, u32, usize); 8] = [
-        (&prefill, 256, flash_smem("prefill", budget)),
+        (&prefill, 256, flash_smem(mode, budget)),
         (&decode, 128, flash_smem("decode", budget)),
         ("rms_norm", 256, 0),
         ("rope_kv_write", 256, 0),

@@ -1,8 +1,8 @@
 //! Paged attention launches: the batch's query rows cut into tiles, the tensor-core kernels
-//! (`flash_prefill` for prefill tiles, `flash_decode` for decode tiles, split along the
-//! sequence when too few blocks fill the GPU), the warp-per-key kernel for head sizes the
-//! tensor cores cannot take, and `attention_combine`, which merges the splits of either
-//! over the tiles' rows.
+//! (`flash_prefill` for prefill tiles, or `flash_prefill_sm90` on Hopper's wgmma;
+//! `flash_decode` for decode tiles, split along the sequence when too few blocks fill the
+//! GPU), the warp-per-key kernel for head sizes the tensor cores cannot take, and
+//! `attention_combine`, which merges the splits of either over the tiles' rows.
 
 use super::launch::{cfg, i32_of, Args, Heads};
 use super::{cuda_err, Gpu, Half};
@@ -74,9 +74,10 @@ pub fn query_scale(h: &Heads) -> Option<f32> {
 
 /// The register budgets (largest head_dim) the tensor-core kernels are built for.
 pub const FLASH_BUDGETS: [usize; 2] = [64, 128];
-/// The tensor-core kernels: prefill tiles (warps share each stage of keys) and decode tiles
+/// The tensor-core kernels: prefill tiles (warps share each stage of keys; `prefill_sm90`
+/// on Hopper's warpgroup tensor cores, for head_dim equal to the budget) and decode tiles
 /// (warps split each stage of keys).
-pub const FLASH_MODES: [&str; 2] = ["prefill", "decode"];
+pub const FLASH_MODES: [&str; 3] = ["prefill", "prefill_sm90", "decode"];
 
 /// The register budget of the tensor-core kernel build for `h`: 64 or 128.
 pub fn flash_budget(h: &Heads) -> usize {
@@ -93,14 +94,29 @@ pub fn flash_kernel(mode: &str, budget: usize) -> String {
 }
 
 /// Dynamic shared memory of tensor-core kernel `mode` built for `budget`: two stages of K
-/// and V rows, after the block's query rows for a prefill, each row padded by 8 halves.
+/// and V rows, after the block's query rows for a prefill; each row padded by 8 halves, or
+/// for `prefill_sm90` unpadded (swizzled) with 1,024 bytes of slack to align the swizzle.
 pub fn flash_smem(mode: &str, budget: usize) -> usize {
-    let q_rows = if mode == "prefill" {
-        PREFILL_WARPS * WARP_ROWS
-    } else {
+    let q_rows = if mode == "decode" {
         0
+    } else {
+        PREFILL_WARPS * WARP_ROWS
     };
-    (q_rows + 2 * 2 * STAGE) * (budget + 8) * 2
+    if mode == "prefill_sm90" {
+        1024 + (q_rows + 2 * 2 * STAGE) * budget * 2
+    } else {
+        (q_rows + 2 * 2 * STAGE) * (budget + 8) * 2
+    }
+}
+
+/// The prefill kernel mode for `h`: `prefill_sm90` where the device takes wgmma and
+/// head_dim is a whole budget (that kernel has no padding), else `prefill`.
+pub fn prefill_mode(h: &Heads, wgmma: bool) -> &'static str {
+    if wgmma && h.head_dim == flash_budget(h) {
+        "prefill_sm90"
+    } else {
+        "prefill"
+    }
 }
 
 /// Query tiles, each `[first row, rows]`: consecutive rows of one sequence. A sequence's
@@ -201,12 +217,18 @@ pub fn attention_plan(a: &Attention) -> (Kernel, usize, usize) {
 
 /// Causal paged attention into `out` (`a.half`).
 pub fn paged_attention(gpu: &Gpu, a: &Attention) -> Result<()> {
+    paged_attention_with(gpu, a, gpu.wgmma)
+}
+
+/// [`paged_attention`], with prefill tiles on the wgmma kernel only if `wgmma` (and the
+/// device takes it): gpu-check runs both.
+pub fn paged_attention_with(gpu: &Gpu, a: &Attention, wgmma: bool) -> Result<()> {
     if a.n == 0 {
         return Ok(());
     }
     a.heads.check()?;
     match attention_plan(a) {
-        (Kernel::Flash, chunk, splits) => flash(gpu, a, chunk, splits),
+        (Kernel::Flash, chunk, splits) => flash(gpu, a, chunk, splits, wgmma && gpu.wgmma),
         (Kernel::WarpPerKey, chunk, splits) => warp_per_key(gpu, a, chunk, splits),
     }
 }
@@ -234,7 +256,7 @@ fn combine(gpu: &Gpu, a: &Attention, tiles: u64, count: usize, splits: usize) ->
     Ok(())
 }
 
-fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
+fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize, wgmma: bool) -> Result<()> {
     let hs = a.heads;
     let (heads, kv_heads, hd) = (
         i32_of(hs.heads)?,
@@ -244,7 +266,8 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
     let (bs, stride) = (i32_of(a.block_size)?, i32_of(a.table_stride)?);
     let budget = flash_budget(&hs);
     if a.rows_tiles > 0 {
-        let name = &flash_kernel("prefill", budget);
+        let mode = prefill_mode(&hs, wgmma);
+        let name = &flash_kernel(mode, budget);
         let f = gpu.func(name, a.half)?;
         let mut b = Args::new();
         b.arg(&a.q)
@@ -260,15 +283,16 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result<()> {
             .arg(&hd)
             .arg(&bs)
             .arg(&stride);
-        // SAFETY: argument order and types match flash_prefill.cu; the queries are 16-bit
-        // and pre-scaled (query_scale); the first `rows_tiles` tiles are (first row, rows)
-        // pairs inside the batch; tables cover every row's positions (checked by the
+        // SAFETY: argument order and types match flash_prefill.cu and flash_prefill_sm90.cu
+        // (which runs only where head_dim is its build's, prefill_mode); the queries are
+        // 16-bit and pre-scaled (query_scale); the first `rows_tiles` tiles are (first row,
+        // rows) pairs inside the batch; tables cover every row's positions (checked by the
         // caller).
         let mut c = cfg(
             (a.rows_tiles * hs.kv_heads, 1, 1),
             (PREFILL_WARPS * 32) as u32,
         )?;
-        c.shared_mem_bytes = flash_smem("prefill", budget) as u32;
+        c.shared_mem_bytes = flash_smem(mode, budget) as u32;
         unsafe { gpu.launch(f, c, &mut b) }.map_err(cuda_err(name))?;
     }
     if a.keys_tiles > 0 {
@@ -411,6 +435,23 @@ mod tests {
         assert_eq!(flash_smem("decode", 64), 36_864);
         assert_eq!(flash_smem("prefill", 128), 104_448);
         assert_eq!(flash_smem("prefill", 64), 55_296);
+        // The wgmma build: unpadded rows, and the slack that aligns its swizzle.
+        assert_eq!(
+            flash_kernel("prefill_sm90", 128),
+            "flash_prefill_sm90_hd128"
+        );
+        assert_eq!(flash_smem("prefill_sm90", 128), 1024 + 384 * 256);
+        assert_eq!(flash_smem("prefill_sm90", 64), 1024 + 384 * 128);
+        // It takes head_dim 64 and 128 only, and only where the device has wgmma.
+        let h = |head_dim| Heads {
+            heads: 32,
+            kv_heads: 8,
+            head_dim,
+        };
+        assert_eq!(prefill_mode(&h(128), true), "prefill_sm90");
+        assert_eq!(prefill_mode(&h(64), true), "prefill_sm90");
+        assert_eq!(prefill_mode(&h(80), true), "prefill");
+        assert_eq!(prefill_mode(&h(128), false), "prefill");
     }
 
     #[test]

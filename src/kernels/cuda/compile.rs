@@ -27,6 +27,10 @@ pub const MODULES: &[(&str, &str)] = &[
         include_str!("../../../kernels/flash_prefill.cu"),
     ),
     (
+        "flash_prefill_sm90",
+        include_str!("../../../kernels/flash_prefill_sm90.cu"),
+    ),
+    (
         "flash_decode",
         include_str!("../../../kernels/flash_decode.cu"),
     ),

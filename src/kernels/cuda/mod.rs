@@ -84,6 +84,10 @@ pub struct Gpu {
     /// Launches are programmatic dependent launches ([`launch::launch_kernel`]): on sm_90
     /// and later, unless the environment sets `INFLIGHT_PDL=0`.
     pub pdl: bool,
+    /// Prefill attention runs on the warpgroup tensor cores (flash_prefill_sm90.cu): on
+    /// sm_90 (Hopper; its wgmma is not in later architectures), unless the environment sets
+    /// `INFLIGHT_WGMMA=0`.
+    pub wgmma: bool,
 }
 
 /// The kernel entry points of each module (each gets a `_bf16` and an `_f16` build).
@@ -96,6 +100,10 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     (
         "flash_prefill",
         &["flash_prefill_hd64", "flash_prefill_hd128"],
+    ),
+    (
+        "flash_prefill_sm90",
+        &["flash_prefill_sm90_hd64", "flash_prefill_sm90_hd128"],
     ),
     ("flash_decode", &["flash_decode_hd64", "flash_decode_hd128"]),
     ("sample", &["sample_rows"]),
@@ -175,6 +183,7 @@ impl Gpu {
             }
         }
         let pdl = major >= 9 && std::env::var("INFLIGHT_PDL").map_or(true, |v| v != "0");
+        let wgmma = major == 9 && std::env::var("INFLIGHT_WGMMA").map_or(true, |v| v != "0");
         Ok(Arc::new(Gpu {
             ctx,
             stream,
@@ -182,6 +191,7 @@ impl Gpu {
             name,
             funcs,
             pdl,
+            wgmma,
         }))
     }
 

@@ -1,0 +1,316 @@
+// Paged causal attention for prefill tiles on Hopper's warpgroup tensor cores (wgmma, sm_90a;
+// fp32 accumulation). The same tiles and M rows as flash_prefill.cu: a block covers 128 M
+// rows ((position, query head) pairs of one KV head's group, 32 positions for Llama's group
+// of 4), now as two warpgroups of 64 rows, each warp owning the same 16 rows as there.
+//
+// Operands sit in shared memory in the 128-byte swizzled layout wgmma reads through matrix
+// descriptors: a row's 16-byte pieces of each 64-column half are XOR-ed with the row's index
+// mod 8 (the queries [half][128 rows][64], each stage's K and V [half][64 keys][64]). The block
+// gathers the queries and double-buffered stages of 64 keys through the block table with
+// cp.async, as flash_prefill.cu does, then per stage each warpgroup runs S = Q K^T as
+// head_dim / 16 wgmma (both operands from shared memory, K-major), masks and updates its
+// online softmax in registers (base 2: the queries come pre-scaled), and runs O += P V as 4
+// wgmma whose A operand is P from registers and whose B operand is the V stage read
+// transposed. A warpgroup whose rows all end before a stage skips it. head_dim exactly 64
+// or 128 (the host runs flash_prefill.cu otherwise), at most 16 query heads per KV head.
+#define WG_THREADS 256  // two warpgroups
+#define WG_ROWS 128     // M rows of a block
+#define WG_STAGE 64     // keys of a stage
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// d (+)= A B for one warpgroup, 64 x 64 fp32: A (64 x 16) and B (16 x 64) from shared memory
+// through descriptors, both K-major; `acc` 0 ignores d's old values.
+__device__ __forceinline__ void wgmma_ss_n64(float* d, unsigned long long a, unsigned long long b, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." FA_AB " "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(acc));
+}
+
+// d += A B for one warpgroup, 64 x 64 fp32: A (64 x 16) from registers (each warp's 16 rows as
+// an mma.m16n8k16 A fragment), B (16 x 64) from shared memory stored N-major (transposed).
+__device__ __forceinline__ void wgmma_rs_n64_tb(float* d, const unsigned* a, unsigned long long b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." FA_AB " "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+// d += A B for one warpgroup, 64 x 128 fp32: A (64 x 16) from registers (each warp's 16 rows as
+// an mma.m16n8k16 A fragment), B (16 x 128) from shared memory stored N-major (transposed).
+__device__ __forceinline__ void wgmma_rs_n128_tb(float* d, const unsigned* a, unsigned long long b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." FA_AB " "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving reads or writes of an accumulator across the asynchronous
+// wgmma that owns it (an empty asm that "changes" the register, ordered with the others).
+__device__ __forceinline__ void wgmma_hold(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// Makes this thread's completed shared-memory writes (cp.async) visible to wgmma's reads.
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Descriptor of a 128-byte-swizzled operand at shared address `addr`: `lbo` bytes between
+// 64-column halves (read only for a transposed operand), 1,024 between groups of 8 rows.
+__device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned lbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// Shared address of 16-byte piece p (8 columns) of row r in a swizzled region of `rows` rows.
+__device__ __forceinline__ unsigned sw128_at(unsigned region, int rows, int r, int p) {
+    return region + (unsigned)((p >> 3) * rows * 128 + r * 128 + (((p & 7) ^ (r & 7)) << 4));
+}
+
+template <int HD>
+__device__ __forceinline__ void flash_prefill_sm90(
+    const half_t* __restrict__ q,         // [n, heads * hd], pre-scaled
+    const half_t* __restrict__ k_cache,   // [slots, kv_heads * hd]
+    const half_t* __restrict__ v_cache,
+    const int* __restrict__ tables,       // [seqs, table_stride]
+    const int* __restrict__ row_seq,
+    const int* __restrict__ row_pos,
+    const int* __restrict__ tiles,        // [tiles, 2]: first row, rows
+    half_t* __restrict__ out,             // [n, heads * hd]
+    int heads, int kv_heads, int block_size, int table_stride) {
+    // head_dim is HD here (the host checks it).
+    constexpr int PIECES = HD / 8;                      // 16-byte pieces of a row
+    constexpr int NB = WG_STAGE / 8;                    // n-blocks of 8 keys in S
+    constexpr int KV_BYTES = WG_STAGE * HD * 2;         // K or V of one stage
+    constexpr int KEYS_PER = WG_STAGE * PIECES / WG_THREADS;
+    extern __shared__ __align__(16) unsigned char wg_smem[];
+    // The swizzle repeats every 1,024 bytes: align the regions to it (the host adds the slack).
+    const unsigned qs = (smem_addr(wg_smem) + 1023u) & ~1023u;
+    const unsigned kv0 = qs + WG_ROWS * HD * 2;  // stage b: K at kv0 + 2 b KV_BYTES, V after it
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
+    const int tile = blockIdx.x / kv_heads, g = blockIdx.x % kv_heads;
+    const int row0 = tiles[2 * tile], cnt = tiles[2 * tile + 1];
+    const int group = heads / kv_heads, pw = 16 / group;
+    const int kvd = kv_heads * HD;
+    const int kend = row_pos[row0 + cnt - 1] + 1;
+
+    // Queries: M row r (atom r / 16, row m = r % 16 of it) is position (r / 16) * pw + m / group
+    // of the tile, query head g * group + m % group; rows past the tile are zeros.
+    for (int t = threadIdx.x; t < WG_ROWS * PIECES; t += WG_THREADS) {
+        const int r = t / PIECES, p = t % PIECES;
+        const int m = r & 15, pi = (r >> 4) * pw + m / group;
+        const bool valid = m < pw * group && pi < cnt;
+        const half_t* src = valid ? q + (size_t)(row0 + pi) * heads * HD + (g * group + m % group) * HD + p * 8 : q;
+        cp_async16(sw128_at(qs, WG_ROWS, r, p), src, valid ? 16 : 0);
+    }
+
+    // This thread's two M rows (lane / 4 and lane / 4 + 8 of the warp's 16): batch row,
+    // position and query head (-1 past the tile).
+    int rrow[2], rpos[2], rhead[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int m = (lane >> 2) + 8 * i;
+        const int pi = warp * pw + m / group;
+        const bool valid = m < pw * group && pi < cnt;
+        rrow[i] = valid ? row0 + pi : -1;
+        rpos[i] = valid ? row_pos[row0 + pi] : -1;
+        rhead[i] = g * group + m % group;
+    }
+    // The warpgroup's first and last positions (the same for its four warps, so that the
+    // warpgroup-wide wgmma are skipped together).
+    const int gfirst_i = wg * 4 * pw;
+    const int glast_i = min((wg + 1) * 4 * pw, cnt) - 1;
+    const int gfirst = gfirst_i < cnt ? row_pos[row0 + gfirst_i] : -1;
+    const int glast = gfirst_i < cnt ? row_pos[row0 + glast_i] : -1;
+
+    float o[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) o[i] = 0.0f;
+    float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
+
+    const int* table = tables + (size_t)row_seq[row0] * table_stride;
+    const int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
+    // Stage loader: keys [from, min(from + WG_STAGE, kend)) into buffer `buf`; thread t copies
+    // piece t % PIECES of KEYS_PER consecutive keys, one table lookup per block entered.
+    const int piece = threadIdx.x % PIECES, jfirst = (threadIdx.x / PIECES) * KEYS_PER;
+    const size_t col = (size_t)g * HD + piece * 8;
+    auto load_stage = [&](int from, int buf) {
+        const unsigned kst = kv0 + (unsigned)(buf * 2 * KV_BYTES);
+        const int nk = min(WG_STAGE, kend - from);
+        int p = from + jfirst;
+        int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
+        int within = p - blk * block_size;
+        size_t off = p < kend ? ((size_t)table[blk] * block_size + within) * kvd + col : 0;
+#pragma unroll
+        for (int i = 0; i < KEYS_PER; ++i) {
+            const bool valid = jfirst + i < nk;
+            const size_t at = valid ? off : 0;
+            const unsigned dst = sw128_at(kst, WG_STAGE, jfirst + i, piece);
+            cp_async16(dst, k_cache + at, valid ? 16 : 0);
+            cp_async16(dst + KV_BYTES, v_cache + at, valid ? 16 : 0);
+            ++p;
+            if (++within == block_size) {
+                within = 0;
+                ++blk;
+                off = p < kend ? (size_t)table[blk] * block_size * kvd + col : 0;
+            } else {
+                off += kvd;
+            }
+        }
+    };
+    load_stage(0, 0);
+    asm volatile("cp.async.commit_group;\n" ::);
+    // The warpgroup's queries: rows 64 wg.. of each half.
+    const unsigned q_wg = qs + (unsigned)(wg * 64 * 128);
+    int buf = 0;
+    for (int k0 = 0; k0 < kend; k0 += WG_STAGE, buf ^= 1) {
+        if (k0 + WG_STAGE < kend) load_stage(k0 + WG_STAGE, buf ^ 1);
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        fence_async_shared();
+        __syncthreads();
+        if (k0 <= glast) {
+            const unsigned kst = kv0 + (unsigned)(buf * 2 * KV_BYTES), vst = kst + KV_BYTES;
+            // S = Q K^T: 16 dims a step; within a 128-byte row a step is 32 bytes on.
+            float s[NB * 4];
+#pragma unroll
+            for (int i = 0; i < NB * 4; ++i) wgmma_hold(s[i]);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; ++kk) {
+                const unsigned dq = q_wg + (unsigned)((kk >> 2) * WG_ROWS * 128 + (kk & 3) * 32);
+                const unsigned dk = kst + (unsigned)((kk >> 2) * WG_STAGE * 128 + (kk & 3) * 32);
+                wgmma_ss_n64(s, sw128_desc(dq, 16), sw128_desc(dk, 16), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait_all();
+#pragma unroll
+            for (int i = 0; i < NB * 4; ++i) wgmma_hold(s[i]);
+            // Mask (causal, and past the context) where some key of the stage needs it.
+            if (k0 + WG_STAGE > min(kend, gfirst + 1)) {
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = k0 + nb * 8 + 2 * (lane & 3) + (e & 1);
+                        if (key >= kend || key > rpos[e >> 1]) s[nb * 4 + e] = -INFINITY;
+                    }
+                }
+            }
+            // Online softmax per M row, as in flash_prefill.cu.
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                float t[NB];
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) t[nb] = fmaxf(s[nb * 4 + 2 * i], s[nb * 4 + 2 * i + 1]);
+#pragma unroll
+                for (int w = NB / 2; w > 0; w /= 2) {
+#pragma unroll
+                    for (int nb = 0; nb < w; ++nb) t[nb] = fmaxf(t[nb], t[nb + w]);
+                }
+                float mx = t[0];
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mn = fmaxf(mrun[i], mx);
+                const float base = mn == -INFINITY ? 0.0f : mn;
+                const float corr = ex2(mrun[i] - base);
+                mrun[i] = mn;
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    s[nb * 4 + 2 * i] = ex2(s[nb * 4 + 2 * i] - base);
+                    s[nb * 4 + 2 * i + 1] = ex2(s[nb * 4 + 2 * i + 1] - base);
+                    t[nb] = s[nb * 4 + 2 * i] + s[nb * 4 + 2 * i + 1];
+                }
+#pragma unroll
+                for (int w = NB / 2; w > 0; w /= 2) {
+#pragma unroll
+                    for (int nb = 0; nb < w; ++nb) t[nb] += t[nb + w];
+                }
+                lrun[i] = lrun[i] * corr + t[0];
+#pragma unroll
+                for (int dn = 0; dn < HD / 8; ++dn) {
+                    o[dn * 4 + 2 * i] *= corr;
+                    o[dn * 4 + 2 * i + 1] *= corr;
+                }
+            }
+            // O += P V: 16 keys a step, P as the A fragments (the mma.m16n8k16 layout the S
+            // accumulators already have), V's rows 16 keys (2,048 bytes) a step on.
+            unsigned pa[WG_STAGE / 16][4];
+#pragma unroll
+            for (int j = 0; j < WG_STAGE / 16; ++j) {
+                pa[j][0] = pack2(s[8 * j + 0], s[8 * j + 1]);
+                pa[j][1] = pack2(s[8 * j + 2], s[8 * j + 3]);
+                pa[j][2] = pack2(s[8 * j + 4], s[8 * j + 5]);
+                pa[j][3] = pack2(s[8 * j + 6], s[8 * j + 7]);
+            }
+#pragma unroll
+            for (int i = 0; i < HD / 2; ++i) wgmma_hold(o[i]);
+            wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < WG_STAGE / 16; ++j) {
+                const unsigned long long dv = sw128_desc(vst + (unsigned)(j * 16 * 128), WG_STAGE * 128);
+                if constexpr (HD == 128) {
+                    wgmma_rs_n128_tb(o, pa[j], dv);
+                } else {
+                    wgmma_rs_n64_tb(o, pa[j], dv);
+                }
+            }
+            wgmma_commit();
+            wgmma_wait_all();
+#pragma unroll
+            for (int i = 0; i < HD / 2; ++i) wgmma_hold(o[i]);
+        }
+        __syncthreads();
+    }
+
+    // Each thread writes its rows, normalised.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float l = lrun[i];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (rrow[i] < 0) continue;
+        const float inv = 1.0f / l;
+        half_t* dst = out + (size_t)rrow[i] * heads * HD + rhead[i] * HD + 2 * (lane & 3);
+#pragma unroll
+        for (int dn = 0; dn < HD / 8; ++dn) {
+            *reinterpret_cast<unsigned*>(dst + dn * 8) = pack2(o[dn * 4 + 2 * i] * inv, o[dn * 4 + 2 * i + 1] * inv);
+        }
+    }
+}
+#endif
+
+#define WG_ARGS                                                                                  \
+    const half_t* __restrict__ q, const half_t* __restrict__ k_cache,                            \
+        const half_t* __restrict__ v_cache, const int* __restrict__ tables,                      \
+        const int* __restrict__ row_seq, const int* __restrict__ row_pos,                        \
+        const int* __restrict__ tiles, half_t* __restrict__ out, int heads, int kv_heads, int hd, \
+        int block_size, int table_stride
+
+// The arguments of flash_prefill.cu (hd equal to the build's head_dim). Two blocks per
+// multiprocessor: up to 128 registers a thread. Built only for sm_90a (the host launches it
+// only there); elsewhere the entry points exist and trap.
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) KERNEL(flash_prefill_sm90_hd64)(WG_ARGS) {
+    grid_dep_enter();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    flash_prefill_sm90<64>(q, k_cache, v_cache, tables, row_seq, row_pos, tiles, out, heads, kv_heads,
+                           block_size, table_stride);
+#else
+    __trap();
+#endif
+}
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) KERNEL(flash_prefill_sm90_hd128)(WG_ARGS) {
+    grid_dep_enter();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    flash_prefill_sm90<128>(q, k_cache, v_cache, tables, row_seq, row_pos, tiles, out, heads, kv_heads,
+                            block_size, table_stride);
+#else
+    __trap();
+#endif
+}
