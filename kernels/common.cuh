@@ -153,12 +153,20 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
+// Shared address of 16-byte piece p (8 columns) of row r in a region of `rows` rows laid out
+// as wgmma's 128-byte swizzle wants it: each 64-column half of the rows in turn, 128 bytes a
+// row, a row's pieces XOR-ed with the row's index mod 8 (the region 1,024-byte aligned).
+__device__ __forceinline__ unsigned sw128_at(unsigned region, int rows, int r, int p) {
+    return region + (unsigned)((p >> 3) * rows * 128 + r * 128 + (((p & 7) ^ (r & 7)) << 4));
+}
+
 // Flash attention stage loader: keys [from, min(from + STAGE, kend)) of KV head g, K rows
-// then (STAGE rows on) V rows of LD halves at shared address `stage_k`, gathered through
-// the sequence's block table with cp.async. Thread t of THREADS copies 16-byte piece
-// t % (HD / 8) of STAGE * (HD / 8) / THREADS consecutive keys, walking the table (one lookup
-// per KV block it enters, not per key); pieces past hd and keys past kend are zeros.
-// bs_shift is log2(block_size) when that is a power of two (no division), else -1.
+// then V rows at shared address `stage_k`, gathered through the sequence's block table with
+// cp.async: rows of LD halves (V STAGE rows on), or with LD 0 the 128-byte swizzled layout
+// (sw128_at; V STAGE * HD halves on). Thread t of THREADS copies 16-byte piece t % (HD / 8)
+// of STAGE * (HD / 8) / THREADS consecutive keys, walking the table (one lookup per KV block
+// it enters, not per key); pieces past hd and keys past kend are zeros. bs_shift is
+// log2(block_size) when that is a power of two (no division), else -1.
 template <int HD, int STAGE, int THREADS, int LD>
 __device__ __forceinline__ void load_kv_stage(unsigned stage_k, const half_t* __restrict__ k_cache,
                                               const half_t* __restrict__ v_cache,
@@ -181,8 +189,14 @@ __device__ __forceinline__ void load_kv_stage(unsigned stage_k, const half_t* __
         const bool valid = jfirst + i < nk && in_row;
         const size_t at = valid ? off : 0;
         const int bytes = valid ? 16 : 0;
-        cp_async16(dst + i * LD * 2, k_cache + at, bytes);
-        cp_async16(dst + (STAGE + i) * LD * 2, v_cache + at, bytes);
+        if constexpr (LD > 0) {
+            cp_async16(dst + i * LD * 2, k_cache + at, bytes);
+            cp_async16(dst + (STAGE + i) * LD * 2, v_cache + at, bytes);
+        } else {
+            const unsigned sw = sw128_at(stage_k, STAGE, jfirst + i, piece);
+            cp_async16(sw, k_cache + at, bytes);
+            cp_async16(sw + STAGE * HD * 2, v_cache + at, bytes);
+        }
         ++p;
         if (++within == block_size) {
             within = 0;

@@ -67,11 +67,6 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
            ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
 
-// Shared address of 16-byte piece p (8 columns) of row r in a swizzled region of `rows` rows.
-__device__ __forceinline__ unsigned sw128_at(unsigned region, int rows, int r, int p) {
-    return region + (unsigned)((p >> 3) * rows * 128 + r * 128 + (((p & 7) ^ (r & 7)) << 4));
-}
-
 template <int HD>
 __device__ __forceinline__ void flash_prefill_sm90(
     const half_t* __restrict__ q,         // [n, heads * hd], pre-scaled
@@ -87,7 +82,6 @@ __device__ __forceinline__ void flash_prefill_sm90(
     constexpr int PIECES = HD / 8;                      // 16-byte pieces of a row
     constexpr int NB = WG_STAGE / 8;                    // n-blocks of 8 keys in S
     constexpr int KV_BYTES = WG_STAGE * HD * 2;         // K or V of one stage
-    constexpr int KEYS_PER = WG_STAGE * PIECES / WG_THREADS;
     extern __shared__ __align__(16) unsigned char wg_smem[];
     // The swizzle repeats every 1,024 bytes: align the regions to it (the host adds the slack).
     const unsigned qs = (smem_addr(wg_smem) + 1023u) & ~1023u;
@@ -136,33 +130,10 @@ __device__ __forceinline__ void flash_prefill_sm90(
 
     const int* table = tables + (size_t)row_seq[row0] * table_stride;
     const int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
-    // Stage loader: keys [from, min(from + WG_STAGE, kend)) into buffer `buf`; thread t copies
-    // piece t % PIECES of KEYS_PER consecutive keys, one table lookup per block entered.
-    const int piece = threadIdx.x % PIECES, jfirst = (threadIdx.x / PIECES) * KEYS_PER;
-    const size_t col = (size_t)g * HD + piece * 8;
+    // Keys [from, ...) into stage buffer `buf`, swizzled.
     auto load_stage = [&](int from, int buf) {
-        const unsigned kst = kv0 + (unsigned)(buf * 2 * KV_BYTES);
-        const int nk = min(WG_STAGE, kend - from);
-        int p = from + jfirst;
-        int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
-        int within = p - blk * block_size;
-        size_t off = p < kend ? ((size_t)table[blk] * block_size + within) * kvd + col : 0;
-#pragma unroll
-        for (int i = 0; i < KEYS_PER; ++i) {
-            const bool valid = jfirst + i < nk;
-            const size_t at = valid ? off : 0;
-            const unsigned dst = sw128_at(kst, WG_STAGE, jfirst + i, piece);
-            cp_async16(dst, k_cache + at, valid ? 16 : 0);
-            cp_async16(dst + KV_BYTES, v_cache + at, valid ? 16 : 0);
-            ++p;
-            if (++within == block_size) {
-                within = 0;
-                ++blk;
-                off = p < kend ? (size_t)table[blk] * block_size * kvd + col : 0;
-            } else {
-                off += kvd;
-            }
-        }
+        load_kv_stage<HD, WG_STAGE, WG_THREADS, 0>(kv0 + (unsigned)(buf * 2 * KV_BYTES), k_cache, v_cache, table,
+                                                  from, kend, g, HD, kvd, block_size, bs_shift);
     };
     load_stage(0, 0);
     asm volatile("cp.async.commit_group;\n" ::);
