@@ -153,6 +153,44 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
+// One step of the online softmax (base 2) for row i (0: lane / 4, 1: lane / 4 + 8) of a
+// warp's mma.m16n8 accumulator tile of NB n-blocks: the row's scores in s become their
+// exponentials against the new running maximum `m`, the running sum `l` takes them in, and
+// the return value is the factor that rescales the row's earlier accumulators. The maximum
+// and the sum over the thread's keys reduce as trees (short dependency chains), then over
+// the row's four lanes.
+template <int NB>
+__device__ __forceinline__ float softmax_row_step(float (&s)[NB][4], int i, float& m, float& l) {
+    float t[NB];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) t[nb] = fmaxf(s[nb][2 * i], s[nb][2 * i + 1]);
+#pragma unroll
+    for (int w = NB / 2; w > 0; w /= 2) {
+#pragma unroll
+        for (int nb = 0; nb < w; ++nb) t[nb] = fmaxf(t[nb], t[nb + w]);
+    }
+    float mx = t[0];
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(m, mx);
+    const float base = mn == -INFINITY ? 0.0f : mn;
+    const float corr = ex2(m - base);
+    m = mn;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        s[nb][2 * i] = ex2(s[nb][2 * i] - base);
+        s[nb][2 * i + 1] = ex2(s[nb][2 * i + 1] - base);
+        t[nb] = s[nb][2 * i] + s[nb][2 * i + 1];
+    }
+#pragma unroll
+    for (int w = NB / 2; w > 0; w /= 2) {
+#pragma unroll
+        for (int nb = 0; nb < w; ++nb) t[nb] += t[nb + w];
+    }
+    l = l * corr + t[0];
+    return corr;
+}
+
 // Shared address of 16-byte piece p (8 columns) of row r in a region of `rows` rows laid out
 // as wgmma's 128-byte swizzle wants it: each 64-column half of the rows in turn, 128 bytes a
 // row, a row's pieces XOR-ed with the row's index mod 8 (the region 1,024-byte aligned).

@@ -186,39 +186,12 @@ __device__ __forceinline__ void flash_prefill(
                         }
                     }
                 }
-                // Online softmax per M row; the maximum and the sum over the thread's 16 keys
-                // reduce as trees (short dependency chains).
+                // Online softmax per M row.
 #pragma unroll
                 for (int a = 0; a < FP_ATOMS; ++a) {
 #pragma unroll
                     for (int i = 0; i < 2; ++i) {
-                        float t[NB];
-#pragma unroll
-                        for (int nb = 0; nb < NB; ++nb) t[nb] = fmaxf(s[a][nb][2 * i], s[a][nb][2 * i + 1]);
-#pragma unroll
-                        for (int w = NB / 2; w > 0; w /= 2) {
-#pragma unroll
-                            for (int nb = 0; nb < w; ++nb) t[nb] = fmaxf(t[nb], t[nb + w]);
-                        }
-                        float mx = t[0];
-                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                        const float mn = fmaxf(mrun[a][i], mx);
-                        const float base = mn == -INFINITY ? 0.0f : mn;
-                        const float corr = ex2(mrun[a][i] - base);
-                        mrun[a][i] = mn;
-#pragma unroll
-                        for (int nb = 0; nb < NB; ++nb) {
-                            s[a][nb][2 * i] = ex2(s[a][nb][2 * i] - base);
-                            s[a][nb][2 * i + 1] = ex2(s[a][nb][2 * i + 1] - base);
-                            t[nb] = s[a][nb][2 * i] + s[a][nb][2 * i + 1];
-                        }
-#pragma unroll
-                        for (int w = NB / 2; w > 0; w /= 2) {
-#pragma unroll
-                            for (int nb = 0; nb < w; ++nb) t[nb] += t[nb + w];
-                        }
-                        lrun[a][i] = lrun[a][i] * corr + t[0];
+                        const float corr = softmax_row_step<NB>(s[a], i, mrun[a][i], lrun[a][i]);
                         // Rescale the accumulators unless no row of the warp raised its
                         // maximum.
                         if (__any_sync(0xffffffffu, corr != 1.0f)) {

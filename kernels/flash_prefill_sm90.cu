@@ -149,20 +149,21 @@ __device__ __forceinline__ void flash_prefill_sm90(
         if (k0 <= glast) {
             const unsigned kst = kv0 + (unsigned)(buf * 2 * KV_BYTES), vst = kst + KV_BYTES;
             // S = Q K^T: 16 dims a step; within a 128-byte row a step is 32 bytes on.
-            float s[NB * 4];
+            float s[NB][4];
+            float* sf = &s[0][0];
 #pragma unroll
-            for (int i = 0; i < NB * 4; ++i) wgmma_hold(s[i]);
+            for (int i = 0; i < NB * 4; ++i) wgmma_hold(sf[i]);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < HD / 16; ++kk) {
                 const unsigned dq = q_wg + (unsigned)((kk >> 2) * WG_ROWS * 128 + (kk & 3) * 32);
                 const unsigned dk = kst + (unsigned)((kk >> 2) * WG_STAGE * 128 + (kk & 3) * 32);
-                wgmma_ss_n64(s, sw128_desc(dq, 16), sw128_desc(dk, 16), kk > 0);
+                wgmma_ss_n64(sf, sw128_desc(dq, 16), sw128_desc(dk, 16), kk > 0);
             }
             wgmma_commit();
             wgmma_wait_all();
 #pragma unroll
-            for (int i = 0; i < NB * 4; ++i) wgmma_hold(s[i]);
+            for (int i = 0; i < NB * 4; ++i) wgmma_hold(sf[i]);
             // Mask (causal, and past the context) where some key of the stage needs it.
             if (k0 + WG_STAGE > min(kend, gfirst + 1)) {
 #pragma unroll
@@ -170,40 +171,14 @@ __device__ __forceinline__ void flash_prefill_sm90(
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int key = k0 + nb * 8 + 2 * (lane & 3) + (e & 1);
-                        if (key >= kend || key > rpos[e >> 1]) s[nb * 4 + e] = -INFINITY;
+                        if (key >= kend || key > rpos[e >> 1]) s[nb][e] = -INFINITY;
                     }
                 }
             }
-            // Online softmax per M row, as in flash_prefill.cu.
+            // Online softmax per M row.
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-                float t[NB];
-#pragma unroll
-                for (int nb = 0; nb < NB; ++nb) t[nb] = fmaxf(s[nb * 4 + 2 * i], s[nb * 4 + 2 * i + 1]);
-#pragma unroll
-                for (int w = NB / 2; w > 0; w /= 2) {
-#pragma unroll
-                    for (int nb = 0; nb < w; ++nb) t[nb] = fmaxf(t[nb], t[nb + w]);
-                }
-                float mx = t[0];
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mn = fmaxf(mrun[i], mx);
-                const float base = mn == -INFINITY ? 0.0f : mn;
-                const float corr = ex2(mrun[i] - base);
-                mrun[i] = mn;
-#pragma unroll
-                for (int nb = 0; nb < NB; ++nb) {
-                    s[nb * 4 + 2 * i] = ex2(s[nb * 4 + 2 * i] - base);
-                    s[nb * 4 + 2 * i + 1] = ex2(s[nb * 4 + 2 * i + 1] - base);
-                    t[nb] = s[nb * 4 + 2 * i] + s[nb * 4 + 2 * i + 1];
-                }
-#pragma unroll
-                for (int w = NB / 2; w > 0; w /= 2) {
-#pragma unroll
-                    for (int nb = 0; nb < w; ++nb) t[nb] += t[nb + w];
-                }
-                lrun[i] = lrun[i] * corr + t[0];
+                const float corr = softmax_row_step<NB>(s, i, mrun[i], lrun[i]);
 #pragma unroll
                 for (int dn = 0; dn < HD / 8; ++dn) {
                     o[dn * 4 + 2 * i] *= corr;
@@ -215,10 +190,10 @@ __device__ __forceinline__ void flash_prefill_sm90(
             unsigned pa[WG_STAGE / 16][4];
 #pragma unroll
             for (int j = 0; j < WG_STAGE / 16; ++j) {
-                pa[j][0] = pack2(s[8 * j + 0], s[8 * j + 1]);
-                pa[j][1] = pack2(s[8 * j + 2], s[8 * j + 3]);
-                pa[j][2] = pack2(s[8 * j + 4], s[8 * j + 5]);
-                pa[j][3] = pack2(s[8 * j + 6], s[8 * j + 7]);
+                pa[j][0] = pack2(s[2 * j][0], s[2 * j][1]);
+                pa[j][1] = pack2(s[2 * j][2], s[2 * j][3]);
+                pa[j][2] = pack2(s[2 * j + 1][0], s[2 * j + 1][1]);
+                pa[j][3] = pack2(s[2 * j + 1][2], s[2 * j + 1][3]);
             }
 #pragma unroll
             for (int i = 0; i < HD / 2; ++i) wgmma_hold(o[i]);
