@@ -14,7 +14,9 @@
 #   4. compute-sanitizer memcheck over a short serving run, and (4b) over the forward pass
 #      alone (gpu-logits, three prompts batched and four decode steps).
 # Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
-# GGUF; default ~/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf), WORK (scratch folder,
+# GGUF, default ~/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf; or a checkpoint folder,
+# such as random_llama.py's 135m, which gets a tokenizer.json from gpu_bench.py when it has
+# none, as in gpu-bench.sh), WORK (scratch folder,
 # default /tmp/inflight-gpu-check), SKIP_HF=1 / SKIP_SANITIZER=1 to leave steps out,
 # RUN_8B=1 to add the Llama-3.1-8B-shaped comparison, INFLIGHT_TESTS (a folder of
 # integration test binaries built with --features cuda) to run them on the GPU engine.
@@ -25,6 +27,10 @@ MODEL=${INFLIGHT_MODEL:-$HOME/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf}
 WORK=${WORK:-/tmp/inflight-gpu-check}
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-/usr/local/cuda/lib64}
 mkdir -p "$WORK"
+# Serving (steps 3-4) needs a tokenizer; a random checkpoint has none of its own.
+if [ -d "$MODEL" ] && [ ! -f "$MODEL/tokenizer.json" ]; then
+  python3 "$HERE/gpu_bench.py" tokenizer "$MODEL" || exit 1
+fi
 declare -a SUMMARY
 status() { SUMMARY+=("| $1 | $2 | $3 |"); }
 
