@@ -191,6 +191,26 @@ __device__ __forceinline__ float softmax_row_step(float (&s)[NB][4], int i, floa
     return corr;
 }
 
+// Writes row i (0: lane / 4, 1: lane / 4 + 8) of a warp's mma.m16n8 accumulator tile of
+// HD / 8 n-blocks, divided by the row's running sum l (this lane's part: the row's four lanes
+// add theirs here, so every lane calls it), as 16-bit values: batch row `row` (nothing where
+// it is negative), query head `head`; dimensions past hd are not written.
+template <int HD>
+__device__ __forceinline__ void store_out_row(const float (&o)[HD / 8][4], int i, float l, half_t* __restrict__ out,
+                                              int row, int head, int heads, int hd) {
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (row < 0) return;
+    const float inv = 1.0f / l;
+    half_t* dst = out + (size_t)row * heads * hd + head * hd + 2 * (threadIdx.x & 3);
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; ++dn) {
+        if (dn * 8 < hd) {
+            *reinterpret_cast<unsigned*>(dst + dn * 8) = pack2(o[dn][2 * i] * inv, o[dn][2 * i + 1] * inv);
+        }
+    }
+}
+
 // Shared address of 16-byte piece p (8 columns) of row r in a region of `rows` rows laid out
 // as wgmma's 128-byte swizzle wants it: each 64-column half of the rows in turn, 128 bytes a
 // row, a row's pieces XOR-ed with the row's index mod 8 (the region 1,024-byte aligned).
@@ -243,5 +263,23 @@ __device__ __forceinline__ void load_kv_stage(unsigned stage_k, const half_t* __
         } else {
             off += kvd;
         }
+    }
+}
+
+// A prefill tile's queries into shared memory with cp.async (not committed): M row r (atom
+// r / 16, row m = r % 16 of it) of ROWS is position (r / 16) * pw + m / group of the tile
+// (`cnt` batch rows from row0), query head g * group + m % group; rows past the tile and
+// dimensions past hd are zeros. Rows of LD halves at shared address `smem`, or with LD 0
+// the 128-byte swizzled layout (sw128_at). The block's threads step by `step`.
+template <int HD, int ROWS, int LD>
+__device__ __forceinline__ void gather_q_tile(unsigned smem, const half_t* __restrict__ q, int row0, int cnt,
+                                              int heads, int g, int group, int pw, int hd, int step) {
+    for (int t = threadIdx.x; t < ROWS * (HD / 8); t += step) {
+        const int r = t / (HD / 8), d = (t % (HD / 8)) * 8;
+        const int m = r & 15, pi = (r >> 4) * pw + m / group;
+        const bool valid = m < pw * group && pi < cnt && d < hd;
+        const half_t* src = valid ? q + (size_t)(row0 + pi) * heads * hd + (g * group + m % group) * hd + d : q;
+        const unsigned dst = LD > 0 ? smem + (unsigned)((r * LD + d) * 2) : sw128_at(smem, ROWS, r, d / 8);
+        cp_async16(dst, src, valid ? 16 : 0);
     }
 }

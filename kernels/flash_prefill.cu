@@ -52,17 +52,10 @@ __device__ __forceinline__ void flash_prefill(
     const int kvd = kv_heads * hd;
     const int kend = row_pos[row0 + cnt - 1] + 1;
 
-    // Queries into shared memory: M row r (atom r / 16, row m = r % 16 of it) is position
-    // (r / 16) * pw + m / group of the tile, query head g * group + m % group; rows past
-    // the tile and dimensions past hd are zeros. Committed with the first stage below.
+    // The queries into shared memory (gather_q_tile's M rows), committed with the first
+    // stage below.
     const unsigned smem0 = smem_addr(fp_smem);
-    for (int t = threadIdx.x; t < FP_ROWS * (HD / 8); t += blockDim.x) {
-        const int r = t / (HD / 8), d = (t % (HD / 8)) * 8;
-        const int m = r & 15, pi = (r >> 4) * pw + m / group;
-        const bool valid = m < pw * group && pi < cnt && d < hd;
-        const half_t* src = valid ? q + (size_t)(row0 + pi) * heads * hd + (g * group + m % group) * hd + d : q;
-        cp_async16(smem0 + (unsigned)((r * LD + d) * 2), src, valid ? 16 : 0);
-    }
+    gather_q_tile<HD, FP_ROWS, LD>(smem0, q, row0, cnt, heads, g, group, pw, hd, blockDim.x);
 
     // This thread's M rows: atom a of the warp, rows lane / 4 and lane / 4 + 8; their batch
     // row, position and query head (-1 past the tile).
@@ -239,21 +232,7 @@ __device__ __forceinline__ void flash_prefill(
 #pragma unroll
     for (int a = 0; a < FP_ATOMS; ++a) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            float l = lrun[a][i];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            if (rrow[a][i] < 0) continue;
-            const float inv = 1.0f / l;
-            half_t* dst = out + (size_t)rrow[a][i] * heads * hd + rhead[a][i] * hd + 2 * (lane & 3);
-#pragma unroll
-            for (int dn = 0; dn < HD / 8; ++dn) {
-                if (dn * 8 < hd) {
-                    *reinterpret_cast<unsigned*>(dst + dn * 8) =
-                        pack2(o[a][dn][2 * i] * inv, o[a][dn][2 * i + 1] * inv);
-                }
-            }
-        }
+        for (int i = 0; i < 2; ++i) store_out_row<HD>(o[a], i, lrun[a][i], out, rrow[a][i], rhead[a][i], heads, hd);
     }
 }
 

@@ -92,7 +92,6 @@ __device__ __forceinline__ void flash_prefill_sm90(
     half_t* __restrict__ out,             // [n, heads * hd]
     int heads, int kv_heads, int block_size, int table_stride) {
     // head_dim is HD here (the host checks it).
-    constexpr int PIECES = HD / 8;                      // 16-byte pieces of a row
     constexpr int NB = WG_STAGE / 8;                    // n-blocks of 8 keys in S
     constexpr int KV_BYTES = WG_STAGE * HD * 2;         // K or V of one stage
     extern __shared__ __align__(16) unsigned char wg_smem[];
@@ -107,15 +106,8 @@ __device__ __forceinline__ void flash_prefill_sm90(
     const int kvd = kv_heads * HD;
     const int kend = row_pos[row0 + cnt - 1] + 1;
 
-    // Queries: M row r (atom r / 16, row m = r % 16 of it) is position (r / 16) * pw + m / group
-    // of the tile, query head g * group + m % group; rows past the tile are zeros.
-    for (int t = threadIdx.x; t < WG_ROWS * PIECES; t += WG_THREADS) {
-        const int r = t / PIECES, p = t % PIECES;
-        const int m = r & 15, pi = (r >> 4) * pw + m / group;
-        const bool valid = m < pw * group && pi < cnt;
-        const half_t* src = valid ? q + (size_t)(row0 + pi) * heads * HD + (g * group + m % group) * HD + p * 8 : q;
-        cp_async16(sw128_at(qs, WG_ROWS, r, p), src, valid ? 16 : 0);
-    }
+    // The queries (swizzled), committed with the first stage below.
+    gather_q_tile<HD, WG_ROWS, 0>(qs, q, row0, cnt, heads, g, group, pw, HD, WG_THREADS);
 
     // This thread's two M rows (lane / 4 and lane / 4 + 8 of the warp's 16): batch row,
     // position and query head (-1 past the tile).
@@ -136,9 +128,10 @@ __device__ __forceinline__ void flash_prefill_sm90(
     const int gfirst = gfirst_i < cnt ? row_pos[row0 + gfirst_i] : -1;
     const int glast = gfirst_i < cnt ? row_pos[row0 + glast_i] : -1;
 
-    float o[HD / 2];
+    float o[HD / 8][4];
+    float* of = &o[0][0];
 #pragma unroll
-    for (int i = 0; i < HD / 2; ++i) o[i] = 0.0f;
+    for (int i = 0; i < HD / 2; ++i) of[i] = 0.0f;
     float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
 
     const int* table = tables + (size_t)row_seq[row0] * table_stride;
@@ -194,8 +187,8 @@ __device__ __forceinline__ void flash_prefill_sm90(
                 const float corr = softmax_row_step<NB>(s, i, mrun[i], lrun[i]);
 #pragma unroll
                 for (int dn = 0; dn < HD / 8; ++dn) {
-                    o[dn * 4 + 2 * i] *= corr;
-                    o[dn * 4 + 2 * i + 1] *= corr;
+                    o[dn][2 * i] *= corr;
+                    o[dn][2 * i + 1] *= corr;
                 }
             }
             // O += P V: 16 keys a step, P as the A fragments (the mma.m16n8k16 layout the S
@@ -209,39 +202,28 @@ __device__ __forceinline__ void flash_prefill_sm90(
                 pa[j][3] = pack2(s[2 * j + 1][2], s[2 * j + 1][3]);
             }
 #pragma unroll
-            for (int i = 0; i < HD / 2; ++i) wgmma_hold(o[i]);
+            for (int i = 0; i < HD / 2; ++i) wgmma_hold(of[i]);
             wgmma_fence();
 #pragma unroll
             for (int j = 0; j < WG_STAGE / 16; ++j) {
                 const unsigned long long dv = sw128_desc(vst + (unsigned)(j * 16 * 128), WG_STAGE * 128);
                 if constexpr (HD == 128) {
-                    wgmma_rs_n128_tb(o, pa[j], dv);
+                    wgmma_rs_n128_tb(of, pa[j], dv);
                 } else {
-                    wgmma_rs_n64_tb(o, pa[j], dv);
+                    wgmma_rs_n64_tb(of, pa[j], dv);
                 }
             }
             wgmma_commit();
             wgmma_wait_all();
 #pragma unroll
-            for (int i = 0; i < HD / 2; ++i) wgmma_hold(o[i]);
+            for (int i = 0; i < HD / 2; ++i) wgmma_hold(of[i]);
         }
         __syncthreads();
     }
 
     // Each thread writes its rows, normalised.
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        float l = lrun[i];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if (rrow[i] < 0) continue;
-        const float inv = 1.0f / l;
-        half_t* dst = out + (size_t)rrow[i] * heads * HD + rhead[i] * HD + 2 * (lane & 3);
-#pragma unroll
-        for (int dn = 0; dn < HD / 8; ++dn) {
-            *reinterpret_cast<unsigned*>(dst + dn * 8) = pack2(o[dn * 4 + 2 * i] * inv, o[dn * 4 + 2 * i + 1] * inv);
-        }
-    }
+    for (int i = 0; i < 2; ++i) store_out_row<HD>(o, i, lrun[i], out, rrow[i], rhead[i], heads, HD);
 }
 #endif
 
