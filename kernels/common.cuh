@@ -283,3 +283,17 @@ __device__ __forceinline__ void gather_q_tile(unsigned smem, const half_t* __res
         cp_async16(dst, src, valid ? 16 : 0);
     }
 }
+
+// The arguments of the prefill attention kernels (flash_prefill.cu, flash_prefill_sm90.cu),
+// in the host's order: q [n, heads * hd] (16-bit, pre-scaled), k_cache and v_cache [slots,
+// kv_heads * hd], tables [seqs, table_stride], row_seq and row_pos [n], tiles [tiles, 2]
+// (first row, rows), out [n, heads * hd]; and the same names passed on.
+#define PREFILL_ARGS                                                                             \
+    const half_t* __restrict__ q, const half_t* __restrict__ k_cache,                            \
+        const half_t* __restrict__ v_cache, const int* __restrict__ tables,                      \
+        const int* __restrict__ row_seq, const int* __restrict__ row_pos,                        \
+        const int* __restrict__ tiles, half_t* __restrict__ out, int heads, int kv_heads, int hd, \
+        int block_size, int table_stride
+#define PREFILL_PASS \
+    q, k_cache, v_cache, tables, row_seq, row_pos, tiles, out, heads, kv_heads, hd, block_size, \
+        table_stride

@@ -27,16 +27,7 @@
 #define FP_SUB 64  // keys per softmax step (one per stage)
 
 template <int HD>
-__device__ __forceinline__ void flash_prefill(
-    const half_t* __restrict__ q,         // [n, heads * hd], pre-scaled
-    const half_t* __restrict__ k_cache,   // [slots, kv_heads * hd]
-    const half_t* __restrict__ v_cache,
-    const int* __restrict__ tables,       // [seqs, table_stride]
-    const int* __restrict__ row_seq,
-    const int* __restrict__ row_pos,
-    const int* __restrict__ tiles,        // [tiles, 2]: first row, rows
-    half_t* __restrict__ out,             // [n, heads * hd]
-    int heads, int kv_heads, int hd, int block_size, int table_stride) {
+__device__ __forceinline__ void flash_prefill(PREFILL_ARGS) {
     constexpr int FP_ROWS = FP_WARPS * FP_ATOMS * 16;
     constexpr int LD = HD + 8;  // shared row stride in halves: rows 16 bytes apart in the banks
     constexpr int NB = FP_SUB / 8;  // n-blocks of 8 keys per softmax step
@@ -236,23 +227,13 @@ __device__ __forceinline__ void flash_prefill(
     }
 }
 
-#define FP_ARGS                                                                                  \
-    const half_t* __restrict__ q, const half_t* __restrict__ k_cache,                            \
-        const half_t* __restrict__ v_cache, const int* __restrict__ tables,                      \
-        const int* __restrict__ row_seq, const int* __restrict__ row_pos,                        \
-        const int* __restrict__ tiles, half_t* __restrict__ out, int heads, int kv_heads, int hd, \
-        int block_size, int table_stride
-#define FP_PASS \
-    q, k_cache, v_cache, tables, row_seq, row_pos, tiles, out, heads, kv_heads, hd, block_size, \
-        table_stride
-
 // Two blocks of 8 warps per multiprocessor: up to 128 registers a thread (about 128 at
 // head_dim 128 and 111 at 64, without spilling).
-extern "C" __global__ void __launch_bounds__(FP_WARPS * 32, 2) KERNEL(flash_prefill_hd64)(FP_ARGS) {
+extern "C" __global__ void __launch_bounds__(FP_WARPS * 32, 2) KERNEL(flash_prefill_hd64)(PREFILL_ARGS) {
     grid_dep_enter();
-    flash_prefill<64>(FP_PASS);
+    flash_prefill<64>(PREFILL_PASS);
 }
-extern "C" __global__ void __launch_bounds__(FP_WARPS * 32, 2) KERNEL(flash_prefill_hd128)(FP_ARGS) {
+extern "C" __global__ void __launch_bounds__(FP_WARPS * 32, 2) KERNEL(flash_prefill_hd128)(PREFILL_ARGS) {
     grid_dep_enter();
-    flash_prefill<128>(FP_PASS);
+    flash_prefill<128>(PREFILL_PASS);
 }

@@ -81,17 +81,8 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
 }
 
 template <int HD>
-__device__ __forceinline__ void flash_prefill_sm90(
-    const half_t* __restrict__ q,         // [n, heads * hd], pre-scaled
-    const half_t* __restrict__ k_cache,   // [slots, kv_heads * hd]
-    const half_t* __restrict__ v_cache,
-    const int* __restrict__ tables,       // [seqs, table_stride]
-    const int* __restrict__ row_seq,
-    const int* __restrict__ row_pos,
-    const int* __restrict__ tiles,        // [tiles, 2]: first row, rows
-    half_t* __restrict__ out,             // [n, heads * hd]
-    int heads, int kv_heads, int block_size, int table_stride) {
-    // head_dim is HD here (the host checks it).
+__device__ __forceinline__ void flash_prefill_sm90(PREFILL_ARGS) {
+    // hd is HD here (the host checks it): the code reads HD.
     constexpr int NB = WG_STAGE / 8;                    // n-blocks of 8 keys in S
     constexpr int KV_BYTES = WG_STAGE * HD * 2;         // K or V of one stage
     extern __shared__ __align__(16) unsigned char wg_smem[];
@@ -227,30 +218,21 @@ __device__ __forceinline__ void flash_prefill_sm90(
 }
 #endif
 
-#define WG_ARGS                                                                                  \
-    const half_t* __restrict__ q, const half_t* __restrict__ k_cache,                            \
-        const half_t* __restrict__ v_cache, const int* __restrict__ tables,                      \
-        const int* __restrict__ row_seq, const int* __restrict__ row_pos,                        \
-        const int* __restrict__ tiles, half_t* __restrict__ out, int heads, int kv_heads, int hd, \
-        int block_size, int table_stride
-
-// The arguments of flash_prefill.cu (hd equal to the build's head_dim). Two blocks per
-// multiprocessor: up to 128 registers a thread. Built only for sm_90a (the host launches it
-// only there); elsewhere the entry points exist and trap.
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) KERNEL(flash_prefill_sm90_hd64)(WG_ARGS) {
+// PREFILL_ARGS, hd equal to the build's head_dim. Two blocks per multiprocessor: up to 128
+// registers a thread. Built only for sm_90a (the host launches it only there); elsewhere the
+// entry points exist and trap.
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) KERNEL(flash_prefill_sm90_hd64)(PREFILL_ARGS) {
     grid_dep_enter();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    flash_prefill_sm90<64>(q, k_cache, v_cache, tables, row_seq, row_pos, tiles, out, heads, kv_heads,
-                           block_size, table_stride);
+    flash_prefill_sm90<64>(PREFILL_PASS);
 #else
     __trap();
 #endif
 }
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) KERNEL(flash_prefill_sm90_hd128)(WG_ARGS) {
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) KERNEL(flash_prefill_sm90_hd128)(PREFILL_ARGS) {
     grid_dep_enter();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    flash_prefill_sm90<128>(q, k_cache, v_cache, tables, row_seq, row_pos, tiles, out, heads, kv_heads,
-                            block_size, table_stride);
+    flash_prefill_sm90<128>(PREFILL_PASS);
 #else
     __trap();
 #endif

@@ -283,11 +283,11 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize, wgmma: bool) -> 
             .arg(&hd)
             .arg(&bs)
             .arg(&stride);
-        // SAFETY: argument order and types match flash_prefill.cu and flash_prefill_sm90.cu
-        // (which runs only where head_dim is its build's, prefill_mode); the queries are
-        // 16-bit and pre-scaled (query_scale); the first `rows_tiles` tiles are (first row,
-        // rows) pairs inside the batch; tables cover every row's positions (checked by the
-        // caller).
+        // SAFETY: argument order and types match common.cuh's PREFILL_ARGS, which both
+        // prefill kernels take (flash_prefill_sm90.cu runs only where head_dim is its
+        // build's, prefill_mode); the queries are 16-bit and pre-scaled (query_scale); the
+        // first `rows_tiles` tiles are (first row, rows) pairs inside the batch; tables cover
+        // every row's positions (checked by the caller).
         let mut c = cfg(
             (a.rows_tiles * hs.kv_heads, 1, 1),
             (PREFILL_WARPS * 32) as u32,
