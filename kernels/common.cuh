@@ -242,8 +242,7 @@ __device__ __forceinline__ void load_kv_stage(unsigned stage_k, const half_t* __
     // Element offset of key p's piece in the cache (valid while p < kend).
     size_t off = p < kend ? ((size_t)table[blk] * block_size + within) * kvd + col : 0;
     const unsigned dst = stage_k + (unsigned)((jfirst * LD + piece * 8) * 2);
-#pragma unroll
-    for (int i = 0; i < KEYS_PER; ++i) {
+    auto copy = [&](int i) {
         const bool valid = jfirst + i < nk && in_row;
         const size_t at = valid ? off : 0;
         const int bytes = valid ? 16 : 0;
@@ -255,6 +254,20 @@ __device__ __forceinline__ void load_kv_stage(unsigned stage_k, const half_t* __
             cp_async16(sw, k_cache + at, bytes);
             cp_async16(sw + STAGE * HD * 2, v_cache + at, bytes);
         }
+    };
+    if (within + KEYS_PER <= block_size) {
+        // The thread's keys lie in one KV block (always so where block_size is a multiple of
+        // KEYS_PER, stages starting at multiples of STAGE): no table walk.
+#pragma unroll
+        for (int i = 0; i < KEYS_PER; ++i) {
+            copy(i);
+            off += kvd;
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < KEYS_PER; ++i) {
+        copy(i);
         ++p;
         if (++within == block_size) {
             within = 0;

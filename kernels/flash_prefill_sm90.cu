@@ -135,7 +135,11 @@ __device__ __forceinline__ void flash_prefill_sm90(PREFILL_ARGS) {
     load_stage(0, 0);
     asm volatile("cp.async.commit_group;\n" ::);
     // The warpgroup's queries: rows 64 wg.. of each half.
-    const unsigned q_wg = qs + (unsigned)(wg * 64 * 128);
+    // Descriptors of the warpgroup's queries and of stage 0's K and V, once: an operand
+    // `bytes` on (a multiple of 16) is its descriptor plus bytes / 16.
+    const unsigned long long dq0 = sw128_desc(qs + (unsigned)(wg * 64 * 128), 16);
+    const unsigned long long dk0 = sw128_desc(kv0, 16);
+    const unsigned long long dv0 = sw128_desc(kv0 + KV_BYTES, WG_STAGE * 128);
     int buf = 0;
     for (int k0 = 0; k0 < kend; k0 += WG_STAGE, buf ^= 1) {
         if (k0 + WG_STAGE < kend) load_stage(k0 + WG_STAGE, buf ^ 1);
@@ -144,7 +148,7 @@ __device__ __forceinline__ void flash_prefill_sm90(PREFILL_ARGS) {
         fence_async_shared();
         __syncthreads();
         if (k0 <= glast) {
-            const unsigned kst = kv0 + (unsigned)(buf * 2 * KV_BYTES), vst = kst + KV_BYTES;
+            const unsigned long long stage_off = (unsigned long long)((buf * 2 * KV_BYTES) >> 4);
             // S = Q K^T: 16 dims a step; within a 128-byte row a step is 32 bytes on.
             float s[NB][4];
             float* sf = &s[0][0];
@@ -153,9 +157,9 @@ __device__ __forceinline__ void flash_prefill_sm90(PREFILL_ARGS) {
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < HD / 16; ++kk) {
-                const unsigned dq = q_wg + (unsigned)((kk >> 2) * WG_ROWS * 128 + (kk & 3) * 32);
-                const unsigned dk = kst + (unsigned)((kk >> 2) * WG_STAGE * 128 + (kk & 3) * 32);
-                wgmma_ss_n64(sf, sw128_desc(dq, 16), sw128_desc(dk, 16), kk > 0);
+                const unsigned qo = (kk >> 2) * WG_ROWS * 128 + (kk & 3) * 32;
+                const unsigned ko = (kk >> 2) * WG_STAGE * 128 + (kk & 3) * 32;
+                wgmma_ss_n64(sf, dq0 + (qo >> 4), dk0 + stage_off + (ko >> 4), kk > 0);
             }
             wgmma_commit();
             wgmma_wait_all();
@@ -197,7 +201,7 @@ __device__ __forceinline__ void flash_prefill_sm90(PREFILL_ARGS) {
             wgmma_fence();
 #pragma unroll
             for (int j = 0; j < WG_STAGE / 16; ++j) {
-                const unsigned long long dv = sw128_desc(vst + (unsigned)(j * 16 * 128), WG_STAGE * 128);
+                const unsigned long long dv = dv0 + stage_off + (unsigned long long)((j * 16 * 128) >> 4);
                 if constexpr (HD == 128) {
                     wgmma_rs_n128_tb(of, pa[j], dv);
                 } else {

@@ -92,8 +92,9 @@ def resources(ptxas, ptx):
         raise RuntimeError(out.stderr)
     rows, name = {}, None
     for line in out.stderr.splitlines():
-        # ptxas's warnings (wgmma serialized, for one) go to stderr as they are.
-        if "warning" in line.lower():
+        # ptxas's warnings, and its notes of lost performance (wgmma serialized, C7514), go
+        # to stderr as they are.
+        if "warning" in line.lower() or "Performance Loss" in line:
             print(line, file=sys.stderr)
         m = re.search(r"Compiling entry function '(\w+)'", line)
         if m:

@@ -4,7 +4,10 @@ seed) shaped like SmolLM2-135M, Llama-3.2-1B or Llama-3.1-8B, for GPU work witho
 (the 135m shape times as the default GGUF does, without carrying its 98 MB).
 Needs PyTorch and transformers (the GPU machine has both); uses the GPU when there is one.
 
-    python3 scripts/random_llama.py 1b /tmp/llama-1b [--seed 0]
+    python3 scripts/random_llama.py 1b /tmp/llama-1b [--seed 0] [--layers N]
+
+--layers keeps the shape's widths with fewer layers (a kernel's time per layer, in seconds
+rather than the 8B's minute and a half).
 """
 import argparse
 import json
@@ -52,8 +55,12 @@ def main():
     ap.add_argument("shape", choices=sorted(SHAPES))
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, help="layers (default: the shape's)")
     args = ap.parse_args()
-    cfg = LlamaConfig(**{**COMMON, **SHAPES[args.shape]})
+    shape = dict(SHAPES[args.shape])
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    cfg = LlamaConfig(**{**COMMON, **shape})
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):
