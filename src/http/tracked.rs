@@ -109,6 +109,7 @@ impl TrackedStream {
             tokens_in = self.prompt_tokens.iter().sum::<usize>(),
             tokens_out = t.output_tokens,
             ttft_ms = t.ttft().map(|d| d.as_secs_f64() * 1e3),
+            queue_ms = self.queue.as_secs_f64() * 1e3,
             latency_ms = t.arrived.elapsed().as_secs_f64() * 1e3,
             outcome = ?reason,
             "request"
