@@ -15,8 +15,9 @@
 //!   logits come back on the reply port.
 //!
 //! State: the forward pass (model and KV cache) and each sequence's block table, kept up
-//! to date from the deltas in each step. The forward pass runs on the blocking pool so
-//! the async runtime keeps serving. A failed or panicking step kills the actor; its
+//! to date from the deltas in each step. The forward pass runs off the async workers
+//! (`off_runtime`: in place, its worker's other tasks handed to another thread) so the
+//! async runtime keeps serving. A failed or panicking step kills the actor; its
 //! supervisor (ModelSupervisor) restarts it with a fresh cache.
 
 use std::collections::HashMap;

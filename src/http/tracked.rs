@@ -25,7 +25,8 @@ pub struct TrackedStream {
     prompt_tokens: Vec<usize>,
     open: usize,
     reason: Option<FinishReason>,
-    queue: Duration,
+    /// The longest time one of its prompts waited to be scheduled; `None` until one was.
+    queue: Option<Duration>,
     done: bool,
 }
 
@@ -46,7 +47,7 @@ impl TrackedStream {
             prompt_tokens: vec![0; prompts],
             open: prompts,
             reason: None,
-            queue: Duration::ZERO,
+            queue: None,
             done: false,
         }
     }
@@ -61,7 +62,7 @@ impl TrackedStream {
             *p = (*p).max(c.prompt_tokens);
         }
         if let Some(q) = c.queue_time {
-            self.queue = self.queue.max(q);
+            self.queue = Some(self.queue.map_or(q, |old| old.max(q)));
         }
         if let Some(r) = c.finish_reason {
             self.open = self.open.saturating_sub(1);
@@ -99,7 +100,7 @@ impl TrackedStream {
             Outcome::of(reason),
             self.prompts,
             &self.timing,
-            self.queue,
+            self.queue.unwrap_or_default(),
         );
         let t = &self.timing;
         tracing::info!(
@@ -109,7 +110,7 @@ impl TrackedStream {
             tokens_in = self.prompt_tokens.iter().sum::<usize>(),
             tokens_out = t.output_tokens,
             ttft_ms = t.ttft().map(|d| d.as_secs_f64() * 1e3),
-            queue_ms = self.queue.as_secs_f64() * 1e3,
+            queue_ms = self.queue.map(|q| q.as_secs_f64() * 1e3),
             latency_ms = t.arrived.elapsed().as_secs_f64() * 1e3,
             outcome = ?reason,
             "request"
