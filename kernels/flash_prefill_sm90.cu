@@ -134,9 +134,8 @@ __device__ __forceinline__ void flash_prefill_sm90(PREFILL_ARGS) {
     };
     load_stage(0, 0);
     asm volatile("cp.async.commit_group;\n" ::);
-    // The warpgroup's queries: rows 64 wg.. of each half.
-    // Descriptors of the warpgroup's queries and of stage 0's K and V, once: an operand
-    // `bytes` on (a multiple of 16) is its descriptor plus bytes / 16.
+    // Descriptors of the warpgroup's queries (rows 64 wg.. of each half) and of stage 0's K
+    // and V, once: an operand `bytes` on (a multiple of 16) is its descriptor plus bytes / 16.
     const unsigned long long dq0 = sw128_desc(qs + (unsigned)(wg * 64 * 128), 16);
     const unsigned long long dk0 = sw128_desc(kv0, 16);
     const unsigned long long dv0 = sw128_desc(kv0 + KV_BYTES, WG_STAGE * 128);
@@ -220,24 +219,22 @@ __device__ __forceinline__ void flash_prefill_sm90(PREFILL_ARGS) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) store_out_row<HD>(o, i, lrun[i], out, rrow[i], rhead[i], heads, HD);
 }
+#else
+// Built only for sm_90a (the host launches it only there); elsewhere the entry points exist
+// and trap.
+template <int HD>
+__device__ __forceinline__ void flash_prefill_sm90(PREFILL_ARGS) {
+    __trap();
+}
 #endif
 
 // PREFILL_ARGS, hd equal to the build's head_dim. Two blocks per multiprocessor: up to 128
-// registers a thread. Built only for sm_90a (the host launches it only there); elsewhere the
-// entry points exist and trap.
+// registers a thread.
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) KERNEL(flash_prefill_sm90_hd64)(PREFILL_ARGS) {
     grid_dep_enter();
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     flash_prefill_sm90<64>(PREFILL_PASS);
-#else
-    __trap();
-#endif
 }
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) KERNEL(flash_prefill_sm90_hd128)(PREFILL_ARGS) {
     grid_dep_enter();
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     flash_prefill_sm90<128>(PREFILL_PASS);
-#else
-    __trap();
-#endif
 }

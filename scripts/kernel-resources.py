@@ -92,7 +92,7 @@ def resources(ptxas, ptx):
         raise RuntimeError(out.stderr)
     rows, name = {}, None
     for line in out.stderr.splitlines():
-        # ptxas's warnings, and its notes of lost performance (wgmma serialized, C7514), go
+        # ptxas's warnings, and its notes of lost performance (wgmma serialized: C7513, C7514), go
         # to stderr as they are.
         if "warning" in line.lower() or "Performance Loss" in line:
             print(line, file=sys.stderr)
