@@ -1,5 +1,5 @@
 //! cuBLASLt matmuls for the linear layers at more than a few token rows: for each layer
-//! shape and each row bucket (a power of two), the heuristic's candidate algorithms are
+//! shape and each row bucket, the heuristic's candidate algorithms are
 //! timed against `cublasGemmEx` once at start and the fastest is kept; a call takes its
 //! bucket's choice (the bucket at or above its row count). Descriptors are built once per
 //! exact shape and cached. An algorithm that refuses a row count it was not timed at sends
@@ -25,8 +25,17 @@ pub type Timer<'a> = dyn Fn(&mut dyn FnMut() -> Result<()>) -> Result<f64> + 'a;
 
 /// Candidate algorithms asked of the heuristic per shape.
 const CANDIDATES: usize = 8;
-/// Row buckets tuned at start (powers of two); calls above the largest use cublasGemmEx.
-pub const BUCKETS: [usize; 10] = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192];
+/// Row buckets tuned at start; calls above the largest use cublasGemmEx. A call runs its
+/// bucket's algorithm, whose tiles were chosen for the bucket's row count, so a call pays
+/// for the rows up to its bucket. From 32 to 2,048 rows there are four buckets to an octave
+/// (32, 40, 48, 56, 64, 80, ...), so a call pays for at most a quarter more rows than it
+/// has: with powers of two, 170 decode rows ran on 256 rows' tiles, their linear layers a
+/// quarter slower than cublasGemmEx chose for 170. Past 2,048 rows the last tile is a small
+/// share of a call and powers of two suffice.
+pub const BUCKETS: [usize; 28] = [
+    16, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768,
+    896, 1024, 1280, 1536, 1792, 2048, 4096, 8192,
+];
 
 /// The bucket a call of `n` rows takes: the smallest at or above it.
 pub fn bucket(n: usize) -> Option<usize> {
@@ -374,8 +383,18 @@ mod tests {
         assert_eq!(bucket(5), Some(16));
         assert_eq!(bucket(16), Some(16));
         assert_eq!(bucket(17), Some(32));
+        assert_eq!(bucket(170), Some(192));
+        assert_eq!(bucket(489), Some(512));
+        assert_eq!(bucket(1537), Some(1792));
         assert_eq!(bucket(2048), Some(2048));
         assert_eq!(bucket(2049), Some(4096));
         assert_eq!(bucket(8193), None);
+        // Ascending, each at most a quarter above the one before from 32 to 2,048.
+        for pair in BUCKETS.windows(2) {
+            assert!(pair[0] < pair[1]);
+            if (32..2048).contains(&pair[0]) {
+                assert!(4 * pair[1] <= 5 * pair[0], "{pair:?}");
+            }
+        }
     }
 }
