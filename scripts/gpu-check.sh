@@ -87,12 +87,15 @@ serve() {  # serve ARGS... : starts the server in the background on ports 18500/
   return 1
 }
 # SIGTERM to the server process itself (under compute-sanitizer, a descendant of the
-# started process), then wait for the started process.
+# started process, named as the binary is: the kernel keeps 15 characters of it), then
+# wait for the started process. Signalled itself, compute-sanitizer would exit without its
+# summary.
 descendants() { local p; for p in $(pgrep -P "$1"); do echo "$p"; descendants "$p"; done; }
 stop() {
-  local p target=$SERVER
+  local p target=$SERVER comm
+  comm=$(basename "$BIN" | cut -c1-15)
   for p in $(descendants "$SERVER"); do
-    [ "$(cat /proc/$p/comm 2>/dev/null)" = inflight ] && target=$p
+    [ "$(cat /proc/$p/comm 2>/dev/null)" = "$comm" ] && target=$p
   done
   kill -TERM "$target" 2>/dev/null
   wait "$SERVER"
