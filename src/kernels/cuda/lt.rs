@@ -1,7 +1,7 @@
 //! cuBLASLt matmuls for the linear layers at more than a few token rows: for each layer
-//! shape and each row bucket, the heuristic's candidate algorithms are
-//! timed against `cublasGemmEx` once at start and the fastest is kept; a call takes its
-//! bucket's choice (the bucket at or above its row count). Descriptors are built once per
+//! shape and each row bucket ([`BUCKETS`]), the heuristic's candidate algorithms are timed
+//! against `cublasGemmEx` once at start and the fastest is kept; a call takes its bucket's
+//! choice (the bucket at or above its row count). Descriptors are built once per
 //! exact shape and cached. An algorithm that refuses a row count it was not timed at sends
 //! that shape back to `cublasGemmEx` for good.
 
