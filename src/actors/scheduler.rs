@@ -1,8 +1,8 @@
-//! Scheduler actor: the thin shell around the pure [`Scheduler`]. It queues sequences
-//! (`Enqueue`, from Preprocess), plans one iteration at a time and sends it to the Engine
-//! as a delta (`EngineMsg::Step`: new tokens, appended blocks, dropped sequences), applies
-//! the sampled tokens (`StepDone`, from the Sampler) and fans the resulting outputs to the
-//! Postprocess workers (`PostprocessMsg::Emit`).
+//! Scheduler actor: the thin shell around the pure [`crate::scheduler::Scheduler`]. It
+//! queues sequences (`Enqueue`, from Preprocess), plans one iteration at a time and sends
+//! it to the Engine as a delta (`EngineMsg::Step`: new tokens, appended blocks, dropped
+//! sequences), applies the sampled tokens (`StepDone`, from the Sampler) and fans the
+//! resulting outputs to the Postprocess workers (`PostprocessMsg::Emit`).
 //!
 //! Overlap: with an engine that samples on its device, the next iteration is planned
 //! while the last one runs (`Scheduler::schedule_ahead`): decodes continue with the token

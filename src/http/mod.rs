@@ -1,7 +1,7 @@
 //! The HTTP surface (axum): Triton's generate extension, KServe v2 (enough for
 //! tritonclient), the OpenAI API, health, and Prometheus metrics on their own port.
 //! [`app`] and [`metrics_app`] build the routers apart from `main` so tests can serve
-//! them on ephemeral ports; [`serve`] runs both with graceful shutdown.
+//! them on ephemeral ports; [`serve()`] runs both with graceful shutdown.
 
 pub mod error;
 pub mod fields;

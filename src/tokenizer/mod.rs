@@ -3,7 +3,7 @@
 //! `tokenizer.ggml.pre`, or from an HF `tokenizer.json` (+ `tokenizer_config.json`);
 //! also the raw bytes of every token for incremental UTF-8-safe detokenization, the
 //! special and end-of-generation ids, and the model's chat template ([`chat`]). Where it
-//! knows every step of HF's encode, `encode` takes its own path to the same ids ([`bpe`]).
+//! knows every step of HF's encode, `encode` takes its own path to the same ids (`bpe`).
 //!
 //! Parity target: for GGUF files, `encode` gives llama.cpp's ids (`llama_tokenize` with
 //! `add_special = add_bos`) and `decode` gives `llama_detokenize`'s text; both are checked

@@ -81,7 +81,7 @@ pub struct Gpu {
     pub arch: String,
     pub name: String,
     funcs: HashMap<String, CudaFunction>,
-    /// Launches are programmatic dependent launches ([`launch::launch_kernel`]): on sm_90
+    /// Launches are programmatic dependent launches (`launch::launch_kernel`): on sm_90
     /// and later, unless the environment sets `INFLIGHT_PDL=0`.
     pub pdl: bool,
     /// Prefill attention runs on the warpgroup tensor cores (flash_prefill_sm90.cu): on

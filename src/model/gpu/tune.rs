@@ -11,7 +11,7 @@ use crate::kernels::cuda::gemm::{Blas, Out, Shape, GEMV_MAX_ROWS};
 use crate::kernels::cuda::{lt, Half};
 
 /// Gives `blas` the model's linear-layer choices: those of an earlier engine on the model, or,
-/// for the first, its own timing ([`tune_linears`]), then kept on the model.
+/// for the first, its own timing (`tune_linears`), then kept on the model.
 pub fn choose_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
     if let Some(tuning) = model.tuning.get() {
         blas.adopt(tuning.clone());
