@@ -62,7 +62,7 @@ impl TrackedStream {
             *p = (*p).max(c.prompt_tokens);
         }
         if let Some(q) = c.queue_time {
-            self.queue = Some(self.queue.map_or(q, |old| old.max(q)));
+            self.queue = self.queue.max(Some(q));
         }
         if let Some(r) = c.finish_reason {
             self.open = self.open.saturating_sub(1);
