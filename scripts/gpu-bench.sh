@@ -14,7 +14,11 @@
 #        - batch-1 decode: concurrency 1, B1_IN prompt tokens, B1_OUT output tokens;
 #          measured = p50 of per-request time per output token after the first (TPOT);
 #        - on TP_MODEL (the 8B by default) also TTFT of a TTFT_IN-token prompt (1 output
-#          token, concurrency 1, p50) and offline max throughput for each of WORKLOADS
+#          token, concurrency 1, p50), one request every 1/TTFT_RATE s: a latency row, each
+#          prompt reaching an idle server, as the GEMM ceiling of its floor is a burst too
+#          (back to back, TTFT_RATE=0, 2,048-token prefills hold an H100 at its power
+#          limit and run 10% slower: docs/perf.md, seventeenth pass);
+#        - and offline max throughput for each of WORKLOADS
 #          (input/output tokens): every request due at once, no concurrency cap;
 #          measured = output tokens / (first send .. last completion).
 #      Logs, configs and each run's JSON report go to $OUT.
@@ -39,7 +43,7 @@
 #   WORKLOADS ["128/128 2048/128 128/2048 500/2000"]
 #   N_<in>_<out> (e.g. N_128_2048=512): requests of one workload [1024, 256, 192, 192 /
 #     32, 8, 4, 4]; SCALE [1]: multiplies every such count (a decimal is fine)
-#   B1_IN [128] B1_OUT [256 / 32] B1_N [5 / 2]   TTFT_IN [2048] TTFT_N [8 / 2]
+#   B1_IN [128] B1_OUT [256 / 32] B1_N [5 / 2]   TTFT_IN [2048] TTFT_N [8 / 2] TTFT_RATE [1]
 #   Server settings, written to the [model] section only when set (else the server's
 #   defaults): MAX_BATCH_SIZE, MAX_NUM_TOKENS, KV_FRACTION (kv_cache_free_gpu_mem_fraction),
 #   SCHED_POLICY, CHUNKED_CONTEXT (true/false), GPU_DTYPE; SERVE_EXTRA: raw TOML lines
@@ -74,6 +78,7 @@ B1_OUT=${B1_OUT:-$(q 256 32)}
 B1_N=${B1_N:-$(q 5 2)}
 TTFT_IN=${TTFT_IN:-2048}
 TTFT_N=${TTFT_N:-$(q 8 2)}
+TTFT_RATE=${TTFT_RATE:-1}
 DEVICE=${DEVICE:-cuda}
 PORT=${PORT:-18600}
 SKIP_HF=${SKIP_HF:-0}
@@ -175,9 +180,10 @@ start_server() {
     | sed 's/\x1b\[[0-9;]*m//g; s/^.*INFO //' | tr '\n' ' ')"
 }
 
-# bench_run KIND MODEL IN OUT N CONCURRENCY("" = no cap) WARMUP TOKENIZER
+# bench_run KIND MODEL IN OUT N CONCURRENCY("" = no cap) WARMUP TOKENIZER [BENCH OPTION...]
 bench_run() {
   local kind=$1 model=$2 ilen=$3 olen=$4 n=$5 conc=$6 warm=$7 tok=$8
+  local extra=("${@:9}")  # more `inflight bench` options (the TTFT row's request rate)
   local base="$OUT/bench-$model-$kind-$ilen-$olen"
   local json="$base.json" blog="$base.log" rc status
   rm -f "$json"
@@ -187,30 +193,33 @@ bench_run() {
     return 0
   fi
   log "bench $model $kind $ilen/$olen: $n requests, concurrency ${conc:-unlimited}, warm-up $warm"
-  local it0 it1 iters=null c0 c1 w0 w1 n0 n1 p0 p1 engine=null
+  local it0 it1 iters=null c0 c1 w0 w1 n0 n1 p0 p1 t0 t1 engine=null
   it0=$(iterations)
   c0=$(server_metric inflight_engine_compute_duration_us)
   w0=$(server_metric inflight_engine_wait_duration_us)
   n0=$(server_metric inflight_engine_wait_count)
   p0=$(server_metric inflight_preemptions_total)
+  t0=$(server_metric inflight_preempted_tokens_total)
   timeout -k 10 "$BENCH_TIMEOUT" "$BIN" bench --url "http://127.0.0.1:$PORT" \
     --endpoint generate_stream --tokenizer "$tok" --num-requests "$n" \
     ${conc:+--concurrency "$conc"} --warmup "$warm" --seed 0 --no-progress \
     --timeout-s "$BENCH_TIMEOUT" --label "$model $kind $ilen/$olen" --json "$json" \
-    token-norm-dist --input-mean "$ilen" --output-mean "$olen" 2>&1 | tee "$blog"
+    "${extra[@]}" token-norm-dist --input-mean "$ilen" --output-mean "$olen" 2>&1 | tee "$blog"
   rc=${PIPESTATUS[0]}
   it1=$(iterations)
   c1=$(server_metric inflight_engine_compute_duration_us)
   w1=$(server_metric inflight_engine_wait_duration_us)
   n1=$(server_metric inflight_engine_wait_count)
   p1=$(server_metric inflight_preemptions_total)
+  t1=$(server_metric inflight_preempted_tokens_total)
   # Engine iterations of this run (its warm-up requests included), from the server's
   # Triton metric; the table derives tokens and milliseconds per iteration from them.
   if [ "$it0" -ge 0 ] && [ "$it1" -ge "$it0" ]; then iters=$((it1 - it0)); fi
   # Engine compute and the waits between back-to-back iterations (the device idle on the
-  # rest of the pipeline), in microseconds over this run; and the preemptions by recompute.
+  # rest of the pipeline), in microseconds over this run; and the preemptions by recompute
+  # with the computed tokens they discarded.
   if [ "$c0" -ge 0 ] && [ "$w0" -ge 0 ] && [ "$n0" -ge 0 ] && [ "$c1" -ge "$c0" ]; then
-    engine="{\"compute_us\":$((c1 - c0)),\"wait_us\":$((w1 - w0)),\"waits\":$((n1 - n0)),\"preemptions\":$((p1 >= p0 && p0 >= 0 ? p1 - p0 : 0))}"
+    engine="{\"compute_us\":$((c1 - c0)),\"wait_us\":$((w1 - w0)),\"waits\":$((n1 - n0)),\"preemptions\":$((p1 >= p0 && p0 >= 0 ? p1 - p0 : 0)),\"preempted_tokens\":$((t1 >= t0 && t0 >= 0 ? t1 - t0 : 0))}"
   fi
   "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
     "http://127.0.0.1:$((PORT + 2))/metrics" >"$base.metrics" 2>/dev/null
@@ -279,7 +288,7 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
   echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null
   echo "QUICK=$QUICK MODELS='$MODELS' TP_MODEL=$TP_MODEL WORKLOADS='$WORKLOADS' SCALE=$SCALE"
-  echo "B1 $B1_IN/$B1_OUT x$B1_N  TTFT $TTFT_IN x$TTFT_N  HF batch $HF_BATCH b1-out $HF_B1_OUT cache $HF_CACHE"
+  echo "B1 $B1_IN/$B1_OUT x$B1_N  TTFT $TTFT_IN x$TTFT_N at $TTFT_RATE/s  HF batch $HF_BATCH b1-out $HF_B1_OUT cache $HF_CACHE"
   echo "MAX_BATCH_SIZE=${MAX_BATCH_SIZE:-} MAX_NUM_TOKENS=${MAX_NUM_TOKENS:-} KV_FRACTION=${KV_FRACTION:-} SCHED_POLICY=${SCHED_POLICY:-} CHUNKED_CONTEXT=${CHUNKED_CONTEXT:-} GPU_DTYPE=${GPU_DTYPE:-}"
 } >"$OUT/env.txt"
 cat "$OUT/env.txt" >&2
@@ -321,7 +330,11 @@ for m in $ORDER; do
     >"$OUT/warmup-$m.log" 2>&1 || log "warm-up failed (see $OUT/warmup-$m.log)"
   bench_run b1 "$m" "$B1_IN" "$B1_OUT" "$B1_N" 1 1 "$path"
   if [ "$m" = "$TP_MODEL" ]; then
-    bench_run ttft "$m" "$TTFT_IN" 1 "$TTFT_N" 1 1 "$path"
+    if [ "$TTFT_RATE" = 0 ]; then
+      bench_run ttft "$m" "$TTFT_IN" 1 "$TTFT_N" 1 1 "$path"
+    else
+      bench_run ttft "$m" "$TTFT_IN" 1 "$TTFT_N" 1 1 "$path" --request-rate "$TTFT_RATE" --arrival constant
+    fi
     for w in $WORKLOADS; do
       ilen=${w%/*} olen=${w#*/}
       bench_run tp "$m" "$ilen" "$olen" "$(requests_for "$ilen" "$olen")" "" 0 "$path"

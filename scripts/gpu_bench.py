@@ -496,7 +496,8 @@ def cmd_table(args):
                              f"iteration, {wait_ms:.2f} ms idle between back-to-back iterations "
                              f"({100 * (1 - busy):.0f}% of engine time)")
             if eng.get("preemptions"):
-                notes.append(f"{eng['preemptions']} preemptions")
+                notes.append(f"{eng['preemptions']} preemptions, "
+                             f"{eng.get('preempted_tokens', 0):,} computed tokens discarded")
             if summary.get("output_length_mismatches"):
                 notes.append(f"{summary['output_length_mismatches']} wrong output lengths")
             if summary.get("errors"):

@@ -186,6 +186,11 @@ impl Metrics {
              (max_utilization); each is recomputed from its prompt and outputs later",
         );
         c(
+            "inflight_preempted_tokens_total",
+            "Computed tokens whose KV cache preemption discarded: the prefill work that \
+             recompute repeats",
+        );
+        c(
             "inflight_spec_decode_steps_total",
             "Target steps that verified draft tokens (speculative decoding)",
         );
@@ -469,6 +474,7 @@ impl Metrics {
             ),
             ("inflight_engine_wait_count", t.waits),
             ("inflight_preemptions_total", s.preemptions),
+            ("inflight_preempted_tokens_total", s.preempted_tokens),
             ("inflight_iterations_planned_ahead_total", s.planned_ahead),
         ];
         for (name, value) in counters {

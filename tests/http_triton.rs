@@ -514,6 +514,7 @@ async fn metrics_move_with_requests() {
         "inflight_engine_wait_duration_us",
         "inflight_engine_wait_count",
         "inflight_preemptions_total",
+        "inflight_preempted_tokens_total",
     ] {
         assert!(text.contains(name), "missing {name}");
     }

@@ -92,6 +92,8 @@ pub struct SchedulerStats {
     pub active_requests: usize,
     /// Preemptions by recompute since start.
     pub preemptions: u64,
+    /// Computed tokens those preemptions discarded, to be computed again.
+    pub preempted_tokens: u64,
     /// Iterations planned while the one before them ran (overlap), since start.
     pub planned_ahead: u64,
     pub ready: bool,

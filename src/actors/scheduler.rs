@@ -479,6 +479,7 @@ impl SchedulerState {
             generation_requests: it.num_generation_requests,
             active_requests: self.requests.len(),
             preemptions: self.core.num_preemptions(),
+            preempted_tokens: self.core.num_preempted_tokens(),
             planned_ahead: self.planned_ahead,
             ready: self.engine.is_some(),
             engine_time: self.timing,

@@ -86,6 +86,8 @@ pub struct Scheduler {
     last_stats: IterationStats,
     /// Preemptions by recompute since start.
     preemptions: u64,
+    /// Computed tokens those preemptions discarded (each to be computed again).
+    preempted_tokens: u64,
 }
 
 impl Scheduler {
@@ -102,6 +104,7 @@ impl Scheduler {
             applied: 0,
             last_stats: IterationStats::default(),
             preemptions: 0,
+            preempted_tokens: 0,
         })
     }
 
@@ -255,6 +258,12 @@ impl Scheduler {
     /// Preemptions by recompute since start.
     pub fn num_preemptions(&self) -> u64 {
         self.preemptions
+    }
+
+    /// Computed tokens discarded by preemption since start: the prefill work recompute
+    /// repeats.
+    pub fn num_preempted_tokens(&self) -> u64 {
+        self.preempted_tokens
     }
 
     pub fn iteration(&self) -> u64 {

@@ -211,6 +211,7 @@ impl Scheduler {
         let mut seq = self.running.remove(idx);
         self.blocks.free(&seq.blocks);
         seq.blocks.clear();
+        self.preempted_tokens += seq.num_computed as u64;
         seq.num_computed = 0;
         seq.in_flight = None;
         seq.ahead = None;

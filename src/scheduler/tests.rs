@@ -199,6 +199,8 @@ fn max_utilization_preempts_newest_and_resumes_with_outputs_kept() {
                 let mut known = spec(2, 4, 8).prompt;
                 known.extend(&tokens[&2]);
                 assert_eq!(c.tokens, known);
+                // Preemption discarded every fed token: all but the last generated one.
+                assert_eq!(s.num_preempted_tokens(), known.len() as u64 - 1);
                 assert!(c.sample);
                 assert!(done.contains(&1), "resumed only once seq 1 freed blocks");
                 resumed = true;
