@@ -532,7 +532,10 @@ def cmd_table(args):
             if h.get("b1_ms_per_token"):
                 hf_cell = f"{h['b1_ms_per_token']:.2f} ms"
         else:
-            label = f"TTFT, {r['in']}-token prompt"
+            # One prompt every 1/rate s (gpu-bench's TTFT_RATE), or back to back.
+            rate = ((report or {}).get("config") or {}).get("request_rate")
+            pace = f"{rate:g} request/s" if rate else "back to back"
+            label = f"TTFT, {r['in']}-token prompt, {pace}"
             if floor:
                 goal = 1.3 * floor
                 target = f"<= 1.3x floor ({goal:.1f} ms)" + ("" if measured is None else
