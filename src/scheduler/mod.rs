@@ -254,7 +254,6 @@ impl Scheduler {
         self.blocks.num_total() - self.blocks.num_free()
     }
 
-    /// The iteration number of the last batch (0 before the first `schedule`).
     /// Preemptions by recompute since start.
     pub fn num_preemptions(&self) -> u64 {
         self.preemptions
@@ -266,6 +265,7 @@ impl Scheduler {
         self.preempted_tokens
     }
 
+    /// The iteration number of the last batch (0 before the first `schedule`).
     pub fn iteration(&self) -> u64 {
         self.iteration
     }
