@@ -79,6 +79,8 @@ B1_N=${B1_N:-$(q 5 2)}
 TTFT_IN=${TTFT_IN:-2048}
 TTFT_N=${TTFT_N:-$(q 8 2)}
 TTFT_RATE=${TTFT_RATE:-1}
+TTFT_PACE=()  # the TTFT row's `inflight bench` pacing: none (back to back) at rate 0
+[ "$TTFT_RATE" = 0 ] || TTFT_PACE=(--request-rate "$TTFT_RATE" --arrival constant)
 DEVICE=${DEVICE:-cuda}
 PORT=${PORT:-18600}
 SKIP_HF=${SKIP_HF:-0}
@@ -330,11 +332,7 @@ for m in $ORDER; do
     >"$OUT/warmup-$m.log" 2>&1 || log "warm-up failed (see $OUT/warmup-$m.log)"
   bench_run b1 "$m" "$B1_IN" "$B1_OUT" "$B1_N" 1 1 "$path"
   if [ "$m" = "$TP_MODEL" ]; then
-    if [ "$TTFT_RATE" = 0 ]; then
-      bench_run ttft "$m" "$TTFT_IN" 1 "$TTFT_N" 1 1 "$path"
-    else
-      bench_run ttft "$m" "$TTFT_IN" 1 "$TTFT_N" 1 1 "$path" --request-rate "$TTFT_RATE" --arrival constant
-    fi
+    bench_run ttft "$m" "$TTFT_IN" 1 "$TTFT_N" 1 1 "$path" "${TTFT_PACE[@]}"
     for w in $WORKLOADS; do
       ilen=${w%/*} olen=${w#*/}
       bench_run tp "$m" "$ilen" "$olen" "$(requests_for "$ilen" "$olen")" "" 0 "$path"
