@@ -46,7 +46,8 @@
 #   B1_IN [128] B1_OUT [256 / 32] B1_N [5 / 2]   TTFT_IN [2048] TTFT_N [8 / 2] TTFT_RATE [1]
 #   Server settings, written to the [model] section only when set (else the server's
 #   defaults): MAX_BATCH_SIZE, MAX_NUM_TOKENS, KV_FRACTION (kv_cache_free_gpu_mem_fraction),
-#   SCHED_POLICY, CHUNKED_CONTEXT (true/false), GPU_DTYPE; SERVE_EXTRA: raw TOML lines
+#   SCHED_POLICY, CHUNKED_CONTEXT (true/false), GPU_DTYPE, HOST_KV_BYTES
+#   (kv_cache_host_memory_bytes: max_utilization swaps to it); SERVE_EXTRA: raw TOML lines
 #   appended to [model]. DEVICE [cuda], PORT [18600; metrics on PORT+2].
 #   SKIP_HF=1; HF_BATCH [64 / 8]; HF_B1_OUT [128 / 16]; HF_CACHE [dynamic] (or static)
 #   Time limits (s): READY_TIMEOUT [300], BENCH_TIMEOUT [240 / 90] per bench run (also
@@ -163,6 +164,7 @@ start_server() {
     if [ -n "${SCHED_POLICY:-}" ]; then echo "batch_scheduler_policy = \"$SCHED_POLICY\""; fi
     if [ -n "${CHUNKED_CONTEXT:-}" ]; then echo "enable_chunked_context = $CHUNKED_CONTEXT"; fi
     if [ -n "${GPU_DTYPE:-}" ]; then echo "gpu_dtype = \"$GPU_DTYPE\""; fi
+    if [ -n "${HOST_KV_BYTES:-}" ]; then echo "kv_cache_host_memory_bytes = $HOST_KV_BYTES"; fi
     if [ -n "${SERVE_EXTRA:-}" ]; then printf '%s\n' "$SERVE_EXTRA"; fi
   } >"$cfg"
   log "serve $name ($path), config $cfg, log $slog"
@@ -195,13 +197,14 @@ bench_run() {
     return 0
   fi
   log "bench $model $kind $ilen/$olen: $n requests, concurrency ${conc:-unlimited}, warm-up $warm"
-  local it0 it1 iters=null c0 c1 w0 w1 n0 n1 p0 p1 t0 t1 engine=null
+  local it0 it1 iters=null c0 c1 w0 w1 n0 n1 p0 p1 t0 t1 s0 s1 engine=null
   it0=$(iterations)
   c0=$(server_metric inflight_engine_compute_duration_us)
   w0=$(server_metric inflight_engine_wait_duration_us)
   n0=$(server_metric inflight_engine_wait_count)
   p0=$(server_metric inflight_preemptions_total)
   t0=$(server_metric inflight_preempted_tokens_total)
+  s0=$(server_metric inflight_swap_preemptions_total)
   timeout -k 10 "$BENCH_TIMEOUT" "$BIN" bench --url "http://127.0.0.1:$PORT" \
     --endpoint generate_stream --tokenizer "$tok" --num-requests "$n" \
     ${conc:+--concurrency "$conc"} --warmup "$warm" --seed 0 --no-progress \
@@ -214,14 +217,15 @@ bench_run() {
   n1=$(server_metric inflight_engine_wait_count)
   p1=$(server_metric inflight_preemptions_total)
   t1=$(server_metric inflight_preempted_tokens_total)
+  s1=$(server_metric inflight_swap_preemptions_total)
   # Engine iterations of this run (its warm-up requests included), from the server's
   # Triton metric; the table derives tokens and milliseconds per iteration from them.
   if [ "$it0" -ge 0 ] && [ "$it1" -ge "$it0" ]; then iters=$((it1 - it0)); fi
   # Engine compute and the waits between back-to-back iterations (the device idle on the
-  # rest of the pipeline), in microseconds over this run; and the preemptions by recompute
-  # with the computed tokens they discarded.
+  # rest of the pipeline), in microseconds over this run; the preemptions by recompute
+  # with the computed tokens they discarded, and those by swapping.
   if [ "$c0" -ge 0 ] && [ "$w0" -ge 0 ] && [ "$n0" -ge 0 ] && [ "$c1" -ge "$c0" ]; then
-    engine="{\"compute_us\":$((c1 - c0)),\"wait_us\":$((w1 - w0)),\"waits\":$((n1 - n0)),\"preemptions\":$((p1 >= p0 && p0 >= 0 ? p1 - p0 : 0)),\"preempted_tokens\":$((t1 >= t0 && t0 >= 0 ? t1 - t0 : 0))}"
+    engine="{\"compute_us\":$((c1 - c0)),\"wait_us\":$((w1 - w0)),\"waits\":$((n1 - n0)),\"preemptions\":$((p1 >= p0 && p0 >= 0 ? p1 - p0 : 0)),\"preempted_tokens\":$((t1 >= t0 && t0 >= 0 ? t1 - t0 : 0)),\"swaps\":$((s1 >= s0 && s0 >= 0 ? s1 - s0 : 0))}"
   fi
   "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
     "http://127.0.0.1:$((PORT + 2))/metrics" >"$base.metrics" 2>/dev/null

@@ -10,7 +10,9 @@
 #   3. `serve --device cuda` over HTTP: greedy text equals the CPU engine's (`generate`),
 #      streaming and OpenAI routes answer, the KV block metrics report the GPU cache.
 #      3b: chunked prefills, penalty and plain requests at once while the engine plans
-#      iterations ahead: every answer whole.
+#      iterations ahead: every answer whole. 3c: `max_utilization` on a cache of 8 blocks
+#      with a host cache: sequences are preempted by swapping (none by recompute), every
+#      answer whole; how many equal the same request served alone is noted.
 #   4. compute-sanitizer memcheck over a short serving run, and (4b) over the forward pass
 #      alone (gpu-logits, three prompts batched and four decode steps).
 # Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
@@ -169,6 +171,50 @@ if serve "$BIN" serve --config "$WORK/serve-ahead.toml"; then
   fi
 else
   tail -20 "$WORK/serve.log"; status "serve, planning ahead (chunked, penalties, plain)" FAIL "server did not become ready"
+fi
+
+echo; echo "## 3c. preemption by swapping: max_utilization, 8 KV blocks, a host cache"
+cp "$WORK/serve.toml" "$WORK/serve-swap.toml"
+printf 'batch_scheduler_policy = "max_utilization"\nmax_tokens_in_paged_kv_cache = 256\nkv_cache_host_memory_bytes = 67108864\n' \
+  >> "$WORK/serve-swap.toml"
+swap_body() { echo "{\"text_input\": \"$PROMPT $1\", \"max_tokens\": 64, \"min_length\": 64}"; }
+if serve "$BIN" serve --config "$WORK/serve-swap.toml"; then
+  PIDS=()
+  for i in 1 2 3 4 5 6 7 8; do
+    curl -s localhost:18500/v2/models/ensemble/generate -d "$(swap_body $i)" > "$WORK/swap-$i.json" &
+    PIDS+=($!)
+  done
+  wait "${PIDS[@]}"
+  for i in 1 2 3 4 5 6 7 8; do
+    curl -s localhost:18500/v2/models/ensemble/generate -d "$(swap_body $i)" > "$WORK/alone-$i.json"
+  done
+  METRICS=$(curl -s localhost:18502/metrics)
+  stop
+  metric() { echo "$METRICS" | grep "^$1" | awk '{print $2}' | head -1; }
+  SWAPS=$(metric inflight_swap_preemptions_total); RECOMP=$(metric inflight_preemptions_total)
+  OUTB=$(metric inflight_kv_blocks_swapped_out_total); INB=$(metric inflight_kv_blocks_swapped_in_total)
+  read -r OK SAME < <(python3 - "$WORK" <<'PY'
+import json, sys
+ok = same = 0
+for i in range(1, 9):
+    try:
+        a = json.load(open(f"{sys.argv[1]}/swap-{i}.json"))["text_output"]
+        b = json.load(open(f"{sys.argv[1]}/alone-{i}.json"))["text_output"]
+    except Exception:
+        continue
+    ok += 1
+    same += a == b
+print(ok, same)
+PY
+)
+  echo "answers: $OK/8; equal to the request alone: $SAME/8; swaps ${SWAPS:-none} ($OUTB blocks out, $INB in); recompute ${RECOMP:-none}"
+  if [ "$OK" = 8 ] && [ "${SWAPS%%.*}" -gt 0 ] 2>/dev/null && [ "${RECOMP%%.*}" = 0 ] && [ "$OUTB" = "$INB" ]; then
+    status "serve, preemption by swapping" PASS "8/8 answers, $SWAPS swaps, $OUTB blocks out and in, none recomputed; $SAME/8 equal alone"
+  else
+    head -c 300 "$WORK"/swap-*.json; status "serve, preemption by swapping" FAIL "$OK/8 answers; swaps ${SWAPS:-none}, recompute ${RECOMP:-none}, blocks $OUTB/$INB"
+  fi
+else
+  tail -20 "$WORK/serve.log"; status "serve, preemption by swapping" FAIL "server did not become ready"
 fi
 
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then

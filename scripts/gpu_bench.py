@@ -498,6 +498,8 @@ def cmd_table(args):
             if eng.get("preemptions"):
                 notes.append(f"{eng['preemptions']} preemptions, "
                              f"{eng.get('preempted_tokens', 0):,} computed tokens discarded")
+            if eng.get("swaps"):
+                notes.append(f"{eng['swaps']} preemptions by swapping")
             if summary.get("output_length_mismatches"):
                 notes.append(f"{summary['output_length_mismatches']} wrong output lengths")
             if summary.get("errors"):

@@ -147,6 +147,9 @@ pub struct ModelSection {
     pub max_tokens_in_paged_kv_cache: Option<usize>,
     /// Fraction of free (GPU, or on the CPU host) memory given to the KV cache.
     pub kv_cache_free_gpu_mem_fraction: f64,
+    /// Bytes of page-locked host memory that `max_utilization` swaps preempted sequences'
+    /// KV blocks out to instead of recomputing them (0: recompute only).
+    pub kv_cache_host_memory_bytes: u64,
     pub tokens_per_block: usize,
     pub enable_chunked_context: bool,
     pub max_num_tokens: usize,
@@ -171,6 +174,7 @@ impl Default for ModelSection {
             batch_scheduler_policy: "guaranteed_no_evict".into(),
             max_tokens_in_paged_kv_cache: None,
             kv_cache_free_gpu_mem_fraction: 0.9,
+            kv_cache_host_memory_bytes: 0,
             tokens_per_block: 32,
             enable_chunked_context: false,
             max_num_tokens: 8192,
@@ -220,7 +224,7 @@ impl ServeConfig {
     /// config (a fraction of the host's available memory, capped).
     pub fn scheduler(&self, model: &ModelConfig) -> Result<SchedulerConfig> {
         let per_token = crate::model::KvCache::bytes_per_token(model);
-        self.scheduler_with(model, CPU_MAX_BATCH, |fraction| {
+        self.scheduler_with(model, CPU_MAX_BATCH, per_token, |fraction| {
             let budget = (available_memory() as f64 * fraction) as usize;
             Ok(budget.min(CPU_KV_CAP_BYTES) / per_token.max(1))
         })
@@ -228,11 +232,13 @@ impl ServeConfig {
 
     /// Scheduler limits for `model`, `default_batch` sequences per iteration unless the
     /// config says; `kv_tokens(kv_cache_free_gpu_mem_fraction)` sizes the KV cache (in
-    /// tokens) when max_tokens_in_paged_kv_cache does not.
+    /// tokens) when max_tokens_in_paged_kv_cache does not, and the host cache holds
+    /// `kv_cache_host_memory_bytes` of tokens of `kv_bytes_per_token`.
     pub fn scheduler_with(
         &self,
         model: &ModelConfig,
         default_batch: usize,
+        kv_bytes_per_token: usize,
         kv_tokens: impl FnOnce(f64) -> Result<usize>,
     ) -> Result<SchedulerConfig> {
         let m = &self.model;
@@ -261,6 +267,14 @@ impl ServeConfig {
             None => kv_tokens(m.kv_cache_free_gpu_mem_fraction)?,
         };
         let block = m.tokens_per_block.max(1);
+        if m.kv_cache_host_memory_bytes > 0 && self.speculative.is_some() {
+            // The speculative orchestrator's per-sequence state (and a draft model's
+            // cache, which shares the block ids) is not swapped.
+            return Err(Error::Config(
+                "kv_cache_host_memory_bytes cannot be used with speculative decoding".into(),
+            ));
+        }
+        let host_blocks = m.kv_cache_host_memory_bytes / (kv_bytes_per_token.max(1) * block) as u64;
         let cfg = SchedulerConfig {
             max_batch_size: m.max_batch_size.unwrap_or(default_batch),
             max_num_tokens: m.max_num_tokens,
@@ -269,6 +283,7 @@ impl ServeConfig {
             enable_chunked_context: m.enable_chunked_context,
             block_size: block,
             num_blocks: (kv_tokens / block).max(1),
+            num_host_blocks: usize::try_from(host_blocks).unwrap_or(usize::MAX),
             max_seq_len,
         };
         cfg.validate().map_err(|e| Error::Config(e.to_string()))?;
@@ -321,7 +336,7 @@ max_tokens_in_paged_kv_cache = 4096
             CPU_MAX_BATCH
         );
         let gpu = unset
-            .scheduler_with(&model, GPU_MAX_BATCH, |_| Ok(0))
+            .scheduler_with(&model, GPU_MAX_BATCH, 1024, |_| Ok(0))
             .unwrap();
         assert_eq!(gpu.max_batch_size, GPU_MAX_BATCH);
         let set = ServeConfig::from_toml(
@@ -331,7 +346,7 @@ max_batch_size = 5
         )
         .unwrap();
         let gpu = set
-            .scheduler_with(&model, GPU_MAX_BATCH, |_| Ok(4096))
+            .scheduler_with(&model, GPU_MAX_BATCH, 1024, |_| Ok(4096))
             .unwrap();
         assert_eq!(gpu.max_batch_size, 5);
     }
@@ -357,6 +372,20 @@ max_batch_size = 5
             (s.max_num_tokens, s.max_queue_size, s.max_seq_len),
             (512, 3, 2048)
         );
+        assert_eq!(s.num_host_blocks, 0);
+        // The host cache in blocks of this model's tokens: 2 layers x K,V x 64 x f32.
+        let host = ServeConfig::from_toml(
+            "[model]\nkv_cache_host_memory_bytes = 1048576\ntokens_per_block = 16\n",
+        )
+        .unwrap();
+        assert_eq!(crate::model::KvCache::bytes_per_token(&model), 1024);
+        assert_eq!(host.scheduler(&model).unwrap().num_host_blocks, 64);
+        let both = ServeConfig::from_toml(
+            "[model]\nkv_cache_host_memory_bytes = 1048576\n[speculative]\nnum_draft_tokens = 2\n",
+        )
+        .unwrap();
+        let e = both.scheduler(&model).unwrap_err().to_string();
+        assert!(e.contains("speculative"), "{e}");
         let spec = ServeConfig::from_toml("[speculative]\nnum_draft_tokens = 6\n").unwrap();
         let opts = spec
             .speculative

@@ -191,6 +191,19 @@ impl Metrics {
              recompute repeats",
         );
         c(
+            "inflight_swap_preemptions_total",
+            "Running sequences preempted by swapping their KV cache blocks out to the host \
+             cache (max_utilization with kv_cache_host_memory_bytes); nothing is recomputed",
+        );
+        c(
+            "inflight_kv_blocks_swapped_out_total",
+            "KV cache blocks copied to the host cache by preemption",
+        );
+        c(
+            "inflight_kv_blocks_swapped_in_total",
+            "KV cache blocks copied back from the host cache when a swapped sequence resumed",
+        );
+        c(
             "inflight_spec_decode_steps_total",
             "Target steps that verified draft tokens (speculative decoding)",
         );
@@ -475,6 +488,9 @@ impl Metrics {
             ("inflight_engine_wait_count", t.waits),
             ("inflight_preemptions_total", s.preemptions),
             ("inflight_preempted_tokens_total", s.preempted_tokens),
+            ("inflight_swap_preemptions_total", s.swap_outs),
+            ("inflight_kv_blocks_swapped_out_total", s.blocks_swapped_out),
+            ("inflight_kv_blocks_swapped_in_total", s.blocks_swapped_in),
             ("inflight_iterations_planned_ahead_total", s.planned_ahead),
         ];
         for (name, value) in counters {

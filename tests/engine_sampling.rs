@@ -40,12 +40,24 @@ async fn spawn(
     blocks: usize,
     speculative: Option<SpeculativeOptions>,
 ) -> ModelHandle {
+    spawn_swapping(dir, in_engine, blocks, 0, speculative).await
+}
+
+/// [`spawn`] with a host cache of `host_blocks` that preemption swaps to.
+async fn spawn_swapping(
+    dir: &Path,
+    in_engine: bool,
+    blocks: usize,
+    host_blocks: usize,
+    speculative: Option<SpeculativeOptions>,
+) -> ModelHandle {
     let m = LoadedModel::load(dir).unwrap();
     let config = m.model.config().clone();
     let mut options = ModelOptions::for_model(&config, 64 * 1024);
     options.scheduler.block_size = 8;
     options.scheduler.max_batch_size = 16;
     options.scheduler.num_blocks = blocks;
+    options.scheduler.num_host_blocks = host_blocks;
     if blocks < 4096 {
         options.scheduler.policy = SchedulerPolicy::MaxUtilization;
     }
@@ -160,6 +172,21 @@ async fn sampling_in_the_engine_matches_the_sampler_actor() {
     let (preempted, ahead) = run_counting(&tight, 36).await;
     assert_same(&base, &preempted, "preemption");
     assert!(ahead > 0, "planned ahead under preemption too");
+    assert!(tight.stats().await.unwrap().preemptions > 0);
+    // With a host cache, preemption swaps blocks out and back: the engines keep each
+    // sequence's state and nothing is recomputed. Both sampling paths.
+    for in_engine in [false, true] {
+        let swapping = spawn_swapping(&dir, in_engine, 24, 64, None).await;
+        let (swapped, _) = run_counting(&swapping, 36).await;
+        assert_same(&base, &swapped, "preemption by swapping");
+        let stats = swapping.stats().await.unwrap();
+        assert!(stats.swap_outs > 0, "nothing was swapped");
+        assert_eq!(
+            stats.preemptions, 0,
+            "the host cache had room: no recompute"
+        );
+        assert_eq!(stats.blocks_swapped_out, stats.blocks_swapped_in);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -515,6 +515,9 @@ async fn metrics_move_with_requests() {
         "inflight_engine_wait_count",
         "inflight_preemptions_total",
         "inflight_preempted_tokens_total",
+        "inflight_swap_preemptions_total",
+        "inflight_kv_blocks_swapped_out_total",
+        "inflight_kv_blocks_swapped_in_total",
     ] {
         assert!(text.contains(name), "missing {name}");
     }

@@ -29,6 +29,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use super::engine_sampling::EngineSampling;
 use super::messages::{EngineMsg, SampleRow, SamplerMsg, SchedulerMsg, SeqId, StepSeq, StepTiming};
 use crate::model::{Backend, ForwardPass, RowsOut, SeqChunk};
+use crate::scheduler::BlockCopy;
 
 pub struct Engine;
 
@@ -36,6 +37,8 @@ pub struct EngineArgs {
     pub backend: Arc<dyn Backend>,
     pub block_size: usize,
     pub num_blocks: usize,
+    /// Blocks of the host cache that preempted sequences swap out to.
+    pub num_host_blocks: usize,
     /// Where `Step` logits go (None for a draft engine, which only answers `Forward`).
     pub sampler: Option<ActorRef<SamplerMsg>>,
     /// The model's end tokens and vocabulary, for sampling in the engine.
@@ -92,7 +95,9 @@ impl Actor for Engine {
         _: ActorRef<EngineMsg>,
         args: EngineArgs,
     ) -> Result<EngineState, ActorProcessingErr> {
-        let forward = args.backend.start(args.block_size, args.num_blocks)?;
+        let forward = args
+            .backend
+            .start(args.block_size, args.num_blocks, args.num_host_blocks)?;
         let sampling = (forward.samples() && args.sampler.is_some())
             .then(|| EngineSampling::new(args.eos_ids, args.vocab_size));
         Ok(EngineState {
@@ -123,6 +128,7 @@ impl Actor for Engine {
                 iteration,
                 seqs,
                 dropped,
+                swaps,
                 follows,
                 reply_to,
                 hold,
@@ -140,6 +146,7 @@ impl Actor for Engine {
                 if state.fault {
                     panic!("injected engine fault at iteration {iteration}");
                 }
+                state.copy_blocks(swaps).await?;
                 let sampler = state.sampler.clone().ok_or("a draft engine got a Step")?;
                 if state.sampling.is_some() {
                     let held = Held {
@@ -272,13 +279,28 @@ impl EngineState {
         let mut tables = Vec::with_capacity(seqs.len());
         for s in seqs {
             let table = self.tables.entry(s.seq).or_default();
-            if s.reset {
+            if s.new_table {
                 table.clear();
             }
             table.extend_from_slice(&s.new_blocks);
             tables.push(table.clone());
         }
         tables
+    }
+
+    /// Queues the block copies of preemption by swapping, before the next forward pass.
+    async fn copy_blocks(&mut self, swaps: Vec<BlockCopy>) -> Result<(), ActorProcessingErr> {
+        if swaps.is_empty() {
+            return Ok(());
+        }
+        let mut forward = self.forward.take().ok_or("engine lost its KV cache")?;
+        let (forward, done) = off_runtime(move || {
+            let done = forward.copy_blocks(&swaps);
+            (forward, done)
+        })
+        .await?;
+        self.forward = Some(forward);
+        Ok(done?)
     }
 
     fn drop_seqs(&mut self, dropped: Vec<SeqId>) {

@@ -10,7 +10,7 @@ use ractor::{ActorRef, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::request::{Chunk, GenerationParams, Prompt, RequestId};
-use crate::scheduler::{AddError, FinishReason as SeqFinish, StepOutput, PENDING_TOKEN};
+use crate::scheduler::{AddError, BlockCopy, FinishReason as SeqFinish, StepOutput, PENDING_TOKEN};
 
 /// The scheduler's id of one prompt's sequence.
 pub type SeqId = u64;
@@ -94,6 +94,11 @@ pub struct SchedulerStats {
     pub preemptions: u64,
     /// Computed tokens those preemptions discarded, to be computed again.
     pub preempted_tokens: u64,
+    /// Preemptions by swapping since start, and the KV blocks copied out to the host
+    /// cache and back in.
+    pub swap_outs: u64,
+    pub blocks_swapped_out: u64,
+    pub blocks_swapped_in: u64,
     /// Iterations planned while the one before them ran (overlap), since start.
     pub planned_ahead: u64,
     pub ready: bool,
@@ -164,6 +169,9 @@ pub struct StepSeq {
     /// Known tokens to compute, followed by the draft's tokens when there is a draft.
     pub tokens: Vec<u32>,
     pub reset: bool,
+    /// The block table is replaced by `new_blocks` (set with `reset`, and for the first
+    /// chunk after the sequence's blocks were swapped back in, whose other state stays).
+    pub new_table: bool,
     pub new_blocks: Vec<u32>,
     /// The chunk reaches the last known token: the engine returns logits for it (and
     /// for every draft token after it).
@@ -246,6 +254,9 @@ pub enum EngineMsg {
         seqs: Vec<StepSeq>,
         /// Sequences whose state the engine can drop (finished, cancelled, preempted).
         dropped: Vec<SeqId>,
+        /// KV blocks to copy between the device and host caches before this step's
+        /// forward pass, in order (preemption by swapping).
+        swaps: Vec<BlockCopy>,
         /// Sent in reply to the previous iteration's results (not after idling for work).
         follows: bool,
         /// Where the sampled tokens go.

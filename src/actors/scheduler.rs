@@ -27,7 +27,7 @@ use super::messages::{
 };
 use crate::request::{GenerationParams, RequestId};
 use crate::sampling::SeqSampler;
-use crate::scheduler::{Batch, SchedulerConfig, SeqEvent, SeqSpec, StepOutput};
+use crate::scheduler::{Batch, BlockCopy, SchedulerConfig, SeqEvent, SeqSpec, StepOutput};
 
 pub struct SchedulerActor;
 
@@ -76,6 +76,9 @@ pub struct SchedulerState {
     requests: HashMap<RequestId, Vec<SeqId>>,
     /// Sequences whose engine state can go, sent with the next step.
     dropped: Vec<SeqId>,
+    /// Block copies of batches not sent yet (one that computed nothing), for the next
+    /// step sent: in order, before its forward pass.
+    swaps: Vec<BlockCopy>,
     drains: Vec<RpcReplyPort<()>>,
     default_draft_tokens: Option<usize>,
     timing: EngineTime,
@@ -105,6 +108,7 @@ impl Actor for SchedulerActor {
             seqs: HashMap::new(),
             requests: HashMap::new(),
             dropped: Vec::new(),
+            swaps: Vec::new(),
             drains: Vec::new(),
             default_draft_tokens: args.default_draft_tokens,
             timing: EngineTime::default(),
@@ -325,6 +329,7 @@ impl SchedulerState {
         self.in_flight.clear();
         self.finishing = false;
         self.dropped.clear();
+        self.swaps.clear();
         let held: Vec<SeqId> = self
             .seqs
             .iter()
@@ -400,6 +405,7 @@ impl SchedulerState {
         for &id in &batch.preempted {
             self.reset(id);
         }
+        self.swaps.extend_from_slice(&batch.swaps);
         if batch.seqs.is_empty() {
             return Ok(false);
         }
@@ -410,7 +416,8 @@ impl SchedulerState {
                 .get_mut(&s.id)
                 .ok_or("scheduled a sequence with no metadata")?;
             let reset = !meta.started;
-            let from = if reset { 0 } else { meta.sent_blocks };
+            let new_table = reset || s.swapped_in;
+            let from = if new_table { 0 } else { meta.sent_blocks };
             if !meta.first_scheduled {
                 meta.first_scheduled = true;
                 meta.queued = Some(meta.enqueued.elapsed());
@@ -423,6 +430,7 @@ impl SchedulerState {
                 start_pos: s.start_pos,
                 tokens: s.tokens.clone(),
                 reset,
+                new_table,
                 new_blocks: s.block_table[from..].to_vec(),
                 sample: s.sample,
                 params: meta.params.clone(),
@@ -435,6 +443,7 @@ impl SchedulerState {
             iteration: batch.iteration,
             seqs,
             dropped,
+            swaps: std::mem::take(&mut self.swaps),
             follows,
             reply_to: myself.clone(),
             hold: self.overlap,
@@ -480,6 +489,9 @@ impl SchedulerState {
             active_requests: self.requests.len(),
             preemptions: self.core.num_preemptions(),
             preempted_tokens: self.core.num_preempted_tokens(),
+            swap_outs: self.core.num_swap_outs(),
+            blocks_swapped_out: self.core.num_blocks_swapped().0,
+            blocks_swapped_in: self.core.num_blocks_swapped().1,
             planned_ahead: self.planned_ahead,
             ready: self.engine.is_some(),
             engine_time: self.timing,

@@ -88,6 +88,7 @@ impl Actor for Speculative {
                 iteration,
                 mut seqs,
                 dropped,
+                swaps,
                 follows,
                 reply_to,
                 hold,
@@ -109,6 +110,7 @@ impl Actor for Speculative {
                     iteration,
                     seqs,
                     dropped,
+                    swaps,
                     follows,
                     reply_to,
                     hold,
@@ -224,6 +226,7 @@ impl SpeculativeState {
                     start_pos,
                     tokens: chunk,
                     reset: round == 0,
+                    new_table: round == 0,
                     new_blocks: if round == 0 {
                         t.table.clone()
                     } else {

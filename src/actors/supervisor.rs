@@ -110,6 +110,7 @@ impl Actor for ModelSupervisor {
             speculative: args.speculative,
             block_size: args.scheduler.block_size,
             num_blocks: args.scheduler.num_blocks,
+            num_host_blocks: args.scheduler.num_host_blocks,
             vocab_size: cfg.vocab_size,
             eos_ids: args.tokenizer.eos_token_ids().to_vec(),
         };
@@ -260,6 +261,8 @@ struct EngineSpec {
     speculative: Option<SpeculativeOptions>,
     block_size: usize,
     num_blocks: usize,
+    /// The target engine's host cache (the draft engine's has none).
+    num_host_blocks: usize,
     vocab_size: usize,
     eos_ids: Vec<u32>,
 }
@@ -296,6 +299,11 @@ impl EngineSpec {
             backend,
             block_size: self.block_size,
             num_blocks: self.num_blocks,
+            num_host_blocks: if sampler.is_some() {
+                self.num_host_blocks
+            } else {
+                0
+            },
             sampler,
             eos_ids: self.eos_ids.clone(),
             vocab_size: self.vocab_size,

@@ -4,6 +4,7 @@
 //! element shows.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -69,7 +70,9 @@ pub fn run_all(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Row>> {
         rows.extend(gemm(gpu, dt, &mut rng)?);
         rows.extend(gate_up_swiglu(gpu, dt, &mut rng)?);
         rows.extend(normed_linear(gpu, dt, &mut rng)?);
+        rows.extend(kv_swap(gpu, dt, &mut rng)?);
     }
+    rows.push(kv_swap_rate(gpu)?);
     rows.extend(super::sample::sample_rows(gpu, &mut rng)?);
     Ok(rows)
 }
@@ -158,6 +161,129 @@ fn norms(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         ));
     }
     Ok(out)
+}
+
+/// Preemption by swapping: KV blocks copied out to page-locked host memory and back in to
+/// other device blocks, against the same copies made on the host (exact: bits compared).
+fn kv_swap(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
+    let mut out = Vec::new();
+    for (planes, blocks, bs, kvd, host_blocks) in [(4, 9, 32, 64, 5), (60, 7, 16, 192, 6)] {
+        let chunk = bs * kvd;
+        let plane = blocks * chunk;
+        let dev: Vec<u16> = (0..planes * plane).map(|_| rng.gen()).collect();
+        let devb = gpu.upload(&dev)?;
+        let mut host = gpu.pinned_mapped::<u16>(host_blocks * planes * chunk)?;
+        let host_ptr = host
+            .as_mut_ptr()
+            .map_err(crate::kernels::cuda::cuda_err("host cache"))?;
+        let outs = [(3, 1), (0, 4), (blocks - 1, 0)];
+        let ins = [(1, 4), (5, 1), (2, 0)];
+        let mut want_host = vec![0u16; host_blocks * planes * chunk];
+        for &(d, h) in &outs {
+            for p in 0..planes {
+                let src = p * plane + d * chunk;
+                let dst = (h * planes + p) * chunk;
+                want_host[dst..dst + chunk].copy_from_slice(&dev[src..src + chunk]);
+            }
+        }
+        let mut want_dev = dev.clone();
+        for &(d, h) in &ins {
+            for p in 0..planes {
+                let src = (h * planes + p) * chunk;
+                let dst = p * plane + d * chunk;
+                want_dev[dst..dst + chunk].copy_from_slice(&want_host[src..src + chunk]);
+            }
+        }
+        for (pairs, to_host) in [(&outs, true), (&ins, false)] {
+            let flat: Vec<i32> = pairs
+                .iter()
+                .flat_map(|&(d, h)| [d as i32, h as i32])
+                .collect();
+            let pb = gpu.upload(&flat)?;
+            let h = host_ptr as u64;
+            launch::kv_swap(
+                gpu,
+                dt,
+                devb.ptr(),
+                h,
+                pb.ptr(),
+                3,
+                planes,
+                plane,
+                chunk,
+                to_host,
+            )?;
+        }
+        let got_dev = gpu.read(&devb, dev.len())?;
+        // SAFETY: the read above synchronized the stream: the kernels' writes are done, and
+        // the buffer holds host_blocks * planes * chunk elements.
+        let got_host = unsafe { std::slice::from_raw_parts(host_ptr, want_host.len()) };
+        let as_f32 = |v: &[u16]| v.iter().map(|&b| f32::from(b)).collect::<Vec<f32>>();
+        let written: Vec<usize> = outs.iter().map(|&(_, h)| h).collect();
+        let pick = |v: &[u16]| -> Vec<u16> {
+            written
+                .iter()
+                .flat_map(|&h| v[h * planes * chunk..(h + 1) * planes * chunk].to_vec())
+                .collect()
+        };
+        let shape = format!("{planes} planes, {blocks} blocks of {bs} x {kvd}, 3 out, 3 in");
+        let e = rel_err(&as_f32(&pick(got_host)), &as_f32(&pick(&want_host)));
+        out.push(row("kv_swap out", dt, shape.clone(), e, 1e-12));
+        let e = rel_err(&as_f32(&got_dev), &as_f32(&want_dev));
+        out.push(row("kv_swap in", dt, shape, e, 1e-12));
+    }
+    Ok(out)
+}
+
+/// How fast the swap kernel moves KV blocks over PCIe, each way: 64 blocks of the
+/// Llama-3.1-8B shape (64 planes of 32 x 1,024 elements, 4 MiB a block), best of 5.
+fn kv_swap_rate(gpu: &Gpu) -> Result<Row> {
+    let (planes, blocks, chunk) = (64, 64, 32 * 1024);
+    let dev = gpu.zeros::<u16>(planes * blocks * chunk)?;
+    let mut host = gpu.pinned_mapped::<u16>(planes * blocks * chunk)?;
+    let host_ptr = host
+        .as_mut_ptr()
+        .map_err(crate::kernels::cuda::cuda_err("host cache"))? as u64;
+    // Device block i to host block 63 - i: the scattered order a preemption gives.
+    let pairs: Vec<i32> = (0..blocks as i32).flat_map(|i| [i, 63 - i]).collect();
+    let pb = gpu.upload(&pairs)?;
+    let bytes = (planes * blocks * chunk * 2) as f64;
+    let mut rates = Vec::new();
+    for to_host in [true, false] {
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            gpu.sync()?;
+            let t = Instant::now();
+            let (d, p) = (dev.ptr(), pb.ptr());
+            launch::kv_swap(
+                gpu,
+                Half::F16,
+                d,
+                host_ptr,
+                p,
+                blocks,
+                planes,
+                blocks * chunk,
+                chunk,
+                to_host,
+            )?;
+            gpu.sync()?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        rates.push(bytes / best / 1e9);
+    }
+    Ok(Row {
+        check: "kv_swap rate".into(),
+        shape: format!("{blocks} blocks of 4 MiB ({planes} planes of 32 x 1024)"),
+        err: rates[0],
+        tol: f64::INFINITY,
+        written: true,
+        note: format!(
+            "{:.1} GB/s device to host, {:.1} GB/s host to device",
+            rates[0], rates[1]
+        ),
+        info: true,
+    })
 }
 
 fn swiglu(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {

@@ -21,6 +21,7 @@ use super::kv_cache::KvCache;
 use super::llama::{Llama, SeqChunk};
 use crate::error::{Error, Result};
 use crate::sampling::{RowChoice, RowPlan};
+use crate::scheduler::BlockCopy;
 
 /// One chunk's result from [`ForwardPass::forward_choose`].
 #[derive(Debug, Clone, PartialEq)]
@@ -74,6 +75,10 @@ pub trait ForwardPass: Send + 'static {
     ) -> Result<()> {
         Err(Error::Model("this engine does not run steps ahead".into()))
     }
+
+    /// Copies KV blocks between this pass's cache and its host cache, in order, before
+    /// the next forward pass reads or writes them (preemption by swapping).
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()>;
 
     /// The results of the oldest launched step, and how long the device sat idle before it
     /// (between the previous step's end and its start; None where that is not measured).
@@ -167,9 +172,14 @@ pub fn choose_on_host(rows: &mut Vec<f32>, plans: &[RowPlan]) -> RowsOut {
 }
 
 /// Builds a [`ForwardPass`] with an empty cache of `num_blocks` blocks of `block_size`
-/// tokens.
+/// tokens, and a host cache of `num_host_blocks` such blocks.
 pub trait Backend: Send + Sync + 'static {
-    fn start(&self, block_size: usize, num_blocks: usize) -> Result<Box<dyn ForwardPass>>;
+    fn start(
+        &self,
+        block_size: usize,
+        num_blocks: usize,
+        num_host_blocks: usize,
+    ) -> Result<Box<dyn ForwardPass>>;
 
     /// Whether the passes it starts choose tokens themselves ([`ForwardPass::samples`]),
     /// and so run steps planned ahead.
@@ -182,6 +192,8 @@ pub trait Backend: Send + Sync + 'static {
 pub struct CpuForward {
     model: Arc<Llama>,
     cache: KvCache,
+    /// Where preempted sequences' blocks are swapped out to.
+    host: KvCache,
     samples: bool,
     steps: HostSteps,
 }
@@ -209,6 +221,18 @@ impl ForwardPass for CpuForward {
 
     fn finish_step(&mut self) -> Result<(Vec<RowsOut>, Option<Duration>)> {
         self.steps.finish()
+    }
+
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
+        for c in copies {
+            let (d, h) = (c.device as usize, c.host as usize);
+            if c.to_host {
+                self.host.copy_block(h, &self.cache, d)?;
+            } else {
+                self.cache.copy_block(d, &self.host, h)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -238,11 +262,18 @@ impl CpuBackend {
 }
 
 impl Backend for CpuBackend {
-    fn start(&self, block_size: usize, num_blocks: usize) -> Result<Box<dyn ForwardPass>> {
+    fn start(
+        &self,
+        block_size: usize,
+        num_blocks: usize,
+        num_host_blocks: usize,
+    ) -> Result<Box<dyn ForwardPass>> {
         let cache = KvCache::new(self.model.config(), block_size, num_blocks);
+        let host = KvCache::new(self.model.config(), block_size, num_host_blocks);
         Ok(Box::new(CpuForward {
             model: self.model.clone(),
             cache,
+            host,
             samples: self.samples,
             steps: HostSteps::default(),
         }))

@@ -133,7 +133,7 @@ impl EngineChoice {
             .unwrap_or(crate::config::GPU_MAX_BATCH);
         let tokens = cfg.model.max_num_tokens;
         let own = gpu.kv_bytes_per_token();
-        let scheduler = cfg.scheduler_with(&gpu.config, batch, |f| {
+        let scheduler = cfg.scheduler_with(&gpu.config, batch, own, |f| {
             gpu.kv_tokens_for(f, tokens, batch)
                 .map(|n| n * own / (own + shared_kv_bytes).max(1))
         })?;

@@ -88,6 +88,45 @@ impl KvCache {
         }
     }
 
+    /// Copies block `from` of `src` (every layer's K and V rows) into block `to` of
+    /// `self`, a cache of the same model and block size: the CPU's swap between its
+    /// cache and the host cache that preempted sequences swap out to.
+    pub fn copy_block(
+        &mut self,
+        to: usize,
+        src: &KvCache,
+        from: usize,
+    ) -> crate::error::Result<()> {
+        let n = self.block_size * self.kv_dim;
+        if src.block_size != self.block_size
+            || src.kv_dim != self.kv_dim
+            || src.layers.len() != self.layers.len()
+            || to >= self.num_blocks
+            || from >= src.num_blocks
+        {
+            return Err(crate::error::Error::Model(format!(
+                "block copy {from} -> {to} between caches of different shapes or out of range"
+            )));
+        }
+        fn copy<T: Copy>(dst: &mut [T], to: usize, src: &[T], from: usize, n: usize) {
+            dst[to * n..(to + 1) * n].copy_from_slice(&src[from * n..(from + 1) * n]);
+        }
+        for (dst, src) in self.layers.iter_mut().zip(&src.layers) {
+            for (d, s) in [(&mut dst.0, &src.0), (&mut dst.1, &src.1)] {
+                match (d, s) {
+                    (KvStore::F32(d), KvStore::F32(s)) => copy(d, to, s, from, n),
+                    (KvStore::F16(d), KvStore::F16(s)) => copy(d, to, s, from, n),
+                    _ => {
+                        return Err(crate::error::Error::Model(
+                            "block copy between caches of different types".into(),
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The flat slot index of position `pos` in a sequence with `block_table`.
     pub fn slot(&self, block_table: &[u32], pos: usize) -> usize {
         block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size

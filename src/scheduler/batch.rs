@@ -14,18 +14,35 @@ pub struct Batch {
     pub preempted: Vec<u64>,
     /// Sequences cancelled since the previous batch; their blocks are already freed.
     pub cancelled: Vec<u64>,
+    /// KV blocks to copy between the device cache and the host cache before this
+    /// iteration's forward pass, in order: preempted sequences' blocks going out, resumed
+    /// ones' coming back (preemption by swapping).
+    pub swaps: Vec<BlockCopy>,
 }
 
 impl Batch {
     /// Nothing to compute and nothing to tell the engines.
     pub fn is_empty(&self) -> bool {
-        self.seqs.is_empty() && self.preempted.is_empty() && self.cancelled.is_empty()
+        self.seqs.is_empty()
+            && self.preempted.is_empty()
+            && self.cancelled.is_empty()
+            && self.swaps.is_empty()
     }
 
     /// Tokens computed in this iteration, draft tokens included.
     pub fn num_tokens(&self) -> usize {
         self.seqs.iter().map(|s| s.tokens.len() + s.max_draft).sum()
     }
+}
+
+/// One KV block's copy between the device cache and the host cache: every layer's K and
+/// V rows of the block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockCopy {
+    pub device: u32,
+    pub host: u32,
+    /// Device to host (a swap out); else host to device (a swap in).
+    pub to_host: bool,
 }
 
 /// The token of a chunk planned ahead (`Scheduler::schedule_ahead`): the one the
@@ -49,6 +66,9 @@ pub struct ScheduledSeq {
     /// First chunk since (re)admission (`start_pos == 0`): an engine that keeps
     /// per-sequence state resets it.
     pub new: bool,
+    /// First chunk since the sequence's blocks came back from the host cache: its block
+    /// table is all new (its other state is kept).
+    pub swapped_in: bool,
     /// Draft tokens that may follow `tokens` in this iteration (speculative decoding):
     /// `block_table` covers them too. 0 unless `sample`.
     pub max_draft: usize,
@@ -89,6 +109,7 @@ pub enum SeqEvent {
     /// The sequence is done; its blocks are already freed.
     Finished { id: u64, reason: FinishReason },
     /// The sequence was preempted by recompute; it keeps its tokens and resumes later.
+    /// (A sequence preempted by swapping reports nothing: engines keep its state.)
     Preempted { id: u64 },
 }
 

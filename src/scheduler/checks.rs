@@ -86,8 +86,35 @@ pub(super) fn check_invariants(s: &Scheduler) {
         s.blocks.num_total(),
         "blocks leaked"
     );
+    s.host_blocks.check_consistent();
+    let mut held: Vec<u32> = Vec::new();
+    for seq in &s.swapped {
+        assert_eq!(
+            seq.blocks.len(),
+            seq.num_computed.div_ceil(bs),
+            "swapped blocks"
+        );
+        assert!(seq.num_computed > 0 && seq.num_computed < seq.num_known());
+        assert_eq!((seq.in_flight, seq.ahead), (None, None));
+        held.extend(&seq.blocks);
+    }
+    let n = held.len();
+    held.sort_unstable();
+    held.dedup();
+    assert_eq!(held.len(), n, "a host block held by two sequences");
+    assert_eq!(
+        s.host_blocks.num_free() + n,
+        s.host_blocks.num_total(),
+        "host blocks leaked"
+    );
     assert!(s.running.len() <= s.config.max_batch_size);
-    let mut ids: Vec<u64> = s.waiting.iter().chain(&s.running).map(|q| q.id).collect();
+    let mut ids: Vec<u64> = s
+        .waiting
+        .iter()
+        .chain(&s.running)
+        .chain(&s.swapped)
+        .map(|q| q.id)
+        .collect();
     ids.sort_unstable();
     let mut live: Vec<u64> = s.live.iter().copied().collect();
     live.sort_unstable();

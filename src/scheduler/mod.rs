@@ -24,6 +24,12 @@
 //! - Admission is strict FCFS: it stops at the first waiting sequence that does not
 //!   fit, and does not happen in an iteration that preempted (it would re-admit the
 //!   victim at once).
+//! - Preemption swaps when the host cache has room: the victim's computed blocks are
+//!   copied to host blocks (`Batch::swaps`, before the iteration's forward pass), its
+//!   device blocks freed, and it waits in `swapped` with its computed count and every
+//!   engine's state kept. Swapped sequences resume first, most recently swapped first,
+//!   and no new sequence is admitted while one waits. Otherwise preemption is by
+//!   recompute: the victim's blocks and computed count are dropped.
 //! - A sequence is "in flight" from the `schedule` that includes it to the `update`
 //!   of that batch; it is not scheduled again nor preempted meanwhile. So several
 //!   batches may be outstanding (pipeline micro-batches), and an update for a
@@ -58,8 +64,8 @@ mod tests_random;
 use std::collections::{HashSet, VecDeque};
 
 pub use batch::{
-    Batch, FinishReason, IterationStats, SampledToken, ScheduledSeq, SeqEvent, StepOutput,
-    PENDING_TOKEN,
+    Batch, BlockCopy, FinishReason, IterationStats, SampledToken, ScheduledSeq, SeqEvent,
+    StepOutput, PENDING_TOKEN,
 };
 pub use block_manager::BlockManager;
 pub use policy::{AddError, ConfigError, Limit, SchedulerConfig, SchedulerPolicy};
@@ -72,8 +78,13 @@ use sequence::Sequence;
 pub struct Scheduler {
     config: SchedulerConfig,
     blocks: BlockManager,
+    /// The host cache's blocks, which swapped sequences hold.
+    host_blocks: BlockManager,
     /// FCFS; preempted sequences go back to the front.
     waiting: VecDeque<Sequence>,
+    /// Sequences preempted by swapping, most recent first; each holds host blocks
+    /// (`Sequence::blocks`) for its computed tokens.
+    swapped: VecDeque<Sequence>,
     /// In admission order: the last one is the first to be preempted.
     running: Vec<Sequence>,
     /// Ids of waiting and running sequences.
@@ -88,6 +99,11 @@ pub struct Scheduler {
     preemptions: u64,
     /// Computed tokens those preemptions discarded (each to be computed again).
     preempted_tokens: u64,
+    /// Preemptions by swapping since start.
+    swap_outs: u64,
+    /// Blocks copied to the host cache and back since start.
+    blocks_swapped_out: u64,
+    blocks_swapped_in: u64,
 }
 
 impl Scheduler {
@@ -95,8 +111,10 @@ impl Scheduler {
         config.validate()?;
         Ok(Scheduler {
             blocks: BlockManager::new(config.num_blocks, config.block_size),
+            host_blocks: BlockManager::new(config.num_host_blocks, config.block_size),
             config,
             waiting: VecDeque::new(),
+            swapped: VecDeque::new(),
             running: Vec::new(),
             live: HashSet::new(),
             cancelled: Vec::new(),
@@ -105,6 +123,9 @@ impl Scheduler {
             last_stats: IterationStats::default(),
             preemptions: 0,
             preempted_tokens: 0,
+            swap_outs: 0,
+            blocks_swapped_out: 0,
+            blocks_swapped_in: 0,
         })
     }
 
@@ -115,7 +136,7 @@ impl Scheduler {
             return Err(AddError::DuplicateId);
         }
         self.config.check(&spec)?;
-        if self.waiting.len() >= self.config.max_queue_size {
+        if self.num_waiting() >= self.config.max_queue_size {
             return Err(AddError::QueueFull {
                 max: self.config.max_queue_size,
             });
@@ -217,6 +238,9 @@ impl Scheduler {
         if let Some(idx) = self.waiting.iter().position(|s| s.id == id) {
             let seq = self.waiting.remove(idx).expect("index from position");
             self.blocks.free(&seq.blocks);
+        } else if let Some(idx) = self.swapped.iter().position(|s| s.id == id) {
+            let seq = self.swapped.remove(idx).expect("index from position");
+            self.host_blocks.free(&seq.blocks);
         } else if let Some(idx) = self.running.iter().position(|s| s.id == id) {
             self.finish(idx);
         } else {
@@ -234,8 +258,15 @@ impl Scheduler {
         self.live.remove(&seq.id);
     }
 
+    /// Sequences waiting to run: new ones, those preempted by recompute, and those
+    /// swapped out.
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + self.swapped.len()
+    }
+
+    /// Sequences swapped out to the host cache now.
+    pub fn num_swapped(&self) -> usize {
+        self.swapped.len()
     }
 
     pub fn num_running(&self) -> usize {
@@ -265,6 +296,16 @@ impl Scheduler {
         self.preempted_tokens
     }
 
+    /// Preemptions by swapping since start.
+    pub fn num_swap_outs(&self) -> u64 {
+        self.swap_outs
+    }
+
+    /// Blocks copied to the host cache, and back, since start.
+    pub fn num_blocks_swapped(&self) -> (u64, u64) {
+        (self.blocks_swapped_out, self.blocks_swapped_in)
+    }
+
     /// The iteration number of the last batch (0 before the first `schedule`).
     pub fn iteration(&self) -> u64 {
         self.iteration
@@ -277,7 +318,10 @@ impl Scheduler {
 
     /// Whether `schedule` has anything to do or report.
     pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty() || !self.cancelled.is_empty()
+        !self.waiting.is_empty()
+            || !self.swapped.is_empty()
+            || !self.running.is_empty()
+            || !self.cancelled.is_empty()
     }
 
     pub fn config(&self) -> &SchedulerConfig {

@@ -14,7 +14,9 @@ pub enum SchedulerPolicy {
     GuaranteedNoEvict,
     /// Admit a sequence when blocks for what it computes now are free. When a running
     /// sequence needs a block and none is free, the most recently admitted running
-    /// sequence is preempted by recompute.
+    /// sequence is preempted: its computed blocks are swapped out to the host cache when
+    /// that has room (and swapped back in when it resumes, before any new admission),
+    /// else it is preempted by recompute.
     MaxUtilization,
 }
 
@@ -35,6 +37,9 @@ pub struct SchedulerConfig {
     pub block_size: usize,
     /// KV blocks in the cache (the real value comes from the engine's memory budget).
     pub num_blocks: usize,
+    /// KV blocks of the host cache that preempted sequences swap out to (0: preemption
+    /// is by recompute only).
+    pub num_host_blocks: usize,
     /// Longest sequence, prompt plus generated tokens.
     pub max_seq_len: usize,
 }
@@ -49,6 +54,7 @@ impl Default for SchedulerConfig {
             enable_chunked_context: false,
             block_size: 32,
             num_blocks: 4096,
+            num_host_blocks: 0,
             max_seq_len: 8192,
         }
     }
@@ -59,7 +65,7 @@ impl Default for SchedulerConfig {
 pub enum ConfigError {
     #[error("scheduler config: {0} must be at least {1}")]
     TooSmall(&'static str, usize),
-    #[error("scheduler config: num_blocks {0} does not fit u32 block ids")]
+    #[error("scheduler config: {0} blocks do not fit u32 block ids")]
     TooManyBlocks(usize),
 }
 
@@ -78,8 +84,10 @@ impl SchedulerConfig {
                 return Err(ConfigError::TooSmall(name, min));
             }
         }
-        if u32::try_from(self.num_blocks).is_err() {
-            return Err(ConfigError::TooManyBlocks(self.num_blocks));
+        for n in [self.num_blocks, self.num_host_blocks] {
+            if u32::try_from(n).is_err() {
+                return Err(ConfigError::TooManyBlocks(n));
+            }
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! Planning one iteration: which sequences compute which tokens, which waiting
 //! sequences are admitted, and which running ones are preempted for blocks.
 
-use super::batch::{Batch, IterationStats, ScheduledSeq, PENDING_TOKEN};
+use super::batch::{Batch, BlockCopy, IterationStats, ScheduledSeq, PENDING_TOKEN};
 use super::policy::SchedulerPolicy;
 use super::sequence::Sequence;
 use super::Scheduler;
@@ -12,7 +12,11 @@ struct Step {
     /// Tokens still allowed in this iteration (`max_num_tokens` minus those scheduled).
     budget: usize,
     seqs: Vec<ScheduledSeq>,
+    /// Preempted by recompute.
     preempted: Vec<u64>,
+    /// Preempted by swapping (their copies are in `swaps`).
+    swapped_out: usize,
+    swaps: Vec<BlockCopy>,
 }
 
 impl Scheduler {
@@ -29,8 +33,9 @@ impl Scheduler {
     ///
     /// Order: running sequences with one token to catch up (decodes) first, then
     /// running sequences with more (prefill chunks), both in admission order; then
-    /// waiting sequences, FCFS, while `max_batch_size`, `max_num_tokens` and blocks
-    /// (per the policy) allow. Blocks are allocated here as chunks need them.
+    /// swapped sequences (their blocks copied back in), then waiting sequences, FCFS,
+    /// while `max_batch_size`, `max_num_tokens` and blocks (per the policy) allow.
+    /// Blocks are allocated here as chunks need them.
     pub fn schedule(&mut self) -> Batch {
         self.plan(None)
     }
@@ -60,15 +65,21 @@ impl Scheduler {
             budget: self.config.max_num_tokens,
             seqs: Vec::new(),
             preempted: Vec::new(),
+            swapped_out: 0,
+            swaps: Vec::new(),
         };
         if let Some(continues) = continues {
             self.schedule_continuations(continues, &mut step);
         }
         self.schedule_running(&mut step);
-        if step.preempted.is_empty() {
-            self.admit_waiting(&mut step);
+        let evicted = !step.preempted.is_empty() || step.swapped_out > 0;
+        if !evicted {
+            self.resume_swapped(&mut step);
+            if self.swapped.is_empty() {
+                self.admit_waiting(&mut step);
+            }
         }
-        if continues.is_some() && step.seqs.is_empty() && step.preempted.is_empty() {
+        if continues.is_some() && step.seqs.is_empty() && !evicted {
             self.iteration -= 1;
             return self.nothing_ahead();
         }
@@ -88,6 +99,7 @@ impl Scheduler {
             seqs: step.seqs,
             preempted: step.preempted,
             cancelled: std::mem::take(&mut self.cancelled),
+            swaps: step.swaps,
         }
     }
 
@@ -126,6 +138,7 @@ impl Scheduler {
                 block_table: seq.blocks.clone(),
                 sample: true,
                 new: false,
+                swapped_in: false,
                 max_draft: 0,
             });
         }
@@ -204,24 +217,88 @@ impl Scheduler {
         }
     }
 
-    /// Preempts running sequence `idx` by recompute: frees all its blocks, withdraws
-    /// its chunk from this step if it had one, and puts it at the front of the queue
-    /// with its generated tokens kept as known tokens.
+    /// Preempts running sequence `idx`: swaps it out when the host cache has room for its
+    /// computed blocks, else by recompute. Either way its device blocks are freed and its
+    /// chunk in this step, if it had one, withdrawn.
     fn preempt(&mut self, idx: usize, step: &mut Step) {
         let mut seq = self.running.remove(idx);
-        self.blocks.free(&seq.blocks);
-        seq.blocks.clear();
-        self.preempted_tokens += seq.num_computed as u64;
-        seq.num_computed = 0;
-        seq.in_flight = None;
-        seq.ahead = None;
         if let Some(pos) = step.seqs.iter().position(|c| c.id == seq.id) {
             let chunk = step.seqs.remove(pos);
             step.budget += chunk.tokens.len() + chunk.max_draft;
         }
-        step.preempted.push(seq.id);
-        self.preemptions += 1;
-        self.waiting.push_front(seq);
+        seq.in_flight = None;
+        seq.ahead = None;
+        let keep = self.blocks.blocks_for(seq.num_computed);
+        let host = (keep > 0)
+            .then(|| self.host_blocks.allocate(keep))
+            .flatten();
+        self.blocks.free(&seq.blocks);
+        match host {
+            Some(host) => {
+                step.swaps.extend(
+                    seq.blocks[..keep]
+                        .iter()
+                        .zip(&host)
+                        .map(|(&d, &h)| BlockCopy {
+                            device: d,
+                            host: h,
+                            to_host: true,
+                        }),
+                );
+                seq.blocks = host;
+                step.swapped_out += 1;
+                self.swap_outs += 1;
+                self.blocks_swapped_out += keep as u64;
+                self.swapped.push_front(seq);
+            }
+            None => {
+                seq.blocks.clear();
+                self.preempted_tokens += seq.num_computed as u64;
+                seq.num_computed = 0;
+                step.preempted.push(seq.id);
+                self.preemptions += 1;
+                self.waiting.push_front(seq);
+            }
+        }
+    }
+
+    /// Resumes swapped sequences, most recently swapped first, while their blocks and
+    /// next chunk fit: their blocks are copied back into new device blocks.
+    fn resume_swapped(&mut self, step: &mut Step) {
+        while let Some(seq) = self.swapped.front() {
+            if self.running.len() >= self.config.max_batch_size
+                || step.seqs.len() >= self.config.max_batch_size
+            {
+                break;
+            }
+            let Some(n) = self.chunk_len(seq.num_uncomputed(), step.budget) else {
+                break;
+            };
+            let draft = if n == seq.num_uncomputed() {
+                seq.draft_room().min(step.budget - n)
+            } else {
+                0
+            };
+            let needed = self.blocks.blocks_for(seq.num_computed + n + draft);
+            let Some(device) = self.blocks.allocate(needed) else {
+                break;
+            };
+            let mut seq = self.swapped.pop_front().expect("front exists");
+            step.swaps
+                .extend(seq.blocks.iter().zip(&device).map(|(&h, &d)| BlockCopy {
+                    device: d,
+                    host: h,
+                    to_host: false,
+                }));
+            self.host_blocks.free(&seq.blocks);
+            self.blocks_swapped_in += seq.blocks.len() as u64;
+            seq.blocks = device;
+            self.running.push(seq);
+            self.push_chunk(self.running.len() - 1, n, draft, step);
+            if let Some(chunk) = step.seqs.last_mut() {
+                chunk.swapped_in = true;
+            }
+        }
     }
 
     fn admit_waiting(&mut self, step: &mut Step) {
@@ -302,6 +379,7 @@ impl Scheduler {
             block_table: seq.blocks.clone(),
             sample: end == seq.num_known(),
             new: start == 0,
+            swapped_in: false,
             max_draft: draft,
         });
     }
@@ -309,7 +387,7 @@ impl Scheduler {
     fn stats(&self, step: &Step) -> IterationStats {
         let mut stats = IterationStats {
             iteration: step.iteration,
-            num_preempted: step.preempted.len(),
+            num_preempted: step.preempted.len() + step.swapped_out,
             ..Default::default()
         };
         for chunk in &step.seqs {

@@ -229,6 +229,97 @@ fn max_utilization_preempts_newest_and_resumes_with_outputs_kept() {
 }
 
 #[test]
+fn max_utilization_swaps_the_newest_out_and_back_in_without_recompute() {
+    // The scenario above, with a host cache: seq 2 keeps its computed tokens.
+    let mut config = small(SchedulerPolicy::MaxUtilization, 4, 4);
+    config.num_host_blocks = 2;
+    let mut s = scheduler(config);
+    s.add(spec(1, 4, 8)).unwrap();
+    s.add(spec(2, 4, 8)).unwrap();
+    let mut tokens: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut out_copies = Vec::new();
+    let mut resumed = false;
+    let mut done = Vec::new();
+    for _ in 0..60 {
+        let (b, ev) = step(&mut s, &[]);
+        assert!(
+            b.preempted.is_empty(),
+            "the host cache has room: no recompute"
+        );
+        let (outs, ins): (Vec<BlockCopy>, Vec<BlockCopy>) = b.swaps.iter().partition(|c| c.to_host);
+        if !outs.is_empty() {
+            assert!(out_copies.is_empty(), "swapped out once");
+            assert!(chunk(&b, 2).is_none() && chunk(&b, 1).is_some());
+            assert_eq!(s.swapped.front().map(|q| q.id), Some(2));
+            // Its computed tokens: the prompt and all generated tokens but the last.
+            let computed = 4 + tokens[&2].len() - 1;
+            assert_eq!(outs.len(), computed.div_ceil(4));
+            assert!(ev.iter().all(|e| !matches!(e, SeqEvent::Preempted { .. })));
+            out_copies = outs;
+        }
+        if !ins.is_empty() {
+            assert!(done.contains(&1), "resumed only once seq 1 freed blocks");
+            let c = chunk(&b, 2).expect("resumed in the batch that copies it back");
+            assert!(c.swapped_in && !c.new);
+            // The host blocks it went out to come back, in order, to its new table.
+            let hosts: Vec<u32> = out_copies.iter().map(|c| c.host).collect();
+            assert_eq!(ins.iter().map(|c| c.host).collect::<Vec<_>>(), hosts);
+            let devices: Vec<u32> = ins.iter().map(|c| c.device).collect();
+            assert_eq!(devices[..], c.block_table[..devices.len()]);
+            // Only the last sampled token is computed: nothing recomputed.
+            assert_eq!(c.tokens, vec![*tokens[&2].last().unwrap()]);
+            assert_eq!(c.start_pos, 4 + tokens[&2].len() - 1);
+            resumed = true;
+        }
+        for e in &ev {
+            match *e {
+                SeqEvent::Token { id, token } => tokens.entry(id).or_default().push(token),
+                SeqEvent::Finished { id, .. } => done.push(id),
+                SeqEvent::Preempted { .. } => {}
+            }
+        }
+    }
+    assert!(!out_copies.is_empty() && resumed);
+    assert_eq!((s.num_preemptions(), s.num_preempted_tokens()), (0, 0));
+    assert_eq!(s.num_swap_outs(), 1);
+    let n = out_copies.len() as u64;
+    assert_eq!(s.num_blocks_swapped(), (n, n));
+    assert_eq!(done, vec![1, 2]);
+    assert_eq!(tokens[&2], (200..208).collect::<Vec<u32>>());
+    assert_eq!(s.num_free_blocks(), 4);
+}
+
+#[test]
+fn a_full_host_cache_falls_back_to_recompute_and_cancel_frees_host_blocks() {
+    let mut config = small(SchedulerPolicy::MaxUtilization, 4, 4);
+    config.num_host_blocks = 1;
+    let mut s = scheduler(config.clone());
+    s.add(spec(1, 4, 8)).unwrap();
+    s.add(spec(2, 4, 8)).unwrap();
+    // Seq 2 needs 2 host blocks when it is preempted (5+ computed tokens): recompute.
+    let mut recomputed = false;
+    for _ in 0..60 {
+        let (b, _) = step(&mut s, &[]);
+        assert!(b.swaps.is_empty());
+        recomputed |= b.preempted == vec![2];
+    }
+    assert!(recomputed);
+    assert_eq!(s.num_swap_outs(), 0);
+
+    config.num_host_blocks = 2;
+    let mut s = scheduler(config);
+    s.add(spec(1, 4, 8)).unwrap();
+    s.add(spec(2, 4, 8)).unwrap();
+    while s.num_swapped() == 0 {
+        step(&mut s, &[]);
+    }
+    assert!(s.cancel(2));
+    check_invariants(&s);
+    assert_eq!((s.num_swapped(), s.host_blocks.num_free()), (0, 2));
+    assert!(!s.cancel(2));
+}
+
+#[test]
 fn chunked_prefill_is_split_and_mixed_with_decodes() {
     let mut config = small(SchedulerPolicy::GuaranteedNoEvict, 32, 4);
     config.enable_chunked_context = true;

@@ -25,10 +25,22 @@ struct Oracle {
     ended: HashSet<u64>,
 }
 
-/// A fake engine over a simulated KV pool: slot -> (sequence id, token).
+/// A fake engine over a simulated KV pool: slot -> (sequence id, token), and a host pool
+/// that preempted sequences' blocks are swapped to.
 struct Engine {
     pool: Vec<Option<(u64, u32)>>,
+    host: Vec<Option<(u64, u32)>>,
     block_size: usize,
+}
+
+impl Engine {
+    fn new(config: &SchedulerConfig) -> Self {
+        Engine {
+            pool: vec![None; config.num_blocks * config.block_size],
+            host: vec![None; config.num_host_blocks * config.block_size],
+            block_size: config.block_size,
+        }
+    }
 }
 
 impl Engine {
@@ -45,6 +57,14 @@ impl Engine {
     ) -> StepOutput {
         let bs = self.block_size;
         let slot = |table: &[u32], pos: usize| table[pos / bs] as usize * bs + pos % bs;
+        for copy in &batch.swaps {
+            let (d, h) = (copy.device as usize * bs, copy.host as usize * bs);
+            if copy.to_host {
+                self.host[h..h + bs].copy_from_slice(&self.pool[d..d + bs]);
+            } else {
+                self.pool[d..d + bs].copy_from_slice(&self.host[h..h + bs]);
+            }
+        }
         let mut out = StepOutput::default();
         for c in &batch.seqs {
             let mut known = oracle.known[&c.id].clone();
@@ -107,6 +127,7 @@ fn random_config(rng: &mut StdRng, policy: SchedulerPolicy, chunked: bool) -> Sc
         enable_chunked_context: chunked,
         block_size: [1, 2, 4, 8, 16][rng.gen_range(0..5)],
         num_blocks: rng.gen_range(4..=64),
+        num_host_blocks: [0, 2, 8, 64][rng.gen_range(0..4)],
         max_seq_len: rng.gen_range(2..=96),
     }
 }
@@ -247,10 +268,7 @@ fn run(seed: u64, policy: SchedulerPolicy, chunked: bool, ahead: bool, ops: usiz
     let mut rng = StdRng::seed_from_u64(seed);
     let config = random_config(&mut rng, policy, chunked);
     let mut s = Scheduler::new(config.clone()).unwrap();
-    let mut engine = Engine {
-        pool: vec![None; config.num_blocks * config.block_size],
-        block_size: config.block_size,
-    };
+    let mut engine = Engine::new(&config);
     let mut oracle = Oracle::default();
     let mut outstanding: VecDeque<(Batch, StepOutput)> = VecDeque::new();
     let mut applied: Option<(Batch, StepOutput)> = None;
@@ -351,9 +369,9 @@ fn random_operations_keep_every_invariant() {
 }
 
 #[test]
-fn max_utilization_random_runs_do_preempt() {
-    // Guards the test above against never reaching the preemption path.
-    let mut preempted = 0;
+fn max_utilization_random_runs_do_preempt_and_swap() {
+    // Guards the test above against never reaching the preemption paths.
+    let (mut preempted, mut swapped) = (0, 0);
     for seed in 0..20 {
         let mut rng = StdRng::seed_from_u64(seed);
         let config = SchedulerConfig {
@@ -365,12 +383,11 @@ fn max_utilization_random_runs_do_preempt() {
             max_num_tokens: 64,
             max_seq_len: 64,
             max_queue_size: 64,
+            // Every other run swaps, into a host cache that sometimes runs out.
+            num_host_blocks: [0, 6, 24][seed as usize % 3],
         };
-        let mut s = Scheduler::new(config).unwrap();
-        let mut engine = Engine {
-            pool: vec![None; 96],
-            block_size: 4,
-        };
+        let mut s = Scheduler::new(config.clone()).unwrap();
+        let mut engine = Engine::new(&config);
         let mut oracle = Oracle::default();
         for id in 1..=30 {
             add(&mut s, &mut oracle, &mut rng, id);
@@ -378,9 +395,13 @@ fn max_utilization_random_runs_do_preempt() {
         while s.has_work() {
             let (b, o) = schedule(&mut s, &mut engine, &oracle, &mut rng, None);
             preempted += b.preempted.len();
+            swapped += b.swaps.iter().filter(|c| c.to_host).count();
             update(&mut s, &mut oracle, &b, &o);
         }
         assert_eq!(oracle.ended, oracle.accepted);
+        assert_eq!(s.num_swapped(), 0);
+        let (out, back) = s.num_blocks_swapped();
+        assert_eq!(out, back, "every block swapped out came back");
     }
-    assert!(preempted > 0);
+    assert!(preempted > 0 && swapped > 0, "{preempted} {swapped}");
 }

@@ -81,6 +81,7 @@ mod tests {
             start_pos,
             tokens: tokens.to_vec(),
             reset,
+            new_table: reset,
             new_blocks: new_blocks.to_vec(),
             sample: true,
             params: Arc::new(GenerationParams::default()),

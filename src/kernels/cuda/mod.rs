@@ -108,6 +108,7 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("flash_decode", &["flash_decode_hd64", "flash_decode_hd128"]),
     ("sample", &["sample_rows"]),
     ("gemv", &["gemv"]),
+    ("kv_swap", &["kv_swap"]),
 ];
 
 impl Gpu {
@@ -314,6 +315,19 @@ impl Gpu {
         // SAFETY: the contents are read only after a copy into them completed.
         unsafe { self.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
             .map_err(cuda_err("allocating page-locked memory"))
+    }
+
+    /// Page-locked host memory for `len` elements that kernels read and write directly
+    /// (the host cache preempted sequences swap out to; the host never reads it).
+    pub fn pinned_mapped<T: DeviceRepr>(&self, len: usize) -> Result<PinnedHostSlice<T>> {
+        // SAFETY: kernels write it before anything reads it.
+        unsafe {
+            self.ctx.alloc_pinned_with_flags::<T>(
+                len.max(1),
+                cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP,
+            )
+        }
+        .map_err(cuda_err("allocating page-locked memory for the host cache"))
     }
 
     /// Queues a copy of the first `len` elements of `buf` into `host`, after everything

@@ -1,5 +1,7 @@
 //! One GPU engine: the 16-bit paged KV cache (`[layer][k|v][num_blocks * block_size][kv_dim]`),
-//! a cuBLAS handle and scratch buffers, running a batch of [`SeqChunk`]s (prefills of any
+//! its host cache for preemption by swapping (page-locked, `[block][layer][k|v][block_size *
+//! kv_dim]`, which a copy kernel reads and writes over PCIe), a cuBLAS handle and scratch
+//! buffers, running a batch of [`SeqChunk`]s (prefills of any
 //! length and decodes together) exactly as the CPU engine's forward pass does, and
 //! returning fp32 logits rows to the host, or each row's token chosen on the device.
 //!
@@ -29,6 +31,7 @@ use crate::model::backend::{ForwardPass, RowsOut};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{check_chunks, SeqChunk};
 use crate::sampling::{self, RowChoice, RowPlan};
+use crate::scheduler::BlockCopy;
 
 /// Activation buffers for up to `tokens` tokens and `rows` logit rows.
 struct Scratch {
@@ -251,6 +254,10 @@ pub struct CudaForward {
     linear_path: Path,
     /// Captured decode passes of a few sequences (CUDA graphs).
     graphs: Graphs,
+    /// The host cache, and the (device block, host block) pairs of a copy.
+    host_cache: Option<PinnedHostSlice<u16>>,
+    num_host_blocks: usize,
+    swap_pairs: Option<DevBuf<i32>>,
 }
 
 impl CudaForward {
@@ -288,7 +295,72 @@ impl CudaForward {
             timer: None,
             linear_path: Path::Auto,
             graphs: Graphs::default(),
+            host_cache: None,
+            num_host_blocks: 0,
+            swap_pairs: None,
         })
+    }
+
+    /// Gives the engine a host cache of `num_host_blocks` blocks (none for 0).
+    pub fn with_host_cache(mut self, num_host_blocks: usize) -> Result<Self> {
+        if num_host_blocks > 0 {
+            let cfg = &self.model.config;
+            let len = num_host_blocks * cfg.num_layers * 2 * self.block_size * cfg.kv_dim();
+            self.host_cache = Some(self.model.gpu.pinned_mapped::<u16>(len)?);
+            self.num_host_blocks = num_host_blocks;
+        }
+        Ok(self)
+    }
+
+    /// Queues one kernel per run of copies in the same direction.
+    fn swap_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
+        let cfg = &self.model.config;
+        let (planes, chunk) = (cfg.num_layers * 2, self.block_size * cfg.kv_dim());
+        let plane = self.num_blocks * chunk;
+        let host = match self.host_cache.as_mut() {
+            Some(h) => h
+                .as_mut_ptr()
+                .map_err(cuda_err("addressing the host cache"))? as u64,
+            None => return Err(Error::Cuda("this engine has no host cache".into())),
+        };
+        for c in copies {
+            if c.device as usize >= self.num_blocks || c.host as usize >= self.num_host_blocks {
+                return Err(Error::Cuda(format!(
+                    "block copy {} <-> {} out of range",
+                    c.device, c.host
+                )));
+            }
+        }
+        let g = self.model.gpu.clone();
+        let half = self.model.weights.half;
+        for run in copies.chunk_by(|a, b| a.to_host == b.to_host) {
+            let pairs: Vec<i32> = run
+                .iter()
+                .flat_map(|c| [c.device as i32, c.host as i32])
+                .collect();
+            if self
+                .swap_pairs
+                .as_ref()
+                .is_none_or(|b| b.len() < pairs.len())
+            {
+                self.swap_pairs = Some(g.alloc::<i32>(pairs.len().next_power_of_two())?);
+            }
+            let buf = self.swap_pairs.as_mut().expect("allocated above");
+            g.write(buf, &pairs)?;
+            launch::kv_swap(
+                &g,
+                half,
+                self.kv.ptr(),
+                host,
+                buf.ptr(),
+                run.len(),
+                planes,
+                plane,
+                chunk,
+                run[0].to_host,
+            )?;
+        }
+        Ok(())
     }
 
     /// The K and V cache addresses of layer `l`.
@@ -838,6 +910,14 @@ impl ForwardPass for CudaForward {
         let launched = self.launch_choices(&lay, plans, begin)?;
         self.launched.push_back(launched);
         Ok(())
+    }
+
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
+        if copies.is_empty() {
+            return Ok(());
+        }
+        self.model.gpu.bind()?;
+        self.swap_blocks(copies)
     }
 
     fn finish_step(&mut self) -> Result<(Vec<RowsOut>, Option<Duration>)> {

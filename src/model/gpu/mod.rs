@@ -103,12 +103,16 @@ pub(crate) fn heads(cfg: &ModelConfig) -> Heads {
 pub struct CudaBackend(pub Arc<CudaModel>);
 
 impl Backend for CudaBackend {
-    fn start(&self, block_size: usize, num_blocks: usize) -> Result<Box<dyn ForwardPass>> {
-        Ok(Box::new(forward::CudaForward::new(
-            self.0.clone(),
-            block_size,
-            num_blocks,
-        )?))
+    fn start(
+        &self,
+        block_size: usize,
+        num_blocks: usize,
+        num_host_blocks: usize,
+    ) -> Result<Box<dyn ForwardPass>> {
+        Ok(Box::new(
+            forward::CudaForward::new(self.0.clone(), block_size, num_blocks)?
+                .with_host_cache(num_host_blocks)?,
+        ))
     }
 
     fn samples(&self) -> bool {
