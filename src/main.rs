@@ -344,6 +344,7 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
         block_size = options.scheduler.block_size,
         kv_mib = engine.kv_cache_bytes >> 20,
         max_batch_size = options.scheduler.max_batch_size,
+        host_kv_blocks = options.scheduler.num_host_blocks,
         "KV cache"
     );
     let runtime = tokio::runtime::Runtime::new()

@@ -256,6 +256,9 @@ pub struct CudaForward {
     graphs: Graphs,
     /// The host cache, and the (device block, host block) pairs of a copy.
     host_cache: Option<PinnedHostSlice<u16>>,
+    /// Recorded before the block copies queued for the next step: that step's work begins
+    /// there (the copies are not idle time).
+    copies_begin: Option<CudaEvent>,
     num_host_blocks: usize,
     swap_pairs: Option<DevBuf<i32>>,
 }
@@ -296,6 +299,7 @@ impl CudaForward {
             linear_path: Path::Auto,
             graphs: Graphs::default(),
             host_cache: None,
+            copies_begin: None,
             num_host_blocks: 0,
             swap_pairs: None,
         })
@@ -906,7 +910,11 @@ impl ForwardPass for CudaForward {
             .collect();
         let mut begin = None;
         let lay = self.run_chunks(&checked, pending, Some(&mut begin))?;
-        let begin = begin.ok_or_else(|| Error::Cuda("no start event".into()))?;
+        let begin = self
+            .copies_begin
+            .take()
+            .or(begin)
+            .ok_or_else(|| Error::Cuda("no start event".into()))?;
         let launched = self.launch_choices(&lay, plans, begin)?;
         self.launched.push_back(launched);
         Ok(())
@@ -917,6 +925,9 @@ impl ForwardPass for CudaForward {
             return Ok(());
         }
         self.model.gpu.bind()?;
+        if self.copies_begin.is_none() {
+            self.copies_begin = Some(self.model.gpu.event()?);
+        }
         self.swap_blocks(copies)
     }
 
