@@ -165,11 +165,7 @@ impl Scheduler {
             let Some(n) = self.chunk_len(seq.num_uncomputed(), step.budget) else {
                 continue;
             };
-            let draft = if n == seq.num_uncomputed() {
-                seq.draft_room().min(step.budget - n)
-            } else {
-                0
-            };
+            let draft = draft_after(seq, n, step.budget);
             self.schedule_with_blocks(id, n, draft, step);
         }
     }
@@ -266,19 +262,13 @@ impl Scheduler {
     /// next chunk fit: their blocks are copied back into new device blocks.
     fn resume_swapped(&mut self, step: &mut Step) {
         while let Some(seq) = self.swapped.front() {
-            if self.running.len() >= self.config.max_batch_size
-                || step.seqs.len() >= self.config.max_batch_size
-            {
+            if self.batch_full(step) {
                 break;
             }
             let Some(n) = self.chunk_len(seq.num_uncomputed(), step.budget) else {
                 break;
             };
-            let draft = if n == seq.num_uncomputed() {
-                seq.draft_room().min(step.budget - n)
-            } else {
-                0
-            };
+            let draft = draft_after(seq, n, step.budget);
             let needed = self.blocks.blocks_for(seq.num_computed + n + draft);
             let Some(device) = self.blocks.allocate(needed) else {
                 break;
@@ -309,9 +299,7 @@ impl Scheduler {
             .map(|s| self.reserve_of(s.max_kv_tokens(), s.blocks.len()))
             .sum();
         while let Some(seq) = self.waiting.front() {
-            if self.running.len() >= self.config.max_batch_size
-                || step.seqs.len() >= self.config.max_batch_size
-            {
+            if self.batch_full(step) {
                 break;
             }
             let Some(n) = self.chunk_len(seq.num_uncomputed(), step.budget) else {
@@ -336,6 +324,12 @@ impl Scheduler {
             self.running.push(seq);
             self.push_chunk(self.running.len() - 1, n, 0, step);
         }
+    }
+
+    /// No more sequences fit this iteration (or the running set).
+    fn batch_full(&self, step: &Step) -> bool {
+        self.running.len() >= self.config.max_batch_size
+            || step.seqs.len() >= self.config.max_batch_size
     }
 
     /// Blocks a sequence holding `held` blocks may still claim under the policy.
@@ -405,6 +399,16 @@ impl Scheduler {
             }
         }
         stats
+    }
+}
+
+/// Room for draft tokens after a chunk of `n` tokens with `budget` tokens left: only a
+/// chunk that reaches the last known token speculates.
+fn draft_after(seq: &Sequence, n: usize, budget: usize) -> usize {
+    if n == seq.num_uncomputed() {
+        seq.draft_room().min(budget - n)
+    } else {
+        0
     }
 }
 
