@@ -475,6 +475,7 @@ impl SchedulerState {
 
     fn stats(&self) -> SchedulerStats {
         let it = self.core.last_stats();
+        let (blocks_swapped_out, blocks_swapped_in) = self.core.num_blocks_swapped();
         SchedulerStats {
             waiting: self.core.num_waiting(),
             running: self.core.num_running(),
@@ -490,8 +491,8 @@ impl SchedulerState {
             preemptions: self.core.num_preemptions(),
             preempted_tokens: self.core.num_preempted_tokens(),
             swap_outs: self.core.num_swap_outs(),
-            blocks_swapped_out: self.core.num_blocks_swapped().0,
-            blocks_swapped_in: self.core.num_blocks_swapped().1,
+            blocks_swapped_out,
+            blocks_swapped_in,
             planned_ahead: self.planned_ahead,
             ready: self.engine.is_some(),
             engine_time: self.timing,

@@ -254,8 +254,9 @@ pub struct CudaForward {
     linear_path: Path,
     /// Captured decode passes of a few sequences (CUDA graphs).
     graphs: Graphs,
-    /// The host cache, and the (device block, host block) pairs of a copy.
-    host_cache: Option<PinnedHostSlice<u16>>,
+    /// The host cache and its address for the copy kernel, and the (device block, host
+    /// block) pairs of a copy.
+    host_cache: Option<(PinnedHostSlice<u16>, u64)>,
     /// Recorded before the block copies queued for the next step: that step's work begins
     /// there (the copies are not idle time).
     copies_begin: Option<CudaEvent>,
@@ -310,7 +311,11 @@ impl CudaForward {
         if num_host_blocks > 0 {
             let cfg = &self.model.config;
             let len = num_host_blocks * cfg.num_layers * 2 * self.block_size * cfg.kv_dim();
-            self.host_cache = Some(self.model.gpu.pinned_mapped::<u16>(len)?);
+            let mut host = self.model.gpu.pinned_mapped::<u16>(len)?;
+            let addr = host
+                .as_mut_ptr()
+                .map_err(cuda_err("addressing the host cache"))? as u64;
+            self.host_cache = Some((host, addr));
             self.num_host_blocks = num_host_blocks;
         }
         Ok(self)
@@ -321,11 +326,8 @@ impl CudaForward {
         let cfg = &self.model.config;
         let (planes, chunk) = (cfg.num_layers * 2, self.block_size * cfg.kv_dim());
         let plane = self.num_blocks * chunk;
-        let host = match self.host_cache.as_mut() {
-            Some(h) => h
-                .as_mut_ptr()
-                .map_err(cuda_err("addressing the host cache"))? as u64,
-            None => return Err(Error::Cuda("this engine has no host cache".into())),
+        let Some((_, host)) = self.host_cache else {
+            return Err(Error::Cuda("this engine has no host cache".into()));
         };
         for c in copies {
             if c.device as usize >= self.num_blocks || c.host as usize >= self.num_host_blocks {
