@@ -393,6 +393,7 @@ fn gpu_check(model: Option<PathBuf>, steps: usize, seed: u64) -> inflight::Resul
         let plain = mcheck::dequantized(&llama);
         let same = "engine, same weights dequantized";
         rows.extend(mcheck::greedy_vs_cpu(&plain, same, &cuda, steps, false)?);
+        rows.push(mcheck::swapped_vs_resident(&cuda)?);
     }
     if print_table(&rows) {
         Ok(())

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use cudarc::driver::CudaStream;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -16,7 +17,8 @@ use crate::kernels::cpu;
 use crate::kernels::cuda::gemm::{Blas, Input, Norm, Out, Path, Shape};
 use crate::kernels::cuda::launch::{self, Heads};
 use crate::kernels::cuda::lt;
-use crate::kernels::cuda::{DevBuf, Gpu, Half};
+use crate::kernels::cuda::swap::{self, SwapCaches};
+use crate::kernels::cuda::{cuda_err, DevBuf, Gpu, Half};
 use crate::kernels::matmul::{linear, Matrix};
 use crate::model::gpu::weights::interleave_halves;
 
@@ -70,9 +72,9 @@ pub fn run_all(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Row>> {
         rows.extend(gemm(gpu, dt, &mut rng)?);
         rows.extend(gate_up_swiglu(gpu, dt, &mut rng)?);
         rows.extend(normed_linear(gpu, dt, &mut rng)?);
-        rows.extend(kv_swap(gpu, dt, &mut rng)?);
     }
-    rows.push(kv_swap_rate(gpu)?);
+    rows.extend(kv_block_copies(gpu, &mut rng)?);
+    rows.push(kv_copy_rate(gpu)?);
     rows.extend(super::sample::sample_rows(gpu, &mut rng)?);
     Ok(rows)
 }
@@ -164,8 +166,10 @@ fn norms(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
 }
 
 /// Preemption by swapping: KV blocks copied out to page-locked host memory and back in to
-/// other device blocks, against the same copies made on the host (exact: bits compared).
-fn kv_swap(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
+/// other device blocks by the copy engine, against the same copies made on the host (exact:
+/// bits compared). Out on the copy stream in groups of planes, as the engine queues them;
+/// in on the compute stream, every plane in one group.
+fn kv_block_copies(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
     let mut out = Vec::new();
     for (planes, blocks, bs, kvd, host_blocks) in [(4, 9, 32, 64, 5), (60, 7, 16, 192, 6)] {
         let chunk = bs * kvd;
@@ -173,80 +177,87 @@ fn kv_swap(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         let dev: Vec<u16> = (0..planes * plane).map(|_| rng.gen()).collect();
         let devb = gpu.upload(&dev)?;
         let mut host = gpu.pinned_mapped::<u16>(host_blocks * planes * chunk)?;
-        let host_ptr = host
-            .as_mut_ptr()
-            .map_err(crate::kernels::cuda::cuda_err("host cache"))?;
-        let outs = [(3, 1), (0, 4), (blocks - 1, 0)];
+        let host_ptr = host.as_mut_ptr().map_err(cuda_err("host cache"))?;
+        let outs = [(3, 1), (0, 4), (blocks as u32 - 1, 0)];
         let ins = [(1, 4), (5, 1), (2, 0)];
         let mut want_host = vec![0u16; host_blocks * planes * chunk];
         for &(d, h) in &outs {
             for p in 0..planes {
-                let src = p * plane + d * chunk;
-                let dst = (h * planes + p) * chunk;
+                let src = p * plane + d as usize * chunk;
+                let dst = (h as usize * planes + p) * chunk;
                 want_host[dst..dst + chunk].copy_from_slice(&dev[src..src + chunk]);
             }
         }
         let mut want_dev = dev.clone();
         for &(d, h) in &ins {
             for p in 0..planes {
-                let src = (h * planes + p) * chunk;
-                let dst = p * plane + d * chunk;
+                let src = (h as usize * planes + p) * chunk;
+                let dst = p * plane + d as usize * chunk;
                 want_dev[dst..dst + chunk].copy_from_slice(&want_host[src..src + chunk]);
             }
         }
-        for (pairs, to_host) in [(&outs, true), (&ins, false)] {
-            let flat: Vec<i32> = pairs
-                .iter()
-                .flat_map(|&(d, h)| [d as i32, h as i32])
-                .collect();
-            let pb = gpu.upload(&flat)?;
-            let h = host_ptr as u64;
-            launch::kv_swap(
-                gpu,
-                dt,
-                devb.ptr(),
-                h,
-                pb.ptr(),
-                3,
-                planes,
-                plane,
-                chunk,
-                to_host,
-            )?;
+        let caches = SwapCaches {
+            dev: devb.ptr(),
+            host: host_ptr as u64,
+            planes,
+            plane,
+            chunk,
+        };
+        let join = |a: &CudaStream, b: &CudaStream| a.join(b).map_err(cuda_err("joining streams"));
+        join(&gpu.copy_stream, &gpu.stream)?;
+        let mut p = 0;
+        while p < planes {
+            let end = (p + 2 * (p / 2).max(1)).min(planes);
+            swap::copy_blocks(&gpu.copy_stream, &caches, &outs, p..end, true)?;
+            p = end;
         }
+        join(&gpu.stream, &gpu.copy_stream)?;
+        swap::copy_blocks(&gpu.stream, &caches, &ins, 0..planes, false)?;
         let got_dev = gpu.read(&devb, dev.len())?;
-        // SAFETY: the read above synchronized the stream: the kernels' writes are done, and
-        // the buffer holds host_blocks * planes * chunk elements.
+        // SAFETY: the read above synchronized the compute stream, which waited for the copy
+        // stream: every copy is done, and the buffer holds host_blocks * planes * chunk
+        // elements.
         let got_host = unsafe { std::slice::from_raw_parts(host_ptr, want_host.len()) };
         let as_f32 = |v: &[u16]| v.iter().map(|&b| f32::from(b)).collect::<Vec<f32>>();
-        let written: Vec<usize> = outs.iter().map(|&(_, h)| h).collect();
         let pick = |v: &[u16]| -> Vec<u16> {
-            written
-                .iter()
-                .flat_map(|&h| v[h * planes * chunk..(h + 1) * planes * chunk].to_vec())
+            outs.iter()
+                .flat_map(|&(_, h)| {
+                    let h = h as usize;
+                    v[h * planes * chunk..(h + 1) * planes * chunk].to_vec()
+                })
                 .collect()
         };
         let shape = format!("{planes} planes, {blocks} blocks of {bs} x {kvd}, 3 out, 3 in");
         let e = rel_err(&as_f32(&pick(got_host)), &as_f32(&pick(&want_host)));
-        out.push(row("kv_swap out", dt, shape.clone(), e, 1e-12));
+        out.push(row(
+            "kv block copies out",
+            Half::F16,
+            shape.clone(),
+            e,
+            1e-12,
+        ));
         let e = rel_err(&as_f32(&got_dev), &as_f32(&want_dev));
-        out.push(row("kv_swap in", dt, shape, e, 1e-12));
+        out.push(row("kv block copies in", Half::F16, shape, e, 1e-12));
     }
     Ok(out)
 }
 
-/// How fast the swap kernel moves KV blocks over PCIe, each way: 64 blocks of the
-/// Llama-3.1-8B shape (64 planes of 32 x 1,024 elements, 4 MiB a block), best of 5.
-fn kv_swap_rate(gpu: &Gpu) -> Result<Row> {
+/// How fast the copy engine moves KV blocks each way: 64 blocks of the Llama-3.1-8B shape
+/// (64 planes of 32 x 1,024 elements, 4 MiB a block), best of 5.
+fn kv_copy_rate(gpu: &Gpu) -> Result<Row> {
     let (planes, blocks, chunk) = (64, 64, 32 * 1024);
     let dev = gpu.zeros::<u16>(planes * blocks * chunk)?;
     let mut host = gpu.pinned_mapped::<u16>(planes * blocks * chunk)?;
-    let host_ptr = host
-        .as_mut_ptr()
-        .map_err(crate::kernels::cuda::cuda_err("host cache"))? as u64;
+    let host_ptr = host.as_mut_ptr().map_err(cuda_err("host cache"))? as u64;
     // Device block i to host block 63 - i: the scattered order a preemption gives.
-    let pairs: Vec<i32> = (0..blocks as i32).flat_map(|i| [i, 63 - i]).collect();
-    let pb = gpu.upload(&pairs)?;
+    let pairs: Vec<(u32, u32)> = (0..blocks as u32).map(|i| (i, 63 - i)).collect();
+    let caches = SwapCaches {
+        dev: dev.ptr(),
+        host: host_ptr,
+        planes,
+        plane: blocks * chunk,
+        chunk,
+    };
     let bytes = (planes * blocks * chunk * 2) as f64;
     let mut rates = Vec::new();
     for to_host in [true, false] {
@@ -254,26 +265,14 @@ fn kv_swap_rate(gpu: &Gpu) -> Result<Row> {
         for _ in 0..5 {
             gpu.sync()?;
             let t = Instant::now();
-            let (d, p) = (dev.ptr(), pb.ptr());
-            launch::kv_swap(
-                gpu,
-                Half::F16,
-                d,
-                host_ptr,
-                p,
-                blocks,
-                planes,
-                blocks * chunk,
-                chunk,
-                to_host,
-            )?;
+            swap::copy_blocks(&gpu.stream, &caches, &pairs, 0..planes, to_host)?;
             gpu.sync()?;
             best = best.min(t.elapsed().as_secs_f64());
         }
         rates.push(bytes / best / 1e9);
     }
     Ok(Row {
-        check: "kv_swap rate".into(),
+        check: "kv block copy rate".into(),
         shape: format!("{blocks} blocks of 4 MiB ({planes} planes of 32 x 1024)"),
         err: rates[0],
         tol: f64::INFINITY,

@@ -36,7 +36,6 @@ pub const MODULES: &[(&str, &str)] = &[
     ),
     ("sample", include_str!("../../../kernels/sample.cu")),
     ("gemv", include_str!("../../../kernels/gemv.cu")),
-    ("kv_swap", include_str!("../../../kernels/kv_swap.cu")),
 ];
 
 /// The virtual architecture to compile for: the `a` variant where the chip has one.

@@ -333,49 +333,6 @@ pub fn silu_mul(gpu: &Gpu, half: Half, gu: u64, out: u64, n: usize, f: usize) ->
     Ok(())
 }
 
-/// Copies KV blocks between the device cache `dev` (`planes` = 2 x layers planes of
-/// `plane` elements) and the host cache `host` (page-locked, device-addressable), for
-/// each (device block, host block) of `pairs` (`n` of them, on the device): `chunk`
-/// elements a block and plane, towards the host when `to_host`.
-#[allow(clippy::too_many_arguments)]
-pub fn kv_swap(
-    gpu: &Gpu,
-    half: Half,
-    dev: u64,
-    host: u64,
-    pairs: u64,
-    n: usize,
-    planes: usize,
-    plane: usize,
-    chunk: usize,
-    to_host: bool,
-) -> Result<()> {
-    if n == 0 {
-        return Ok(());
-    }
-    if !chunk.is_multiple_of(8) {
-        return Err(Error::Cuda(format!(
-            "kv_swap copies 16-byte words: a block's plane of {chunk} elements is not"
-        )));
-    }
-    let (planes_i, chunk_i, dir) = (i32_of(planes)?, i32_of(chunk)?, i32::from(to_host));
-    let plane_i = plane as i64;
-    let func = gpu.func("kv_swap", half)?;
-    let mut b = Args::new();
-    b.arg(&dev)
-        .arg(&host)
-        .arg(&pairs)
-        .arg(&planes_i)
-        .arg(&plane_i)
-        .arg(&chunk_i)
-        .arg(&dir);
-    // SAFETY: argument order and types match kv_swap.cu; the caller's buffers hold every
-    // block the pairs name.
-    unsafe { gpu.launch(func, cfg((n * planes, 1, 1), 256)?, &mut b) }
-        .map_err(cuda_err("kv_swap"))?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,7 @@ pub mod compile;
 pub mod gemm;
 pub mod launch;
 pub mod lt;
+pub mod swap;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -78,6 +79,9 @@ impl Half {
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
+    /// A second stream for the KV-cache block copies of preemption by swapping, so that
+    /// they run beside the forward pass (which waits for each layer's copies by event).
+    pub copy_stream: Arc<CudaStream>,
     pub arch: String,
     pub name: String,
     funcs: HashMap<String, CudaFunction>,
@@ -108,7 +112,6 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("flash_decode", &["flash_decode_hd64", "flash_decode_hd128"]),
     ("sample", &["sample_rows"]),
     ("gemv", &["gemv"]),
-    ("kv_swap", &["kv_swap"]),
 ];
 
 impl Gpu {
@@ -134,6 +137,7 @@ impl Gpu {
         // A stream of our own, not the legacy default one, which CUDA graphs cannot
         // capture.
         let stream = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
+        let copy_stream = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(cuda_err("compute capability"))?;
@@ -188,6 +192,7 @@ impl Gpu {
         Ok(Arc::new(Gpu {
             ctx,
             stream,
+            copy_stream,
             arch,
             name,
             funcs,

@@ -26,6 +26,7 @@ use crate::kernels::cuda::attention::{self, Attention, Tiles};
 use crate::kernels::cuda::gemm::{Blas, Input, Norm, Out, Path, Timed};
 use crate::kernels::cuda::launch;
 use crate::kernels::cuda::lt;
+use crate::kernels::cuda::swap::{self, SwapCaches};
 use crate::kernels::cuda::{cuda_err, DevBuf, Gpu};
 use crate::model::backend::{ForwardPass, RowsOut};
 use crate::model::config::ModelConfig;
@@ -254,14 +255,15 @@ pub struct CudaForward {
     linear_path: Path,
     /// Captured decode passes of a few sequences (CUDA graphs).
     graphs: Graphs,
-    /// The host cache and its address for the copy kernel, and the (device block, host
-    /// block) pairs of a copy.
+    /// The host cache and its address.
     host_cache: Option<(PinnedHostSlice<u16>, u64)>,
     /// Recorded before the block copies queued for the next step: that step's work begins
     /// there (the copies are not idle time).
     copies_begin: Option<CudaEvent>,
     num_host_blocks: usize,
-    swap_pairs: Option<DevBuf<i32>>,
+    /// The next step's block copies: each group's first layer and the event recorded on
+    /// the copy stream after the group.
+    copied: Vec<(usize, CudaEvent)>,
 }
 
 impl CudaForward {
@@ -302,7 +304,7 @@ impl CudaForward {
             host_cache: None,
             copies_begin: None,
             num_host_blocks: 0,
-            swap_pairs: None,
+            copied: Vec::new(),
         })
     }
 
@@ -321,11 +323,14 @@ impl CudaForward {
         Ok(self)
     }
 
-    /// Queues one kernel per run of copies in the same direction.
+    /// Queues the block copies on the copy stream (the copy engine), after everything
+    /// queued so far on the compute stream, in groups of layers (1, 1, 2, 4, ...) with an
+    /// event after each. The next forward pass waits for a group's event before it writes
+    /// the group's first layer's cache, so the copies run beside the layers before it: a
+    /// swapped-out block may be reused in the same step, and a swapped-in one read.
     fn swap_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
-        let cfg = &self.model.config;
-        let (planes, chunk) = (cfg.num_layers * 2, self.block_size * cfg.kv_dim());
-        let plane = self.num_blocks * chunk;
+        let model = self.model.clone();
+        let (cfg, g) = (&model.config, &model.gpu);
         let Some((_, host)) = self.host_cache else {
             return Err(Error::Cuda("this engine has no host cache".into()));
         };
@@ -337,35 +342,77 @@ impl CudaForward {
                 )));
             }
         }
-        let g = self.model.gpu.clone();
-        let half = self.model.weights.half;
-        for run in copies.chunk_by(|a, b| a.to_host == b.to_host) {
-            let pairs: Vec<i32> = run
-                .iter()
-                .flat_map(|c| [c.device as i32, c.host as i32])
-                .collect();
-            if self
-                .swap_pairs
-                .as_ref()
-                .is_none_or(|b| b.len() < pairs.len())
-            {
-                self.swap_pairs = Some(g.alloc::<i32>(pairs.len().next_power_of_two())?);
+        // Copies no pass has waited for yet are waited for first.
+        self.join_copies()?;
+        let chunk = self.block_size * cfg.kv_dim();
+        let caches = SwapCaches {
+            dev: self.kv.ptr(),
+            host,
+            planes: cfg.num_layers * 2,
+            plane: self.num_blocks * chunk,
+            chunk,
+        };
+        let ready = g
+            .stream
+            .record_event(None)
+            .map_err(cuda_err("recording an event"))?;
+        g.copy_stream
+            .wait(&ready)
+            .map_err(cuda_err("ordering the block copies"))?;
+        let runs: Vec<(Vec<(u32, u32)>, bool)> = copies
+            .chunk_by(|a, b| a.to_host == b.to_host)
+            .map(|run| {
+                (
+                    run.iter().map(|c| (c.device, c.host)).collect(),
+                    run[0].to_host,
+                )
+            })
+            .collect();
+        for layers in layer_groups(cfg.num_layers) {
+            for (pairs, to_host) in &runs {
+                swap::copy_blocks(
+                    &g.copy_stream,
+                    &caches,
+                    pairs,
+                    2 * layers.start..2 * layers.end,
+                    *to_host,
+                )?;
             }
-            let buf = self.swap_pairs.as_mut().expect("allocated above");
-            g.write(buf, &pairs)?;
-            launch::kv_swap(
-                &g,
-                half,
-                self.kv.ptr(),
-                host,
-                buf.ptr(),
-                run.len(),
-                planes,
-                plane,
-                chunk,
-                run[0].to_host,
-            )?;
+            let done = g
+                .copy_stream
+                .record_event(Some(
+                    cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+                ))
+                .map_err(cuda_err("recording an event"))?;
+            self.copied.push((layers.start, done));
         }
+        Ok(())
+    }
+
+    /// Makes the compute stream wait for the block copies of the group of layers that
+    /// begins at layer `l`, if any are queued.
+    fn wait_copies(&self, l: usize) -> Result<()> {
+        match self.copied.iter().find(|(first, _)| *first == l) {
+            Some((_, done)) => self
+                .model
+                .gpu
+                .stream
+                .wait(done)
+                .map_err(cuda_err("waiting for block copies")),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes the compute stream wait for every queued block copy, and forgets them.
+    fn join_copies(&mut self) -> Result<()> {
+        for (_, done) in &self.copied {
+            self.model
+                .gpu
+                .stream
+                .wait(done)
+                .map_err(cuda_err("waiting for block copies"))?;
+        }
+        self.copied.clear();
         Ok(())
     }
 
@@ -413,7 +460,8 @@ impl CudaForward {
             .ok_or_else(|| Error::Cuda("no scratch".into()))?;
         g.write(&mut s.meta, &lay.meta)?;
         match graph {
-            Some(key) if self.timer.is_none() => {
+            // A captured pass would hold this step's copy events.
+            Some(key) if self.timer.is_none() && self.copied.is_empty() => {
                 // The graphs are taken out while their pass borrows the engine.
                 let mut graphs = std::mem::take(&mut self.graphs);
                 let ran = graphs.run(&model.gpu.stream, key, || self.launch_pass(lay));
@@ -477,6 +525,8 @@ impl CudaForward {
             )?;
             mark(&mut self.timer, stage::QKV)?;
             let bias = lw.qkv.b.as_ref().map_or(0, |b| b.ptr());
+            // This layer's block copies are done before its cache is written or read.
+            self.wait_copies(l)?;
             launch::rope_kv_write(
                 g,
                 dt,
@@ -847,9 +897,29 @@ impl CudaForward {
         }
         if lay.n > 0 {
             self.run(&lay, key)?;
+            // The pass waited for each layer's copies.
+            self.copied.clear();
         }
+        self.join_copies()?;
         Ok(lay)
     }
+}
+
+/// Layers in groups of 1, 1, 2, 4, ... (the last one cut short): block copies are waited
+/// for group by group, so the first layers' copies are small and later ones run further
+/// ahead of the pass.
+fn layer_groups(layers: usize) -> Vec<std::ops::Range<usize>> {
+    let mut groups = Vec::new();
+    let (mut at, mut size) = (0, 1);
+    while at < layers {
+        let end = (at + size).min(layers);
+        groups.push(at..end);
+        if at > 0 {
+            size *= 2;
+        }
+        at = end;
+    }
+    groups
 }
 
 impl ForwardPass for CudaForward {
@@ -1038,6 +1108,20 @@ mod tests {
         // Exact for a pass launched kernel by kernel.
         let exact = Layout::new(&chunks, 16, 4, 1).unwrap();
         assert_eq!((exact.plan_len, exact.stride), (21, 2));
+    }
+
+    #[test]
+    fn layer_groups_double_after_the_first_two_and_cover_every_layer() {
+        assert_eq!(
+            layer_groups(32),
+            vec![0..1, 1..2, 2..4, 4..8, 8..16, 16..32]
+        );
+        assert_eq!(
+            layer_groups(30),
+            vec![0..1, 1..2, 2..4, 4..8, 8..16, 16..30]
+        );
+        assert_eq!(layer_groups(1), vec![0..1]);
+        assert!(layer_groups(0).is_empty());
     }
 
     #[test]
