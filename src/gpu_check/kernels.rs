@@ -176,7 +176,7 @@ fn kv_block_copies(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
         let plane = blocks * chunk;
         let dev: Vec<u16> = (0..planes * plane).map(|_| rng.gen()).collect();
         let devb = gpu.upload(&dev)?;
-        let mut host = gpu.pinned_mapped::<u16>(host_blocks * planes * chunk)?;
+        let mut host = gpu.pinned_host::<u16>(host_blocks * planes * chunk)?;
         let host_ptr = host.as_mut_ptr().map_err(cuda_err("host cache"))?;
         let outs = [(3, 1), (0, 4), (blocks as u32 - 1, 0)];
         let ins = [(1, 4), (5, 1), (2, 0)];
@@ -247,7 +247,7 @@ fn kv_block_copies(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
 fn kv_copy_rate(gpu: &Gpu) -> Result<Row> {
     let (planes, blocks, chunk) = (64, 64, 32 * 1024);
     let dev = gpu.zeros::<u16>(planes * blocks * chunk)?;
-    let mut host = gpu.pinned_mapped::<u16>(planes * blocks * chunk)?;
+    let mut host = gpu.pinned_host::<u16>(planes * blocks * chunk)?;
     let host_ptr = host.as_mut_ptr().map_err(cuda_err("host cache"))? as u64;
     // Device block i to host block 63 - i: the scattered order a preemption gives.
     let pairs: Vec<(u32, u32)> = (0..blocks as u32).map(|i| (i, 63 - i)).collect();

@@ -322,17 +322,13 @@ impl Gpu {
             .map_err(cuda_err("allocating page-locked memory"))
     }
 
-    /// Page-locked host memory for `len` elements that kernels read and write directly
-    /// (the host cache preempted sequences swap out to; the host never reads it).
-    pub fn pinned_mapped<T: DeviceRepr>(&self, len: usize) -> Result<PinnedHostSlice<T>> {
-        // SAFETY: kernels write it before anything reads it.
-        unsafe {
-            self.ctx.alloc_pinned_with_flags::<T>(
-                len.max(1),
-                cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP,
-            )
-        }
-        .map_err(cuda_err("allocating page-locked memory for the host cache"))
+    /// Page-locked host memory for `len` elements, which the copy engine reads and writes
+    /// asynchronously (the host cache preempted sequences swap out to; the host never
+    /// reads it).
+    pub fn pinned_host<T: DeviceRepr>(&self, len: usize) -> Result<PinnedHostSlice<T>> {
+        // SAFETY: block copies write it before anything reads it.
+        unsafe { self.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
+            .map_err(cuda_err("allocating page-locked memory for the host cache"))
     }
 
     /// Queues a copy of the first `len` elements of `buf` into `host`, after everything

@@ -1,6 +1,7 @@
 //! One GPU engine: the 16-bit paged KV cache (`[layer][k|v][num_blocks * block_size][kv_dim]`),
 //! its host cache for preemption by swapping (page-locked, `[block][layer][k|v][block_size *
-//! kv_dim]`, which a copy kernel reads and writes over PCIe), a cuBLAS handle and scratch
+//! kv_dim]`, which the copy engine reads and writes over PCIe on a stream of its own, beside
+//! the forward pass), a cuBLAS handle and scratch
 //! buffers, running a batch of [`SeqChunk`]s (prefills of any
 //! length and decodes together) exactly as the CPU engine's forward pass does, and
 //! returning fp32 logits rows to the host, or each row's token chosen on the device.
@@ -313,7 +314,7 @@ impl CudaForward {
         if num_host_blocks > 0 {
             let cfg = &self.model.config;
             let len = num_host_blocks * cfg.num_layers * 2 * self.block_size * cfg.kv_dim();
-            let mut host = self.model.gpu.pinned_mapped::<u16>(len)?;
+            let mut host = self.model.gpu.pinned_host::<u16>(len)?;
             let addr = host
                 .as_mut_ptr()
                 .map_err(cuda_err("addressing the host cache"))? as u64;
@@ -902,6 +903,15 @@ impl CudaForward {
         }
         self.join_copies()?;
         Ok(lay)
+    }
+}
+
+impl Drop for CudaForward {
+    fn drop(&mut self) {
+        // The host cache is freed with this engine: no block copy may still be using it.
+        if self.host_cache.is_some() {
+            let _ = self.model.gpu.copy_stream.synchronize();
+        }
     }
 }
 
