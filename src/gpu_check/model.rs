@@ -383,23 +383,19 @@ pub fn swapped_vs_resident(cuda: &Arc<CudaModel>) -> Result<Row> {
     let first = [prefill(&a, &tab_a), prefill(&b, &tab_b)];
     let want0 = run(&mut resident, &first, &[0, 0])?;
     run(&mut swapped, &first, &[0, 0])?;
-    let out: Vec<BlockCopy> = (0..a_blocks as u32)
-        .map(|i| BlockCopy {
-            device: tab_a[i as usize],
-            host: i,
-            to_host: true,
-        })
-        .collect();
-    swapped.copy_blocks(&out)?;
+    // A's computed blocks, each to (or from) host block i.
+    let copies = |table: &[u32], to_host: bool| -> Vec<BlockCopy> {
+        (0..a_blocks as u32)
+            .map(|i| BlockCopy {
+                device: table[i as usize],
+                host: i,
+                to_host,
+            })
+            .collect()
+    };
+    swapped.copy_blocks(&copies(&tab_a, true))?;
     run(&mut swapped, &[prefill(&c, &tab_c)], &[0])?;
-    let back: Vec<BlockCopy> = (0..a_blocks as u32)
-        .map(|i| BlockCopy {
-            device: tab_back[i as usize],
-            host: i,
-            to_host: false,
-        })
-        .collect();
-    swapped.copy_blocks(&back)?;
+    swapped.copy_blocks(&copies(&tab_back, false))?;
     let (mut next_a, mut next_b) = (argmax(&want0[0]), argmax(&want0[1]));
     let mut err = (0f64, true);
     for step in 0..steps {
