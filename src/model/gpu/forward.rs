@@ -394,12 +394,7 @@ impl CudaForward {
     /// begins at layer `l`, if any are queued.
     fn wait_copies(&self, l: usize) -> Result<()> {
         match self.copied.iter().find(|(first, _)| *first == l) {
-            Some((_, done)) => self
-                .model
-                .gpu
-                .stream
-                .wait(done)
-                .map_err(cuda_err("waiting for block copies")),
+            Some((_, done)) => self.wait_for(done),
             None => Ok(()),
         }
     }
@@ -407,14 +402,19 @@ impl CudaForward {
     /// Makes the compute stream wait for every queued block copy, and forgets them.
     fn join_copies(&mut self) -> Result<()> {
         for (_, done) in &self.copied {
-            self.model
-                .gpu
-                .stream
-                .wait(done)
-                .map_err(cuda_err("waiting for block copies"))?;
+            self.wait_for(done)?;
         }
         self.copied.clear();
         Ok(())
+    }
+
+    /// Makes the compute stream wait for `done`, recorded on the copy stream.
+    fn wait_for(&self, done: &CudaEvent) -> Result<()> {
+        self.model
+            .gpu
+            .stream
+            .wait(done)
+            .map_err(cuda_err("waiting for block copies"))
     }
 
     /// The K and V cache addresses of layer `l`.
