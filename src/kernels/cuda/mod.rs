@@ -79,8 +79,9 @@ impl Half {
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
-    /// A second stream for the KV-cache block copies of preemption by swapping, so that
-    /// they run beside the forward pass (which waits for each layer's copies by event).
+    /// A second stream for the KV-cache block copies of preemption by swapping (the copy
+    /// engine's), so that they run beside the forward pass, which waits by event for each
+    /// group of layers' copies before it uses that group's cache.
     pub copy_stream: Arc<CudaStream>,
     pub arch: String,
     pub name: String,

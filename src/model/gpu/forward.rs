@@ -898,7 +898,7 @@ impl CudaForward {
         }
         if lay.n > 0 {
             self.run(&lay, key)?;
-            // The pass waited for each layer's copies.
+            // The pass waited for each group of layers' copies.
             self.copied.clear();
         }
         self.join_copies()?;
