@@ -19,6 +19,7 @@ pub mod actors;
 pub mod bench;
 pub mod config;
 pub mod error;
+pub mod fdlimit;
 pub mod fetch;
 pub mod generate;
 #[cfg(feature = "cuda")]

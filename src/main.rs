@@ -291,6 +291,9 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
+    if let Some(limit) = inflight::fdlimit::raise_open_files() {
+        tracing::info!("open-file limit {limit} (one per client connection)");
+    }
     let mut cfg = match &args.config {
         Some(path) => ServeConfig::load(path)?,
         None => ServeConfig::from_toml("")?,

@@ -191,6 +191,9 @@ pub enum ArrivalKind {
 }
 
 /// Runs `inflight bench` and reports its error, if any, as the process's exit status.
+/// Open files kept aside from the requests' sockets (the tokenizer, the report, stdio).
+const FILES_SPARE: u64 = 64;
+
 pub fn main(args: BenchArgs) -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -330,6 +333,21 @@ fn prepare(args: &BenchArgs) -> Result<(Target, runner::Plan), BenchError> {
     }
     if args.concurrency == Some(0) {
         return bad("--concurrency must be at least 1");
+    }
+    // Every request in flight holds a socket: all at once must fit the open-file limit.
+    let in_flight = match (args.concurrency, args.request_rate) {
+        (Some(c), _) => c.min(args.num_requests),
+        (None, None) => args.num_requests,
+        (None, Some(_)) => 0,
+    };
+    if let Some(limit) = crate::fdlimit::raise_open_files() {
+        let room = limit.saturating_sub(FILES_SPARE) as usize;
+        if in_flight > room {
+            return Err(BenchError::Setup(format!(
+                "{in_flight} requests in flight at once need as many sockets, but this process \
+                 may open {limit} files: pass --concurrency {room} or lower"
+            )));
+        }
     }
     if !(args.timeout_s > 0.0 && args.timeout_s.is_finite()) {
         return bad("--timeout-s must be positive");

@@ -102,6 +102,30 @@ fn bad_options_are_refused_before_any_request() {
 }
 
 #[test]
+fn more_requests_in_flight_than_open_files_are_refused() {
+    // Off Unix there is no limit to read; an unlimited one leaves nothing to refuse.
+    let Some(limit) = crate::fdlimit::raise_open_files().filter(|&l| l < 1 << 24) else {
+        return;
+    };
+    let tok = format!("--tokenizer {}", tiny_dir().display());
+    let over = limit + 1;
+    let all_at_once = parse(&format!(
+        "bench {tok} --num-requests {over} token-norm-dist --input-mean 8 --output-mean 4"
+    ));
+    match prepare(&all_at_once) {
+        Err(BenchError::Setup(m)) => assert!(m.contains("--concurrency"), "{m}"),
+        other => panic!(
+            "{over} requests at once were not refused: {:?}",
+            other.err()
+        ),
+    }
+    let capped = parse(&format!(
+        "bench {tok} --num-requests {over} --concurrency 64 token-norm-dist --input-mean 8 --output-mean 4"
+    ));
+    assert_eq!(prepare(&capped).unwrap().1.requests.len() as u64, over);
+}
+
+#[test]
 fn the_seed_fixes_the_traffic_and_warmup_does_not_change_it() {
     let line = |extra: &str| {
         format!(
