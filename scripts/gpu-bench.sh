@@ -20,7 +20,9 @@
 #          limit and run 10% slower: docs/perf.md, seventeenth pass);
 #        - and offline max throughput for each of WORKLOADS
 #          (input/output tokens): every request due at once, no concurrency cap;
-#          measured = output tokens / (first send .. last completion).
+#          measured = output tokens / (first send .. last completion); a run of more than
+#          TP_MAX_INFLIGHT requests keeps that many in flight (each is a socket at both
+#          ends), far more than max_batch_size, so the server's queue never runs dry.
 #      Logs, configs and each run's JSON report go to $OUT.
 #   4. HF transformers on the same GPU (scripts/hf_bench.py, after the servers, so the
 #      GPU is free): batch-1 decode ms/token, TTFT, and batch HF_BATCH of 128/128.
@@ -42,7 +44,9 @@
 #   TP_MODEL [8b if in MODELS, else the first]: the model of the throughput and TTFT rows
 #   WORKLOADS ["128/128 2048/128 128/2048 500/2000"]
 #   N_<in>_<out> (e.g. N_128_2048=512): requests of one workload [1024, 256, 192, 192 /
-#     32, 8, 4, 4]; SCALE [1]: multiplies every such count (a decimal is fine)
+#     32, 8, 4, 4]; SCALE [1]: multiplies every such count (a decimal is fine);
+#     TensorRT-LLM's published runs used 30000 (128/128) and 3000 (the others)
+#   TP_MAX_INFLIGHT [8192]: most requests of a throughput run in flight at once
 #   B1_IN [128] B1_OUT [256 / 32] B1_N [5 / 2]   TTFT_IN [2048] TTFT_N [8 / 2] TTFT_RATE [1]
 #   Server settings, written to the [model] section only when set (else the server's
 #   defaults): MAX_BATCH_SIZE, MAX_NUM_TOKENS, KV_FRACTION (kv_cache_free_gpu_mem_fraction),
@@ -96,7 +100,6 @@ BUDGET_S=${BUDGET_S:-0}
 PROFILE=${PROFILE:-1}
 PROFILE_PREFILL=${PROFILE_PREFILL:-2048}
 PROFILE_DECODE=${PROFILE_DECODE:-1x512,64x256,256x256,256x1100}
-QUEUE=16384   # max_queue_size: every request of a run is queued at once
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-/usr/local/cuda/lib64}
 export NO_COLOR=1
 
@@ -124,6 +127,14 @@ requests_for() {
   esac
   python3 -c "import sys; print(max(1, round(int(sys.argv[1]) * float(sys.argv[2]))))" "${!var:-$n}" "$SCALE"
 }
+
+# max_queue_size: every request of a run is queued at once, so at least the largest run.
+QUEUE=16384
+TP_MAX_INFLIGHT=${TP_MAX_INFLIGHT:-8192}
+for w in $WORKLOADS; do
+  n=$(requests_for "${w%/*}" "${w#*/}")
+  [ "$n" -le "$QUEUE" ] || QUEUE=$n
+done
 
 stop_server() {
   [ -n "$SERVER_PID" ] || return 0
@@ -339,7 +350,11 @@ for m in $ORDER; do
     bench_run ttft "$m" "$TTFT_IN" 1 "$TTFT_N" 1 1 "$path" "${TTFT_PACE[@]}"
     for w in $WORKLOADS; do
       ilen=${w%/*} olen=${w#*/}
-      bench_run tp "$m" "$ilen" "$olen" "$(requests_for "$ilen" "$olen")" "" 0 "$path"
+      n=$(requests_for "$ilen" "$olen")
+      # All due at once, but at most TP_MAX_INFLIGHT open streams (sockets) at a time.
+      conc=""
+      [ "$n" -le "$TP_MAX_INFLIGHT" ] || conc=$TP_MAX_INFLIGHT
+      bench_run tp "$m" "$ilen" "$olen" "$n" "$conc" 0 "$path"
     done
   fi
   stop_server

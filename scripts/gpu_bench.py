@@ -517,6 +517,8 @@ def cmd_table(args):
         h = hf.get(m, {})
         if r["kind"] == "tp":
             label = f"{r['in']}/{r['out']}, max throughput, {r['n']} requests"
+            if r.get("conc"):
+                label += f" ({r['conc']} in flight)"
             if m == "8b" and (r["in"], r["out"]) in TRT:
                 trt, goal = TRT[(r["in"], r["out"])]
                 target = f">= {goal:,}" + ("" if measured is None else
