@@ -190,10 +190,10 @@ pub enum ArrivalKind {
     Constant,
 }
 
-/// Runs `inflight bench` and reports its error, if any, as the process's exit status.
 /// Open files kept aside from the requests' sockets (the tokenizer, the report, stdio).
 const FILES_SPARE: u64 = 64;
 
+/// Runs `inflight bench` and reports its error, if any, as the process's exit status.
 pub fn main(args: BenchArgs) -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
