@@ -6,10 +6,12 @@
 import torch, statistics, sys
 dev = "cuda"; dt = torch.float16
 shapes = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
+ms = [int(a) for a in sys.argv[1:]] or [768, 1024, 1280, 1536, 1664, 1792, 1836, 1920, 2048, 2304, 2560, 3072, 4096]
+top = max(ms)
 W = {k: torch.randn(o, i, device=dev, dtype=dt) * 0.01 for k, (i, o) in shapes.items()}
-X = {k: torch.randn(4096, i, device=dev, dtype=dt) for k, (i, o) in shapes.items()}
-Y = {k: torch.empty(4096, o, device=dev, dtype=dt) for k, (i, o) in shapes.items()}
-def run(k, m, pieces):
+X = {k: torch.randn(top, i, device=dev, dtype=dt) for k, (i, o) in shapes.items()}
+Y = {k: torch.empty(top, o, device=dev, dtype=dt) for k, (i, o) in shapes.items()}
+def run(k, pieces):
     s = 0
     for p in pieces:
         torch.matmul(X[k][s:s+p], W[k].t(), out=Y[k][s:s+p]); s += p
@@ -17,10 +19,9 @@ def pieces_of(m, cap):
     n = -(-m // cap); base = -(-m // n); out = []
     while m > 0: out.append(min(base, m)); m -= base
     return out
-ms = [int(a) for a in sys.argv[1:]] or [768, 1024, 1280, 1536, 1664, 1792, 1836, 1920, 2048, 2304, 2560, 3072, 4096]
 st = torch.cuda.Event(enable_timing=True); en = torch.cuda.Event(enable_timing=True)
 for k in shapes:
-    for m in ms: run(k, m, [m])
+    for m in ms: run(k, [m])
 torch.cuda.synchronize()
 print("| rows | layer | one GEMM µs | TFLOP/s | pieces | pieces µs | TFLOP/s | gain |")
 for m in ms:
@@ -30,7 +31,7 @@ for m in ms:
         for rep in range(30):
             for v, pcs in variants.items():
                 st.record(); 
-                for _ in range(3): run(k, m, pcs)
+                for _ in range(3): run(k, pcs)
                 en.record(); en.synchronize(); t[v].append(st.elapsed_time(en) * 1e3 / 3)
         fl = 2 * m * i * o / 1e6
         one = statistics.median(t["one"]); sp = statistics.median(t["split"]); f1 = statistics.median(t["first1024"])
