@@ -23,6 +23,9 @@
 #          measured = output tokens / (first send .. last completion); a run of more than
 #          TP_MAX_INFLIGHT requests keeps that many in flight (each is a socket at both
 #          ends), far more than max_batch_size, so the server's queue never runs dry.
+#      While each run lasts, nvidia-smi samples the GPU's power, SM clock and temperature
+#      twice a second ($OUT/bench-*.gpu.csv); the table notes their means, which show
+#      whether the run held the GPU at its power limit (and its SMs below their top clock).
 #      Logs, configs and each run's JSON report go to $OUT.
 #   4. HF transformers on the same GPU (scripts/hf_bench.py, after the servers, so the
 #      GPU is free): batch-1 decode ms/token, TTFT, and batch HF_BATCH of 128/128.
@@ -209,6 +212,15 @@ bench_run() {
   fi
   log "bench $model $kind $ilen/$olen: $n requests, concurrency ${conc:-unlimited}, warm-up $warm"
   local it0 it1 iters=null c0 c1 w0 w1 n0 n1 p0 p1 t0 t1 s0 s1 engine=null
+  # The GPU's power, SM clock and temperature twice a second while the run lasts: the
+  # table notes their means (a run at the power limit clocks the SMs down).
+  local trace="$base.gpu.csv" sampler=""
+  rm -f "$trace"
+  if [ "$DEVICE" = cuda ] && command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi -i "$(gpu_index)" --format=csv,noheader,nounits -lms 500 \
+      --query-gpu=power.draw,power.limit,clocks.sm,clocks.max.sm,temperature.gpu >"$trace" 2>/dev/null &
+    sampler=$!
+  fi
   it0=$(iterations)
   c0=$(server_metric inflight_engine_compute_duration_us)
   w0=$(server_metric inflight_engine_wait_duration_us)
@@ -222,6 +234,7 @@ bench_run() {
     --timeout-s "$BENCH_TIMEOUT" --label "$model $kind $ilen/$olen" --json "$json" \
     "${extra[@]}" token-norm-dist --input-mean "$ilen" --output-mean "$olen" 2>&1 | tee "$blog"
   rc=${PIPESTATUS[0]}
+  if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; fi
   it1=$(iterations)
   c1=$(server_metric inflight_engine_compute_duration_us)
   w1=$(server_metric inflight_engine_wait_duration_us)
@@ -246,11 +259,18 @@ bench_run() {
     *) status="bench exit $rc" ;;
   esac
   [ "$rc" = 0 ] || FAILS=$((FAILS + 1))
-  record "{\"kind\":\"$kind\",\"model\":\"$model\",\"in\":$ilen,\"out\":$olen,\"n\":$n,\"conc\":${conc:-null},\"warmup\":$warm,\"iters\":$iters,\"engine\":$engine,\"json\":\"$json\",\"log\":\"$blog\",\"rc\":$rc,\"status\":\"$status\"}"
+  record "{\"kind\":\"$kind\",\"model\":\"$model\",\"in\":$ilen,\"out\":$olen,\"n\":$n,\"conc\":${conc:-null},\"warmup\":$warm,\"iters\":$iters,\"engine\":$engine,\"gpu_trace\":\"$trace\",\"json\":\"$json\",\"log\":\"$blog\",\"rc\":$rc,\"status\":\"$status\"}"
   if ! kill -0 "$SERVER_PID" 2>/dev/null; then
     log "the server exited during $model $kind $ilen/$olen; its log:"
     tail -20 "$OUT/server-$model.log" >&2
   fi
+}
+
+# The GPU the server runs on, for nvidia-smi -i: the first of CUDA_VISIBLE_DEVICES (an
+# index or a UUID), else 0.
+gpu_index() {
+  local first=${CUDA_VISIBLE_DEVICES:-0}
+  echo "${first%%,*}"
 }
 
 # Engine iterations so far (the server's nv_inference_exec_count), -1 if unknown.

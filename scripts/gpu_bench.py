@@ -420,6 +420,26 @@ def floors(kind, s, c, run, srv):
     return n * out / t, f"{bound}, {n * out / steps:.0f} seqs/step"
 
 
+def gpu_trace(path):
+    """Means of a run's nvidia-smi samples (power.draw, power.limit, clocks.sm,
+    clocks.max.sm, temperature.gpu, one CSV line each): a note, or None without samples."""
+    rows = []
+    try:
+        for line in open(path):
+            try:
+                rows.append([float(v) for v in line.split(",")])
+            except ValueError:  # "[N/A]" fields, a line cut short by the end of the run
+                continue
+    except OSError:
+        return None
+    rows = [r for r in rows if len(r) == 5]
+    if not rows:
+        return None
+    mean = [sum(r[i] for r in rows) / len(rows) for i in range(5)]
+    return (f"GPU {mean[0]:.0f} W of {mean[1]:.0f}, SM clock {mean[2]:,.0f} MHz of "
+            f"{mean[3]:,.0f}, {mean[4]:.0f} °C (means of {len(rows)} samples)")
+
+
 def fmt(x, digits=None):
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "n/a"
@@ -500,6 +520,9 @@ def cmd_table(args):
                              f"{eng.get('preempted_tokens', 0):,} computed tokens discarded")
             if eng.get("swaps"):
                 notes.append(f"{eng['swaps']} preemptions by swapping")
+            trace = gpu_trace(r["gpu_trace"]) if r.get("gpu_trace") else None
+            if trace:
+                notes.append(trace)
             if summary.get("output_length_mismatches"):
                 notes.append(f"{summary['output_length_mismatches']} wrong output lengths")
             if summary.get("errors"):
