@@ -8,21 +8,21 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use futures::StreamExt;
 
 use common::handle::wait_idle;
+use common::scratch::Scratch;
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
 use inflight::model::{CpuBackend, LoadedModel};
 use inflight::scheduler::SchedulerPolicy;
 use inflight::speculative::{DraftSource, SpeculativeOptions};
 use inflight::{Chunk, GenerationParams, ModelHandle, ModelOptions, Prompt, Request};
 
-fn model_dir(tag: &str, seed: u64) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("inflight-esamp-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+fn model_dir(tag: &str, seed: u64) -> Scratch {
+    let dir = Scratch::new(&format!("esamp-{tag}"));
     let spec = TinySpec {
         num_layers: 2,
         seed,

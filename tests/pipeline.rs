@@ -5,10 +5,10 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::handle::wait_idle;
+use common::scratch::Scratch;
 use futures::StreamExt;
 
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
@@ -16,10 +16,8 @@ use inflight::model::LoadedModel;
 use inflight::scheduler::SchedulerPolicy;
 use inflight::{Chunk, FinishReason, GenerationParams, ModelHandle, ModelOptions, Prompt, Request};
 
-fn tiny_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("inflight-pipeline-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+fn tiny_dir(tag: &str) -> Scratch {
+    let dir = Scratch::new(&format!("pipeline-{tag}"));
     let spec = TinySpec {
         num_layers: 2,
         ..TinySpec::default()

@@ -6,10 +6,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::handle::wait_idle;
+use common::scratch::Scratch;
 use futures::StreamExt;
 
 use inflight::model::device::Device;
@@ -18,9 +19,8 @@ use inflight::model::LoadedModel;
 use inflight::speculative::{DraftSource, SpeculativeOptions};
 use inflight::{Chunk, FinishReason, GenerationParams, ModelHandle, ModelOptions, Prompt, Request};
 
-fn model_dir(tag: &str, seed: u64, layers: usize) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("inflight-spec-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+fn model_dir(tag: &str, seed: u64, layers: usize) -> Scratch {
+    let dir = Scratch::new(&format!("spec-{tag}"));
     let spec = TinySpec {
         num_layers: layers,
         seed,
@@ -31,7 +31,7 @@ fn model_dir(tag: &str, seed: u64, layers: usize) -> PathBuf {
 }
 
 /// The target model, written afresh for each test (tests run in parallel).
-fn target_dir(test: &str) -> PathBuf {
+fn target_dir(test: &str) -> Scratch {
     model_dir(&format!("target-{test}"), 7, 2)
 }
 

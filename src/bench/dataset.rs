@@ -314,11 +314,14 @@ mod tests {
         assert_eq!(again, first, "same seed, same prompt");
     }
 
-    fn write(name: &str, text: &str) -> PathBuf {
+    /// `read_dataset` of a file holding `text` (removed after).
+    fn read_text(name: &str, text: &str) -> Result<Vec<Entry>, BenchError> {
         let path =
             std::env::temp_dir().join(format!("inflight-bench-{}-{name}", std::process::id()));
         std::fs::write(&path, text).unwrap();
-        path
+        let got = read_dataset(&path);
+        let _ = std::fs::remove_file(&path);
+        got
     }
 
     #[test]
@@ -334,7 +337,7 @@ mod tests {
             {"conversations": [{"from": "gpt", "value": "no human turn"}]},
             {"unrelated": 1}
         ]"#;
-        let got = read_dataset(&write("d.json", json)).unwrap();
+        let got = read_text("d.json", json).unwrap();
         let e = |p: &str, r: Option<&str>| Entry {
             prompt: p.into(),
             reference: r.map(Into::into),
@@ -351,10 +354,8 @@ mod tests {
             ]
         );
         let lines = "{\"prompt\": \"a\"}\n\n{\"prompt\": \"b\", \"output\": \"c\"}\n";
-        assert_eq!(read_dataset(&write("d.jsonl", lines)).unwrap().len(), 2);
-        let err = read_dataset(&write("e.json", "[{\"x\": 1}]"))
-            .unwrap_err()
-            .to_string();
+        assert_eq!(read_text("d.jsonl", lines).unwrap().len(), 2);
+        let err = read_text("e.json", "[{\"x\": 1}]").unwrap_err().to_string();
         assert!(err.contains("no prompts found"), "{err}");
         assert!(read_dataset(Path::new("/nonexistent/file.json")).is_err());
     }

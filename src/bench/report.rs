@@ -342,6 +342,7 @@ mod tests {
             std::env::temp_dir().join(format!("inflight-bench-report-{}.json", std::process::id()));
         report("a", true).write(&path).unwrap();
         let back = Report::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
         assert_eq!(back.summary, summary(true));
         let both = side_by_side(&[back, report("llama.cpp c=1", false)]);
         assert!(

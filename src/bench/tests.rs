@@ -220,6 +220,7 @@ fn whole_runs_on_every_endpoint_measure_the_asked_lengths() {
         ));
         run(a).unwrap_or_else(|e| panic!("{endpoint}: {e}"));
         let r = Report::read(&out).unwrap();
+        let _ = std::fs::remove_file(&out);
         let s = &r.summary;
         assert_eq!(
             (s.total_requests, s.completed, s.failed),
@@ -294,6 +295,7 @@ fn failures_are_counted_and_fail_the_run() {
     );
     assert!(err.to_string().contains("HTTP 400"), "{err}");
     let s = Report::read(&out).unwrap().summary;
+    let _ = std::fs::remove_file(&out);
     assert_eq!(
         (s.failed, s.errors.len()),
         (4, 1),

@@ -3,4 +3,5 @@
 
 pub mod handle;
 pub mod reference;
+pub mod scratch;
 pub mod server;

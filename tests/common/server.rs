@@ -1,13 +1,15 @@
 //! Starts the real server in-process on ephemeral ports, serving a tiny random model the
 //! test builds itself (or the default model when a test asks for it).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use inflight::http::{serve::serve_on, AppState};
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
 use inflight::model::LoadedModel;
 use inflight::{ModelHandle, ModelOptions};
+
+use super::scratch::Scratch;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -21,11 +23,9 @@ pub struct TestServer {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// A tiny checkpoint folder unique to this test.
-pub fn tiny_model_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("inflight-http-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+/// A tiny checkpoint folder unique to this test, removed when dropped.
+pub fn tiny_model_dir(tag: &str) -> Scratch {
+    let dir = Scratch::new(&format!("http-{tag}"));
     write_tiny_checkpoint(
         &dir,
         &TinySpec {
@@ -37,9 +37,11 @@ pub fn tiny_model_dir(tag: &str) -> PathBuf {
     dir
 }
 
-/// Serves the tiny model; `tweak` adjusts the options first.
+/// Serves the tiny model; `tweak` adjusts the options first. Its folder is gone once the
+/// model is loaded.
 pub async fn start_tiny(tag: &str, tweak: impl FnOnce(&mut ModelOptions)) -> TestServer {
-    start(&tiny_model_dir(tag), tweak).await
+    let dir = tiny_model_dir(tag);
+    start(&dir, tweak).await
 }
 
 /// Serves the model at `path`.
