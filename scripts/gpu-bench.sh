@@ -155,7 +155,15 @@ stop_server() {
   wait "$SERVER_PID" 2>/dev/null
   SERVER_PID=
 }
-trap stop_server EXIT
+# stop_sampler: ends a bench run's nvidia-smi sampling, if one is going.
+SAMPLER_PID=
+stop_sampler() {
+  [ -n "$SAMPLER_PID" ] || return 0
+  kill "$SAMPLER_PID" 2>/dev/null
+  wait "$SAMPLER_PID" 2>/dev/null
+  SAMPLER_PID=
+}
+trap 'stop_sampler; stop_server' EXIT
 trap 'log "interrupted"; exit 130' INT TERM
 
 # start_server NAME PATH: writes the config, starts the server, waits until it is ready.
@@ -214,12 +222,12 @@ bench_run() {
   local it0 it1 iters=null c0 c1 w0 w1 n0 n1 p0 p1 t0 t1 s0 s1 engine=null
   # The GPU's power, SM clock and temperature twice a second while the run lasts: the
   # table notes their means (a run at the power limit clocks the SMs down).
-  local trace="$base.gpu.csv" sampler=""
+  local trace="$base.gpu.csv"
   rm -f "$trace"
   if [ "$DEVICE" = cuda ] && command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi -i "$(gpu_index)" --format=csv,noheader,nounits -lms 500 \
       --query-gpu=power.draw,power.limit,clocks.sm,clocks.max.sm,temperature.gpu >"$trace" 2>/dev/null &
-    sampler=$!
+    SAMPLER_PID=$!
   fi
   it0=$(iterations)
   c0=$(server_metric inflight_engine_compute_duration_us)
@@ -234,7 +242,7 @@ bench_run() {
     --timeout-s "$BENCH_TIMEOUT" --label "$model $kind $ilen/$olen" --json "$json" \
     "${extra[@]}" token-norm-dist --input-mean "$ilen" --output-mean "$olen" 2>&1 | tee "$blog"
   rc=${PIPESTATUS[0]}
-  if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; fi
+  stop_sampler
   it1=$(iterations)
   c1=$(server_metric inflight_engine_compute_duration_us)
   w1=$(server_metric inflight_engine_wait_duration_us)
