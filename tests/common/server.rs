@@ -8,10 +8,10 @@ use inflight::http::{serve::serve_on, AppState};
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
 use inflight::model::LoadedModel;
 use inflight::{ModelHandle, ModelOptions};
-
-use super::scratch::Scratch;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+
+use super::scratch::Scratch;
 
 pub struct TestServer {
     /// `http://127.0.0.1:PORT` of the inference port.
