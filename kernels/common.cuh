@@ -224,13 +224,16 @@ __device__ __forceinline__ unsigned sw128_at(unsigned region, int rows, int r, i
 // (sw128_at; V STAGE * HD halves on). Thread t of THREADS copies 16-byte piece t % (HD / 8)
 // of STAGE * (HD / 8) / THREADS consecutive keys, walking the table (one lookup per KV block
 // it enters, not per key); pieces past hd and keys past kend are zeros. bs_shift is
-// log2(block_size) when that is a power of two (no division), else -1.
+// log2(block_size) when that is a power of two (no division), else -1. Only the rows of keys
+// in [lo, hi) are copied (the stage in two parts: keys written before the kernel, then the
+// rest).
 template <int HD, int STAGE, int THREADS, int LD>
 __device__ __forceinline__ void load_kv_stage(unsigned stage_k, const half_t* __restrict__ k_cache,
                                               const half_t* __restrict__ v_cache,
                                               const int* __restrict__ table, int from, int kend,
                                               int g, int hd, int kvd, int block_size,
-                                              int bs_shift) {
+                                              int bs_shift, int lo = -2147483647 - 1,
+                                              int hi = 2147483647) {
     constexpr int PIECES = HD / 8, KEYS_PER = STAGE * PIECES / THREADS;
     const int nk = min(STAGE, kend - from);
     const int piece = threadIdx.x % PIECES, jfirst = (threadIdx.x / PIECES) * KEYS_PER;
@@ -243,6 +246,7 @@ __device__ __forceinline__ void load_kv_stage(unsigned stage_k, const half_t* __
     size_t off = p < kend ? ((size_t)table[blk] * block_size + within) * kvd + col : 0;
     const unsigned dst = stage_k + (unsigned)((jfirst * LD + piece * 8) * 2);
     auto copy = [&](int i) {
+        if (from + jfirst + i < lo || from + jfirst + i >= hi) return;
         const bool valid = jfirst + i < nk && in_row;
         const size_t at = valid ? off : 0;
         const int bytes = valid ? 16 : 0;

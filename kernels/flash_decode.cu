@@ -8,11 +8,12 @@
 // at the end. Long contexts are also split over the grid (blockIdx.z), as partial sums for
 // attention_combine (attention.cu). K and V stages of 64 keys are gathered through the
 // block table with cp.async into two buffers of dynamic shared memory (the next stage
-// loads while this one computes; rows past the stage's end are zero-filled), read back with
-// ldmatrix, and the online softmax runs in base 2 (the 16-bit query comes pre-scaled by
-// log2(e) / sqrt(head_dim): RoPE writes it so), once per 16 keys. The kernel comes in two
-// register budgets, head_dim up to 64 (_hd64) and up to 128 (_hd128); head_dim must be a
-// multiple of 16, with at most 16 query heads per KV head.
+// loads while this one computes; rows past the stage's end are zero-filled; the keys of the
+// first two stages that earlier steps wrote load before the wait for the previous kernel),
+// read back with ldmatrix, and the online softmax runs in base 2 (the 16-bit query comes
+// pre-scaled by log2(e) / sqrt(head_dim): RoPE writes it so), once per 16 keys. The kernel
+// comes in two register budgets, head_dim up to 64 (_hd64) and up to 128 (_hd128); head_dim
+// must be a multiple of 16, with at most 16 query heads per KV head.
 #define FA_WARPS 4
 #define FA_STAGE 64
 #define FA_LN2 0.69314718055994530942f
@@ -59,7 +60,43 @@ __device__ __forceinline__ void flash_decode(
         rhead[i] = g * group + m % group;
     }
 
-    if (kbeg >= kend) {
+    // The last position among the tile's rows (keys past it are masked for all of them).
+    const int wlast = row_pos[row0 + min(pw, cnt) - 1];
+    // The first position among them (keys up to it are visible to every row). Keys before it
+    // were written by earlier steps; this step's RoPE writes the rest.
+    const int wfirst = row_pos[row0];
+    // The valid M rows: (position, query head) pairs, positions first.
+    const int rows = min(pw, cnt) * group;
+
+    const int* table = tables + (size_t)row_seq[row0] * table_stride;
+    const int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
+    // Shared-space byte addresses: this lane's ldmatrix rows of K and V in stage 0 (the
+    // stage and the tile offsets are added as constants).
+    const unsigned smem0 = smem_addr(fa_smem);
+    const int koff = warp * 16;  // this warp's quarter of a stage's keys
+    const unsigned k_rows =
+        smem0 + (unsigned)(((koff + (lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8) * 2);
+    const unsigned v_rows = smem0 + (unsigned)(((FA_STAGE + koff + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
+                                                (lane >> 4) * 8) * 2);
+    // Keys [from, ...) into stage buffer `buf` (keys past the split are zeros), those in
+    // [lo, hi) only.
+    auto load_stage = [&](int from, int buf, int lo, int hi) {
+        load_kv_stage<HD, FA_STAGE, FA_WARPS * 32, LD>(smem0 + (unsigned)(buf * 2 * FA_STAGE * LD * 2), k_cache,
+                                                     v_cache, table, from, kend, g, hd, kvd, block_size,
+                                                     bs_shift, lo, hi);
+    };
+    const int all = 0x7fffffff;
+    // The first two stages' keys written by earlier steps stream in before the wait for the
+    // previous kernel (the tables and positions are the step's, uploaded before it); their
+    // keys from wfirst on come after it. Four commit groups, which the loop's first wait
+    // sees done.
+    const bool live = kbeg < kend, second = kbeg + FA_STAGE < kend;
+    if (live) load_stage(kbeg, 0, -all, wfirst);
+    asm volatile("cp.async.commit_group;\n" ::);
+    if (live && second) load_stage(kbeg + FA_STAGE, 1, -all, wfirst);
+    asm volatile("cp.async.commit_group;\n" ::);
+    grid_dep_enter();
+    if (!live) {
         // An empty split (only with several): mark it so the merge skips it.
         if (threadIdx.x < 16) {
             int m = threadIdx.x, pi = m / group;
@@ -71,12 +108,10 @@ __device__ __forceinline__ void flash_decode(
         }
         return;
     }
-    // The last position among the tile's rows (keys past it are masked for all of them).
-    const int wlast = row_pos[row0 + min(pw, cnt) - 1];
-    // The first position among them (keys up to it are visible to every row).
-    const int wfirst = row_pos[row0];
-    // The valid M rows: (position, query head) pairs, positions first.
-    const int rows = min(pw, cnt) * group;
+    if (wfirst < kbeg + FA_STAGE) load_stage(kbeg, 0, wfirst, all);
+    asm volatile("cp.async.commit_group;\n" ::);
+    if (second && wfirst < kbeg + 2 * FA_STAGE) load_stage(kbeg + FA_STAGE, 1, wfirst, all);
+    asm volatile("cp.async.commit_group;\n" ::);
 
     // The query as A fragments: qa[kc] covers dims kc*16 .. kc*16+15.
     unsigned qa[HD / 16][4];
@@ -107,28 +142,11 @@ __device__ __forceinline__ void flash_decode(
     }
     float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
 
-    const int* table = tables + (size_t)row_seq[row0] * table_stride;
-    const int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
-    // Shared-space byte addresses: this lane's ldmatrix rows of K and V in stage 0 (the
-    // stage and the tile offsets are added as constants).
-    const unsigned smem0 = smem_addr(fa_smem);
-    const int koff = warp * 16;  // this warp's quarter of a stage's keys
-    const unsigned k_rows =
-        smem0 + (unsigned)(((koff + (lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8) * 2);
-    const unsigned v_rows = smem0 + (unsigned)(((FA_STAGE + koff + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
-                                                (lane >> 4) * 8) * 2);
-    // Keys [from, ...) into stage buffer `buf` (keys past the split are zeros).
-    auto load_stage = [&](int from, int buf) {
-        load_kv_stage<HD, FA_STAGE, FA_WARPS * 32, LD>(smem0 + (unsigned)(buf * 2 * FA_STAGE * LD * 2), k_cache,
-                                                     v_cache, table, from, kend, g, hd, kvd, block_size,
-                                                     bs_shift);
-    };
-    load_stage(kbeg, 0);
-    asm volatile("cp.async.commit_group;\n" ::);
     int buf = 0;
     for (int k0 = kbeg; k0 < kend; k0 += FA_STAGE, buf ^= 1) {
-        // Prefetch the next stage into the other buffer, then wait for this one.
-        if (k0 + FA_STAGE < kend) load_stage(k0 + FA_STAGE, buf ^ 1);
+        // Prefetch the next stage into the other buffer (the second is on its way already),
+        // then wait for this one.
+        if (k0 != kbeg && k0 + FA_STAGE < kend) load_stage(k0 + FA_STAGE, buf ^ 1, -all, all);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         __syncthreads();
@@ -292,10 +310,8 @@ __device__ __forceinline__ void flash_decode(
 
 // Blocks per multiprocessor the register budget aims for: 4 at head_dim 64, 3 at 128.
 extern "C" __global__ void __launch_bounds__(128, 4) KERNEL(flash_decode_hd64)(FA_ARGS) {
-    grid_dep_enter();
     flash_decode<64>(FA_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) KERNEL(flash_decode_hd128)(FA_ARGS) {
-    grid_dep_enter();
     flash_decode<128>(FA_PASS);
 }

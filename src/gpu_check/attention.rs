@@ -40,6 +40,16 @@ const CASES: &[Case] = &[
         prefill: &[],
         decode: &[1, 33, 1000, 5000],
     },
+    // Many decode tiles at once, from one stage to several splits.
+    Case {
+        name: "decode batch",
+        prefill: &[],
+        decode: &[
+            1, 7, 16, 33, 64, 65, 100, 127, 128, 129, 200, 255, 256, 257, 300, 383, 384, 500, 511,
+            512, 513, 640, 700, 777, 800, 900, 1000, 1023, 1024, 1025, 1100, 1200, 1300, 1500,
+            1700, 2000, 2047, 2048, 2049, 3000,
+        ],
+    },
 ];
 
 pub fn attention(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {

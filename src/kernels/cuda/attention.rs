@@ -50,6 +50,16 @@ const TARGET_BLOCKS: usize = 528;
 /// this long). 128 against 64 on an H100: 8B attention at 4 x 1,024 0.91 -> 0.67 ms, the
 /// same at 1 x 512 (docs/perf.md).
 const MIN_CHUNK: usize = 128;
+/// The tensor-core decode kernel splits no context whose keys per KV head hold at most this
+/// many elements (256 positions at head_dim 64, 128 at 128): at batch 1 on an H100 a
+/// split's merge (`attention_combine`, one more dependent kernel) costs more than the
+/// stages it would run side by side (docs/perf.md, twenty-second pass).
+const UNSPLIT_ELEMENTS: usize = 256 * 64;
+
+/// The longest context the tensor-core decode kernel runs unsplit at `head_dim`.
+pub fn unsplit_len(head_dim: usize) -> usize {
+    UNSPLIT_ELEMENTS / head_dim.max(1)
+}
 
 /// Whether the tensor-core kernels take these heads (head_dim a multiple of 16, up to 128).
 pub fn tensor_cores(h: &Heads) -> bool {
@@ -175,11 +185,15 @@ impl Tiles {
 }
 
 /// (chunk, splits) for `blocks` work blocks of rows as long as `a.max_len`: one split when
-/// the blocks alone fill the GPU, else enough splits of at least MIN_CHUNK positions (a
-/// multiple of `align`), within the workspace.
-fn split_plan(a: &Attention, blocks: usize, align: usize) -> (usize, usize) {
+/// the blocks alone fill the GPU or the rows are at most `unsplit` long, else enough splits
+/// of at least MIN_CHUNK positions (a multiple of `align`), within the workspace.
+fn split_plan(a: &Attention, blocks: usize, align: usize, unsplit: usize) -> (usize, usize) {
     let by_work = TARGET_BLOCKS.div_ceil(blocks.max(1));
-    let by_len = (a.max_len / MIN_CHUNK).max(1);
+    let by_len = if a.max_len <= unsplit {
+        1
+    } else {
+        (a.max_len / MIN_CHUNK).max(1)
+    };
     let by_space = a.acc_cap / (a.n * a.heads.heads * a.heads.head_dim).max(1);
     let splits = by_work.min(by_len).min(by_space).max(1);
     let chunk = a.max_len.div_ceil(splits).next_multiple_of(align).max(1);
@@ -207,10 +221,11 @@ impl Kernel {
 /// Which kernel runs `a` and over how many splits of the sequence: (kernel, chunk, splits).
 pub fn attention_plan(a: &Attention) -> (Kernel, usize, usize) {
     if tensor_cores(&a.heads) {
-        let (chunk, splits) = split_plan(a, a.keys_tiles * a.heads.kv_heads, STAGE);
+        let unsplit = unsplit_len(a.heads.head_dim);
+        let (chunk, splits) = split_plan(a, a.keys_tiles * a.heads.kv_heads, STAGE, unsplit);
         (Kernel::Flash, chunk, splits)
     } else {
-        let (chunk, splits) = split_plan(a, a.n * a.heads.kv_heads, 1);
+        let (chunk, splits) = split_plan(a, a.n * a.heads.kv_heads, 1, 0);
         (Kernel::WarpPerKey, chunk, splits)
     }
 }
@@ -417,6 +432,12 @@ mod tests {
             let (_, _, s) = attention_plan(&attn(4, 100_000, 32 * hd * 4 * 3, hd));
             assert!(s <= 3);
         }
+        // The tensor-core kernel splits no short context (the warp-per-key one does).
+        assert_eq!((unsplit_len(64), unsplit_len(128)), (256, 128));
+        assert_eq!(attention_plan(&attn(1, 256, 1 << 24, 64)).2, 1);
+        assert_eq!(attention_plan(&attn(1, 257, 1 << 24, 64)).2, 2);
+        assert_eq!(attention_plan(&attn(1, 128, 1 << 24, 128)).2, 1);
+        assert_eq!(attention_plan(&attn(1, 256, 1 << 24, 72)).2, 2);
         // The tensor-core kernel's splits are whole stages.
         let (kernel, chunk, _) = attention_plan(&attn(1, 5000, 32 * 64 * 1024, 64));
         assert_eq!((kernel, chunk % STAGE), (Kernel::Flash, 0));

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use cudarc::driver::{CudaEvent, PinnedHostSlice};
 
-use super::graphs::{GraphKey, Graphs, GRAPH_LEN_STEP};
+use super::graphs::{graph_plan_len, GraphKey, Graphs};
 use super::stage_timer::{mark, stage, StageTimer};
 use super::tune;
 use super::{heads, CudaModel};
@@ -128,15 +128,15 @@ struct Layout {
 }
 
 impl Layout {
-    /// `group`: query heads per KV head, which sets the attention tiles. `len_step`: the
-    /// longest context is rounded up to a multiple of it for the block-table stride and the
-    /// attention's split plan (1 for exact; a captured pass keeps its launches while the
-    /// contexts grow inside one step).
+    /// `group`: query heads per KV head, which sets the attention tiles. `plan`: the
+    /// context the block-table stride and the attention's split plan follow, from the
+    /// longest: itself, or for a captured pass [`graph_plan_len`], so that the capture keeps
+    /// its launches while the contexts grow.
     fn new(
         seqs: &[SeqChunk<'_>],
         block_size: usize,
         group: usize,
-        len_step: usize,
+        plan: impl Fn(usize) -> usize,
     ) -> Result<Self> {
         let n: usize = seqs.iter().map(|c| c.tokens.len()).sum();
         let longest = seqs
@@ -145,7 +145,7 @@ impl Layout {
             .max()
             .unwrap_or(0)
             .max(1);
-        let plan_len = longest.next_multiple_of(len_step.max(1));
+        let plan_len = plan(longest);
         let stride = plan_len.div_ceil(block_size).max(1);
         let int = |v: usize| {
             i32::try_from(v).map_err(|_| Error::InvalidRequest(format!("{v} exceeds i32")))
@@ -884,8 +884,12 @@ impl CudaForward {
         let cfg = &self.model.config;
         let group = cfg.num_heads / cfg.num_kv_heads.max(1);
         let decode = self.graphs.takes(chunks);
-        let step = if decode { GRAPH_LEN_STEP } else { 1 };
-        let mut lay = Layout::new(chunks, self.block_size, group, step)?;
+        let head_dim = cfg.head_dim;
+        let plan = |longest| match decode {
+            true => graph_plan_len(longest, head_dim),
+            false => longest,
+        };
+        let mut lay = Layout::new(chunks, self.block_size, group, plan)?;
         lay.feed_pending(pending)?;
         let key = decode.then_some(GraphKey {
             n: lay.n,
@@ -1057,7 +1061,7 @@ mod tests {
                 logits: 1,
             },
         ];
-        let lay = Layout::new(&chunks, 2, 4, 1).unwrap();
+        let lay = Layout::new(&chunks, 2, 4, |l| l).unwrap();
         assert_eq!((lay.n, lay.m, lay.plan_len, lay.stride), (4, 3, 5, 3));
         assert_eq!((lay.tiles_at, lay.tiles), (4 * 4 + 3 + 6, (0, 2)));
         let n = lay.n;
@@ -1085,15 +1089,16 @@ mod tests {
             logits: 1,
         };
         let chunks = [chunk(&a[..], 0), chunk(&b[..], 5), chunk(&b[..], 9)];
-        let mut lay = Layout::new(&chunks, 4, 1, 1).unwrap();
+        let mut lay = Layout::new(&chunks, 4, 1, |l| l).unwrap();
         lay.feed_pending(&[None, Some(4), Some(0)]).unwrap();
         assert_eq!(&lay.meta[..lay.n], &[7, 8, -5, -1]);
     }
 
     #[test]
     fn a_captured_decode_plans_for_a_rounded_context() {
-        // Decodes at positions 4 and 20 (block size 16): one capture serves every context
-        // up to 1024, so the table stride and the split plan follow 1024, not 21.
+        // Decodes at positions 4 and 20 (block size 16), head_dim 64: one capture serves
+        // every context the attention runs unsplit, so the table stride and the split plan
+        // follow 256, not 21.
         let (a, b) = ([1u32], [2u32]);
         let chunks = [
             SeqChunk {
@@ -1109,15 +1114,20 @@ mod tests {
                 logits: 1,
             },
         ];
-        let lay = Layout::new(&chunks, 16, 4, GRAPH_LEN_STEP).unwrap();
-        assert_eq!((lay.plan_len, lay.stride), (1024, 64));
+        let lay = Layout::new(&chunks, 16, 4, |l| graph_plan_len(l, 64)).unwrap();
+        assert_eq!((lay.plan_len, lay.stride), (256, 16));
         let tables = &lay.meta[4 * 2 + 2..lay.tiles_at];
-        assert_eq!(tables.len(), 2 * 64);
-        assert_eq!((tables[0], tables[64], tables[65]), (3, 5, 6));
-        assert!(tables[66..].iter().all(|&t| t == 0));
+        assert_eq!(tables.len(), 2 * 16);
+        assert_eq!((tables[0], tables[16], tables[17]), (3, 5, 6));
+        assert!(tables[18..].iter().all(|&t| t == 0));
         // Exact for a pass launched kernel by kernel.
-        let exact = Layout::new(&chunks, 16, 4, 1).unwrap();
+        let exact = Layout::new(&chunks, 16, 4, |l| l).unwrap();
         assert_eq!((exact.plan_len, exact.stride), (21, 2));
+        // Past the unsplit contexts, captures go by steps of 1,024.
+        assert_eq!(graph_plan_len(256, 64), 256);
+        assert_eq!(graph_plan_len(257, 64), 1024);
+        assert_eq!(graph_plan_len(129, 128), 1024);
+        assert_eq!(graph_plan_len(1025, 64), 2048);
     }
 
     #[test]

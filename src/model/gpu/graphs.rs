@@ -8,8 +8,8 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
 
 use crate::error::{Error, Result};
-use crate::kernels::cuda::cuda_err;
 use crate::kernels::cuda::gemm::GEMV_MAX_ROWS;
+use crate::kernels::cuda::{attention, cuda_err};
 use crate::model::llama::SeqChunk;
 
 /// Decodes of up to this many sequences run as captured graphs: there the launches, not
@@ -17,7 +17,21 @@ use crate::model::llama::SeqChunk;
 const GRAPH_MAX_ROWS: usize = GEMV_MAX_ROWS;
 /// Context lengths are rounded up to a multiple of this for a captured pass, so one
 /// capture serves while the contexts grow through it.
-pub const GRAPH_LEN_STEP: usize = 1024;
+const GRAPH_LEN_STEP: usize = 1024;
+
+/// The context a captured pass for rows as long as `longest` is planned for (the block
+/// table's stride and the attention's split plan follow it): contexts the attention runs
+/// unsplit at `head_dim` share one capture planned for the longest of them, the rest are
+/// rounded up to a multiple of GRAPH_LEN_STEP.
+pub fn graph_plan_len(longest: usize, head_dim: usize) -> usize {
+    let unsplit = attention::unsplit_len(head_dim);
+    if longest <= unsplit {
+        unsplit
+    } else {
+        longest.next_multiple_of(GRAPH_LEN_STEP)
+    }
+}
+
 /// Captured passes kept at most (they are dropped all at once beyond it).
 const GRAPH_CACHE: usize = 64;
 
