@@ -885,9 +885,12 @@ impl CudaForward {
         let group = cfg.num_heads / cfg.num_kv_heads.max(1);
         let decode = self.graphs.takes(chunks);
         let head_dim = cfg.head_dim;
-        let plan = |longest| match decode {
-            true => graph_plan_len(longest, head_dim),
-            false => longest,
+        let plan = |longest| {
+            if decode {
+                graph_plan_len(longest, head_dim)
+            } else {
+                longest
+            }
         };
         let mut lay = Layout::new(chunks, self.block_size, group, plan)?;
         lay.feed_pending(pending)?;
