@@ -56,9 +56,14 @@ const MIN_CHUNK: usize = 128;
 /// stages it would run side by side (docs/perf.md, twenty-second pass).
 const UNSPLIT_ELEMENTS: usize = 256 * 64;
 
-/// The longest context the tensor-core decode kernel runs unsplit at `head_dim`.
-pub fn unsplit_len(head_dim: usize) -> usize {
-    UNSPLIT_ELEMENTS / head_dim.max(1)
+/// The longest context a decode of these heads runs unsplit: 0 where the warp-per-key
+/// kernel runs (it splits every context it can).
+pub fn unsplit_len(h: &Heads) -> usize {
+    if tensor_cores(h) {
+        UNSPLIT_ELEMENTS / h.head_dim.max(1)
+    } else {
+        0
+    }
 }
 
 /// Whether the tensor-core kernels take these heads (head_dim a multiple of 16, up to 128).
@@ -220,12 +225,12 @@ impl Kernel {
 
 /// Which kernel runs `a` and over how many splits of the sequence: (kernel, chunk, splits).
 pub fn attention_plan(a: &Attention) -> (Kernel, usize, usize) {
+    let unsplit = unsplit_len(&a.heads);
     if tensor_cores(&a.heads) {
-        let unsplit = unsplit_len(a.heads.head_dim);
         let (chunk, splits) = split_plan(a, a.keys_tiles * a.heads.kv_heads, STAGE, unsplit);
         (Kernel::Flash, chunk, splits)
     } else {
-        let (chunk, splits) = split_plan(a, a.n * a.heads.kv_heads, 1, 0);
+        let (chunk, splits) = split_plan(a, a.n * a.heads.kv_heads, 1, unsplit);
         (Kernel::WarpPerKey, chunk, splits)
     }
 }
@@ -433,7 +438,13 @@ mod tests {
             assert!(s <= 3);
         }
         // The tensor-core kernel splits no short context (the warp-per-key one does).
-        assert_eq!((unsplit_len(64), unsplit_len(128)), (256, 128));
+        let h = |head_dim| Heads {
+            heads: 32,
+            kv_heads: 8,
+            head_dim,
+        };
+        assert_eq!((unsplit_len(&h(64)), unsplit_len(&h(128))), (256, 128));
+        assert_eq!(unsplit_len(&h(72)), 0);
         assert_eq!(attention_plan(&attn(1, 256, 1 << 24, 64)).2, 1);
         assert_eq!(attention_plan(&attn(1, 257, 1 << 24, 64)).2, 2);
         assert_eq!(attention_plan(&attn(1, 128, 1 << 24, 128)).2, 1);

@@ -884,10 +884,10 @@ impl CudaForward {
         let cfg = &self.model.config;
         let group = cfg.num_heads / cfg.num_kv_heads.max(1);
         let decode = self.graphs.takes(chunks);
-        let head_dim = cfg.head_dim;
+        let hs = heads(cfg);
         let plan = |longest| {
             if decode {
-                graph_plan_len(longest, head_dim)
+                graph_plan_len(longest, &hs)
             } else {
                 longest
             }
@@ -1044,6 +1044,7 @@ impl ForwardPass for CudaForward {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::cuda::launch::Heads;
 
     #[test]
     fn layout_packs_rows_slots_tables_and_logit_rows() {
@@ -1117,7 +1118,12 @@ mod tests {
                 logits: 1,
             },
         ];
-        let lay = Layout::new(&chunks, 16, 4, |l| graph_plan_len(l, 64)).unwrap();
+        let h = |head_dim| Heads {
+            heads: 32,
+            kv_heads: 8,
+            head_dim,
+        };
+        let lay = Layout::new(&chunks, 16, 4, |l| graph_plan_len(l, &h(64))).unwrap();
         assert_eq!((lay.plan_len, lay.stride), (256, 16));
         let tables = &lay.meta[4 * 2 + 2..lay.tiles_at];
         assert_eq!(tables.len(), 2 * 16);
@@ -1127,10 +1133,12 @@ mod tests {
         let exact = Layout::new(&chunks, 16, 4, |l| l).unwrap();
         assert_eq!((exact.plan_len, exact.stride), (21, 2));
         // Past the unsplit contexts, captures go by steps of 1,024.
-        assert_eq!(graph_plan_len(256, 64), 256);
-        assert_eq!(graph_plan_len(257, 64), 1024);
-        assert_eq!(graph_plan_len(129, 128), 1024);
-        assert_eq!(graph_plan_len(1025, 64), 2048);
+        assert_eq!(graph_plan_len(256, &h(64)), 256);
+        assert_eq!(graph_plan_len(257, &h(64)), 1024);
+        assert_eq!(graph_plan_len(129, &h(128)), 1024);
+        assert_eq!(graph_plan_len(1025, &h(64)), 2048);
+        // Heads the warp-per-key kernel takes split every context: no short capture.
+        assert_eq!(graph_plan_len(100, &h(72)), 1024);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use cudarc::driver::{CudaGraph, CudaStream};
 
 use crate::error::{Error, Result};
 use crate::kernels::cuda::gemm::GEMV_MAX_ROWS;
+use crate::kernels::cuda::launch::Heads;
 use crate::kernels::cuda::{attention, cuda_err};
 use crate::model::llama::SeqChunk;
 
@@ -20,11 +21,11 @@ const GRAPH_MAX_ROWS: usize = GEMV_MAX_ROWS;
 const GRAPH_LEN_STEP: usize = 1024;
 
 /// The context a captured pass for rows as long as `longest` is planned for (the block
-/// table's stride and the attention's split plan follow it): contexts the attention runs
-/// unsplit at `head_dim` share one capture planned for the longest of them, the rest are
+/// table's stride and the attention's split plan follow it): contexts the attention of
+/// these heads runs unsplit share one capture planned for the longest of them, the rest are
 /// rounded up to a multiple of GRAPH_LEN_STEP.
-pub fn graph_plan_len(longest: usize, head_dim: usize) -> usize {
-    let unsplit = attention::unsplit_len(head_dim);
+pub fn graph_plan_len(longest: usize, h: &Heads) -> usize {
+    let unsplit = attention::unsplit_len(h);
     if longest <= unsplit {
         unsplit
     } else {
