@@ -1,9 +1,10 @@
 //! The paged attention kernels against the CPU twin (the tensor-core kernels for head_dim
-//! a multiple of 16, the warp-per-key kernel for the rest): mixed prefill rows (every position of
-//! sequences of 1, 31, 32, 33, 100 tokens, and of 300 and 513) with decode rows in one
-//! launch, and decode-only batches long enough to take the split-K path; shuffled block
-//! tables, odd block sizes, NaN-poisoned output and workspace. Where the device runs prefill
-//! tiles on the wgmma kernel, each prefill case runs on the mma.sync kernel too.
+//! a multiple of 16, the warp-per-key kernel for the rest): mixed prefill rows (every
+//! position of sequences of 1, 31, 32, 33, 100 tokens, and of 300 and 513) with decode rows
+//! in one launch, decode-only batches short enough to stay unsplit and long enough to take
+//! the split-K path; shuffled block tables, odd block sizes, NaN-poisoned output and
+//! workspace. Where the device runs prefill tiles on the wgmma kernel, each prefill case
+//! runs on the mma.sync kernel too.
 
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -39,6 +40,19 @@ const CASES: &[Case] = &[
         name: "decode split-K",
         prefill: &[],
         decode: &[1, 33, 1000, 5000],
+    },
+    // Many short decode tiles at once, all unsplit (every context fits 128 positions), with
+    // short prompts that make tiles of several positions where a warp holds them.
+    Case {
+        name: "decode short batch",
+        prefill: &[2, 3, 4],
+        decode: &[1, 2, 15, 16, 17, 31, 64, 65, 96, 100, 127, 128],
+    },
+    // The same up to 256 positions: unsplit at head_dim up to 64, split at 128.
+    Case {
+        name: "decode short batch 256",
+        prefill: &[],
+        decode: &[3, 100, 129, 192, 200, 255, 256],
     },
     // Many decode tiles at once, from one stage to several splits.
     Case {
