@@ -48,7 +48,9 @@ const CASES: &[Case] = &[
         prefill: &[2, 3, 4],
         decode: &[1, 2, 15, 16, 17, 31, 64, 65, 96, 100, 127, 128],
     },
-    // The same up to 256 positions: unsplit at head_dim up to 64, split at 128.
+    // The same up to 256 positions: unsplit where head_dim is at most 64; split where 256
+    // positions hold more than 256 x 64 elements (head_dim 80 and 128), and on the
+    // warp-per-key kernel.
     Case {
         name: "decode short batch 256",
         prefill: &[],
