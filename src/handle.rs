@@ -244,11 +244,12 @@ impl ModelHandle {
             stream: tx,
             reply,
         });
-        submitted
+        let prompt_tokens = submitted
             .map_err(|e| SubmitError::Unavailable(format!("the model is not running: {e}")))??;
         Ok(ResponseStream {
             id,
             rid,
+            prompt_tokens,
             rx,
             scheduler: inner.refs.scheduler.clone(),
             open: vec![true; prompts],
@@ -304,6 +305,8 @@ pub struct ResponseStream {
     /// The request's unique key (ids can be reused once a request ends).
     rid: u64,
     rx: mpsc::UnboundedReceiver<Chunk>,
+    /// Each prompt's token count (by batch_index).
+    prompt_tokens: Vec<usize>,
     scheduler: ActorRef<SchedulerMsg>,
     /// Prompts (by batch_index) whose final chunk has not arrived.
     open: Vec<bool>,
@@ -313,6 +316,12 @@ pub struct ResponseStream {
 impl ResponseStream {
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Each prompt's token count (by batch_index), known from submission: a request whose
+    /// answer comes in one chunk at the end knows it before any chunk.
+    pub fn prompt_tokens(&self) -> &[usize] {
+        &self.prompt_tokens
     }
 }
 

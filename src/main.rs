@@ -397,6 +397,7 @@ fn gpu_check(model: Option<PathBuf>, steps: usize, seed: u64) -> inflight::Resul
         let same = "engine, same weights dequantized";
         rows.extend(mcheck::greedy_vs_cpu(&plain, same, &cuda, steps, false)?);
         rows.push(mcheck::swapped_vs_resident(&cuda)?);
+        rows.push(mcheck::last_layer_rows_vs_every_row(&cuda)?);
     }
     if print_table(&rows) {
         Ok(())

@@ -342,6 +342,65 @@ fn chunked_prefill_beside_decode_matches_reference() {
     );
 }
 
+/// Chunks without logits write every layer's K/V, the last layer's too, where a call has
+/// rows with logits beside them and where it has none: the prompt's last chunk then reads
+/// them.
+#[test]
+fn chunks_without_logits_write_every_layer() {
+    let dir = temp_dir("no-logits");
+    write_tiny_checkpoint(&dir, &TinySpec::default()).unwrap();
+    let ckpt = HfCheckpoint::open(&dir).unwrap();
+    let (cfg, weights) = (ckpt.config().clone(), load_tensors(&ckpt));
+    let model = Llama::load(&dir).unwrap();
+    let vocab = cfg.vocab_size;
+    let long = prompt(13, 31, vocab);
+    // 3 + 2 blocks and 3 spare: a pool size coprime to 7 (block_tables).
+    let short = prompt(6, 32, vocab);
+    let (tables, num_blocks) = block_tables(&[long.len(), short.len()]);
+    let mut cache = KvCache::new(model.config(), BLOCK_SIZE, num_blocks);
+    let chunk = |from: usize, to: usize, logits: usize| SeqChunk {
+        tokens: &long[from..to],
+        start_pos: from,
+        block_table: blocks_for(&tables[0], to),
+        logits,
+    };
+    let short_whole = SeqChunk {
+        tokens: &short,
+        start_pos: 0,
+        block_table: blocks_for(&tables[1], short.len()),
+        logits: 2,
+    };
+    // Call 1: the long prompt's first chunk (no logits) beside the short prompt's last two
+    // rows; call 2: the second chunk alone, no row with logits at all.
+    let first = model
+        .forward(&[chunk(0, 5, 0), short_whole], &mut cache)
+        .unwrap();
+    assert!(first[0].is_empty());
+    assert_eq!(first[1].len(), 2 * vocab);
+    let out = model.forward(&[chunk(5, 9, 0)], &mut cache).unwrap();
+    assert!(out[0].is_empty());
+    // Call 3: the rest of the long prompt, its last row's logits.
+    let out = model.forward(&[chunk(9, 13, 1)], &mut cache).unwrap();
+    let mut checked = Checked {
+        worst: 0.0,
+        where_: String::new(),
+    };
+    let r_short = reference_logits_with(&cfg, &weights, &short);
+    for (j, r) in r_short[short.len() - 2..].iter().enumerate() {
+        let e = &first[1][j * vocab..(j + 1) * vocab];
+        checked.row(e, r, format!("short row {}", short.len() - 2 + j));
+    }
+    let r_long = reference_logits_with(&cfg, &weights, &long);
+    checked.row(&out[0], r_long.last().unwrap(), "long, three chunks".into());
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        checked.worst <= TOL,
+        "error {:.3e} at {}",
+        checked.worst,
+        checked.where_
+    );
+}
+
 /// The tiny model is a useful test subject only if its predictions vary with the input.
 #[test]
 fn tiny_model_logits_are_not_degenerate() {

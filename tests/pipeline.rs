@@ -145,6 +145,34 @@ async fn chunked_context_gives_the_same_results() {
     batching_matches_alone(handle).await;
 }
 
+/// A request's prompt token counts are known from submission, before any chunk: a
+/// non-streamed answer sends none until it ends, and the HTTP layer logs them all the same
+/// when the client leaves first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_token_counts_come_with_the_stream() {
+    let handle = spawn("prompt-counts", |_| {}).await;
+    let stream = handle
+        .submit(Request {
+            id: None,
+            prompts: vec![prompt(1, 5), prompt(2, 9)],
+            params: GenerationParams {
+                stream: false,
+                ..greedy(4)
+            },
+        })
+        .await
+        .unwrap();
+    assert_eq!(stream.prompt_tokens(), &[5, 9]);
+    let chunks: Vec<Chunk> = stream.collect().await;
+    let mut seen: Vec<(usize, usize)> = chunks
+        .iter()
+        .map(|c| (c.batch_index, c.prompt_tokens))
+        .collect();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen, vec![(0, 5), (1, 9)]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_half_frees_every_block() {
     let handle = spawn("cancel", |_| {}).await;

@@ -46,7 +46,8 @@ pub enum PreprocessMsg {
         prompts: Vec<Prompt>,
         params: GenerationParams,
         stream: UnboundedSender<Chunk>,
-        reply: RpcReplyPort<Result<(), SubmitError>>,
+        /// Each prompt's token count once it is queued.
+        reply: RpcReplyPort<Result<Vec<usize>, SubmitError>>,
     },
 }
 

@@ -87,6 +87,7 @@ impl Actor for Preprocess {
                 params: params.clone(),
             })
             .collect();
+        let prompt_tokens: Vec<usize> = seqs.iter().map(|s| s.prompt.len()).collect();
         let worker = &a.postprocess[(rid % a.postprocess.len() as u64) as usize];
         worker.cast(PostprocessMsg::Open {
             rid,
@@ -113,7 +114,7 @@ impl Actor for Preprocess {
             a.scheduler
                 .send_after(Duration::from_millis(ms), move || cancel);
         }
-        let _ = reply.send(queued);
+        let _ = reply.send(queued.map(|()| prompt_tokens));
         Ok(())
     }
 }

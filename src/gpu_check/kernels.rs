@@ -66,6 +66,7 @@ pub fn run_all(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Row>> {
     for dt in Half::ALL {
         rows.extend(embed(gpu, dt, &mut rng)?);
         rows.extend(norms(gpu, dt, &mut rng)?);
+        rows.extend(gather(gpu, dt, &mut rng)?);
         rows.extend(swiglu(gpu, dt, &mut rng)?);
         rows.extend(rope(gpu, dt, &mut rng)?);
         rows.extend(attention(gpu, dt, &mut rng)?);
@@ -161,6 +162,33 @@ fn norms(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
             rel_err(&got, &want_rows),
             1e-2,
         ));
+    }
+    Ok(out)
+}
+
+/// `gather_rows`: a few rows, out of order, of 32-bit words (the last layer's residual and
+/// 16-bit attention rows), exact; rows of a multiple of 4 words and of another width.
+fn gather(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
+    let mut out = Vec::new();
+    let n = 37;
+    let sel: Vec<i32> = vec![36, 0, 17, 5, 36];
+    let selb = gpu.upload(&sel)?;
+    for words in [576, 288, 2048, 7] {
+        let src = rand_vec(rng, n * words, 1.0);
+        let srcb = gpu.upload(&src)?;
+        let ob = poison_f32(gpu, sel.len() * words)?;
+        launch::gather_rows(gpu, dt, srcb.ptr(), selb.ptr(), ob.ptr(), sel.len(), words)?;
+        let want: Vec<f32> = sel
+            .iter()
+            .flat_map(|&r| {
+                src[r as usize * words..(r as usize + 1) * words]
+                    .iter()
+                    .copied()
+            })
+            .collect();
+        let got = gpu.read(&ob, sel.len() * words)?;
+        let shape = format!("rows {sel:?} of {n}, {words} words");
+        out.push(row("gather_rows", dt, shape, rel_err(&got, &want), 1e-12));
     }
     Ok(out)
 }

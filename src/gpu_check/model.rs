@@ -6,7 +6,8 @@
 //! as captured CUDA graphs, against the same steps launched kernel by kernel; and greedy
 //! decoding planned ahead (each step launched before the last one's tokens reach the host,
 //! which the device feeds itself), batched and alone, against the steps run one by one.
-//! [`dump_logits`]:
+//! [`last_layer_rows_vs_every_row`]: the last layer run on the rows that get logits alone
+//! against the same chunks asking logits for every row. [`dump_logits`]:
 //! the GPU engine's fp32 logits at every position of a batch of random prompts of
 //! different lengths (one prefill, then 32 batched decode steps on its own argmax), written
 //! for scripts/hf_compare.py to check against HF transformers in fp32.
@@ -431,6 +432,100 @@ pub fn swapped_vs_resident(cuda: &Arc<CudaModel>) -> Result<Row> {
         tol: 1e-12,
         written: err.1,
         note: "logits bit for bit".into(),
+        info: false,
+    })
+}
+
+/// The last layer run on the rows that get logits alone, against the same calls asking
+/// logits for every row (where the last layer runs on all of them). Prompts are prefilled
+/// in chunks: chunks without logits beside one with, a call where no row gets logits, a
+/// chunk ending with three rows of logits beside a decode; then batched decodes, which
+/// read every layer's K/V those calls wrote. Kernel by kernel on both sides.
+pub fn last_layer_rows_vs_every_row(cuda: &Arc<CudaModel>) -> Result<Row> {
+    let mut rng = StdRng::seed_from_u64(11);
+    let vocab = cuda.config.vocab_size as u32;
+    let mut seqs: Vec<Vec<u32>> = [37, 70, 45, 100]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.gen_range(0..vocab)).collect())
+        .collect();
+    let steps = 4;
+    let per = 128 / BLOCK;
+    let tabs: Vec<Vec<u32>> = (0..seqs.len())
+        .map(|s| (0..per).map(|j| (j * seqs.len() + s) as u32).collect())
+        .collect();
+    let blocks = per * seqs.len();
+    // (sequence, first position, end, logit rows asked).
+    let calls: [&[(usize, usize, usize, usize)]; 3] = [
+        &[(0, 0, 37, 1), (1, 0, 30, 0), (2, 0, 20, 0), (3, 0, 40, 0)],
+        &[(1, 30, 50, 0), (3, 40, 80, 0)],
+        &[
+            (1, 50, 70, 3),
+            (2, 20, 45, 1),
+            (3, 80, 100, 1),
+            (0, 37, 38, 1),
+        ],
+    ];
+    let mut tail = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
+    let mut every = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
+    tail.set_graphs(false);
+    every.set_graphs(false);
+    let mut err = (0f64, true);
+    let mut compared = 0;
+    let v = vocab as usize;
+    let mut run = |spans: &[(usize, usize, usize, usize)], seqs: &[Vec<u32>]| -> Result<()> {
+        let chunks = |all: bool| -> Vec<SeqChunk<'_>> {
+            spans
+                .iter()
+                .map(|&(s, from, to, want)| SeqChunk {
+                    tokens: &seqs[s][from..to],
+                    start_pos: from,
+                    block_table: &tabs[s],
+                    logits: if all { to - from } else { want },
+                })
+                .collect()
+        };
+        let got = tail.forward(&chunks(false))?;
+        let want = every.forward(&chunks(true))?;
+        for ((g, w), &(_, from, to, asked)) in got.iter().zip(&want).zip(spans) {
+            if g.len() != asked * v {
+                return Err(Error::Model(format!(
+                    "{} logit rows where {asked} were asked",
+                    g.len() / v
+                )));
+            }
+            let e = rel_err(g, &w[(to - from - asked) * v..]);
+            err = (err.0.max(e.0), err.1 && e.1);
+            compared += asked;
+        }
+        Ok(())
+    };
+    // Call 3 decodes sequence 0, and the steps after it every sequence, on fixed tokens:
+    // both sides get the same ones.
+    seqs[0].push(1);
+    for spans in calls {
+        run(spans, &seqs)?;
+    }
+    for step in 0..steps {
+        let spans: Vec<(usize, usize, usize, usize)> = seqs
+            .iter_mut()
+            .map(|seq| {
+                seq.push((step as u32 * 7 + 3) % vocab);
+                (seq.len() - 1, seq.len())
+            })
+            .enumerate()
+            .map(|(s, (from, to))| (s, from, to, 1))
+            .collect();
+        run(&spans, &seqs)?;
+    }
+    Ok(Row {
+        check: "last layer on the rows with logits vs on every row (engine)".into(),
+        shape: format!(
+            "4 prompts of 37-100 tokens in 3 calls of chunks, {steps} decodes; {compared} rows"
+        ),
+        err: err.0,
+        tol: 1e-2,
+        written: err.1 && compared > 0,
+        note: "max rel err of the logits".into(),
         info: false,
     })
 }

@@ -20,8 +20,8 @@ pub struct TrackedStream {
     model: Arc<str>,
     timing: RequestTiming,
     prompts: usize,
-    /// Prompt tokens of each prompt, known from its first token chunk (a stream the
-    /// client leaves after its first token still logs them).
+    /// Prompt tokens of each prompt, known from submission (a request the client leaves
+    /// before its answer, streamed or not, still logs them).
     prompt_tokens: Vec<usize>,
     open: usize,
     reason: Option<FinishReason>,
@@ -38,13 +38,15 @@ impl TrackedStream {
         prompts: usize,
         timing: RequestTiming,
     ) -> Self {
+        let mut prompt_tokens = inner.prompt_tokens().to_vec();
+        prompt_tokens.resize(prompts, 0);
         TrackedStream {
             inner,
             state,
             model: model.into(),
             timing,
             prompts,
-            prompt_tokens: vec![0; prompts],
+            prompt_tokens,
             open: prompts,
             reason: None,
             queue: None,

@@ -104,6 +104,7 @@ impl<T: KvElem> PagedView<'_, T> {
 
 /// What one query row attends to: its sequence's blocks and its own position (causal:
 /// it sees positions `0..=pos`).
+#[derive(Clone, Copy)]
 pub struct AttnRow<'a> {
     pub block_table: &'a [u32],
     pub pos: usize,

@@ -104,7 +104,7 @@ impl Llama {
         if n == 0 {
             return Ok(seqs.iter().map(|_| Vec::new()).collect());
         }
-        let attn_rows: Vec<AttnRow> = positions
+        let mut attn_rows: Vec<AttnRow> = positions
             .iter()
             .zip(&row_seq)
             .map(|(&pos, &s)| AttnRow {
@@ -113,6 +113,8 @@ impl Llama {
             })
             .collect();
 
+        // The rows that get logits, in order. The last layer's outputs feed nothing else.
+        let tail = logit_rows(seqs);
         let mut x = vec![0f32; n * h];
         for (row, &id) in x.chunks_exact_mut(h).zip(&ids) {
             self.weights.embed.row_into(id as usize, h, row);
@@ -125,6 +127,8 @@ impl Llama {
         let mut gu = vec![0f32; n * 2 * f];
         let mut act = vec![0f32; n * f];
 
+        let layers = self.weights.layers.len();
+        let mut n = n;
         for (l, lw) in self.weights.layers.iter().enumerate() {
             cpu::rms_norm(&x, &lw.attn_norm, cfg.rms_norm_eps, &mut xn);
             apply(&lw.qkv, &xn, n, &mut qkv);
@@ -137,6 +141,26 @@ impl Llama {
             cpu::rope(&mut q, &positions, cfg.head_dim, &self.inv_freq);
             cpu::rope(&mut k, &positions, cfg.head_dim, &self.inv_freq);
             cache.write(l, &slots, &k, &v);
+            if l + 1 == layers && tail.len() < n {
+                // Every row's K/V of the last layer is written; its attention and MLP run
+                // only on the rows that get logits.
+                if tail.is_empty() {
+                    return Ok(seqs.iter().map(|_| Vec::new()).collect());
+                }
+                x = gather_rows(&x, &tail, h);
+                q = gather_rows(&q, &tail, qd);
+                attn_rows = tail.iter().map(|&r| attn_rows[r]).collect();
+                n = tail.len();
+                for (buf, width) in [
+                    (&mut xn, h),
+                    (&mut attn, qd),
+                    (&mut tmp, h),
+                    (&mut gu, 2 * f),
+                    (&mut act, f),
+                ] {
+                    buf.truncate(n * width);
+                }
+            }
             attention(cache, l, &q, &attn_rows, cfg, &mut attn);
             apply(&lw.o, &attn, n, &mut tmp);
             cpu::add_in_place(&mut x, &tmp);
@@ -147,28 +171,22 @@ impl Llama {
             apply(&lw.down, &act, n, &mut tmp);
             cpu::add_in_place(&mut x, &tmp);
         }
+        if n != tail.len() {
+            // A model without layers: the embeddings are the rows.
+            x = gather_rows(&x, &tail, h);
+        }
         Ok(self.logits(seqs, &x))
     }
 
-    /// Final norm and LM head on the rows each chunk asked for.
-    fn logits(&self, seqs: &[SeqChunk<'_>], x: &[f32]) -> Vec<Vec<f32>> {
+    /// Final norm and LM head on `rows`: the rows each chunk asked for, in order.
+    fn logits(&self, seqs: &[SeqChunk<'_>], rows: &[f32]) -> Vec<Vec<f32>> {
         let cfg = &self.config;
         let (h, vsz) = (cfg.hidden_size, cfg.vocab_size);
-        let mut rows = Vec::new();
-        let mut counts = Vec::new();
-        let mut start = 0;
-        for c in seqs {
-            let n = c.tokens.len();
-            let take = c.logits.min(n);
-            let from = start + n - take;
-            rows.extend_from_slice(&x[from * h..(from + take) * h]);
-            counts.push(take);
-            start += n;
-        }
+        let counts: Vec<usize> = seqs.iter().map(|c| c.logits.min(c.tokens.len())).collect();
         let m = rows.len() / h;
         let mut normed = vec![0f32; m * h];
         cpu::rms_norm(
-            &rows,
+            rows,
             &self.weights.final_norm,
             cfg.rms_norm_eps,
             &mut normed,
@@ -236,6 +254,27 @@ pub fn check_chunks(
         }
     }
     Ok(())
+}
+
+/// The rows of a batch that get logits, in order: each chunk's last `logits` new tokens
+/// (every engine lays its rows out chunk after chunk).
+pub fn logit_rows(seqs: &[SeqChunk<'_>]) -> Vec<usize> {
+    let mut rows = Vec::new();
+    let mut start = 0;
+    for c in seqs {
+        let n = c.tokens.len();
+        rows.extend(start + n - c.logits.min(n)..start + n);
+        start += n;
+    }
+    rows
+}
+
+/// Rows `rows` of the row-major matrix `x` of rows `width` wide, in that order.
+fn gather_rows(x: &[f32], rows: &[usize], width: usize) -> Vec<f32> {
+    rows.iter()
+        .flat_map(|&r| &x[r * width..(r + 1) * width])
+        .copied()
+        .collect()
 }
 
 /// Paged attention of layer `l` over the cache, whatever its element type.

@@ -333,6 +333,31 @@ pub fn silu_mul(gpu: &Gpu, half: Half, gu: u64, out: u64, n: usize, f: usize) ->
     Ok(())
 }
 
+/// `out[i] = src[rows[i]]` for `m` rows of `words` 32-bit words each (gather.cu); `half`
+/// only picks the build.
+#[allow(clippy::too_many_arguments)]
+pub fn gather_rows(
+    gpu: &Gpu,
+    half: Half,
+    src: u64,
+    rows: u64,
+    out: u64,
+    m: usize,
+    words: usize,
+) -> Result<()> {
+    if m == 0 {
+        return Ok(());
+    }
+    let w = i32_of(words)?;
+    let f = gpu.func("gather_rows", half)?;
+    let mut b = Args::new();
+    b.arg(&src).arg(&rows).arg(&out).arg(&w);
+    // SAFETY: argument order and types match gather.cu; rows index valid rows of src, and
+    // out holds m rows.
+    unsafe { gpu.launch(f, cfg((m, 1, 1), 256)?, &mut b) }.map_err(cuda_err("gather_rows"))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

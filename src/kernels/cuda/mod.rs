@@ -101,6 +101,7 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("norm", &["rms_norm", "rms_norm_rows"]),
     ("rope", &["rope_kv_write", "rope_kv_write_v1"]),
     ("swiglu", &["silu_mul"]),
+    ("gather", &["gather_rows"]),
     ("attention", &["paged_attention", "attention_combine"]),
     (
         "flash_prefill",

@@ -50,6 +50,9 @@ struct Scratch {
     act: DevBuf<u16>,
     part_acc: DevBuf<f32>,
     part_ml: DevBuf<f32>,
+    /// The last layer's rows that get logits, gathered (fp32 residual, 16-bit attention).
+    x_rows: DevBuf<f32>,
+    attn_rows: DevBuf<u16>,
     head_in: DevBuf<u16>,
     logits: DevBuf<f32>,
 }
@@ -73,7 +76,7 @@ pub fn scratch_bytes(cfg: &ModelConfig, tokens: usize, rows: usize) -> usize {
     tokens * per_token
         + acc * 4
         + acc / cfg.head_dim.max(1) * 8
-        + rows * (2 * h + 4 * cfg.vocab_size)
+        + rows * (2 * h + 4 * cfg.vocab_size + 4 * h + 2 * qd)
 }
 
 impl Scratch {
@@ -101,6 +104,8 @@ impl Scratch {
             act: g.alloc(tokens * f)?,
             part_acc: g.alloc(acc)?,
             part_ml: g.alloc(acc / cfg.head_dim * 2)?,
+            x_rows: g.alloc(rows * h)?,
+            attn_rows: g.alloc(rows * qd)?,
             head_in: g.alloc(rows * h)?,
             logits: g.alloc(rows * cfg.vocab_size)?,
         })
@@ -121,6 +126,9 @@ struct Layout {
     /// Where the attention tiles start in `meta`, and their (rows, keys) counts.
     tiles_at: usize,
     tiles: (usize, usize),
+    /// Where some rows get no logits: the tiles of those that do (each chunk's last
+    /// `logits` rows), for the last layer, where they alone go on past the KV write.
+    tail: Option<(usize, (usize, usize))>,
     /// Logit rows per chunk.
     counts: Vec<usize>,
     /// Row of each chunk's first token.
@@ -155,6 +163,7 @@ impl Layout {
         let mut tables = vec![0i32; seqs.len() * stride];
         let mut counts = Vec::with_capacity(seqs.len());
         let mut firsts = Vec::with_capacity(seqs.len());
+        let mut tails = Vec::with_capacity(seqs.len());
         let mut start = 0;
         for (s, c) in seqs.iter().enumerate() {
             firsts.push(start);
@@ -176,6 +185,7 @@ impl Layout {
                 rows.push(r as i32);
             }
             counts.push(take);
+            tails.push((start + len - take, take, end - take));
             start += len;
         }
         let m = rows.len();
@@ -192,6 +202,14 @@ impl Layout {
         meta.extend(tables);
         let tiles_at = meta.len();
         meta.extend(tiles.flat());
+        let tail = if m < n {
+            let t = Tiles::new(tails, group)?;
+            let at = meta.len();
+            meta.extend(t.flat());
+            Some((at, t.counts()))
+        } else {
+            None
+        };
         Ok(Layout {
             n,
             m,
@@ -200,6 +218,7 @@ impl Layout {
             meta,
             tiles_at,
             tiles: tiles.counts(),
+            tail,
             counts,
             firsts,
         })
@@ -497,7 +516,6 @@ impl CudaForward {
             s.meta.at(3 * n),
         );
         let (rows, tables) = (s.meta.at(4 * n), s.meta.at(4 * n + m));
-        let tiles = s.meta.at(lay.tiles_at);
 
         mark(&mut self.timer, stage::HOST_AND_UPLOAD)?;
         // Pending tokens come from the last step's choices (no buffer yet: none pending).
@@ -543,6 +561,26 @@ impl CudaForward {
                 heads(cfg),
             )?;
             mark(&mut self.timer, stage::ROPE)?;
+            // The last layer's outputs feed only the logits. Where some rows get none, its
+            // attention and all after it run on the rows that do: every row's K/V is
+            // written above, the rest gathered below.
+            let tail = if l + 1 == w.layers.len() {
+                lay.tail
+            } else {
+                None
+            };
+            if tail.is_some() && m == 0 {
+                return Ok(());
+            }
+            let (tiles_at, (rows_tiles, keys_tiles)) = tail.unwrap_or((lay.tiles_at, lay.tiles));
+            if tail.is_some() {
+                // Between the KV write and the attention on purpose: a decode tile loads the
+                // keys before its first row's position ahead of its wait on the previous
+                // kernel (flash_decode.cu), as keys earlier steps wrote, but a prompt's last
+                // row comes after keys this step writes. This kernel waits for the KV write
+                // before it lets the attention launch.
+                launch::gather_rows(g, dt, s.x.ptr(), rows, s.x_rows.ptr(), m, h)?;
+            }
             attention::paged_attention(
                 g,
                 &Attention {
@@ -553,9 +591,9 @@ impl CudaForward {
                     table_stride: lay.stride,
                     row_seq,
                     row_pos: pos,
-                    tiles,
-                    rows_tiles: lay.tiles.0,
-                    keys_tiles: lay.tiles.1,
+                    tiles: s.meta.at(tiles_at),
+                    rows_tiles,
+                    keys_tiles,
                     out: s.attn.ptr(),
                     part_acc: s.part_acc.ptr(),
                     part_ml: s.part_ml.ptr(),
@@ -568,21 +606,31 @@ impl CudaForward {
                 },
             )?;
             mark(&mut self.timer, stage::ATTENTION)?;
+            let (x, attn, rows_now) = match tail {
+                Some(_) => {
+                    // 16-bit attention rows as 32-bit words: q_dim is even (RoPE pairs).
+                    launch::gather_rows(g, dt, s.attn.ptr(), rows, s.attn_rows.ptr(), m, qd / 2)?;
+                    (s.x_rows.ptr(), s.attn_rows.ptr(), m)
+                }
+                None => (s.x.ptr(), s.attn.ptr(), n),
+            };
             self.blas.linear(
                 self.linear_path,
                 dt,
-                s.attn.ptr(),
+                attn,
                 lw.o.w.ptr(),
-                s.x.ptr(),
+                x,
                 Out::F32Add,
-                n,
+                rows_now,
                 qd,
                 h,
             )?;
             mark(&mut self.timer, stage::O)?;
             let ffn_norm = Norm {
+                x,
                 w: lw.ffn_norm.ptr(),
-                ..attn_norm
+                eps,
+                xn: s.xn.ptr(),
             };
             let swiglu_done = self.blas.gate_up(
                 self.linear_path,
@@ -590,13 +638,13 @@ impl CudaForward {
                 Input::Normed(ffn_norm),
                 lw.gate_up.w.ptr(),
                 (s.gu.ptr(), s.act.ptr()),
-                n,
+                rows_now,
                 h,
                 f,
             )?;
             mark(&mut self.timer, stage::GATE_UP)?;
             if !swiglu_done {
-                launch::silu_mul(g, dt, s.gu.ptr(), s.act.ptr(), n, f)?;
+                launch::silu_mul(g, dt, s.gu.ptr(), s.act.ptr(), rows_now, f)?;
             }
             mark(&mut self.timer, stage::SWIGLU)?;
             self.blas.linear(
@@ -604,9 +652,9 @@ impl CudaForward {
                 dt,
                 s.act.ptr(),
                 lw.down.w.ptr(),
-                s.x.ptr(),
+                x,
                 Out::F32Add,
-                n,
+                rows_now,
                 f,
                 h,
             )?;
@@ -615,18 +663,32 @@ impl CudaForward {
         if m == 0 {
             return Ok(());
         }
-        // The o and down layers added themselves into x: norm the rows that get logits.
-        launch::rms_norm_rows(
-            g,
-            dt,
-            s.x.ptr(),
-            rows,
-            w.final_norm.ptr(),
-            s.head_in.ptr(),
-            m,
-            h,
-            eps,
-        )?;
+        // The o and down layers added themselves into the residual: norm the rows that get
+        // logits (gathered already where the last layer ran on them alone).
+        if lay.tail.is_some() && !w.layers.is_empty() {
+            launch::rms_norm(
+                g,
+                dt,
+                s.x_rows.ptr(),
+                w.final_norm.ptr(),
+                s.head_in.ptr(),
+                m,
+                h,
+                eps,
+            )?;
+        } else {
+            launch::rms_norm_rows(
+                g,
+                dt,
+                s.x.ptr(),
+                rows,
+                w.final_norm.ptr(),
+                s.head_in.ptr(),
+                m,
+                h,
+                eps,
+            )?;
+        }
         mark(&mut self.timer, stage::FINAL_NORM)?;
         let vocab = cfg.vocab_size;
         let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
@@ -1074,11 +1136,47 @@ mod tests {
         assert_eq!(&lay.meta[2 * n..3 * n], &[10, 11, 4, 18]); // slots
         assert_eq!(&lay.meta[3 * n..4 * n], &[0, 0, 0, 1]); // row -> sequence
         assert_eq!(&lay.meta[4 * n..4 * n + 3], &[1, 2, 3]); // rows with logits
-        assert_eq!(&lay.meta[4 * n + 3..lay.tiles_at], &[5, 2, 0, 7, 1, 9]); // tables, stride 3
-                                                                             // Tiles (first row, rows), longest context first: the decode (5 positions), then
-                                                                             // the prefill (3).
-        assert_eq!(&lay.meta[lay.tiles_at..], &[3, 1, 0, 3]);
+                                                             // Tables, stride 3.
+        assert_eq!(&lay.meta[4 * n + 3..lay.tiles_at], &[5, 2, 0, 7, 1, 9]);
+        // Tiles (first row, rows), longest context first: the decode (5 positions), then
+        // the prefill (3).
+        let tail_at = lay.tiles_at + 4;
+        assert_eq!(&lay.meta[lay.tiles_at..tail_at], &[3, 1, 0, 3]);
+        // Row 0 gets no logits: the last layer's tiles hold the other rows, the prefill's
+        // last two as one tile.
+        assert_eq!(lay.tail, Some((tail_at, (0, 2))));
+        assert_eq!(&lay.meta[tail_at..], &[3, 1, 1, 2]);
         assert_eq!(lay.counts, vec![2, 1]);
+    }
+
+    #[test]
+    fn the_last_layer_tiles_only_rows_with_logits() {
+        // A 20-token chunk without logits, a 9-token prompt end with one, and a decode;
+        // 4 query heads per KV head: a warp takes up to 4 rows.
+        let (a, b, c) = ([1u32; 20], [2u32; 9], [3u32]);
+        let chunk = |tokens, start_pos, logits| SeqChunk {
+            tokens,
+            start_pos,
+            block_table: &[0, 1, 2, 3, 4, 5],
+            logits,
+        };
+        let chunks = [
+            chunk(&a[..], 40, 0),
+            chunk(&b[..], 0, 1),
+            chunk(&c[..], 30, 1),
+        ];
+        let lay = Layout::new(&chunks, 16, 4, |l| l).unwrap();
+        assert_eq!((lay.n, lay.m), (30, 2));
+        let (at, counts) = lay.tail.unwrap();
+        assert_eq!(counts, (0, 2));
+        // The decode (31 positions) before the prompt's last row (9).
+        assert_eq!(&lay.meta[at..], &[29, 1, 28, 1]);
+        // Where every row gets logits there is no tail, and none is uploaded: the meta ends
+        // with the two tiles of every layer (the prompt's 9 rows, the decode).
+        let whole = [chunk(&b[..], 0, 9), chunk(&c[..], 30, 1)];
+        let lay = Layout::new(&whole, 16, 4, |l| l).unwrap();
+        assert_eq!((lay.tail, lay.tiles), (None, (1, 1)));
+        assert_eq!(lay.meta.len(), lay.tiles_at + 2 * 2);
     }
 
     #[test]
