@@ -63,7 +63,9 @@ __device__ __forceinline__ void flash_decode(
     // The last position among the tile's rows (keys past it are masked for all of them).
     const int wlast = row_pos[row0 + min(pw, cnt) - 1];
     // The first position among them (keys up to it are visible to every row). Keys before it
-    // were written by earlier steps; this step's RoPE writes the rest.
+    // were written by earlier steps; this step's RoPE writes the rest. (A tile of the last
+    // layer's rows with logits may start after keys this step wrote: forward.rs launches a
+    // kernel between the two that waits for the RoPE.)
     const int wfirst = row_pos[row0];
     // The valid M rows: (position, query head) pairs, positions first.
     const int rows = min(pw, cnt) * group;
