@@ -1,6 +1,7 @@
 // RMSNorm into 16-bit GEMM inputs: rms_norm norms every row of the fp32 residual stream x
-// (the linear layers add their outputs into x themselves, Out::F32Add); rms_norm_rows norms
-// the selected rows rows[i] of x into out row i (the rows that get logits).
+// (the linear layers add their outputs into x themselves, Out::F32Add), or of the rows the
+// last layer ran on alone; rms_norm_rows norms the selected rows rows[i] of x into out row i
+// (the rows that get logits, where the last layer ran on every row).
 // grid: one block per output row; block: a multiple of 32 threads. Rows of a multiple of 4
 // up to blockDim.x * 4 * NORM_VEC take the fast path: float4 loads all issued at once,
 // the row kept in registers between the sum and the scaling (one read of x, not two).

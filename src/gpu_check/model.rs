@@ -440,16 +440,18 @@ pub fn swapped_vs_resident(cuda: &Arc<CudaModel>) -> Result<Row> {
 /// logits for every row (where the last layer runs on all of them). Prompts are prefilled
 /// in chunks: chunks without logits beside one with, a call where no row gets logits, a
 /// chunk ending with three rows of logits beside a decode; then batched decodes, which
-/// read every layer's K/V those calls wrote. Kernel by kernel on both sides.
+/// read every layer's K/V those calls wrote. The 400-token prompt's context splits the
+/// attention of the tail's launch (past the unsplit length of head_dim 64 and 128). Kernel
+/// by kernel on both sides.
 pub fn last_layer_rows_vs_every_row(cuda: &Arc<CudaModel>) -> Result<Row> {
     let mut rng = StdRng::seed_from_u64(11);
     let vocab = cuda.config.vocab_size as u32;
-    let mut seqs: Vec<Vec<u32>> = [37, 70, 45, 100]
+    let mut seqs: Vec<Vec<u32>> = [37, 70, 45, 400]
         .iter()
         .map(|&n| (0..n).map(|_| rng.gen_range(0..vocab)).collect())
         .collect();
     let steps = 4;
-    let per = 128 / BLOCK;
+    let per = 512 / BLOCK;
     let tabs: Vec<Vec<u32>> = (0..seqs.len())
         .map(|s| (0..per).map(|j| (j * seqs.len() + s) as u32).collect())
         .collect();
@@ -457,11 +459,11 @@ pub fn last_layer_rows_vs_every_row(cuda: &Arc<CudaModel>) -> Result<Row> {
     // (sequence, first position, end, logit rows asked).
     let calls: [&[(usize, usize, usize, usize)]; 3] = [
         &[(0, 0, 37, 1), (1, 0, 30, 0), (2, 0, 20, 0), (3, 0, 40, 0)],
-        &[(1, 30, 50, 0), (3, 40, 80, 0)],
+        &[(1, 30, 50, 0), (3, 40, 200, 0)],
         &[
             (1, 50, 70, 3),
             (2, 20, 45, 1),
-            (3, 80, 100, 1),
+            (3, 200, 400, 1),
             (0, 37, 38, 1),
         ],
     ];
@@ -520,7 +522,7 @@ pub fn last_layer_rows_vs_every_row(cuda: &Arc<CudaModel>) -> Result<Row> {
     Ok(Row {
         check: "last layer on the rows with logits vs on every row (engine)".into(),
         shape: format!(
-            "4 prompts of 37-100 tokens in 3 calls of chunks, {steps} decodes; {compared} rows"
+            "4 prompts of 37-400 tokens in 3 calls of chunks, {steps} decodes; {compared} rows"
         ),
         err: err.0,
         tol: 1e-2,

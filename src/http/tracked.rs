@@ -20,9 +20,9 @@ pub struct TrackedStream {
     model: Arc<str>,
     timing: RequestTiming,
     prompts: usize,
-    /// Prompt tokens of each prompt, known from submission (a request the client leaves
+    /// Prompt tokens of all its prompts, known from submission (a request the client leaves
     /// before its answer, streamed or not, still logs them).
-    prompt_tokens: Vec<usize>,
+    tokens_in: usize,
     open: usize,
     reason: Option<FinishReason>,
     /// The longest time one of its prompts waited to be scheduled; `None` until one was.
@@ -38,15 +38,14 @@ impl TrackedStream {
         prompts: usize,
         timing: RequestTiming,
     ) -> Self {
-        let mut prompt_tokens = inner.prompt_tokens().to_vec();
-        prompt_tokens.resize(prompts, 0);
+        let tokens_in = inner.prompt_tokens().iter().sum();
         TrackedStream {
             inner,
             state,
             model: model.into(),
             timing,
             prompts,
-            prompt_tokens,
+            tokens_in,
             open: prompts,
             reason: None,
             queue: None,
@@ -60,9 +59,6 @@ impl TrackedStream {
 
     fn observe(&mut self, c: &Chunk) {
         self.timing.tokens(c.token_ids.len(), c.first_token_at);
-        if let Some(p) = self.prompt_tokens.get_mut(c.batch_index) {
-            *p = (*p).max(c.prompt_tokens);
-        }
         if let Some(q) = c.queue_time {
             self.queue = self.queue.max(Some(q));
         }
@@ -109,7 +105,7 @@ impl TrackedStream {
             id = %self.inner.id(),
             model = %self.model,
             prompts = self.prompts,
-            tokens_in = self.prompt_tokens.iter().sum::<usize>(),
+            tokens_in = self.tokens_in,
             tokens_out = t.output_tokens,
             ttft_ms = t.ttft().map(|d| d.as_secs_f64() * 1e3),
             queue_ms = self.queue.map(|q| q.as_secs_f64() * 1e3),

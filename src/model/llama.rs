@@ -128,6 +128,7 @@ impl Llama {
         let mut act = vec![0f32; n * f];
 
         let layers = self.weights.layers.len();
+        // The rows the layers run on: every row, until the last layer keeps the tail's.
         let mut n = n;
         for (l, lw) in self.weights.layers.iter().enumerate() {
             cpu::rms_norm(&x, &lw.attn_norm, cfg.rms_norm_eps, &mut xn);
@@ -258,7 +259,7 @@ pub fn check_chunks(
 
 /// The rows of a batch that get logits, in order: each chunk's last `logits` new tokens
 /// (every engine lays its rows out chunk after chunk).
-pub fn logit_rows(seqs: &[SeqChunk<'_>]) -> Vec<usize> {
+fn logit_rows(seqs: &[SeqChunk<'_>]) -> Vec<usize> {
     let mut rows = Vec::new();
     let mut start = 0;
     for c in seqs {

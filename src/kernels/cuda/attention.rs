@@ -387,7 +387,8 @@ fn warp_per_key(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result
     unsafe { gpu.launch(f, cfg((a.n, hs.kv_heads, splits), 128)?, &mut b) }
         .map_err(cuda_err("paged_attention"))?;
     if splits > 1 {
-        // Every row is in exactly one tile, prefill or decode.
+        // Every row whose result is used (all of them, or the last layer's rows with
+        // logits) is in exactly one tile, prefill or decode.
         combine(gpu, a, a.tiles, a.rows_tiles + a.keys_tiles, splits)?;
     }
     Ok(())

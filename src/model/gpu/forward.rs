@@ -121,7 +121,7 @@ struct Layout {
     plan_len: usize,
     stride: usize,
     /// ids, pos, slots, row_seq ([n] each), logit rows [m], tables [seqs * stride],
-    /// attention tiles.
+    /// attention tiles, then the last layer's (`tail`) where it has its own.
     meta: Vec<i32>,
     /// Where the attention tiles start in `meta`, and their (rows, keys) counts.
     tiles_at: usize,
@@ -1136,11 +1136,10 @@ mod tests {
         assert_eq!(&lay.meta[2 * n..3 * n], &[10, 11, 4, 18]); // slots
         assert_eq!(&lay.meta[3 * n..4 * n], &[0, 0, 0, 1]); // row -> sequence
         assert_eq!(&lay.meta[4 * n..4 * n + 3], &[1, 2, 3]); // rows with logits
-                                                             // Tables, stride 3.
-        assert_eq!(&lay.meta[4 * n + 3..lay.tiles_at], &[5, 2, 0, 7, 1, 9]);
+        assert_eq!(&lay.meta[4 * n + 3..lay.tiles_at], &[5, 2, 0, 7, 1, 9]); // tables, stride 3
+        let tail_at = lay.tiles_at + 4;
         // Tiles (first row, rows), longest context first: the decode (5 positions), then
         // the prefill (3).
-        let tail_at = lay.tiles_at + 4;
         assert_eq!(&lay.meta[lay.tiles_at..tail_at], &[3, 1, 0, 3]);
         // Row 0 gets no logits: the last layer's tiles hold the other rows, the prefill's
         // last two as one tile.

@@ -64,7 +64,9 @@ pub mod stage {
     /// The norm before it included: inside the GEMV kernel for narrow rows, else rms_norm.
     pub const QKV: &str = "rms_norm + qkv gemm";
     pub const ROPE: &str = "rope + kv write";
+    /// In a last layer run on the rows with logits alone, their residual's gather too.
     pub const ATTENTION: &str = "attention";
+    /// There, the attention rows' gather too.
     pub const O: &str = "o gemm + residual";
     /// As QKV, the norm included.
     pub const GATE_UP: &str = "rms_norm + gate_up gemm (+ SwiGLU on the GEMV)";
