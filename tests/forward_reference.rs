@@ -111,6 +111,23 @@ struct Checked {
 }
 
 impl Checked {
+    fn new() -> Self {
+        Checked {
+            worst: 0.0,
+            where_: String::new(),
+        }
+    }
+
+    /// Fails when the worst row is past TOL.
+    fn assert_within_tol(&self) {
+        assert!(
+            self.worst <= TOL,
+            "error {:.3e} at {}",
+            self.worst,
+            self.where_
+        );
+    }
+
     fn row(&mut self, engine: &[f32], reference: &[f32], what: String) {
         let e = row_error(engine, reference);
         assert!(e.is_finite(), "{what}: non-finite logits");
@@ -139,10 +156,7 @@ fn check_variant(tag: &str, spec: &TinySpec) -> f64 {
     let max_lens: Vec<usize> = PROMPT_LENS.iter().map(|n| n + DECODE_STEPS).collect();
     let (tables, num_blocks) = block_tables(&max_lens);
     let mut cache = KvCache::new(model.config(), BLOCK_SIZE, num_blocks);
-    let mut checked = Checked {
-        worst: 0.0,
-        where_: String::new(),
-    };
+    let mut checked = Checked::new();
 
     let chunks: Vec<SeqChunk> = seqs
         .iter()
@@ -261,23 +275,27 @@ fn bf16_sharded_matches_reference() {
     check_variant("bf16-sharded", &spec);
 }
 
-/// A prompt prefilled in two chunks while another sequence decodes in the same calls.
-#[test]
-fn chunked_prefill_beside_decode_matches_reference() {
-    let dir = temp_dir("chunked");
+/// The default tiny checkpoint written to a fresh folder: the folder, its config, its
+/// tensors for the reference, and the engine's model.
+fn tiny_default(tag: &str) -> (PathBuf, ModelConfig, Tensors, Llama) {
+    let dir = temp_dir(tag);
     write_tiny_checkpoint(&dir, &TinySpec::default()).unwrap();
     let ckpt = HfCheckpoint::open(&dir).unwrap();
     let (cfg, weights) = (ckpt.config().clone(), load_tensors(&ckpt));
     let model = Llama::load(&dir).unwrap();
+    (dir, cfg, weights, model)
+}
+
+/// A prompt prefilled in two chunks while another sequence decodes in the same calls.
+#[test]
+fn chunked_prefill_beside_decode_matches_reference() {
+    let (dir, cfg, weights, model) = tiny_default("chunked");
     let vocab = cfg.vocab_size;
     let long = prompt(12, 21, vocab);
     let mut short = prompt(4, 22, vocab);
     let (tables, num_blocks) = block_tables(&[long.len(), short.len() + 2]);
     let mut cache = KvCache::new(model.config(), BLOCK_SIZE, num_blocks);
-    let mut checked = Checked {
-        worst: 0.0,
-        where_: String::new(),
-    };
+    let mut checked = Checked::new();
 
     // Call 1: the short prompt whole, the long one's first 7 tokens.
     let out = model
@@ -334,12 +352,7 @@ fn chunked_prefill_beside_decode_matches_reference() {
     let r_short = reference_logits_with(&cfg, &weights, &short);
     checked.row(&out[1], r_short.last().unwrap(), "short decode".into());
     std::fs::remove_dir_all(&dir).unwrap();
-    assert!(
-        checked.worst <= TOL,
-        "error {:.3e} at {}",
-        checked.worst,
-        checked.where_
-    );
+    checked.assert_within_tol();
 }
 
 /// Chunks without logits write every layer's K/V, the last layer's too, where a call has
@@ -347,11 +360,7 @@ fn chunked_prefill_beside_decode_matches_reference() {
 /// them.
 #[test]
 fn chunks_without_logits_write_every_layer() {
-    let dir = temp_dir("no-logits");
-    write_tiny_checkpoint(&dir, &TinySpec::default()).unwrap();
-    let ckpt = HfCheckpoint::open(&dir).unwrap();
-    let (cfg, weights) = (ckpt.config().clone(), load_tensors(&ckpt));
-    let model = Llama::load(&dir).unwrap();
+    let (dir, cfg, weights, model) = tiny_default("no-logits");
     let vocab = cfg.vocab_size;
     let long = prompt(13, 31, vocab);
     // 3 + 2 blocks and 3 spare: a pool size coprime to 7 (block_tables).
@@ -381,10 +390,7 @@ fn chunks_without_logits_write_every_layer() {
     assert!(out[0].is_empty());
     // Call 3: the rest of the long prompt, its last row's logits.
     let out = model.forward(&[chunk(9, 13, 1)], &mut cache).unwrap();
-    let mut checked = Checked {
-        worst: 0.0,
-        where_: String::new(),
-    };
+    let mut checked = Checked::new();
     let r_short = reference_logits_with(&cfg, &weights, &short);
     for (j, r) in r_short[short.len() - 2..].iter().enumerate() {
         let e = &first[1][j * vocab..(j + 1) * vocab];
@@ -393,12 +399,7 @@ fn chunks_without_logits_write_every_layer() {
     let r_long = reference_logits_with(&cfg, &weights, &long);
     checked.row(&out[0], r_long.last().unwrap(), "long, three chunks".into());
     std::fs::remove_dir_all(&dir).unwrap();
-    assert!(
-        checked.worst <= TOL,
-        "error {:.3e} at {}",
-        checked.worst,
-        checked.where_
-    );
+    checked.assert_within_tol();
 }
 
 /// The tiny model is a useful test subject only if its predictions vary with the input.
