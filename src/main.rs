@@ -286,10 +286,13 @@ fn gpu_profile(
 }
 
 fn run_serve(args: ServeArgs) -> inflight::Result<()> {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        // Colour codes only on a terminal: a log piped to a file or a collector stays plain.
+        .with_ansi(std::io::stdout().is_terminal())
         .init();
     if let Some(limit) = inflight::fdlimit::raise_open_files() {
         tracing::info!("open-file limit {limit} (one per client connection)");

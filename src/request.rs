@@ -126,6 +126,18 @@ pub enum FinishReason {
     Error,
 }
 
+impl FinishReason {
+    /// The reason's name, as Triton's `finish_reason` output and the request log give it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Error => "error",
+        }
+    }
+}
+
 /// A piece of one prompt's answer, streamed to the client.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Chunk {

@@ -107,13 +107,19 @@ impl TrackedStream {
             prompts = self.prompts,
             tokens_in = self.tokens_in,
             tokens_out = t.output_tokens,
-            ttft_ms = t.ttft().map(|d| d.as_secs_f64() * 1e3),
-            queue_ms = self.queue.map(|q| q.as_secs_f64() * 1e3),
-            latency_ms = t.arrived.elapsed().as_secs_f64() * 1e3,
-            outcome = ?reason,
+            ttft_ms = %millis(t.ttft()),
+            queue_ms = %millis(self.queue),
+            latency_ms = %millis(Some(t.arrived.elapsed())),
+            outcome = %reason.map_or("none", FinishReason::as_str),
             "request"
         );
     }
+}
+
+/// A duration for the request log: milliseconds to the microsecond, "-" where there is none
+/// (no token yet, never queued).
+fn millis(d: Option<Duration>) -> String {
+    d.map_or_else(|| "-".into(), |d| format!("{:.3}", d.as_secs_f64() * 1e3))
 }
 
 impl Stream for TrackedStream {
@@ -137,5 +143,32 @@ impl Stream for TrackedStream {
 impl Drop for TrackedStream {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_durations_read_as_milliseconds_to_the_microsecond() {
+        assert_eq!(millis(Some(Duration::from_nanos(15_981_174))), "15.981");
+        assert_eq!(millis(Some(Duration::from_micros(6))), "0.006");
+        assert_eq!(millis(Some(Duration::from_secs(2))), "2000.000");
+        assert_eq!(millis(None), "-");
+    }
+
+    #[test]
+    fn finish_reasons_read_as_triton_names_them() {
+        let names: Vec<_> = [
+            FinishReason::Stop,
+            FinishReason::Length,
+            FinishReason::Cancelled,
+            FinishReason::Error,
+        ]
+        .into_iter()
+        .map(FinishReason::as_str)
+        .collect();
+        assert_eq!(names, ["stop", "length", "cancelled", "error"]);
     }
 }

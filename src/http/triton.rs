@@ -17,7 +17,7 @@ use serde_json::{json, Map, Value};
 
 use super::fields::{build_request, stop_target, Fields};
 use super::{parse_json, versioned_post, ApiError, ApiResult, AppState, ModelKind};
-use crate::request::{Chunk, FinishReason};
+use crate::request::Chunk;
 
 pub fn routes() -> Router<AppState> {
     let r = Router::new();
@@ -149,13 +149,7 @@ fn response(
     m.insert("context_logits".into(), json!(0.0));
     m.insert("generation_logits".into(), json!(0.0));
     if let Some(r) = c.finish_reason {
-        let r = match r {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Cancelled => "cancelled",
-            FinishReason::Error => "error",
-        };
-        m.insert("finish_reason".into(), json!(r));
+        m.insert("finish_reason".into(), json!(r.as_str()));
     }
     m
 }
