@@ -335,7 +335,6 @@ pub fn silu_mul(gpu: &Gpu, half: Half, gu: u64, out: u64, n: usize, f: usize) ->
 
 /// `out[i] = src[rows[i]]` for `m` rows of `words` 32-bit words each (gather.cu); `half`
 /// only picks the build.
-#[allow(clippy::too_many_arguments)]
 pub fn gather_rows(
     gpu: &Gpu,
     half: Half,
