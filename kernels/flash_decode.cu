@@ -14,11 +14,93 @@
 // pre-scaled by log2(e) / sqrt(head_dim): RoPE writes it so), once per 16 keys. The kernel
 // comes in two register budgets, head_dim up to 64 (_hd64) and up to 128 (_hd128); head_dim
 // must be a multiple of 16, with at most 16 query heads per KV head.
+// The _cl entry points (sm_90) merge the splits themselves: the splits of one (tile, KV head)
+// are one thread-block cluster (cluster dims 1 x 1 x splits, at most 8), each block leaves its
+// partial sums in its shared memory, and after a cluster barrier the cluster's threads merge
+// them through distributed shared memory into `out`: no workspace, no attention_combine.
 #define FA_WARPS 4
 #define FA_STAGE 64
 #define FA_LN2 0.69314718055994530942f
 
+// Cluster helpers (sm_90): this block's rank in its cluster, the cluster's size, a barrier
+// over all its threads (release, then acquire: shared and global writes before it are
+// visible after it), and a float read from rank r's shared memory at our own shared address.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return r;
+}
+__device__ __forceinline__ unsigned cluster_size() {
+    unsigned n = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+#endif
+    return n;
+}
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ float cluster_load(unsigned addr, unsigned r) {
+    float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{ .reg .u32 a; mapa.shared::cluster.u32 a, %1, %2; ld.shared::cluster.f32 %0, [a]; }"
+                 : "=f"(v)
+                 : "r"(addr), "r"(r)
+                 : "memory");
+#endif
+    return v;
+}
+
+// The cluster's merge of its splits: each rank left, for its valid M rows m, the unnormalised
+// sums cl_acc[m][d] (HD floats a row) and cl_ml[m] = (max in base 2, sum of weights); a rank
+// that had no keys left maxima of -inf and is skipped. The cluster's threads share the rows'
+// elements. Every thread of every rank calls it.
 template <int HD>
+__device__ __forceinline__ void cluster_merge(const float* cl_acc, const float* cl_ml, int rows,
+                                              int group, int row0, int g, int heads, int hd,
+                                              half_t* __restrict__ out) {
+    constexpr int MAX_CLUSTER = 8;
+    cluster_sync();
+    const unsigned rank = cluster_rank(), size = cluster_size();
+    const unsigned acc0 = smem_addr(cl_acc), ml0 = smem_addr(cl_ml);
+    for (int e = (int)(rank * blockDim.x + threadIdx.x); e < rows * hd; e += (int)(size * blockDim.x)) {
+        const int m = e / hd, d = e - m * hd;
+        float mx[MAX_CLUSTER], l[MAX_CLUSTER], a[MAX_CLUSTER];
+        float top = -INFINITY;
+#pragma unroll
+        for (int r = 0; r < MAX_CLUSTER; ++r) {
+            mx[r] = -INFINITY;
+            l[r] = a[r] = 0.0f;
+            if (r < (int)size) {
+                mx[r] = cluster_load(ml0 + (unsigned)(m * 2) * 4u, (unsigned)r);
+                l[r] = cluster_load(ml0 + (unsigned)(m * 2 + 1) * 4u, (unsigned)r);
+                a[r] = cluster_load(acc0 + (unsigned)(m * HD + d) * 4u, (unsigned)r);
+                top = fmaxf(top, mx[r]);
+            }
+        }
+        float num = 0.0f, den = 0.0f;
+#pragma unroll
+        for (int r = 0; r < MAX_CLUSTER; ++r) {
+            // A rank without keys for this row: its sums were never written.
+            if (mx[r] != -INFINITY) {
+                const float c = ex2(mx[r] - top);
+                num += a[r] * c;
+                den += l[r] * c;
+            }
+        }
+        const int row = row0 + m / group, qh = g * group + m % group;
+        out[(size_t)row * heads * hd + qh * hd + d] = f32_to_half(num / den);
+    }
+    // No rank leaves (its shared memory with it) while another still reads it.
+    cluster_sync();
+}
+
+template <int HD, bool CL>
 __device__ __forceinline__ void flash_decode(
     const half_t* __restrict__ q,         // [n, heads * hd], pre-scaled
     const half_t* __restrict__ k_cache,   // [slots, kv_heads * hd]
@@ -98,6 +180,16 @@ __device__ __forceinline__ void flash_decode(
     if (live && second) load_stage(kbeg + FA_STAGE, 1, -all, wfirst);
     asm volatile("cp.async.commit_group;\n" ::);
     grid_dep_enter();
+    float* s_o = reinterpret_cast<float*>(fa_smem);          // [warps][16][HD]
+    float* s_ml = s_o + FA_WARPS * 16 * HD;                // [warps][16][2]
+    float* cl_acc = s_ml + FA_WARPS * 16 * 2;              // [16][HD] (clusters)
+    float* cl_ml = cl_acc + 16 * HD;                       // [16][2]
+    if (CL && !live) {
+        // An empty split of a cluster: no keys, so maxima of -inf, and the merge.
+        if (threadIdx.x < rows) cl_ml[threadIdx.x * 2] = -INFINITY;
+        cluster_merge<HD>(cl_acc, cl_ml, rows, group, row0, g, heads, hd, out);
+        return;
+    }
     if (!live) {
         // An empty split (only with several): mark it so the merge skips it.
         if (threadIdx.x < 16) {
@@ -246,8 +338,6 @@ __device__ __forceinline__ void flash_decode(
 
     // Merge the warps' partial results through shared memory (the K/V stages are free now).
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    float* s_o = reinterpret_cast<float*>(fa_smem);          // [warps][16][HD]
-    float* s_ml = s_o + FA_WARPS * 16 * HD;                // [warps][16][2]
 #pragma unroll
     for (int dn = 0; dn < HD / 8; ++dn) {
         if (dn * 8 < hd) {
@@ -285,7 +375,13 @@ __device__ __forceinline__ void flash_decode(
             float a = 0.0f;
 #pragma unroll
             for (int w = 0; w < FA_WARPS; ++w) a += s_o[(w * 16 + m) * HD + d] * c[w];
-            if (splits == 1) {
+            if (CL) {
+                cl_acc[m * HD + d] = a;
+                if (d == 0) {
+                    cl_ml[m * 2] = mx;  // base 2
+                    cl_ml[m * 2 + 1] = sum;
+                }
+            } else if (splits == 1) {
                 out[(size_t)row * heads * hd + qh * hd + d] = f32_to_half(a / sum);
             } else {
                 size_t pi2 = ((size_t)row * heads + qh) * splits + split;
@@ -297,6 +393,7 @@ __device__ __forceinline__ void flash_decode(
             }
         }
     }
+    if (CL) cluster_merge<HD>(cl_acc, cl_ml, rows, group, row0, g, heads, hd, out);
 }
 
 #define FA_ARGS                                                                              \
@@ -312,8 +409,15 @@ __device__ __forceinline__ void flash_decode(
 
 // Blocks per multiprocessor the register budget aims for: 4 at head_dim 64, 3 at 128.
 extern "C" __global__ void __launch_bounds__(128, 4) KERNEL(flash_decode_hd64)(FA_ARGS) {
-    flash_decode<64>(FA_PASS);
+    flash_decode<64, false>(FA_PASS);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) KERNEL(flash_decode_hd128)(FA_ARGS) {
-    flash_decode<128>(FA_PASS);
+    flash_decode<128, false>(FA_PASS);
+}
+// The same, the splits merged within their cluster (launched with cluster dims 1 x 1 x splits).
+extern "C" __global__ void __launch_bounds__(128, 4) KERNEL(flash_decode_cl_hd64)(FA_ARGS) {
+    flash_decode<64, true>(FA_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128, 3) KERNEL(flash_decode_cl_hd128)(FA_ARGS) {
+    flash_decode<128, true>(FA_PASS);
 }

@@ -4,7 +4,8 @@
 //! in one launch, decode-only batches short enough to stay unsplit and long enough to take
 //! the split-K path; shuffled block tables, odd block sizes, NaN-poisoned output and
 //! workspace. Where the device runs prefill tiles on the wgmma kernel, each prefill case
-//! runs on the mma.sync kernel too.
+//! runs on the mma.sync kernel too; where it merges short decodes' splits in their cluster,
+//! each case also runs with the splits merged by `attention_combine`.
 
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -56,6 +57,13 @@ const CASES: &[Case] = &[
         prefill: &[],
         decode: &[3, 100, 129, 192, 200, 255, 256],
     },
+    // A few decodes up to the longest context whose splits merge in their cluster, with
+    // splits that get no keys of the shorter ones.
+    Case {
+        name: "decode cluster",
+        prefill: &[],
+        decode: &[1, 65, 300, 513, 700, 1000, 1024],
+    },
     // Many decode tiles at once, from one stage to several splits.
     Case {
         name: "decode batch",
@@ -85,17 +93,22 @@ pub fn attention(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
             head_dim: hd,
         };
         for case in CASES {
-            out.push(one(gpu, dt, rng, hs, bs, case, gpu.wgmma)?);
+            out.push(one(gpu, dt, rng, hs, bs, case, gpu.wgmma, gpu.clusters)?);
             // Where prefill tiles run on the wgmma kernel, the mma.sync kernel too.
             if !case.prefill.is_empty() && attention::prefill_mode(&hs, gpu.wgmma) == "prefill_sm90"
             {
-                out.push(one(gpu, dt, rng, hs, bs, case, false)?);
+                out.push(one(gpu, dt, rng, hs, bs, case, false, gpu.clusters)?);
+            }
+            // Where decode splits merge in their cluster, the combine kernel's merge too.
+            if gpu.clusters {
+                out.push(one(gpu, dt, rng, hs, bs, case, gpu.wgmma, false)?);
             }
         }
     }
     Ok(out)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn one(
     gpu: &Gpu,
     dt: Half,
@@ -104,6 +117,7 @@ fn one(
     bs: usize,
     case: &Case,
     wgmma: bool,
+    clusters: bool,
 ) -> Result<Row> {
     let (qd, kvd) = (hs.heads * hs.head_dim, hs.kv_heads * hs.head_dim);
     let lens: Vec<usize> = case.prefill.iter().chain(case.decode).copied().collect();
@@ -194,6 +208,7 @@ fn one(
         block_size: bs,
         heads: hs,
         half: dt,
+        clusters,
     };
     let (kernel, _, splits) = attention::attention_plan(&a);
     attention::paged_attention_with(gpu, &a, wgmma)?;

@@ -2,11 +2,13 @@
 //! (`flash_prefill` for prefill tiles, or `flash_prefill_sm90` on Hopper's wgmma;
 //! `flash_decode` for decode tiles, split along the sequence when too few blocks fill the
 //! GPU), the warp-per-key kernel for head sizes the tensor cores cannot take, and
-//! `attention_combine`, which merges the splits of either over the tiles' rows.
+//! `attention_combine`, which merges the splits of either over the tiles' rows. On sm_90 a
+//! short context's decode splits are one thread-block cluster that merges them itself
+//! (`flash_decode_cl`), with no combine kernel after it.
 
 use super::launch::{cfg, i32_of, Args, Heads};
 use super::{cuda_err, Gpu, Half};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Inputs of one paged attention launch (device addresses).
 pub struct Attention {
@@ -36,6 +38,9 @@ pub struct Attention {
     pub heads: Heads,
     /// The type of the cache and the output.
     pub half: Half,
+    /// Whether the device launches thread-block clusters (sm_90 and later,
+    /// [`Gpu::clusters`]): short decodes then split into a cluster that merges itself.
+    pub clusters: bool,
 }
 
 /// Rows of one mma atom (each is a (position, query head) pair): a decode tile's rows.
@@ -50,6 +55,15 @@ const TARGET_BLOCKS: usize = 528;
 /// this long). 128 against 64 on an H100: 8B attention at 4 x 1,024 0.91 -> 0.67 ms, the
 /// same at 1 x 512 (docs/perf.md).
 const MIN_CHUNK: usize = 128;
+/// The most splits of a decode merged within their cluster (the portable cluster size).
+const MAX_CLUSTER: usize = 8;
+/// The longest context whose decode splits are merged within a cluster: at most two stages
+/// a split; longer ones split wider and merge in `attention_combine`.
+pub const CLUSTER_MAX_LEN: usize = MAX_CLUSTER * 2 * STAGE;
+/// Contexts up to this long are not split into a cluster: one block's two stages cost less
+/// than one stage and the cluster's merge (135M at 1 x 128 on an H100: 0.503-0.507 ms
+/// unsplit against 0.513-0.522; docs/perf.md, twenty-sixth pass).
+pub const CLUSTER_MIN_LEN: usize = 2 * STAGE;
 /// The tensor-core decode kernel splits no context whose keys per KV head hold at most this
 /// many elements (256 positions at head_dim 64, 128 at 128): at batch 1 on an H100 a
 /// split's merge (`attention_combine`, one more dependent kernel) costs more than the
@@ -91,8 +105,8 @@ pub fn query_scale(h: &Heads) -> Option<f32> {
 pub const FLASH_BUDGETS: [usize; 2] = [64, 128];
 /// The tensor-core kernels: prefill tiles (warps share each stage of keys; `prefill_sm90`
 /// on Hopper's warpgroup tensor cores, for head_dim equal to the budget) and decode tiles
-/// (warps split each stage of keys).
-pub const FLASH_MODES: [&str; 3] = ["prefill", "prefill_sm90", "decode"];
+/// (warps split each stage of keys; `decode_cl` with the splits merged in their cluster).
+pub const FLASH_MODES: [&str; 4] = ["prefill", "prefill_sm90", "decode", "decode_cl"];
 
 /// The register budget of the tensor-core kernel build for `h`: 64 or 128.
 pub fn flash_budget(h: &Heads) -> usize {
@@ -112,7 +126,7 @@ pub fn flash_kernel(mode: &str, budget: usize) -> String {
 /// and V rows, after the block's query rows for a prefill; each row padded by 8 halves, or
 /// for `prefill_sm90` unpadded (swizzled) with 1,024 bytes of slack to align the swizzle.
 pub fn flash_smem(mode: &str, budget: usize) -> usize {
-    let q_rows = if mode == "decode" {
+    let q_rows = if mode.starts_with("decode") {
         0
     } else {
         PREFILL_WARPS * WARP_ROWS
@@ -205,11 +219,31 @@ fn split_plan(a: &Attention, blocks: usize, align: usize, unsplit: usize) -> (us
     (chunk, a.max_len.div_ceil(chunk).max(1))
 }
 
+/// (chunk, splits) for decode splits merged within their cluster, where `a` allows it:
+/// contexts past CLUSTER_MIN_LEN up to CLUSTER_MAX_LEN, cut into whole stages over as many
+/// splits (at most MAX_CLUSTER) as keep `blocks` (tile, KV head) pairs within
+/// TARGET_BLOCKS; `None` where that leaves fewer than two.
+fn cluster_plan(a: &Attention, blocks: usize) -> Option<(usize, usize)> {
+    if !a.clusters || a.max_len <= CLUSTER_MIN_LEN || a.max_len > CLUSTER_MAX_LEN {
+        return None;
+    }
+    let splits = MAX_CLUSTER
+        .min(a.max_len.div_ceil(STAGE))
+        .min(TARGET_BLOCKS / blocks.max(1));
+    if splits < 2 {
+        return None;
+    }
+    let chunk = a.max_len.div_ceil(splits).next_multiple_of(STAGE);
+    Some((chunk, a.max_len.div_ceil(chunk)))
+}
+
 /// The kernel that runs an attention launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
     /// The tensor-core kernels (flash_prefill.cu, flash_decode.cu).
     Flash,
+    /// The same, the decode splits one cluster each, merged within it (`flash_decode_cl`).
+    FlashCluster,
     /// One warp per key position (attention.cu), for other head sizes.
     WarpPerKey,
 }
@@ -218,6 +252,7 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Flash => "flash",
+            Kernel::FlashCluster => "flash, splits merged in their cluster",
             Kernel::WarpPerKey => "warp per key",
         }
     }
@@ -227,7 +262,11 @@ impl Kernel {
 pub fn attention_plan(a: &Attention) -> (Kernel, usize, usize) {
     let unsplit = unsplit_len(&a.heads);
     if tensor_cores(&a.heads) {
-        let (chunk, splits) = split_plan(a, a.keys_tiles * a.heads.kv_heads, STAGE, unsplit);
+        let blocks = a.keys_tiles * a.heads.kv_heads;
+        if let Some((chunk, splits)) = cluster_plan(a, blocks) {
+            return (Kernel::FlashCluster, chunk, splits);
+        }
+        let (chunk, splits) = split_plan(a, blocks, STAGE, unsplit);
         (Kernel::Flash, chunk, splits)
     } else {
         let (chunk, splits) = split_plan(a, a.n * a.heads.kv_heads, 1, unsplit);
@@ -248,7 +287,10 @@ pub fn paged_attention_with(gpu: &Gpu, a: &Attention, wgmma: bool) -> Result<()>
     }
     a.heads.check()?;
     match attention_plan(a) {
-        (Kernel::Flash, chunk, splits) => flash(gpu, a, chunk, splits, wgmma && gpu.wgmma),
+        (Kernel::Flash, chunk, splits) => flash(gpu, a, chunk, splits, false, wgmma && gpu.wgmma),
+        (Kernel::FlashCluster, chunk, splits) => {
+            flash(gpu, a, chunk, splits, true, wgmma && gpu.wgmma)
+        }
         (Kernel::WarpPerKey, chunk, splits) => warp_per_key(gpu, a, chunk, splits),
     }
 }
@@ -276,7 +318,15 @@ fn combine(gpu: &Gpu, a: &Attention, tiles: u64, count: usize, splits: usize) ->
     Ok(())
 }
 
-fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize, wgmma: bool) -> Result<()> {
+/// The tensor-core kernels; with `cluster` the decode splits merge within their cluster.
+fn flash(
+    gpu: &Gpu,
+    a: &Attention,
+    chunk: usize,
+    splits: usize,
+    cluster: bool,
+    wgmma: bool,
+) -> Result<()> {
     let hs = a.heads;
     let (heads, kv_heads, hd) = (
         i32_of(hs.heads)?,
@@ -317,7 +367,8 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize, wgmma: bool) -> 
     }
     if a.keys_tiles > 0 {
         let keys = a.tiles + (2 * a.rows_tiles * std::mem::size_of::<i32>()) as u64;
-        let name = &flash_kernel("decode", budget);
+        let mode = if cluster { "decode_cl" } else { "decode" };
+        let name = &flash_kernel(mode, budget);
         let (chunk_i, splits_i) = (i32_of(chunk)?, i32_of(splits)?);
         let f = gpu.func(name, a.half)?;
         let mut b = Args::new();
@@ -341,12 +392,19 @@ fn flash(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize, wgmma: bool) -> 
         // SAFETY: argument order and types match flash_decode.cu; the queries are 16-bit and
         // pre-scaled (query_scale); the decode tiles follow the prefill tiles, each a (first
         // row, rows) pair inside the batch; the plan keeps partial sums within the
-        // workspace; tables cover every row's positions.
+        // workspace (the cluster build uses none, and its cluster is the z extent of the
+        // grid, at most MAX_CLUSTER, on a device that has clusters); tables cover every
+        // row's positions.
         let mut c = cfg((a.keys_tiles * hs.kv_heads, 1, splits), 128)?;
-        c.shared_mem_bytes = flash_smem("decode", budget) as u32;
-        unsafe { gpu.launch(f, c, &mut b) }.map_err(cuda_err(name))?;
-        if splits > 1 {
-            combine(gpu, a, keys, a.keys_tiles, splits)?;
+        c.shared_mem_bytes = flash_smem(mode, budget) as u32;
+        if cluster {
+            let z = u32::try_from(splits).map_err(|_| Error::Cuda("cluster size".into()))?;
+            unsafe { gpu.launch_cluster(f, c, (1, 1, z), &mut b) }.map_err(cuda_err(name))?;
+        } else {
+            unsafe { gpu.launch(f, c, &mut b) }.map_err(cuda_err(name))?;
+            if splits > 1 {
+                combine(gpu, a, keys, a.keys_tiles, splits)?;
+            }
         }
     }
     Ok(())
@@ -423,6 +481,7 @@ mod tests {
                 head_dim,
             },
             half: Half::Bf16,
+            clusters: false,
         }
     }
 
@@ -460,12 +519,58 @@ mod tests {
     }
 
     #[test]
+    fn short_decodes_split_into_a_cluster_where_the_device_has_clusters() {
+        let on = |n, max_len, hd| Attention {
+            clusters: true,
+            ..attn(n, max_len, 1 << 24, hd)
+        };
+        // One decode at 256 positions, head_dim 64: four splits of one stage each, where
+        // without clusters it runs unsplit.
+        assert_eq!(
+            attention_plan(&on(1, 256, 64)),
+            (Kernel::FlashCluster, 64, 4)
+        );
+        assert_eq!(attention_plan(&attn(1, 256, 1 << 24, 64)).2, 1);
+        // Whole stages, at most eight splits, up to two stages each.
+        assert_eq!(
+            attention_plan(&on(1, 300, 128)),
+            (Kernel::FlashCluster, 64, 5)
+        );
+        assert_eq!(
+            attention_plan(&on(1, CLUSTER_MAX_LEN, 64)),
+            (Kernel::FlashCluster, 128, 8)
+        );
+        // Longer contexts merge in attention_combine; so do a single stage's worth of keys
+        // (nothing to split) and batches whose blocks fill the GPU.
+        assert_eq!(
+            attention_plan(&on(1, CLUSTER_MAX_LEN + 1, 64)).0,
+            Kernel::Flash
+        );
+        assert_eq!(attention_plan(&on(1, 64, 64)), (Kernel::Flash, 64, 1));
+        assert_eq!(attention_plan(&on(1, CLUSTER_MIN_LEN, 64)).2, 1);
+        assert_eq!(
+            attention_plan(&on(1, CLUSTER_MIN_LEN + 1, 64)),
+            (Kernel::FlashCluster, 64, 3)
+        );
+        assert_eq!(attention_plan(&on(64, 256, 64)).2, 1);
+        // Fewer splits where more would pass the blocks that fill the GPU: 32 tiles of 8 KV
+        // heads take two each.
+        assert_eq!(
+            attention_plan(&on(32, 512, 64)),
+            (Kernel::FlashCluster, 256, 2)
+        );
+        // The warp-per-key kernel has no cluster build.
+        assert_eq!(attention_plan(&on(1, 256, 72)).0, Kernel::WarpPerKey);
+    }
+
+    #[test]
     fn tensor_core_kernels_are_named_by_mode_and_budget() {
         assert_eq!(flash_kernel("prefill", 128), "flash_prefill_hd128");
         assert_eq!(flash_kernel("decode", 64), "flash_decode_hd64");
         // Two stages of K and V (and 128 query rows for a prefill), rows padded by 8.
         assert_eq!(flash_smem("decode", 128), 69_632);
         assert_eq!(flash_smem("decode", 64), 36_864);
+        assert_eq!(flash_smem("decode_cl", 128), flash_smem("decode", 128));
         assert_eq!(flash_smem("prefill", 128), 104_448);
         assert_eq!(flash_smem("prefill", 64), 55_296);
         // The wgmma build: unpadded rows, and the slack that aligns its swizzle.

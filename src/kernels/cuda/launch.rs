@@ -53,11 +53,41 @@ pub(super) unsafe fn launch_kernel(
     pdl: bool,
     args: &mut Args,
 ) -> std::result::Result<(), DriverError> {
+    // SAFETY: forwarded to the caller.
+    unsafe { launch_kernel_in(stream, f, cfg, pdl, None, args) }
+}
+
+/// [`launch_kernel`], the grid launched as clusters of `cluster` blocks where given.
+///
+/// # Safety
+/// As for [`launch_kernel`]; a `cluster` divides the grid, is within the device's limit,
+/// and the device has clusters (sm_90 and later).
+pub(super) unsafe fn launch_kernel_in(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    pdl: bool,
+    cluster: Option<(u32, u32, u32)>,
+    args: &mut Args,
+) -> std::result::Result<(), DriverError> {
     stream.context().bind_to_thread()?;
-    // SAFETY: a plain C struct of integers; all-zero is a valid value of the union.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
+    // SAFETY: plain C structs of integers; all-zero is a valid value of the union.
+    let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+    let mut count = 0;
+    if pdl {
+        let a = &mut attrs[count];
+        a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        a.value.programmaticStreamSerializationAllowed = 1;
+        count += 1;
+    }
+    if let Some((x, y, z)) = cluster {
+        let a = &mut attrs[count];
+        a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        a.value.clusterDim.x = x;
+        a.value.clusterDim.y = y;
+        a.value.clusterDim.z = z;
+        count += 1;
+    }
     let config = sys::CUlaunchConfig {
         gridDimX: cfg.grid_dim.0,
         gridDimY: cfg.grid_dim.1,
@@ -67,8 +97,12 @@ pub(super) unsafe fn launch_kernel(
         blockDimZ: cfg.block_dim.2,
         sharedMemBytes: cfg.shared_mem_bytes,
         hStream: stream.cu_stream(),
-        attrs: if pdl { &mut attr } else { std::ptr::null_mut() },
-        numAttrs: u32::from(pdl),
+        attrs: if count > 0 {
+            attrs.as_mut_ptr()
+        } else {
+            std::ptr::null_mut()
+        },
+        numAttrs: count as u32,
     };
     // SAFETY: the caller vouches for the arguments; `config` and `attr` outlive the call.
     unsafe {

@@ -93,6 +93,10 @@ pub struct Gpu {
     /// sm_90 (Hopper; its wgmma is not in later architectures), unless the environment sets
     /// `INFLIGHT_WGMMA=0`.
     pub wgmma: bool,
+    /// Short decodes split into a thread-block cluster that merges its splits itself
+    /// (`flash_decode_cl`): on sm_90 and later, unless the environment sets
+    /// `INFLIGHT_DECODE_CLUSTERS=0`.
+    pub clusters: bool,
 }
 
 /// The kernel entry points of each module (each gets a `_bf16` and an `_f16` build).
@@ -111,7 +115,15 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
         "flash_prefill_sm90",
         &["flash_prefill_sm90_hd64", "flash_prefill_sm90_hd128"],
     ),
-    ("flash_decode", &["flash_decode_hd64", "flash_decode_hd128"]),
+    (
+        "flash_decode",
+        &[
+            "flash_decode_hd64",
+            "flash_decode_hd128",
+            "flash_decode_cl_hd64",
+            "flash_decode_cl_hd128",
+        ],
+    ),
     ("sample", &["sample_rows"]),
     ("gemv", &["gemv"]),
 ];
@@ -191,6 +203,8 @@ impl Gpu {
         }
         let pdl = major >= 9 && std::env::var("INFLIGHT_PDL").map_or(true, |v| v != "0");
         let wgmma = major == 9 && std::env::var("INFLIGHT_WGMMA").map_or(true, |v| v != "0");
+        let clusters =
+            major >= 9 && std::env::var("INFLIGHT_DECODE_CLUSTERS").map_or(true, |v| v != "0");
         Ok(Arc::new(Gpu {
             ctx,
             stream,
@@ -200,6 +214,7 @@ impl Gpu {
             funcs,
             pdl,
             wgmma,
+            clusters,
         }))
     }
 
@@ -215,6 +230,23 @@ impl Gpu {
     ) -> std::result::Result<(), cudarc::driver::DriverError> {
         // SAFETY: forwarded to the caller.
         unsafe { launch::launch_kernel(&self.stream, f, cfg, self.pdl, args) }
+    }
+
+    /// Launches `f` on this device's stream as clusters of `cluster` blocks
+    /// ([`launch::launch_kernel`]).
+    ///
+    /// # Safety
+    /// As for [`launch::launch_kernel`]; the kernel is built for clusters, and `cluster`
+    /// divides the grid and is within the device's limit.
+    pub(crate) unsafe fn launch_cluster(
+        &self,
+        f: &CudaFunction,
+        cfg: cudarc::driver::LaunchConfig,
+        cluster: (u32, u32, u32),
+        args: &mut launch::Args,
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { launch::launch_kernel_in(&self.stream, f, cfg, self.pdl, Some(cluster), args) }
     }
 
     /// Kernel `op` built for `half`.

@@ -603,6 +603,7 @@ impl CudaForward {
                     block_size: self.block_size,
                     heads: heads(cfg),
                     half: dt,
+                    clusters: g.clusters,
                 },
             )?;
             mark(&mut self.timer, stage::ATTENTION)?;
@@ -947,9 +948,10 @@ impl CudaForward {
         let group = cfg.num_heads / cfg.num_kv_heads.max(1);
         let decode = self.graphs.takes(chunks);
         let hs = heads(cfg);
+        let clusters = self.model.gpu.clusters;
         let plan = |longest| {
             if decode {
-                graph_plan_len(longest, &hs)
+                graph_plan_len(longest, &hs, clusters)
             } else {
                 longest
             }
@@ -1220,7 +1222,7 @@ mod tests {
             kv_heads: 8,
             head_dim,
         };
-        let lay = Layout::new(&chunks, 16, 4, |l| graph_plan_len(l, &h(64))).unwrap();
+        let lay = Layout::new(&chunks, 16, 4, |l| graph_plan_len(l, &h(64), false)).unwrap();
         assert_eq!((lay.plan_len, lay.stride), (256, 16));
         let tables = &lay.meta[4 * 2 + 2..lay.tiles_at];
         assert_eq!(tables.len(), 2 * 16);
@@ -1229,13 +1231,23 @@ mod tests {
         // Exact for a pass launched kernel by kernel.
         let exact = Layout::new(&chunks, 16, 4, |l| l).unwrap();
         assert_eq!((exact.plan_len, exact.stride), (21, 2));
-        // Past the unsplit contexts, captures go by steps of 1,024.
-        assert_eq!(graph_plan_len(256, &h(64)), 256);
-        assert_eq!(graph_plan_len(257, &h(64)), 1024);
-        assert_eq!(graph_plan_len(129, &h(128)), 1024);
-        assert_eq!(graph_plan_len(1025, &h(64)), 2048);
-        // Heads the warp-per-key kernel takes split every context: no short capture.
-        assert_eq!(graph_plan_len(100, &h(72)), 1024);
+        // Past the unsplit contexts, captures go by steps of 1,024; where the device has
+        // clusters, by steps of 256 up to the contexts whose splits merge in their cluster.
+        for clusters in [false, true] {
+            assert_eq!(graph_plan_len(256, &h(64), clusters), 256);
+            assert_eq!(graph_plan_len(128, &h(128), clusters), 128);
+            assert_eq!(graph_plan_len(1025, &h(64), clusters), 2048);
+            // Heads the warp-per-key kernel takes split every context: no short capture.
+            assert_eq!(graph_plan_len(100, &h(72), clusters), 1024);
+        }
+        assert_eq!(graph_plan_len(257, &h(64), false), 1024);
+        assert_eq!(graph_plan_len(129, &h(128), false), 1024);
+        assert_eq!(graph_plan_len(257, &h(64), true), 512);
+        // Contexts that run unsplit all the same, with clusters: up to two stages.
+        assert_eq!(graph_plan_len(21, &h(64), true), 128);
+        assert_eq!(graph_plan_len(129, &h(64), true), 256);
+        assert_eq!(graph_plan_len(129, &h(128), true), 256);
+        assert_eq!(graph_plan_len(1024, &h(64), true), 1024);
     }
 
     #[test]

@@ -19,13 +19,26 @@ const GRAPH_MAX_ROWS: usize = GEMV_MAX_ROWS;
 /// Context lengths are rounded up to a multiple of this for a captured pass, so one
 /// capture serves while the contexts grow through it.
 const GRAPH_LEN_STEP: usize = 1024;
+/// The same for contexts whose decode splits merge in their cluster (up to
+/// `attention::CLUSTER_MAX_LEN`): a finer step, so that the splits planned stay close to
+/// the keys there are.
+const CLUSTER_LEN_STEP: usize = 256;
 
 /// The context a captured pass for rows as long as `longest` is planned for (the block
 /// table's stride and the attention's split plan follow it): contexts the attention of
-/// these heads runs unsplit share one capture planned for the longest of them, the rest are
-/// rounded up to a multiple of GRAPH_LEN_STEP.
-pub fn graph_plan_len(longest: usize, h: &Heads) -> usize {
-    let unsplit = attention::unsplit_len(h);
+/// these heads runs unsplit share one capture planned for the longest of them. With
+/// `clusters` (the device's), where the tensor-core kernels run, those are the contexts up
+/// to `attention::CLUSTER_MIN_LEN` (or shorter where the heads split sooner), and the rest up
+/// to `attention::CLUSTER_MAX_LEN` are rounded up to a multiple of CLUSTER_LEN_STEP. Longer
+/// ones are rounded up to a multiple of GRAPH_LEN_STEP.
+pub fn graph_plan_len(longest: usize, h: &Heads, clusters: bool) -> usize {
+    let mut unsplit = attention::unsplit_len(h);
+    if clusters && unsplit > 0 {
+        unsplit = unsplit.min(attention::CLUSTER_MIN_LEN);
+        if longest > unsplit && longest <= attention::CLUSTER_MAX_LEN {
+            return longest.next_multiple_of(CLUSTER_LEN_STEP);
+        }
+    }
     if longest <= unsplit {
         unsplit
     } else {
