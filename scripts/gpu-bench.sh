@@ -48,7 +48,8 @@
 #   WORKLOADS ["128/128 2048/128 128/2048 500/2000"]
 #   N_<in>_<out> (e.g. N_128_2048=512): requests of one workload [1024, 256, 192, 192 /
 #     32, 8, 4, 4]; SCALE [1]: multiplies every such count (a decimal is fine);
-#     TensorRT-LLM's published runs used 30000 (128/128) and 3000 (the others)
+#     TensorRT-LLM's published runs used 30000 (128/128) and 3000 (the others); the
+#     128/128 record runs with MAX_BATCH_SIZE=1024 MAX_NUM_TOKENS=16384 (docs/perf.md)
 #   TP_MAX_INFLIGHT [8192]: most requests of a throughput run in flight at once
 #   B1_IN [128] B1_OUT [256 / 32] B1_N [5 / 2]   TTFT_IN [2048] TTFT_N [8 / 2] TTFT_RATE [1]
 #   Server settings, written to the [model] section only when set (else the server's
