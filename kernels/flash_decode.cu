@@ -65,6 +65,7 @@ __device__ __forceinline__ void cluster_merge(const float* cl_acc, const float* 
                                               int group, int row0, int g, int heads, int hd,
                                               half_t* __restrict__ out) {
     constexpr int MAX_CLUSTER = 8;
+    __syncwarp();  // the barrier is .aligned: each warp converged before it
     cluster_sync();
     const unsigned rank = cluster_rank(), size = cluster_size();
     const unsigned acc0 = smem_addr(cl_acc), ml0 = smem_addr(cl_ml);
@@ -97,6 +98,7 @@ __device__ __forceinline__ void cluster_merge(const float* cl_acc, const float* 
         out[(size_t)row * heads * hd + qh * hd + d] = f32_to_half(num / den);
     }
     // No rank leaves (its shared memory with it) while another still reads it.
+    __syncwarp();
     cluster_sync();
 }
 

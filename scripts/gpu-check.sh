@@ -14,7 +14,7 @@
 #      with a host cache: sequences are preempted by swapping (none by recompute), every
 #      answer whole; how many equal the same request served alone is noted.
 #   4. compute-sanitizer memcheck over a short serving run, and (4b) over the forward pass
-#      alone (gpu-logits, three prompts batched and four decode steps).
+#      alone (gpu-logits, four prompts batched and four decode steps).
 # Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
 # GGUF, default ~/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf; or a checkpoint folder,
 # such as random_llama.py's 135m, which gets a tokenizer.json from gpu_bench.py when it has
@@ -243,11 +243,12 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
 fi
 
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
-  # The same tool straight on the forward pass (no server to stop): three prompts batched
-  # (62 rows, so RoPE's wide threads and the prefill kernel run) and four decode steps.
+  # The same tool straight on the forward pass (no server to stop): four prompts batched
+  # (362 rows, so RoPE's wide threads and the prefill kernel run) and four decode steps,
+  # the longest past 256 positions (on sm_90 its decodes split into a cluster).
   echo; echo "## 4b. compute-sanitizer memcheck, GPU forward pass (gpu-logits)"
   if compute-sanitizer --tool memcheck --leak-check no --log-file "$WORK/memcheck-logits.log" \
-      "$BIN" gpu-logits --model "$MODEL" --dtype f16 --out "$WORK/logits-memcheck" --lens 5,17,40 \
+      "$BIN" gpu-logits --model "$MODEL" --dtype f16 --out "$WORK/logits-memcheck" --lens 5,17,40,300 \
       --steps 4 && grep -q "ERROR SUMMARY: 0 errors" "$WORK/memcheck-logits.log"; then
     status "compute-sanitizer memcheck (forward)" PASS "$(grep 'ERROR SUMMARY' "$WORK/memcheck-logits.log" | tail -1)"
   else

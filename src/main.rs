@@ -401,6 +401,7 @@ fn gpu_check(model: Option<PathBuf>, steps: usize, seed: u64) -> inflight::Resul
         rows.extend(mcheck::greedy_vs_cpu(&plain, same, &cuda, steps, false)?);
         rows.push(mcheck::swapped_vs_resident(&cuda)?);
         rows.push(mcheck::last_layer_rows_vs_every_row(&cuda)?);
+        rows.push(mcheck::long_decodes_graph_vs_kernels(&cuda)?);
     }
     if print_table(&rows) {
         Ok(())

@@ -18,29 +18,37 @@ use crate::kernels::cuda::attention::{self, Attention, Tiles};
 use crate::kernels::cuda::launch::Heads;
 use crate::kernels::cuda::{Gpu, Half};
 
-/// One case: sequence lengths, and which are queried at every position (prefill) or only
-/// at the last (decode).
+/// One case: sequence lengths, and which are queried at every position (prefill), only at
+/// the last (decode), or at the last DRAFT_ROWS (a draft's check: a decode tile of several
+/// positions where a warp holds them).
 struct Case {
     name: &'static str,
     prefill: &'static [usize],
     decode: &'static [usize],
+    drafts: &'static [usize],
 }
+
+/// Positions a draft case queries at the end of its sequence.
+const DRAFT_ROWS: usize = 3;
 
 const CASES: &[Case] = &[
     Case {
         name: "prefill+decode",
         prefill: &[1, 31, 32, 33, 100],
         decode: &[1000, 4097],
+        drafts: &[],
     },
     Case {
         name: "long prefill",
         prefill: &[300, 513],
         decode: &[64],
+        drafts: &[],
     },
     Case {
         name: "decode split-K",
         prefill: &[],
         decode: &[1, 33, 1000, 5000],
+        drafts: &[],
     },
     // Many short decode tiles at once, all unsplit (every context fits 128 positions), with
     // short prompts that make tiles of several positions where a warp holds them.
@@ -48,6 +56,7 @@ const CASES: &[Case] = &[
         name: "decode short batch",
         prefill: &[2, 3, 4],
         decode: &[1, 2, 15, 16, 17, 31, 64, 65, 96, 100, 127, 128],
+        drafts: &[],
     },
     // The same up to 256 positions: unsplit where head_dim is at most 64; split where 256
     // positions hold more than 256 x 64 elements (head_dim 80 and 128), and on the
@@ -56,13 +65,17 @@ const CASES: &[Case] = &[
         name: "decode short batch 256",
         prefill: &[],
         decode: &[3, 100, 129, 192, 200, 255, 256],
+        drafts: &[],
     },
     // A few decodes up to the longest context whose splits merge in their cluster, with
-    // splits that get no keys of the shorter ones.
+    // splits that get no keys of the shorter ones, and two drafts' checks of three
+    // positions, whose first rows see no key of the split that starts at the last one's
+    // position where a split is 128 or 64 positions long.
     Case {
         name: "decode cluster",
         prefill: &[],
         decode: &[1, 65, 300, 513, 700, 1000, 1024],
+        drafts: &[257, 897],
     },
     // Many decode tiles at once, from one stage to several splits.
     Case {
@@ -73,6 +86,7 @@ const CASES: &[Case] = &[
             512, 513, 640, 700, 777, 800, 900, 1000, 1023, 1024, 1025, 1100, 1200, 1300, 1500,
             1700, 2000, 2047, 2048, 2049, 3000,
         ],
+        drafts: &[],
     },
 ];
 
@@ -120,7 +134,13 @@ fn one(
     clusters: bool,
 ) -> Result<Row> {
     let (qd, kvd) = (hs.heads * hs.head_dim, hs.kv_heads * hs.head_dim);
-    let lens: Vec<usize> = case.prefill.iter().chain(case.decode).copied().collect();
+    let lens: Vec<usize> = case
+        .prefill
+        .iter()
+        .chain(case.decode)
+        .chain(case.drafts)
+        .copied()
+        .collect();
     let blocks: Vec<usize> = lens.iter().map(|l| l.div_ceil(bs)).collect();
     let num_blocks = blocks.iter().sum::<usize>() + 3;
     // A random permutation of the blocks, dealt out to the sequences.
@@ -144,7 +164,13 @@ fn one(
     // Query rows, and each sequence's span of them.
     let (mut row_seq, mut row_pos, mut spans) = (vec![], vec![], vec![]);
     for (s, &l) in lens.iter().enumerate() {
-        let from = if s < case.prefill.len() { 0 } else { l - 1 };
+        let from = if s < case.prefill.len() {
+            0
+        } else if s < case.prefill.len() + case.decode.len() {
+            l - 1
+        } else {
+            l - DRAFT_ROWS
+        };
         spans.push((row_seq.len(), l - from, from));
         for p in from..l {
             row_seq.push(s as i32);
@@ -247,7 +273,11 @@ fn one(
         rel_err(&got, &want),
         1e-2,
     );
-    let prefill = if rows_tiles > 0 && kernel == attention::Kernel::Flash {
+    let flash = matches!(
+        kernel,
+        attention::Kernel::Flash | attention::Kernel::FlashCluster
+    );
+    let prefill = if rows_tiles > 0 && flash {
         format!(", {}", attention::prefill_mode(&hs, wgmma))
     } else {
         String::new()

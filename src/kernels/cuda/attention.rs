@@ -56,9 +56,10 @@ const TARGET_BLOCKS: usize = 528;
 /// same at 1 x 512 (docs/perf.md).
 const MIN_CHUNK: usize = 128;
 /// The most splits of a decode merged within their cluster (the portable cluster size).
-const MAX_CLUSTER: usize = 8;
-/// The longest context whose decode splits are merged within a cluster: at most two stages
-/// a split; longer ones split wider and merge in `attention_combine`.
+pub const MAX_CLUSTER: usize = 8;
+/// The longest context whose decode splits are merged within a cluster (at most two stages
+/// a split where the batch leaves room for eight splits); longer ones split wider and merge
+/// in `attention_combine`.
 pub const CLUSTER_MAX_LEN: usize = MAX_CLUSTER * 2 * STAGE;
 /// Contexts up to this long are not split into a cluster: one block's two stages cost less
 /// than one stage and the cluster's merge (135M at 1 x 128 on an H100: 0.503-0.507 ms
@@ -398,6 +399,9 @@ fn flash(
         let mut c = cfg((a.keys_tiles * hs.kv_heads, 1, splits), 128)?;
         c.shared_mem_bytes = flash_smem(mode, budget) as u32;
         if cluster {
+            if splits > MAX_CLUSTER {
+                return Err(Error::Cuda(format!("a cluster of {splits} splits")));
+            }
             let z = u32::try_from(splits).map_err(|_| Error::Cuda("cluster size".into()))?;
             unsafe { gpu.launch_cluster(f, c, (1, 1, z), &mut b) }.map_err(cuda_err(name))?;
         } else {

@@ -104,7 +104,7 @@ pub(super) unsafe fn launch_kernel_in(
         },
         numAttrs: count as u32,
     };
-    // SAFETY: the caller vouches for the arguments; `config` and `attr` outlive the call.
+    // SAFETY: the caller vouches for the arguments; `config` and `attrs` outlive the call.
     unsafe {
         sys::cuLaunchKernelEx(
             &config,

@@ -128,6 +128,50 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("gemv", &["gemv"]),
 ];
 
+/// Whether the device can run the largest cluster the decode plan launches: eight blocks
+/// of `flash_decode_cl_hd128` with its shared memory (a partitioned GPU may hold fewer).
+fn largest_cluster_fits(funcs: &HashMap<String, CudaFunction>, stream: &CudaStream) -> bool {
+    let name = format!(
+        "{}_{}",
+        attention::flash_kernel("decode_cl", 128),
+        Half::F16.suffix()
+    );
+    let Some(f) = funcs.get(&name) else {
+        return false;
+    };
+    let splits = attention::MAX_CLUSTER as u32;
+    // SAFETY: plain C structs of integers; all-zero is a valid value of the union.
+    let mut attr: cudarc::driver::sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = cudarc::driver::sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = 1;
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = splits;
+    let config = cudarc::driver::sys::CUlaunchConfig {
+        gridDimX: 1,
+        gridDimY: 1,
+        gridDimZ: splits,
+        blockDimX: 128,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: attention::flash_smem("decode_cl", 128) as u32,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut n = 0;
+    // SAFETY: `n`, `config` and `attr` outlive the call; `f` is a loaded kernel.
+    let ok = unsafe {
+        cudarc::driver::sys::cuOccupancyMaxActiveClusters(&mut n, f.cu_function(), &config)
+    };
+    if ok != cudarc::driver::sys::CUresult::CUDA_SUCCESS || n < 1 {
+        tracing::warn!(
+            "decode attention without clusters: the device holds {n} clusters of {splits} ({ok:?})"
+        );
+        return false;
+    }
+    true
+}
+
 impl Gpu {
     /// Opens device `ordinal` and compiles (or loads from the cache) every kernel. Fails
     /// cleanly, also when the CUDA libraries cannot be loaded at all.
@@ -203,8 +247,9 @@ impl Gpu {
         }
         let pdl = major >= 9 && std::env::var("INFLIGHT_PDL").map_or(true, |v| v != "0");
         let wgmma = major == 9 && std::env::var("INFLIGHT_WGMMA").map_or(true, |v| v != "0");
-        let clusters =
-            major >= 9 && std::env::var("INFLIGHT_DECODE_CLUSTERS").map_or(true, |v| v != "0");
+        let clusters = major >= 9
+            && std::env::var("INFLIGHT_DECODE_CLUSTERS").map_or(true, |v| v != "0")
+            && largest_cluster_fits(&funcs, &stream);
         Ok(Arc::new(Gpu {
             ctx,
             stream,
