@@ -80,12 +80,8 @@ pub(super) unsafe fn launch_kernel_in(
         a.value.programmaticStreamSerializationAllowed = 1;
         count += 1;
     }
-    if let Some((x, y, z)) = cluster {
-        let a = &mut attrs[count];
-        a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        a.value.clusterDim.x = x;
-        a.value.clusterDim.y = y;
-        a.value.clusterDim.z = z;
+    if let Some(dims) = cluster {
+        attrs[count] = cluster_attribute(dims);
         count += 1;
     }
     let config = sys::CUlaunchConfig {
@@ -114,6 +110,17 @@ pub(super) unsafe fn launch_kernel_in(
         )
     }
     .result()
+}
+
+/// The launch attribute that groups a grid's blocks into clusters of `(x, y, z)`.
+pub(super) fn cluster_attribute((x, y, z): (u32, u32, u32)) -> sys::CUlaunchAttribute {
+    // SAFETY: a plain C struct of integers; all-zero is a valid value of the union.
+    let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    a.value.clusterDim.x = x;
+    a.value.clusterDim.y = y;
+    a.value.clusterDim.z = z;
+    a
 }
 
 pub(super) fn i32_of(v: usize) -> Result<i32> {

@@ -94,8 +94,8 @@ pub struct Gpu {
     /// `INFLIGHT_WGMMA=0`.
     pub wgmma: bool,
     /// Short decodes split into a thread-block cluster that merges its splits itself
-    /// (`flash_decode_cl`): on sm_90 and later, unless the environment sets
-    /// `INFLIGHT_DECODE_CLUSTERS=0`.
+    /// (`flash_decode_cl`): on sm_90 and later where a cluster of the largest blocks fits,
+    /// unless the environment sets `INFLIGHT_DECODE_CLUSTERS=0`.
     pub clusters: bool,
 }
 
@@ -140,12 +140,7 @@ fn largest_cluster_fits(funcs: &HashMap<String, CudaFunction>, stream: &CudaStre
         return false;
     };
     let splits = attention::MAX_CLUSTER as u32;
-    // SAFETY: plain C structs of integers; all-zero is a valid value of the union.
-    let mut attr: cudarc::driver::sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = cudarc::driver::sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = 1;
-    attr.value.clusterDim.y = 1;
-    attr.value.clusterDim.z = splits;
+    let mut attr = launch::cluster_attribute((1, 1, splits));
     let config = cudarc::driver::sys::CUlaunchConfig {
         gridDimX: 1,
         gridDimY: 1,
