@@ -60,7 +60,9 @@ const CASES: &[Case] = &[
     },
     // The same up to 256 positions: unsplit where head_dim is at most 64; split where 256
     // positions hold more than 256 x 64 elements (head_dim 80 and 128), and on the
-    // warp-per-key kernel.
+    // warp-per-key kernel. Where the device has clusters, the tensor-core kernel's
+    // contexts past 128 split into a cluster instead (and unsplit, or combined, on the
+    // rerun without).
     Case {
         name: "decode short batch 256",
         prefill: &[],
