@@ -22,22 +22,18 @@
 #define FA_STAGE 64
 #define FA_LN2 0.69314718055994530942f
 
-// Cluster helpers (sm_90): this block's rank in its cluster, the cluster's size, a barrier
-// over all its threads (release, then acquire: shared and global writes before it are
-// visible after it), and a float read from rank r's shared memory at our own shared address.
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r = 0;
+// Cluster helpers (sm_90): this block's rank in its cluster and the cluster's size, a
+// barrier over all its threads (release, then acquire: shared and global writes before it
+// are visible after it), and a float read from rank r's shared memory at our own shared
+// address.
+__device__ __forceinline__ void cluster_place(unsigned& rank, unsigned& size) {
+    rank = 0;
+    size = 1;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n"
+                 "mov.u32 %1, %%cluster_nctarank;"
+                 : "=r"(rank), "=r"(size));
 #endif
-    return r;
-}
-__device__ __forceinline__ unsigned cluster_size() {
-    unsigned n = 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-#endif
-    return n;
 }
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -64,10 +60,11 @@ template <int HD>
 __device__ __forceinline__ void cluster_merge(const float* cl_acc, const float* cl_ml, int rows,
                                               int group, int row0, int g, int heads, int hd,
                                               half_t* __restrict__ out) {
-    constexpr int MAX_CLUSTER = 8;
+    constexpr int MAX_CLUSTER = 8;  // attention.rs's MAX_CLUSTER: the launch holds to it
     __syncwarp();  // the barrier is .aligned: each warp converged before it
     cluster_sync();
-    const unsigned rank = cluster_rank(), size = cluster_size();
+    unsigned rank, size;
+    cluster_place(rank, size);
     const unsigned acc0 = smem_addr(cl_acc), ml0 = smem_addr(cl_ml);
     for (int e = (int)(rank * blockDim.x + threadIdx.x); e < rows * hd; e += (int)(size * blockDim.x)) {
         const int m = e / hd, d = e - m * hd;

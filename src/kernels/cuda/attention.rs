@@ -288,9 +288,9 @@ pub fn paged_attention_with(gpu: &Gpu, a: &Attention, wgmma: bool) -> Result<()>
     }
     a.heads.check()?;
     match attention_plan(a) {
-        (Kernel::Flash, chunk, splits) => flash(gpu, a, chunk, splits, false, wgmma && gpu.wgmma),
-        (Kernel::FlashCluster, chunk, splits) => {
-            flash(gpu, a, chunk, splits, true, wgmma && gpu.wgmma)
+        (kernel @ (Kernel::Flash | Kernel::FlashCluster), chunk, splits) => {
+            let cluster = kernel == Kernel::FlashCluster;
+            flash(gpu, a, chunk, splits, cluster, wgmma && gpu.wgmma)
         }
         (Kernel::WarpPerKey, chunk, splits) => warp_per_key(gpu, a, chunk, splits),
     }
@@ -402,7 +402,7 @@ fn flash(
             if splits > MAX_CLUSTER {
                 return Err(Error::Cuda(format!("a cluster of {splits} splits")));
             }
-            let z = u32::try_from(splits).map_err(|_| Error::Cuda("cluster size".into()))?;
+            let z = splits as u32; // at most MAX_CLUSTER
             unsafe { gpu.launch_cluster(f, c, (1, 1, z), &mut b) }.map_err(cuda_err(name))?;
         } else {
             unsafe { gpu.launch(f, c, &mut b) }.map_err(cuda_err(name))?;
