@@ -59,11 +59,50 @@ __device__ __forceinline__ void grid_dep_launch() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-// Both, at the top of a kernel that reads nothing before its predecessor is done.
-__device__ __forceinline__ void grid_dep_enter() {
+
+#ifdef INFLIGHT_TIMELINE
+// The kernel timeline of `gpu-profile` (INFLIGHT_TIMELINE=1, profiling runs only): the host
+// points every module's `inflight_timeline` at one buffer of TIMELINE_SLOTS (time, tag)
+// pairs. Once its predecessor has completed, the first thread of a kernel's first block
+// writes %globaltimer and where it is (module INFLIGHT_MODULE_ID, source line) into the
+// slot of that time's 256 ns tick: no atomics, and the buffer's address is read before the
+// wait, so the mark adds no round trip to the chain. Kernels of one chain pass their waits
+// microseconds apart, so they never share a slot.
+#define TIMELINE_SLOTS (1 << 20)
+__device__ unsigned long long* inflight_timeline;
+__device__ __forceinline__ bool timeline_marker() {
+    return (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) == 0;
+}
+// A volatile load, so that it stays ahead of the wait (the compiler may move a plain load
+// of a variable it knows does not change in the kernel to where it is used).
+__device__ __forceinline__ unsigned long long* timeline_buffer() {
+    return timeline_marker() ? *reinterpret_cast<unsigned long long* volatile*>(&inflight_timeline)
+                             : nullptr;
+}
+__device__ __forceinline__ void timeline_mark(unsigned long long* b, unsigned line) {
+    if (b != nullptr) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        const unsigned long long slot = (t >> 8) & (TIMELINE_SLOTS - 1);
+        const unsigned long long tag = ((unsigned long long)INFLIGHT_MODULE_ID << 32) | line;
+        asm volatile("st.global.v2.u64 [%0], {%1, %2};" ::"l"(b + 2 * slot), "l"(t), "l"(tag)
+                     : "memory");
+    }
+}
+#else
+__device__ __forceinline__ unsigned long long* timeline_buffer() { return nullptr; }
+__device__ __forceinline__ void timeline_mark(unsigned long long*, unsigned) {}
+#endif
+
+// Both, at the top of a kernel that reads nothing before its predecessor is done (a macro,
+// so that the timeline names the kernel's own line).
+__device__ __forceinline__ void grid_dep_enter_at(unsigned line) {
+    unsigned long long* mark = timeline_buffer();
     grid_dep_wait();
+    timeline_mark(mark, line);
     grid_dep_launch();
 }
+#define grid_dep_enter() grid_dep_enter_at(__LINE__)
 
 // Four floats as four 16-bit values, one 8-byte store (dst 8-byte aligned).
 __device__ __forceinline__ void store_half4(half_t* dst, float a, float b, float c, float d) {

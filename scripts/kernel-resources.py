@@ -55,7 +55,7 @@ def nvrtc(lib_dir):
     return ctypes.CDLL(os.path.join(lib_dir, "libnvrtc.so.13"))
 
 
-def compile_ptx(lib, name, source, f16):
+def compile_ptx(lib, name, source, f16, timeline=False):
     """(PTX or None, NVRTC's log) of one module, with the engine's options."""
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(), 0,
@@ -65,6 +65,8 @@ def compile_ptx(lib, name, source, f16):
     opts = [b"--gpu-architecture=compute_90a", b"--std=c++17", b"--fmad=true"]
     if f16:
         opts.append(b"-DINFLIGHT_F16")
+    if timeline:
+        opts += [b"-DINFLIGHT_TIMELINE", b"-DINFLIGHT_MODULE_ID=0"]
     rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
@@ -116,6 +118,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("modules", nargs="*", help="module names (kernels/<name>.cu); default all")
     ap.add_argument("--dir", default=os.path.join(ROOT, "kernels"), help="the kernels folder")
+    ap.add_argument("--timeline", action="store_true",
+                    help="with the timeline marks (INFLIGHT_TIMELINE=1 in the engine)")
     args = ap.parse_args()
     modules = args.modules or sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(args.dir, "*.cu")))
     lib_dir, ptxas = tools()
@@ -125,9 +129,9 @@ def main():
     print("| entry point | registers | stack bytes | spill stores | spill loads | static smem |")
     print("|---|---|---|---|---|---|")
     for name in modules:
-        source = common + "\n" + open(os.path.join(args.dir, f"{name}.cu")).read()
+        source = common + f'\n#line 1 "{name}.cu"\n' + open(os.path.join(args.dir, f"{name}.cu")).read()
         for f16 in (False, True):
-            ptx, log = compile_ptx(lib, name, source, f16)
+            ptx, log = compile_ptx(lib, name, source, f16, args.timeline)
             if ptx is None:
                 failed = True
                 print(f"{name}.cu ({'f16' if f16 else 'bf16'}) does not compile:\n{log}", file=sys.stderr)

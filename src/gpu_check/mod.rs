@@ -9,6 +9,7 @@ pub mod kernels;
 pub mod model;
 pub mod profile;
 mod sample;
+mod timeline;
 
 /// One line of the table.
 pub struct Row {

@@ -2,7 +2,7 @@
 //! a prefill and for decode batches, each stage's achieved FLOP rate and bandwidth, and the
 //! wall time of the whole call (host work included), as the engine runs it: greedy tokens
 //! chosen on the device. KV contents are whatever the cache holds; timing does not depend
-//! on values.
+//! on values. A run with `INFLIGHT_TIMELINE=1` adds each batch's kernel timeline.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -192,6 +192,31 @@ pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize, linear: P
             fwd.forward_choose(&chunks, &plans)?;
         }
         let plain = t0.elapsed().as_secs_f64() * 1e3 / iters as f64;
+        // Decode steps as the engine serves them, each launched before the last one's
+        // tokens are taken; in a run with timeline marks, marked.
+        let decode = b.new == 1;
+        let ahead = if decode {
+            run_ahead(&mut fwd, &chunks, &plans, 2)?;
+            let t0 = Instant::now();
+            run_ahead(&mut fwd, &chunks, &plans, iters)?;
+            Some(t0.elapsed().as_secs_f64() * 1e3 / iters as f64)
+        } else {
+            None
+        };
+        let marks = match &cuda.gpu.timeline {
+            Some(tl) => {
+                tl.clear(&cuda.gpu.stream)?;
+                if decode {
+                    run_ahead(&mut fwd, &chunks, &plans, iters)?;
+                } else {
+                    for _ in 0..iters {
+                        fwd.forward_choose(&chunks, &plans)?;
+                    }
+                }
+                Some(tl.marks(&cuda.gpu.stream)?)
+            }
+            None => None,
+        };
         fwd.start_timing()?;
         let t0 = Instant::now();
         for _ in 0..iters {
@@ -200,7 +225,37 @@ pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize, linear: P
         let wall = t0.elapsed().as_secs_f64() * 1e3 / iters as f64;
         let stages = fwd.stage_times()?;
         print_batch(&cfg, b, &stages, iters, (wall, plain));
+        if let Some(ms) = ahead {
+            println!("| wall time per step planned ahead (as served) | {ms:.3} | | | |");
+        }
+        if let Some(marks) = marks {
+            let how = if decode {
+                "steps planned ahead"
+            } else {
+                "passes"
+            };
+            super::timeline::print(&format!("{}, {how}", b.label()), &marks);
+        }
     }
+    Ok(())
+}
+
+/// Runs `iters` decode steps planned ahead, as the engine serves them: each step is
+/// launched before the previous one's tokens are taken, and reads its tokens from that
+/// step's choices on the device.
+fn run_ahead(
+    fwd: &mut CudaForward,
+    chunks: &[SeqChunk<'_>],
+    plans: &[Vec<RowPlan>],
+    iters: usize,
+) -> Result<()> {
+    let pending: Vec<Option<usize>> = (0..chunks.len()).map(Some).collect();
+    fwd.launch_step(chunks, plans, &vec![None; chunks.len()])?;
+    for _ in 1..iters {
+        fwd.launch_step(chunks, plans, &pending)?;
+        fwd.finish_step()?;
+    }
+    fwd.finish_step()?;
     Ok(())
 }
 

@@ -78,6 +78,11 @@ pub fn ptx(name: &str, source: &str, arch: &str, half: Half) -> Result<String> {
     if half == Half::F16 {
         options.push("-DINFLIGHT_F16".to_string());
     }
+    if super::timeline::on() {
+        let id = MODULES.iter().position(|(m, _)| *m == name).unwrap_or(0);
+        options.push("-DINFLIGHT_TIMELINE".to_string());
+        options.push(format!("-DINFLIGHT_MODULE_ID={id}"));
+    }
     let (mut major, mut minor) = (0, 0);
     // SAFETY: nvrtcVersion writes two ints through valid pointers.
     unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
@@ -101,7 +106,8 @@ pub fn ptx(name: &str, source: &str, arch: &str, half: Half) -> Result<String> {
     if let Ok(text) = std::fs::read_to_string(&path) {
         return Ok(text);
     }
-    let full = format!("{common}\n{source}");
+    // The module's own line numbers in NVRTC's messages and in `__LINE__`.
+    let full = format!("{common}\n#line 1 \"{name}.cu\"\n{source}");
     let opts = cudarc::nvrtc::CompileOptions {
         options,
         name: Some(format!("{name}.cu")),

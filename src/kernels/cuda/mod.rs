@@ -10,6 +10,7 @@ pub mod gemm;
 pub mod launch;
 pub mod lt;
 pub mod swap;
+pub mod timeline;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -97,6 +98,9 @@ pub struct Gpu {
     /// (`flash_decode_cl`): on sm_90 and later where a cluster of the largest blocks fits,
     /// unless the environment sets `INFLIGHT_DECODE_CLUSTERS=0`.
     pub clusters: bool,
+    /// Where kernels write their timeline marks, in a build with them
+    /// (`INFLIGHT_TIMELINE=1`, profiling only).
+    pub timeline: Option<timeline::Timeline>,
 }
 
 /// The kernel entry points of each module (each gets a `_bf16` and an `_f16` build).
@@ -197,12 +201,20 @@ impl Gpu {
         let arch = compile::arch_for(major, minor);
         let name = ctx.name().map_err(cuda_err("device name"))?;
         let mut funcs = HashMap::new();
+        let timeline = if timeline::on() {
+            Some(timeline::Timeline::new(&stream)?)
+        } else {
+            None
+        };
         for half in Half::ALL {
             for (module, source) in compile::MODULES {
                 let ptx = compile::ptx(module, source, &arch, half)?;
                 let loaded = ctx
                     .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
                     .map_err(cuda_err("loading a kernel module"))?;
+                if let Some(t) = &timeline {
+                    t.attach(&loaded, &stream)?;
+                }
                 let names = ENTRY_POINTS
                     .iter()
                     .find(|(m, _)| m == module)
@@ -255,6 +267,7 @@ impl Gpu {
             pdl,
             wgmma,
             clusters,
+            timeline,
         }))
     }
 
