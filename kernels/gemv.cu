@@ -13,9 +13,12 @@
 // rounded to 16 bits as silu_mul (swiglu.cu) would read them: y is then [n, out / 2].
 // With `xf` (not null), x is the RMSNorm of the fp32 rows xf by the fp32 weights gw: each
 // block norms them itself into shared memory (n * k 16-bit values of dynamic shared
-// memory) after the predecessor wait, as rms_norm (norm.cu) would have written them, same
-// sums in the same order for its 256 threads, so a decode layer needs no norm kernel before
-// qkv and gate_up. The weights' first batch streams in meanwhile.
+// memory, then gw's k floats) after the predecessor wait, as rms_norm (norm.cu) would have
+// written them, same sums in the same order for its 256 threads, so a decode layer needs no
+// norm kernel before qkv and gate_up. gw is immutable: it is copied into shared memory
+// before the wait, with the weights' first batch, so that after the wait the norm waits on
+// xf alone (which the last kernel just wrote, into L2), not on a read of gw queued behind
+// every block's weights.
 // Needs k a multiple of 8 and 16-byte aligned rows. grid: ceil(ceil(out / 2) * split /
 // GEMV_WARPS); block: 32 * GEMV_WARPS.
 #define GEMV_WARPS 8
@@ -72,12 +75,25 @@ __device__ __forceinline__ void gemv_store(void* y, size_t at, float v, bool hal
     }
 }
 
-// rms_norm's rows of xf by gw into xs ([n, k] 16-bit, shared), for the whole block.
-__device__ __forceinline__ void gemv_norm(const float* __restrict__ xf, const float* __restrict__ gw,
-                                          float eps, int n, int k, half_t* xs) {
+// gw's k floats into shared memory gs, asynchronously (a commit group of the calling
+// thread's copies; gemv_norm waits for them).
+__device__ __forceinline__ void gemv_norm_weights(const float* __restrict__ gw, int k, float* gs) {
+    for (int i = threadIdx.x; i < (k >> 2); i += blockDim.x) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(gs + 4 * i)),
+                     "l"(gw + 4 * i));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// rms_norm's rows of xf by the weights gs (shared, gemv_norm_weights's) into xs ([n, k]
+// 16-bit, shared), for the whole block.
+__device__ __forceinline__ void gemv_norm(const float* __restrict__ xf, const float* gs, float eps,
+                                          int n, int k, half_t* xs) {
     __shared__ float scratch[32];
     const int k4 = k >> 2;
-    const float4* g4 = reinterpret_cast<const float4*>(gw);
+    // This thread's copies of gs; block_sum's barrier makes everyone's visible.
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    const float4* g4 = reinterpret_cast<const float4*>(gs);
     for (int t = 0; t < n; ++t) {
         const float4* x4 = reinterpret_cast<const float4*>(xf + (size_t)t * k);
         float ss = 0.0f;
@@ -131,8 +147,10 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
             }
         }
     }
+    float* gemv_gs = reinterpret_cast<float*>(gemv_xs + (size_t)n * k);
+    if (xf != nullptr) gemv_norm_weights(gw, k, gemv_gs);
     grid_dep_enter();
-    if (xf != nullptr) gemv_norm(xf, gw, eps, n, k, gemv_xs);
+    if (xf != nullptr) gemv_norm(xf, gemv_gs, eps, n, k, gemv_xs);
     // The warp that stores its pair copies the y values it adds to into shared memory
     // now, asynchronously (a lane each), so that their latency is not the kernel's tail.
     const bool adds = y_mode == 2 && live && slice == 0;

@@ -16,7 +16,14 @@
 // seed lo/hi, step lo/hi, repetition, presence, frequency, first edit, end of edits.
 // edits: (token, info) pairs; info = generated count | 1<<30 repeat | 1<<31 ban.
 // tokens[row] = -1 when no token is allowed (log_probs[row] = -inf).
-// grid: one block per row; block: SAMPLE_THREADS threads.
+// Greedy rows that want no log-probability split their vocabulary over the grid's x blocks
+// (slices of ceil(vocab / gridDim.x) ids): each block edits and scans its slice and folds
+// its maximum's key and first id into the row's 64-bit word of `best` by atomicMax (an
+// integer maximum: the same whatever the order); the last block to count itself done
+// writes the token and clears the row's two words (maximum, count) for the next launch.
+// Every other row runs on its x = 0 block alone. At batch 1 the lm_head leaves one row of
+// up to 128K logits: one block would read them all through one multiprocessor.
+// grid: (slices, rows); block: SAMPLE_THREADS threads; best: 2 words a row, zero.
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
@@ -145,7 +152,7 @@ struct SampleRow {
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     KERNEL(sample_rows)(float* __restrict__ logits, const unsigned* __restrict__ params,
                         const unsigned* __restrict__ edits, int vocab, int* __restrict__ tokens,
-                        float* __restrict__ log_probs) {
+                        float* __restrict__ log_probs, unsigned long long* __restrict__ best_words) {
     grid_dep_enter();
     __shared__ unsigned hist_n[256];
     __shared__ unsigned long long hist_m[256];
@@ -156,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     __shared__ unsigned sel_u[2];
     __shared__ unsigned long long sel_m;
 
-    const int row = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, n = vocab;
+    const int row = blockIdx.y, tid = threadIdx.x, nt = blockDim.x, n = vocab;
     const unsigned* pr = params + (size_t)row * 16;
     float* x = logits + (size_t)row * n;
     const bool greedy = pr[0] & 1u, want_lp = pr[0] & 2u;
@@ -168,10 +175,16 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     const float rep = __uint_as_float(pr[8]), pres = __uint_as_float(pr[9]),
                 freq = __uint_as_float(pr[10]);
 
+    // The slice of ids this block scans: the whole row unless the row is split.
+    const bool split = greedy && !want_lp && gridDim.x > 1;
+    if (!split && blockIdx.x != 0) return;
+    const int per = split ? (n + (int)gridDim.x - 1) / (int)gridDim.x : n;
+    const int from = split ? min(n, (int)blockIdx.x * per) : 0, to = min(n, from + per);
+
     // 1. Edits (at most one per token, so no two threads touch one logit).
     for (unsigned e = pr[11] + tid; e < pr[12]; e += nt) {
         unsigned tok = edits[2 * e], info = edits[2 * e + 1];
-        if (tok >= (unsigned)n) continue;
+        if (tok < (unsigned)from || tok >= (unsigned)to) continue;
         float v = x[tok];
         if (info & EDIT_REPEAT) v = v > 0.0f ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
         unsigned count = info & EDIT_COUNT;
@@ -184,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     // 2. The maximum and its first index.
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = tid; i < n; i += nt) {
+    for (int i = from + tid; i < to; i += nt) {
         float v = sample_clean(x[i]);
         if (v > best) best = v, bi = i;
     }
@@ -207,6 +220,25 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
         }
+    }
+    if (split) {
+        if (tid == 0) {
+            unsigned long long* w = best_words + 2 * (size_t)row;
+            // Larger logit, larger key; among equal ones the first id. No key for -inf.
+            const unsigned long long key =
+                best == -INFINITY ? 0ull
+                                  : ((unsigned long long)sample_key(best) << 32) | (0xffffffffu - (unsigned)bi);
+            atomicMax(w, key);
+            __threadfence();
+            if (atomicAdd(w + 1, 1ull) == gridDim.x - 1) {
+                __threadfence();
+                const unsigned long long top = atomicExch(w, 0ull);
+                atomicExch(w + 1, 0ull);
+                tokens[row] = top == 0ull ? -1 : (int)(0xffffffffu - (unsigned)(top & 0xffffffffu));
+                log_probs[row] = top == 0ull ? -INFINITY : 0.0f;
+            }
+        }
+        return;
     }
     if (best == -INFINITY) {
         if (tid == 0) tokens[row] = -1, log_probs[row] = -INFINITY;

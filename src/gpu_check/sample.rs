@@ -29,6 +29,10 @@ struct Case {
     ties: bool,
     /// Some logits are NaN or infinite; some rows allow no token.
     odd: bool,
+    /// Rows want their token's log-probability (greedy rows without one split over blocks).
+    log_prob: bool,
+    /// Every third row samples by top_k 50 instead, beside the case's rows in one launch.
+    mixed: bool,
 }
 
 const fn case(name: &'static str, temperature: f32, top_k: usize, top_p: f32) -> Case {
@@ -41,6 +45,8 @@ const fn case(name: &'static str, temperature: f32, top_k: usize, top_p: f32) ->
         penalties: false,
         ties: false,
         odd: false,
+        log_prob: true,
+        mixed: false,
     }
 }
 
@@ -51,6 +57,22 @@ fn cases() -> Vec<Case> {
             penalties: true,
             odd: true,
             ..case("greedy, penalties, bans, NaN/inf", 0.0, 0, 1.0)
+        },
+        Case {
+            log_prob: false,
+            ..case("greedy, no log-prob", 0.0, 0, 1.0)
+        },
+        Case {
+            log_prob: false,
+            penalties: true,
+            odd: true,
+            ..case("greedy, no log-prob, penalties, bans, NaN/inf", 0.0, 0, 1.0)
+        },
+        Case {
+            log_prob: false,
+            ties: true,
+            mixed: true,
+            ..case("greedy, no log-prob, ties, beside top_k 50", 0.0, 0, 1.0)
         },
         case("temperature 0.7", 0.7, 0, 1.0),
         case("top_k 50", 1.0, 50, 1.0),
@@ -122,7 +144,7 @@ fn plan(rng: &mut StdRng, vocab: usize, c: &Case) -> RowPlan {
         top_p: c.top_p,
         seed: rng.gen(),
         step: rng.gen_range(0..5000),
-        want_log_prob: true,
+        want_log_prob: c.log_prob,
         repetition: if c.penalties { 1.3 } else { 1.0 },
         presence: if c.penalties { 0.4 } else { 0.0 },
         frequency: if c.penalties { 0.2 } else { 0.0 },
@@ -149,8 +171,10 @@ struct Launch {
     edits: DevBuf<u32>,
     tokens: DevBuf<i32>,
     log_probs: DevBuf<f32>,
+    best: DevBuf<u64>,
     vocab: usize,
     rows: usize,
+    slices: usize,
 }
 
 impl Launch {
@@ -162,8 +186,13 @@ impl Launch {
             edits: gpu.upload(&packed.edits)?,
             tokens: gpu.upload(&vec![-2i32; plans.len()])?,
             log_probs: gpu.upload(&vec![f32::NAN; plans.len()])?,
+            best: gpu.zeros(2 * plans.len())?,
             vocab,
             rows: plans.len(),
+            slices: launch::sample_slices(
+                vocab,
+                plans.iter().any(|p| p.greedy && !p.want_log_prob),
+            ),
         })
     }
 
@@ -174,22 +203,44 @@ impl Launch {
             self.params.ptr(),
             self.edits.ptr(),
             self.vocab,
-            self.tokens.ptr(),
-            self.log_probs.ptr(),
+            (self.tokens.ptr(), self.log_probs.ptr()),
+            self.best.ptr(),
             self.rows,
+            self.slices,
         )
     }
 }
 
 fn one(gpu: &Gpu, rng: &mut StdRng, vocab: usize, c: &Case) -> Result<Row> {
     let rows: Vec<Vec<f32>> = (0..ROWS).map(|r| logits(rng, vocab, c, r)).collect();
-    let plans: Vec<RowPlan> = (0..ROWS).map(|_| plan(rng, vocab, c)).collect();
+    let plans: Vec<RowPlan> = (0..ROWS)
+        .map(|r| {
+            let p = plan(rng, vocab, c);
+            if c.mixed && r % 3 == 1 {
+                RowPlan {
+                    greedy: false,
+                    top_k: 50,
+                    want_log_prob: true,
+                    ..p
+                }
+            } else {
+                p
+            }
+        })
+        .collect();
     let l = Launch::new(gpu, &rows.concat(), vocab, &plans)?;
     l.run(gpu)?;
     let tokens = gpu.read(&l.tokens, ROWS)?;
     let lps = gpu.read(&l.log_probs, ROWS)?;
     let edited = gpu.read(&l.logits, ROWS * vocab)?;
     let (mut mismatched, mut lp_err, mut edits_differ) = (0usize, 0f64, 0usize);
+    // Without edits a second launch sees the same logits: the same tokens, also where the
+    // blocks of split rows met in words the first launch left cleared.
+    if !c.penalties {
+        l.run(gpu)?;
+        let again = gpu.read(&l.tokens, ROWS)?;
+        mismatched += again.iter().zip(&tokens).filter(|(a, b)| a != b).count();
+    }
     let mut written = tokens.iter().all(|&t| t >= -1) && lps.iter().all(|l| !l.is_nan());
     for (r, (row, p)) in rows.iter().zip(&plans).enumerate() {
         let mut want_edit = row.clone();

@@ -76,8 +76,9 @@ pub struct Norm {
     pub xn: u64,
 }
 
-/// Shared memory the GEMV kernel may take for the normed rows: without an opt-in, its
-/// static (640 bytes) and dynamic shared memory together must fit 48 KB.
+/// Shared memory the GEMV kernel may take for the normed rows and the norm's weights:
+/// without an opt-in, its static (640 bytes) and dynamic shared memory together must fit
+/// 48 KB.
 const GEMV_NORM_SMEM: usize = 47 << 10;
 /// The widest rows the GEMV kernel norms, those rms_norm norms on its vector path (256
 /// threads, 8 float4 each), whose sums it repeats in the same order.
@@ -86,7 +87,10 @@ const GEMV_NORM_MAX_INP: usize = 8192;
 /// rows itself, after the predecessor wait, so the cost grows with the width while the
 /// norm kernel it replaces costs about one launch. Measured on the H100 (batch-1 decode,
 /// same call, norm kernel / in the GEMV): SmolLM2-135M's 576 0.64 / 0.59 ms per token,
-/// Llama-3.2-1B's 2,048 1.18 / 1.19, Llama-3.1-8B's 4,096 5.86 / 5.96.
+/// Llama-3.2-1B's 2,048 1.18 / 1.19, Llama-3.1-8B's 4,096 5.86 / 5.96. Again with the norm
+/// weights read before the wait (twenty-seventh pass): the 1B 1.12 / 1.20 ms, its gate_up
+/// (4,096 blocks in about 4 waves) paying the norm once a wave, 35.2 µs against 25.7 plus
+/// the norm kernel's 3.8 (kernel timeline).
 const GEMV_NORM_MAX_AUTO: usize = 1024;
 
 /// What a linear layer reads.
@@ -304,7 +308,15 @@ impl Blas {
     /// Whether the GEMV kernel can norm `n` rows of `inp` inputs itself ([`Input::Normed`]):
     /// they fit its shared memory, and rms_norm would take its vector path.
     pub fn gemv_can_norm(n: usize, inp: usize) -> bool {
-        n * inp * 2 <= GEMV_NORM_SMEM && inp <= GEMV_NORM_MAX_INP && inp.is_multiple_of(4)
+        Self::gemv_norm_smem(n, inp) <= GEMV_NORM_SMEM
+            && inp <= GEMV_NORM_MAX_INP
+            && inp.is_multiple_of(4)
+    }
+
+    /// Dynamic shared memory of the GEMV kernel norming `n` rows of `inp` inputs: the
+    /// rows' 16-bit values, then the norm's `inp` fp32 weights.
+    fn gemv_norm_smem(n: usize, inp: usize) -> usize {
+        n * inp * 2 + inp * 4
     }
 
     /// Whether the GEMV kernel can run this shape: few rows, 16-byte aligned rows.
@@ -480,15 +492,11 @@ impl Blas {
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: if norm.is_some() {
-                (2 * n * inp) as u32
-            } else {
-                0
-            },
+            shared_mem_bytes: norm.map_or(0, |_| Self::gemv_norm_smem(n, inp) as u32),
         };
         // SAFETY: argument order and types match gemv.cu; x holds n rows of inp (or, with
-        // norm, xf n fp32 rows and gw inp weights, the rows' 16-bit values fitting the
-        // shared memory asked, as prepare checked), w out rows of inp, y n rows of out (of
+        // norm, xf n fp32 rows and gw inp weights, the rows' 16-bit values and the weights
+        // fitting the shared memory asked, as prepare checked), w out rows of inp, y n rows of out (of
         // out / 2 with swiglu, out then even) of the asked type; gemv_fits checked rows and
         // alignment.
         unsafe { self.gpu.launch(f, cfg, &mut b) }.map_err(cuda_err("gemv"))?;

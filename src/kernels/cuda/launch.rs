@@ -211,9 +211,25 @@ pub fn rms_norm_rows(
 
 /// Threads per block of `sample_rows` (kernels/sample.cu's SAMPLE_THREADS).
 const SAMPLE_THREADS: u32 = 1024;
+/// Logits a block of `sample_rows` scans where a greedy row is split over blocks (8 a
+/// thread).
+const SAMPLE_SLICE: usize = 8 * SAMPLE_THREADS as usize;
+
+/// Blocks each row of `sample_rows` may split over: several where some row is greedy and
+/// wants no log-probability (`split`), so that one row of a large vocabulary is not read
+/// through one multiprocessor; one otherwise.
+pub fn sample_slices(vocab: usize, split: bool) -> usize {
+    if split {
+        vocab.div_ceil(SAMPLE_SLICE).max(1)
+    } else {
+        1
+    }
+}
 
 /// Chooses one token per row of `m` fp32 logits rows (edited in place) from packed plans
-/// (`sampling::pack`): `tokens[r]` (-1 when no token is allowed) and `log_probs[r]`.
+/// (`sampling::pack`): `tokens[r]` (-1 when no token is allowed) and `log_probs[r]`. The
+/// greedy rows without log-probabilities split over `slices` blocks ([`sample_slices`]),
+/// meeting in `best` (2 words a row, zero before and after).
 #[allow(clippy::too_many_arguments)]
 pub fn sample_rows(
     gpu: &Gpu,
@@ -221,9 +237,10 @@ pub fn sample_rows(
     params: u64,
     edits: u64,
     vocab: usize,
-    tokens: u64,
-    log_probs: u64,
+    (tokens, log_probs): (u64, u64),
+    best: u64,
     m: usize,
+    slices: usize,
 ) -> Result<()> {
     if m == 0 {
         return Ok(());
@@ -237,10 +254,11 @@ pub fn sample_rows(
         .arg(&edits)
         .arg(&vocab)
         .arg(&tokens)
-        .arg(&log_probs);
+        .arg(&log_probs)
+        .arg(&best);
     // SAFETY: argument order and types match sample.cu; params hold m rows whose edit
-    // ranges lie inside edits.
-    unsafe { gpu.launch(f, cfg((m, 1, 1), SAMPLE_THREADS)?, &mut b) }
+    // ranges lie inside edits; best holds 2 zero words for each of the m rows.
+    unsafe { gpu.launch(f, cfg((slices.max(1), m, 1), SAMPLE_THREADS)?, &mut b) }
         .map_err(cuda_err("sample_rows"))?;
     Ok(())
 }
@@ -401,6 +419,16 @@ pub fn gather_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn greedy_rows_split_into_slices_of_eight_thousand_logits() {
+        assert_eq!(sample_slices(128_256, true), 16);
+        assert_eq!(sample_slices(49_152, true), 6);
+        assert_eq!(sample_slices(8_192, true), 1);
+        assert_eq!(sample_slices(77, true), 1);
+        // No row splits: every row on one block.
+        assert_eq!(sample_slices(128_256, false), 1);
+    }
 
     #[test]
     fn heads_outside_the_kernel_are_refused() {

@@ -665,38 +665,43 @@ impl CudaForward {
             return Ok(());
         }
         // The o and down layers added themselves into the residual: norm the rows that get
-        // logits (gathered already where the last layer ran on them alone).
-        if lay.tail.is_some() && !w.layers.is_empty() {
-            launch::rms_norm(
-                g,
-                dt,
-                s.x_rows.ptr(),
-                w.final_norm.ptr(),
-                s.head_in.ptr(),
-                m,
-                h,
-                eps,
-            )?;
-        } else {
-            launch::rms_norm_rows(
-                g,
-                dt,
-                s.x.ptr(),
-                rows,
-                w.final_norm.ptr(),
-                s.head_in.ptr(),
-                m,
-                h,
-                eps,
-            )?;
-        }
-        mark(&mut self.timer, stage::FINAL_NORM)?;
+        // logits (gathered already where the last layer ran on them alone; every row where
+        // every row gets logits), on the way into the lm_head where that runs on the GEMV
+        // kernel, which then needs no norm kernel before it.
         let vocab = cfg.vocab_size;
         let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
+        let rows_x = match (&lay.tail, w.layers.is_empty()) {
+            (Some(_), false) => Some(s.x_rows.ptr()),
+            (None, _) => Some(s.x.ptr()),
+            (Some(_), true) => None,
+        };
+        let input = match rows_x {
+            Some(x) => Input::Normed(Norm {
+                x,
+                w: w.final_norm.ptr(),
+                eps,
+                xn: s.head_in.ptr(),
+            }),
+            None => {
+                launch::rms_norm_rows(
+                    g,
+                    dt,
+                    s.x.ptr(),
+                    rows,
+                    w.final_norm.ptr(),
+                    s.head_in.ptr(),
+                    m,
+                    h,
+                    eps,
+                )?;
+                Input::Rows(s.head_in.ptr())
+            }
+        };
+        mark(&mut self.timer, stage::FINAL_NORM)?;
         self.blas.linear(
             self.linear_path,
             dt,
-            s.head_in.ptr(),
+            input,
             head,
             s.logits.ptr(),
             Out::F32,
@@ -729,6 +734,10 @@ impl CudaForward {
             .iter()
             .zip(plans)
             .flat_map(|(&c, p)| (0..c).map(move |r| if p.len() == c { &p[r] } else { filler }));
+        // Greedy rows without log-probabilities (the filler's too) split over blocks.
+        let split = lay.counts.iter().zip(plans).any(|(&c, p)| {
+            c > 0 && (p.len() != c || p.iter().any(|r| r.greedy && !r.want_log_prob))
+        });
         let packed = sampling::pack(rows);
         let m = lay.m;
         let g = self.model.gpu.clone();
@@ -802,9 +811,10 @@ impl CudaForward {
             bufs.params.ptr(),
             bufs.edits.ptr(),
             vocab,
-            bufs.chosen.ptr(),
-            bufs.chosen.at(m),
+            (bufs.chosen.ptr(), bufs.chosen.at(m)),
+            bufs.best.ptr(),
             m,
+            launch::sample_slices(vocab, split),
         )?;
         mark(&mut self.timer, stage::SAMPLING)?;
         // One copy: the m tokens, then their m log-probabilities' bits.
@@ -881,6 +891,8 @@ struct SampleBufs {
     edits: DevBuf<u32>,
     /// The chosen tokens (i32) then their log-probabilities (f32), `m` each.
     chosen: DevBuf<u32>,
+    /// Where the blocks of a split greedy row meet: 2 words a row, zero between launches.
+    best: DevBuf<u64>,
 }
 
 impl SampleBufs {
@@ -891,6 +903,7 @@ impl SampleBufs {
             params: g.alloc(rows * sampling::PLAN_WORDS)?,
             edits: g.alloc(edit_words)?,
             chosen: g.alloc(2 * rows)?,
+            best: g.zeros(2 * rows)?,
         })
     }
 }
