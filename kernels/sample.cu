@@ -21,8 +21,9 @@
 // its maximum's key and first id into the row's 64-bit word of `best` by atomicMax (an
 // integer maximum: the same whatever the order); the last block to count itself done
 // writes the token and clears the row's two words (maximum, count) for the next launch.
-// Every other row runs on its x = 0 block alone. At batch 1 the lm_head leaves one row of
-// up to 128K logits: one block would read them all through one multiprocessor.
+// Every other row runs on its x = 0 block alone. The host splits only few rows (about 256
+// blocks in all): at batch 1 the lm_head leaves one row of up to 128K logits, which one
+// block would read through one multiprocessor.
 // grid: (slices, rows); block: SAMPLE_THREADS threads; best: 2 words a row, zero.
 
 #define SAMPLE_THREADS 1024

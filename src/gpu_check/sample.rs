@@ -33,6 +33,9 @@ struct Case {
     log_prob: bool,
     /// Every third row samples by top_k 50 instead, beside the case's rows in one launch.
     mixed: bool,
+    /// Rows in the launch ([`ROWS`] unless a case needs few: greedy rows without
+    /// log-probabilities split over more blocks the fewer the rows).
+    rows: usize,
 }
 
 const fn case(name: &'static str, temperature: f32, top_k: usize, top_p: f32) -> Case {
@@ -47,6 +50,7 @@ const fn case(name: &'static str, temperature: f32, top_k: usize, top_p: f32) ->
         odd: false,
         log_prob: true,
         mixed: false,
+        rows: ROWS,
     }
 }
 
@@ -67,6 +71,18 @@ fn cases() -> Vec<Case> {
             penalties: true,
             odd: true,
             ..case("greedy, no log-prob, penalties, bans, NaN/inf", 0.0, 0, 1.0)
+        },
+        Case {
+            log_prob: false,
+            penalties: true,
+            odd: true,
+            rows: 2,
+            ..case(
+                "greedy, no log-prob, penalties, bans, NaN/inf, 2 rows",
+                0.0,
+                0,
+                1.0,
+            )
         },
         Case {
             log_prob: false,
@@ -191,6 +207,7 @@ impl Launch {
             rows: plans.len(),
             slices: launch::sample_slices(
                 vocab,
+                plans.len(),
                 plans.iter().any(|p| p.greedy && !p.want_log_prob),
             ),
         })
@@ -212,8 +229,8 @@ impl Launch {
 }
 
 fn one(gpu: &Gpu, rng: &mut StdRng, vocab: usize, c: &Case) -> Result<Row> {
-    let rows: Vec<Vec<f32>> = (0..ROWS).map(|r| logits(rng, vocab, c, r)).collect();
-    let plans: Vec<RowPlan> = (0..ROWS)
+    let rows: Vec<Vec<f32>> = (0..c.rows).map(|r| logits(rng, vocab, c, r)).collect();
+    let plans: Vec<RowPlan> = (0..c.rows)
         .map(|r| {
             let p = plan(rng, vocab, c);
             if c.mixed && r % 3 == 1 {
@@ -230,15 +247,15 @@ fn one(gpu: &Gpu, rng: &mut StdRng, vocab: usize, c: &Case) -> Result<Row> {
         .collect();
     let l = Launch::new(gpu, &rows.concat(), vocab, &plans)?;
     l.run(gpu)?;
-    let tokens = gpu.read(&l.tokens, ROWS)?;
-    let lps = gpu.read(&l.log_probs, ROWS)?;
-    let edited = gpu.read(&l.logits, ROWS * vocab)?;
+    let tokens = gpu.read(&l.tokens, c.rows)?;
+    let lps = gpu.read(&l.log_probs, c.rows)?;
+    let edited = gpu.read(&l.logits, c.rows * vocab)?;
     let (mut mismatched, mut lp_err, mut edits_differ) = (0usize, 0f64, 0usize);
     // Without edits a second launch sees the same logits: the same tokens, also where the
     // blocks of split rows met in words the first launch left cleared.
     if !c.penalties {
         l.run(gpu)?;
-        let again = gpu.read(&l.tokens, ROWS)?;
+        let again = gpu.read(&l.tokens, c.rows)?;
         mismatched += again.iter().zip(&tokens).filter(|(a, b)| a != b).count();
     }
     let mut written = tokens.iter().all(|&t| t >= -1) && lps.iter().all(|l| !l.is_nan());
@@ -264,10 +281,10 @@ fn one(gpu: &Gpu, rng: &mut StdRng, vocab: usize, c: &Case) -> Result<Row> {
         }
     }
     // A token differs only when a draw lands within rounding of a boundary: allow one row.
-    let err = (mismatched as f64 / ROWS as f64).max(lp_err) + edits_differ as f64;
+    let err = (mismatched as f64 / c.rows as f64).max(lp_err) + edits_differ as f64;
     Ok(Row {
         check: format!("sample_rows: {}", c.name),
-        shape: format!("vocab {vocab}, {ROWS} rows"),
+        shape: format!("vocab {vocab}, {} rows", c.rows),
         err,
         tol: 0.02,
         written,

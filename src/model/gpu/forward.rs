@@ -814,7 +814,7 @@ impl CudaForward {
             (bufs.chosen.ptr(), bufs.chosen.at(m)),
             bufs.best.ptr(),
             m,
-            launch::sample_slices(vocab, split),
+            launch::sample_slices(vocab, m, split),
         )?;
         mark(&mut self.timer, stage::SAMPLING)?;
         // One copy: the m tokens, then their m log-probabilities' bits.
