@@ -1,5 +1,5 @@
-// Sampling on the device: one block per row of fp32 logits chooses that row's token from
-// its plan (the CPU twin is RowPlan::choose in src/sampling/plan.rs; both must give the
+// Sampling on the device: one block per row of fp32 logits (a few for a greedy row, below)
+// chooses that row's token from its plan (the CPU twin is RowPlan::choose in src/sampling/plan.rs; both must give the
 // same token for the same logits, plan and seed):
 //   1. edits: repetition penalty, then presence/frequency by generated count, then bans;
 //   2. clean (NaN -> -inf, +inf -> FLT_MAX, -0 -> +0), the maximum and its first index;

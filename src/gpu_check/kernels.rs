@@ -458,11 +458,12 @@ fn normed_linear(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>>
     for (n, k, m) in [
         (1, 576, 960),
         (1, 2048, 3072),
-        (4, 4096, 6144),
+        (3, 4096, 6144),
+        (4, 2048, 2050),
         (3, 2048, 4099),
-        (2, 8192, 64),
-        // 48 KB of 16-bit rows: more than the kernel's shared memory beside its own, so
-        // normed by rms_norm.
+        (1, 6144, 64),
+        // 48 KB of 16-bit rows (and 32 KB of weights): more than the kernel's shared
+        // memory beside its own, so normed by rms_norm.
         (3, 8192, 64),
     ] {
         let normed = NormedRows::new(gpu, dt, rng, n, k)?;

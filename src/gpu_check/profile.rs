@@ -19,6 +19,10 @@ use crate::sampling::RowPlan;
 
 const BLOCK: usize = 32;
 
+/// Milliseconds of marked passes the timeline takes in, within the 268 ms its slots cover
+/// before they wrap ([`crate::kernels::cuda::timeline::SLOTS`] ticks of 256 ns).
+const TIMELINE_MS: f64 = 200.0;
+
 /// One batch to time: `seqs` sequences each feeding `new` tokens after `past` cached ones.
 #[derive(Clone, Copy, Debug)]
 pub struct Batch {
@@ -205,11 +209,14 @@ pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize, linear: P
         };
         let marks = match &cuda.gpu.timeline {
             Some(tl) => {
+                // As many passes as the timeline's slots hold before they wrap.
+                let pass_ms = ahead.unwrap_or(plain);
+                let marked = iters.min(((TIMELINE_MS / pass_ms) as usize).max(2));
                 tl.clear(&cuda.gpu.stream)?;
                 if decode {
-                    run_ahead(&mut fwd, &chunks, &plans, iters)?;
+                    run_ahead(&mut fwd, &chunks, &plans, marked)?;
                 } else {
-                    for _ in 0..iters {
+                    for _ in 0..marked {
                         fwd.forward_choose(&chunks, &plans)?;
                     }
                 }

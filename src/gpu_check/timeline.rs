@@ -48,34 +48,44 @@ fn passes(marks: &[Mark]) -> Vec<Pass<'_>> {
 /// Per-position times of a pass: (before the first layer, each layer's positions, after the
 /// last). A layer holds as many kernels as lie between two RoPE kernels and begins the
 /// fewest kernels before each RoPE kernel for which every layer is the same sequence of
-/// kernels (one before it where the GEMV norms, two where a norm kernel runs first).
+/// kernels (one before it where the GEMV norms; two where a norm kernel runs first and the
+/// final norm differs; one again where the final norm is that same kernel, which then
+/// closes the last layer and the first norm goes before the layers). Where no count makes
+/// the last layer like the others (a prefill whose last layer runs on the logits rows
+/// alone, with gathers), it goes with the tail.
 type Split = (Vec<Option<f64>>, Vec<Vec<Option<f64>>>, Vec<Option<f64>>);
 
 fn split(pass: &Pass<'_>) -> Option<(Split, Vec<String>)> {
     let ropes: Vec<usize> = (0..pass.marks.len())
         .filter(|&i| pass.marks[i].module == "rope")
         .collect();
-    let (first, last) = (*ropes.first()?, *ropes.last()?);
+    let first = *ropes.first()?;
     let per = ropes.get(1)? - first;
     let labels_at = |base: usize| -> Option<Vec<String>> {
         pass.marks
             .get(base..base + per)
             .map(|ms| ms.iter().map(Mark::label).collect())
     };
-    let before = (1..=first.min(per)).find(|&a| {
-        let Some(want) = labels_at(first - a) else {
-            return false;
-        };
-        ropes
-            .iter()
-            .all(|&r| labels_at(r - a).is_some_and(|l| l == want))
-    })?;
+    // The fewest kernels before RoPE that make every layer alike; else every layer but
+    // the last, which then goes with the tail.
+    let alike = |a: usize, layers: &[usize]| {
+        labels_at(first - a).is_some_and(|want| {
+            layers
+                .iter()
+                .all(|&r| labels_at(r - a).is_some_and(|l| l == want))
+        })
+    };
+    let fewest = |layers: &[usize]| (1..=first.min(per)).find(|&a| alike(a, layers));
+    let (before, whole) = match fewest(&ropes) {
+        Some(a) => (a, ropes.len()),
+        None => (fewest(&ropes[..ropes.len() - 1])?, ropes.len() - 1),
+    };
     let labels = labels_at(first - before)?;
-    let layers = ropes
+    let layers = ropes[..whole]
         .iter()
         .map(|&r| pass.gaps[r - before..r - before + per].to_vec())
         .collect();
-    let tail_from = last - before + per;
+    let tail_from = ropes[whole - 1] - before + per;
     Some((
         (
             pass.gaps[..first - before].to_vec(),
@@ -215,6 +225,33 @@ mod tests {
         // no end.
         assert_eq!(tail, [Some(4.0), Some(2.0)]);
         assert_eq!(split(&all[1]).unwrap().0 .2, [Some(4.0), None]);
+    }
+
+    #[test]
+    fn a_last_layer_of_another_shape_goes_with_the_tail() {
+        // A prefill whose last layer runs on the logits rows alone: gathers after its
+        // RoPE and attention.
+        let mut marks = vec![mark(0, "embed")];
+        let mut t = 1_000;
+        for layer in 0..3 {
+            let kernels: &[&'static str] = if layer < 2 {
+                &["gemv", "rope", "flash_decode", "gemv"]
+            } else {
+                &["gemv", "rope", "gather", "flash_decode", "gather", "gemv"]
+            };
+            for &m in kernels {
+                marks.push(mark(t, m));
+                t += 1_000;
+            }
+        }
+        marks.push(mark(t, "sample"));
+        let all = passes(&marks);
+        let ((head, layers, tail), labels) = split(&all[0]).unwrap();
+        assert_eq!(labels.len(), 4);
+        assert_eq!(head.len(), 1);
+        assert_eq!(layers.len(), 2);
+        // The last layer's six kernels and the sampler.
+        assert_eq!(tail.len(), 7);
     }
 
     #[test]

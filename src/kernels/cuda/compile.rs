@@ -93,9 +93,10 @@ pub fn ptx(name: &str, source: &str, arch: &str, half: Half) -> Result<String> {
         self::source("common.cuh", COMMON),
         self::source(&format!("{name}.cu"), source),
     );
+    // The module's own line numbers in NVRTC's messages and in `__LINE__`.
+    let full = format!("{common}\n#line 1 \"{name}.cu\"\n{source}");
     let mut h = Sha256::new();
-    h.update(&common);
-    h.update(&source);
+    h.update(&full);
     h.update(options.join(" "));
     h.update(format!("{version:?}"));
     let key: String = h.finalize()[..12]
@@ -106,8 +107,6 @@ pub fn ptx(name: &str, source: &str, arch: &str, half: Half) -> Result<String> {
     if let Ok(text) = std::fs::read_to_string(&path) {
         return Ok(text);
     }
-    // The module's own line numbers in NVRTC's messages and in `__LINE__`.
-    let full = format!("{common}\n#line 1 \"{name}.cu\"\n{source}");
     let opts = cudarc::nvrtc::CompileOptions {
         options,
         name: Some(format!("{name}.cu")),

@@ -81,7 +81,8 @@ pub struct Norm {
 /// 48 KB.
 const GEMV_NORM_SMEM: usize = 47 << 10;
 /// The widest rows the GEMV kernel norms, those rms_norm norms on its vector path (256
-/// threads, 8 float4 each), whose sums it repeats in the same order.
+/// threads, 8 float4 each), whose sums it repeats in the same order. Its shared memory
+/// bounds them further (rows and weights: about 8,000 inputs at one row, 4,096 at three).
 const GEMV_NORM_MAX_INP: usize = 8192;
 /// The widest rows [`Path::Auto`] norms inside the GEMV kernel. Each block norms the whole
 /// rows itself, after the predecessor wait, so the cost grows with the width while the

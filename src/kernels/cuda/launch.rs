@@ -253,6 +253,10 @@ pub fn sample_rows(
     if m == 0 {
         return Ok(());
     }
+    // Rows are the grid's y blocks.
+    if m > 65_535 {
+        return Err(Error::Cuda(format!("sampling {m} rows in one launch")));
+    }
     let vocab = i32_of(vocab)?;
     // The kernel reads logits as f32 whatever the model's 16-bit type.
     let f = gpu.func("sample_rows", Half::Bf16)?;
