@@ -65,7 +65,8 @@
 #   PROFILE [1]: before TP_MODEL's server starts, `inflight gpu-profile` on it: GPU time per
 #   stage of the forward pass (summed over layers) with achieved TFLOP/s and GB/s, for a
 #   PROFILE_PREFILL [2048]-token prefill and PROFILE_DECODE [1x512,64x256,256x256,256x1100]
-#   decode batches (SEQSxCONTEXT), written to $OUT/profile-<model>.md.
+#   decode batches (SEQSxCONTEXT), with each batch's kernel timeline (INFLIGHT_TIMELINE=1:
+#   each kernel's time inside the running chain), written to $OUT/profile-<model>.md.
 # Exit status 1 when a server did not start or a bench run failed.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -357,7 +358,7 @@ for m in $ORDER; do
   path=$(model_path "$m")
   if [ "$PROFILE" = 1 ] && [ "$m" = "$TP_MODEL" ]; then
     log "per-stage GPU profile of $m: $OUT/profile-$m.md"
-    timeout -k 10 300 "$BIN" gpu-profile --model "$path" --prefill "$PROFILE_PREFILL" \
+    INFLIGHT_TIMELINE=1 timeout -k 10 300 "$BIN" gpu-profile --model "$path" --prefill "$PROFILE_PREFILL" \
       --decode "$PROFILE_DECODE" >"$OUT/profile-$m.md" 2>"$OUT/profile-$m.err" \
       || { log "gpu-profile failed:"; tail -5 "$OUT/profile-$m.err" >&2; }
     cat "$OUT/profile-$m.md" >&2
