@@ -208,7 +208,7 @@ impl Launch {
             slices: launch::sample_slices(
                 vocab,
                 plans.len(),
-                plans.iter().any(|p| p.greedy && !p.want_log_prob),
+                plans.iter().any(RowPlan::greedy_without_log_prob),
             ),
         })
     }

@@ -62,6 +62,12 @@ pub struct RowChoice {
 }
 
 impl RowPlan {
+    /// Greedy without the token's log-probability: the device's sampler may then split the
+    /// row over blocks (kernels/sample.cu), since only the maximum's first id is needed.
+    pub fn greedy_without_log_prob(&self) -> bool {
+        self.greedy && !self.want_log_prob
+    }
+
     /// The plan that takes the argmax and nothing else.
     pub fn argmax() -> Self {
         RowPlan {

@@ -670,19 +670,18 @@ impl CudaForward {
         // kernel, which then needs no norm kernel before it.
         let vocab = cfg.vocab_size;
         let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
-        let rows_x = match (&lay.tail, w.layers.is_empty()) {
-            (Some(_), false) => Some(s.x_rows.ptr()),
-            (None, _) => Some(s.x.ptr()),
-            (Some(_), true) => None,
-        };
-        let input = match rows_x {
-            Some(x) => Input::Normed(Norm {
+        let normed = |x| {
+            Input::Normed(Norm {
                 x,
                 w: w.final_norm.ptr(),
                 eps,
                 xn: s.head_in.ptr(),
-            }),
-            None => {
+            })
+        };
+        let input = match (&lay.tail, w.layers.is_empty()) {
+            (Some(_), false) => normed(s.x_rows.ptr()),
+            (None, _) => normed(s.x.ptr()),
+            (Some(_), true) => {
                 launch::rms_norm_rows(
                     g,
                     dt,
@@ -734,10 +733,7 @@ impl CudaForward {
             .iter()
             .zip(plans)
             .flat_map(|(&c, p)| (0..c).map(move |r| if p.len() == c { &p[r] } else { filler }));
-        // Greedy rows without log-probabilities (the filler's too) split over blocks.
-        let split = lay.counts.iter().zip(plans).any(|(&c, p)| {
-            c > 0 && (p.len() != c || p.iter().any(|r| r.greedy && !r.want_log_prob))
-        });
+        let split = rows.clone().any(RowPlan::greedy_without_log_prob);
         let packed = sampling::pack(rows);
         let m = lay.m;
         let g = self.model.gpu.clone();
