@@ -104,6 +104,16 @@ __device__ __forceinline__ void grid_dep_enter_at(unsigned line) {
 }
 #define grid_dep_enter() grid_dep_enter_at(__LINE__)
 
+// A float4 of immutable data, loaded where it stands in the program: an asm volatile
+// statement, so that the compiler does not sink it past the predecessor wait.
+__device__ __forceinline__ float4 load_early(const float4* p) {
+    float4 v;
+    asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p));
+    return v;
+}
+
 // Four floats as four 16-bit values, one 8-byte store (dst 8-byte aligned).
 __device__ __forceinline__ void store_half4(half_t* dst, float a, float b, float c, float d) {
     uint2 v;

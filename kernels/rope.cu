@@ -31,33 +31,43 @@ __device__ __forceinline__ void rope_kv(const half_t* __restrict__ qkv,
                                         half_t* __restrict__ k_cache,
                                         half_t* __restrict__ v_cache,
                                         int n, int heads, int kv_heads, int hd, float q_scale) {
-    grid_dep_enter();
     typedef rope_hvec<V> hv;
     const int half = hd / 2, per_head = half / V, per_row = (heads + kv_heads) * per_head;
     const long long t = (long long)blockIdx.x * ROPE_THREADS + threadIdx.x;
-    if (t >= (long long)n * per_row) return;
+    if (t >= (long long)n * per_row) {
+        grid_dep_enter();
+        return;
+    }
     const int r = (int)(t / per_row), item = (int)(t - (long long)r * per_row);
     const int head = item / per_head, i0 = (item - head * per_head) * V;
     const int qd = heads * hd, kvd = kv_heads * hd;
+    // The angles come before the predecessor wait: positions, slots and the frequencies
+    // are the step's upload and the model's, ready before its first kernel began, so only
+    // the QKV rows are read after it.
+    const double p = (double)pos[r];
+    const double two_pi = 6.283185307179586476925;
+    float sn[V], cs[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        const double angle = p * (double)inv_freq[i0 + j];
+        sincosf((float)(angle - rint(angle * (1.0 / two_pi)) * two_pi), &sn[j], &cs[j]);
+    }
+    const size_t slot = head < heads ? 0 : (size_t)slots[r];
+    grid_dep_enter();
     const half_t* row = qkv + (size_t)r * (qd + 2 * kvd);
     const int a = head * hd + i0, b = a + half;
     const hv xa = *reinterpret_cast<const hv*>(row + a);
     const hv xb = *reinterpret_cast<const hv*>(row + b);
-    const double p = (double)pos[r];
-    const double two_pi = 6.283185307179586476925;
     float ya[V], yb[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-        const double angle = p * (double)inv_freq[i0 + j];
-        float sn, cs;
-        sincosf((float)(angle - rint(angle * (1.0 / two_pi)) * two_pi), &sn, &cs);
         float fa = half_to_f32(xa.h[j]), fb = half_to_f32(xb.h[j]);
         if (bias != nullptr) {
             fa += bias[a + j];
             fb += bias[b + j];
         }
-        ya[j] = fa * cs - fb * sn;
-        yb[j] = fb * cs + fa * sn;
+        ya[j] = fa * cs[j] - fb * sn[j];
+        yb[j] = fb * cs[j] + fa * sn[j];
     }
     if (head < heads) {
         const size_t at = (size_t)r * qd + a;
@@ -90,7 +100,6 @@ if constexpr (V % 4 == 0) {
         }
         return;
     }
-    const size_t slot = (size_t)slots[r];
     half_t* kdst = k_cache + slot * kvd + (a - qd);
     hv ka, kb;
 #pragma unroll

@@ -121,19 +121,20 @@ fn print_lt_table(fwd: &CudaForward) {
 fn print_gemv_table(fwd: &CudaForward) {
     println!("### linear layers at a few rows: GEMV kernel or cuBLAS (timed at start)\n");
     println!(
-        "| rows | in | out | output | GEMV µs | cuBLAS µs | GEMV GB/s | cuBLAS GB/s | runs on |"
+        "| rows | in | out | output | GEMV µs | split | cuBLAS µs | GEMV GB/s | cuBLAS GB/s | runs on |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for t in fwd.linear_timings() {
         let sh = t.shape;
         let mb = (sh.inp * sh.out * 2) as f64 / 1e6;
         println!(
-            "| {} | {} | {} | {:?} | {:.1} | {:.1} | {} | {} | {} |",
+            "| {} | {} | {} | {:?} | {:.1} | {} | {:.1} | {} | {} | {} |",
             sh.n,
             sh.inp,
             sh.out,
             sh.y,
             t.gemv_ms * 1e3,
+            t.gemv_split,
             t.cublas_ms * 1e3,
             per_ms(mb, t.gemv_ms),
             per_ms(mb, t.cublas_ms),

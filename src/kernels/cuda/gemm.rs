@@ -24,12 +24,10 @@ use crate::error::{Error, Result};
 pub const GEMV_MAX_ROWS: usize = 4;
 /// Warps of a GEMV block (GEMV_WARPS).
 const GEMV_WARPS: usize = 8;
-/// GEMV work items (pair of rows, k slice) worth launching: about four times the warps an
-/// H100 or H200 holds at once. The best of 4,096-32,768 on the H100 (docs/perf.md,
-/// thirteenth pass): it quarters Llama-3.1-8B's gate_up (one batch of loads a lane, at the
-/// copy ceiling) and keeps its smaller matrices at 8 warps a pair, which fewer items slowed.
-/// The 1B's gate_up, quartered too, loses at 2-3 rows: a split timed per shape at start
-/// would suit both.
+/// GEMV work items (pair of rows, k slice) worth launching where a shape's split was not
+/// timed ([`Blas::tune`] times each split and keeps the fastest): about four times the
+/// warps an H100 or H200 holds at once, the best of 4,096-32,768 on the H100 for
+/// Llama-3.1-8B (docs/perf.md, thirteenth pass).
 const GEMV_TARGET_ITEMS: usize = 32768;
 /// cuBLAS's workspace, set once so that a captured pass never allocates.
 const CUBLAS_WORKSPACE: usize = 32 << 20;
@@ -152,12 +150,15 @@ pub struct Tuning {
     lt: LtTuning,
 }
 
-/// One shape's timing: milliseconds per call on the GEMV kernel and on cuBLAS.
+/// One shape's timing: milliseconds per call on the GEMV kernel (at its fastest split)
+/// and on cuBLAS.
 #[derive(Clone, Copy, Debug)]
 pub struct Timed {
     pub shape: Shape,
     pub gemv_ms: f64,
     pub cublas_ms: f64,
+    /// Warps sharing a pair of output rows at `gemv_ms` (gemv.cu's `split`).
+    pub gemv_split: usize,
 }
 
 /// A cuBLAS handle and the GEMV kernels, on the device's stream.
@@ -252,15 +253,26 @@ impl Blas {
                 Ok(())
             })
         };
-        let (gemv_ms, cublas_ms) = if Self::gemv_fits(x, w, n, inp) {
-            (time(Path::Gemv)?, time(Path::Cublas)?)
-        } else {
-            (f64::INFINITY, time(Path::Cublas)?)
-        };
+        // The GEMV kernel at each split it can run, the fastest kept: how many warps share
+        // a pair of rows trades loads in flight a lane against blocks a multiprocessor.
+        let (mut gemv_ms, mut gemv_split) = (f64::INFINITY, 1);
+        if Self::gemv_fits(x, w, n, inp) {
+            let into = if swiglu { act } else { y };
+            for split in gemv_splits(inp) {
+                let ms = time_ms(&self.gpu, &mut || {
+                    self.gemv_at(shape, x, w, into, swiglu, None, split)
+                })?;
+                if ms < gemv_ms {
+                    (gemv_ms, gemv_split) = (ms, split);
+                }
+            }
+        }
+        let cublas_ms = time(Path::Cublas)?;
         let t = Timed {
             shape,
             gemv_ms,
             cublas_ms,
+            gemv_split,
         };
         if gemv_ms < cublas_ms {
             self.gemv_shapes.insert(shape, t);
@@ -444,7 +456,8 @@ impl Blas {
     }
 
     /// The GEMV kernel; with `swiglu`, SwiGLU of each (gate, up) pair of rows into y; with
-    /// `norm`, x normed in the kernel (x itself unread).
+    /// `norm`, x normed in the kernel (x itself unread). At the split timed fastest for
+    /// the shape ([`Blas::tune`]), else at [`gemv_split`]'s.
     fn gemv(
         &self,
         shape: Shape,
@@ -453,6 +466,25 @@ impl Blas {
         y: u64,
         swiglu: bool,
         norm: Option<Norm>,
+    ) -> Result<()> {
+        let split = self.gemv_shapes.get(&shape).map_or_else(
+            || gemv_split(shape.inp, shape.out.div_ceil(2)),
+            |t| t.gemv_split,
+        );
+        self.gemv_at(shape, x, w, y, swiglu, norm, split)
+    }
+
+    /// [`Blas::gemv`] with `split` warps sharing each pair of output rows.
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_at(
+        &self,
+        shape: Shape,
+        x: u64,
+        w: u64,
+        y: u64,
+        swiglu: bool,
+        norm: Option<Norm>,
+        split: usize,
     ) -> Result<()> {
         let Shape {
             half,
@@ -466,7 +498,6 @@ impl Blas {
         };
         // Warps take output rows in pairs.
         let pairs = out.div_ceil(2);
-        let split = gemv_split(inp, pairs);
         let (ni, ki, oi) = (i(n)?, i(inp)?, i(out)?);
         // y_mode: 0 fp32, 1 16-bit, 2 fp32 added to (gemv.cu's gemv_store).
         let y_mode: i32 = match y_ty {
@@ -590,6 +621,16 @@ fn time_ms(gpu: &Gpu, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
     Ok(f64::from(ms) / REPS as f64)
 }
 
+/// The splits [`Blas::tune`] times for rows of `inp` inputs: 1 to GEMV_WARPS warps a pair
+/// of rows (a power of two), each slice at least one 16-byte chunk a lane.
+fn gemv_splits(inp: usize) -> impl Iterator<Item = usize> {
+    let chunks = inp / 8;
+    (0..)
+        .map(|i| 1 << i)
+        .take_while(|&s| s <= GEMV_WARPS)
+        .filter(move |&s| s == 1 || chunks / s >= 32)
+}
+
 /// Warps that share one pair of output rows of the GEMV kernel (of `pairs`): the fewest (a
 /// power of two up to GEMV_WARPS) that make GEMV_TARGET_ITEMS work items, while each slice
 /// keeps at least two 16-byte chunks per lane.
@@ -605,6 +646,14 @@ fn gemv_split(inp: usize, pairs: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timed_splits_keep_a_chunk_a_lane() {
+        // SmolLM2-135M's 576 inputs: 72 chunks, 36 a slice at two warps.
+        assert_eq!(gemv_splits(576).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(gemv_splits(2048).collect::<Vec<_>>(), [1, 2, 4, 8]);
+        assert_eq!(gemv_splits(8).collect::<Vec<_>>(), [1]);
+    }
 
     #[test]
     fn short_matrices_share_rows_between_warps() {
