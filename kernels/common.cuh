@@ -104,13 +104,19 @@ __device__ __forceinline__ void grid_dep_enter_at(unsigned line) {
 }
 #define grid_dep_enter() grid_dep_enter_at(__LINE__)
 
-// A float4 of immutable data, loaded where it stands in the program: an asm volatile
-// statement, so that the compiler does not sink it past the predecessor wait.
+// Data ready before the predecessor (weights, the step's upload), loaded where the load
+// stands in the program: an asm volatile statement, so that the compiler does not sink it
+// past the predecessor wait (it does move plain loads down to their first use).
 __device__ __forceinline__ float4 load_early(const float4* p) {
     float4 v;
-    asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];"
+    asm volatile("ld.volatile.global.v4.f32 {%0, %1, %2, %3}, [%4];"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                  : "l"(p));
+    return v;
+}
+__device__ __forceinline__ int load_early(const int* p) {
+    int v;
+    asm volatile("ld.volatile.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
     return v;
 }
 

@@ -14,7 +14,7 @@ extern "C" __global__ void KERNEL(embed)(const half_t* __restrict__ table,
                                       const int* __restrict__ fed,
                                       float* __restrict__ x, int h) {
     const int r = blockIdx.x;
-    int id = ids[r];
+    int id = load_early(ids + r);
     grid_dep_enter();
     if (id < 0) id = max(fed[-id - 1], 0);
     const half_t* src = table + (size_t)id * h;

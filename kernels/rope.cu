@@ -52,7 +52,7 @@ __device__ __forceinline__ void rope_kv(const half_t* __restrict__ qkv,
         const double angle = p * (double)inv_freq[i0 + j];
         sincosf((float)(angle - rint(angle * (1.0 / two_pi)) * two_pi), &sn[j], &cs[j]);
     }
-    const size_t slot = head < heads ? 0 : (size_t)slots[r];
+    const size_t slot = head < heads ? 0 : (size_t)load_early(slots + r);
     grid_dep_enter();
     const half_t* row = qkv + (size_t)r * (qd + 2 * kvd);
     const int a = head * hd + i0, b = a + half;

@@ -14,7 +14,7 @@ use super::attention::attention;
 use super::{rel_err, Row};
 use crate::error::Result;
 use crate::kernels::cpu;
-use crate::kernels::cuda::gemm::{Blas, Input, Norm, Out, Path, Shape};
+use crate::kernels::cuda::gemm::{gemv_splits, Blas, Input, Norm, Out, Path, Shape};
 use crate::kernels::cuda::launch::{self, Heads};
 use crate::kernels::cuda::lt;
 use crate::kernels::cuda::swap::{self, SwapCaches};
@@ -721,6 +721,21 @@ fn gemm(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
                 (Path::CublasLt, "cublasLt matmul"),
             ]
         };
+        // The GEMV kernel at every split the tuning may choose (the paths below take the
+        // untimed rule's).
+        for split in gemv_splits(k).filter(|_| gemv) {
+            let y = poison_f32(gpu, n * m)?;
+            let (x, w) = (xd.ptr(), wd.ptr());
+            blas.gemv_split_at(dt, x, w, y.ptr(), Out::F32, n, k, m, split)?;
+            let got = gpu.read(&y, n * m)?;
+            out.push(row(
+                &format!("gemv kernel at split {split}, fp32 out"),
+                dt,
+                format!("n {n} in {k} out {m}"),
+                rel_err(&got, &want),
+                1e-3,
+            ));
+        }
         for &(path, name) in paths {
             let shape = format!("n {n} in {k} out {m}");
             let y = poison_f32(gpu, n * m)?;

@@ -134,7 +134,11 @@ fn print_gemv_table(fwd: &CudaForward) {
             sh.out,
             sh.y,
             t.gemv_ms * 1e3,
-            t.gemv_split,
+            if t.gemv_ms.is_finite() {
+                t.gemv_split.to_string()
+            } else {
+                "–".into()
+            },
             t.cublas_ms * 1e3,
             per_ms(mb, t.gemv_ms),
             per_ms(mb, t.cublas_ms),

@@ -242,17 +242,6 @@ impl Blas {
             y: y_ty,
         } = shape;
         let act = y + (n * out * y_ty.bytes()) as u64;
-        let time = |path: Path| -> Result<f64> {
-            time_ms(&self.gpu, &mut || {
-                if !swiglu {
-                    return self.linear(path, half, x, w, y, y_ty, n, inp, out);
-                }
-                if !self.gate_up(path, half, Input::Rows(x), w, (y, act), n, inp, out / 2)? {
-                    launch::silu_mul(&self.gpu, half, y, act, n, out / 2)?;
-                }
-                Ok(())
-            })
-        };
         // The GEMV kernel at each split it can run, the fastest kept: how many warps share
         // a pair of rows trades loads in flight a lane against blocks a multiprocessor.
         let (mut gemv_ms, mut gemv_split) = (f64::INFINITY, 1);
@@ -267,7 +256,13 @@ impl Blas {
                 }
             }
         }
-        let cublas_ms = time(Path::Cublas)?;
+        let cublas_ms = time_ms(&self.gpu, &mut || {
+            self.gemm_ex(shape, x, w, y)?;
+            if swiglu {
+                launch::silu_mul(&self.gpu, half, y, act, n, out / 2)?;
+            }
+            Ok(())
+        })?;
         let t = Timed {
             shape,
             gemv_ms,
@@ -467,11 +462,48 @@ impl Blas {
         swiglu: bool,
         norm: Option<Norm>,
     ) -> Result<()> {
-        let split = self.gemv_shapes.get(&shape).map_or_else(
+        // Timed shapes where cuBLAS won (run here by `Path::Gemv`) keep their split too.
+        let timed = self.gemv_shapes.get(&shape).or_else(|| {
+            self.timed
+                .iter()
+                .find(|t| t.shape == shape && t.gemv_ms.is_finite())
+        });
+        let split = timed.map_or_else(
             || gemv_split(shape.inp, shape.out.div_ceil(2)),
             |t| t.gemv_split,
         );
         self.gemv_at(shape, x, w, y, swiglu, norm, split)
+    }
+
+    /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ` on the GEMV kernel with `split` warps sharing
+    /// each pair of output rows (one of [`gemv_splits`]'s): the checks run every split the
+    /// tuning may choose.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_split_at(
+        &self,
+        half: Half,
+        x: u64,
+        w: u64,
+        y: u64,
+        y_ty: Out,
+        n: usize,
+        inp: usize,
+        out: usize,
+        split: usize,
+    ) -> Result<()> {
+        if !Self::gemv_fits(x, w, n, inp) || !gemv_splits(inp).any(|s| s == split) {
+            return Err(Error::Cuda(format!(
+                "the GEMV kernel cannot run {n} rows of {inp} inputs at split {split}"
+            )));
+        }
+        let shape = Shape {
+            half,
+            n,
+            inp,
+            out,
+            y: y_ty,
+        };
+        self.gemv_at(shape, x, w, y, false, None, split)
     }
 
     /// [`Blas::gemv`] with `split` warps sharing each pair of output rows.
@@ -623,7 +655,7 @@ fn time_ms(gpu: &Gpu, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
 
 /// The splits [`Blas::tune`] times for rows of `inp` inputs: 1 to GEMV_WARPS warps a pair
 /// of rows (a power of two), each slice at least one 16-byte chunk a lane.
-fn gemv_splits(inp: usize) -> impl Iterator<Item = usize> {
+pub fn gemv_splits(inp: usize) -> impl Iterator<Item = usize> {
     let chunks = inp / 8;
     (0..)
         .map(|i| 1 << i)
