@@ -105,8 +105,10 @@ __device__ __forceinline__ void grid_dep_enter_at(unsigned line) {
 #define grid_dep_enter() grid_dep_enter_at(__LINE__)
 
 // Data ready before the predecessor (weights, the step's upload), loaded where the load
-// stands in the program: an asm volatile statement, so that the compiler does not sink it
-// past the predecessor wait (it does move plain loads down to their first use).
+// stands in the program, ahead of the predecessor wait. Moving a read later is always
+// legal, and both compilers do it: NVVM sinks plain loads to their first use, and ptxas
+// schedules even an asm volatile ld.global.nc after griddepcontrol.wait (ACQBULK in the
+// SASS). A volatile load keeps its place.
 __device__ __forceinline__ float4 load_early(const float4* p) {
     float4 v;
     asm volatile("ld.volatile.global.v4.f32 {%0, %1, %2, %3}, [%4];"
