@@ -142,11 +142,7 @@ fn print_gemv_table(fwd: &CudaForward) {
             t.cublas_ms * 1e3,
             per_ms(mb, t.gemv_ms),
             per_ms(mb, t.cublas_ms),
-            if t.gemv_ms < t.cublas_ms {
-                "GEMV"
-            } else {
-                "cuBLAS"
-            }
+            if t.gemv_wins() { "GEMV" } else { "cuBLAS" }
         );
     }
     println!();

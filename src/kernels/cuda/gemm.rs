@@ -145,7 +145,7 @@ pub struct Shape {
 /// kernels, in the same summation order, without timing again.
 #[derive(Clone, Debug)]
 pub struct Tuning {
-    gemv_shapes: HashMap<Shape, Timed>,
+    by_shape: HashMap<Shape, Timed>,
     timed: Vec<Timed>,
     lt: LtTuning,
 }
@@ -161,6 +161,13 @@ pub struct Timed {
     pub gemv_split: usize,
 }
 
+impl Timed {
+    /// Whether the GEMV kernel was timed faster than cuBLAS.
+    pub fn gemv_wins(&self) -> bool {
+        self.gemv_ms < self.cublas_ms
+    }
+}
+
 /// A cuBLAS handle and the GEMV kernels, on the device's stream.
 pub struct Blas {
     blas: CudaBlas,
@@ -170,8 +177,9 @@ pub struct Blas {
     _workspace: CudaSlice<u8>,
     /// cuBLASLt, sharing the workspace.
     lt: Lt,
-    /// Shapes on which the GEMV kernel was timed faster than cuBLAS.
-    gemv_shapes: HashMap<Shape, Timed>,
+    /// Every shape [`Blas::tune`] timed; `Path::Auto` runs the GEMV kernel where it won.
+    by_shape: HashMap<Shape, Timed>,
+    /// The same, in the order timed.
     timed: Vec<Timed>,
 }
 
@@ -215,7 +223,7 @@ impl Blas {
             ],
             _workspace: workspace,
             lt,
-            gemv_shapes: HashMap::new(),
+            by_shape: HashMap::new(),
             timed: Vec::new(),
         })
     }
@@ -269,9 +277,7 @@ impl Blas {
             cublas_ms,
             gemv_split,
         };
-        if gemv_ms < cublas_ms {
-            self.gemv_shapes.insert(shape, t);
-        }
+        self.by_shape.insert(shape, t);
         self.timed.push(t);
         Ok(t)
     }
@@ -295,7 +301,7 @@ impl Blas {
     /// The choices made so far.
     pub fn tuning(&self) -> Tuning {
         Tuning {
-            gemv_shapes: self.gemv_shapes.clone(),
+            by_shape: self.by_shape.clone(),
             timed: self.timed.clone(),
             lt: self.lt.tuning(),
         }
@@ -303,7 +309,7 @@ impl Blas {
 
     /// Takes the choices another [`Blas`] made for the same model on the same device.
     pub fn adopt(&mut self, tuning: Tuning) {
-        self.gemv_shapes = tuning.gemv_shapes;
+        self.by_shape = tuning.by_shape;
         self.timed = tuning.timed;
         self.lt.adopt(tuning.lt);
     }
@@ -446,7 +452,7 @@ impl Blas {
             }
             Path::Gemv => true,
             Path::Cublas | Path::CublasLt => false,
-            Path::Auto => fits && self.gemv_shapes.contains_key(&shape),
+            Path::Auto => fits && self.by_shape.get(&shape).is_some_and(Timed::gemv_wins),
         })
     }
 
@@ -463,11 +469,7 @@ impl Blas {
         norm: Option<Norm>,
     ) -> Result<()> {
         // Timed shapes where cuBLAS won (run here by `Path::Gemv`) keep their split too.
-        let timed = self.gemv_shapes.get(&shape).or_else(|| {
-            self.timed
-                .iter()
-                .find(|t| t.shape == shape && t.gemv_ms.is_finite())
-        });
+        let timed = self.by_shape.get(&shape).filter(|t| t.gemv_ms.is_finite());
         let split = timed.map_or_else(
             || gemv_split(shape.inp, shape.out.div_ceil(2)),
             |t| t.gemv_split,
