@@ -150,10 +150,25 @@ struct SampleRow {
     }
 };
 
+// A row's choice into tokens / log_probs (on the device, where the next step reads its
+// pending tokens) and, where `host` is not null, into host[row] / host[rows + row]: page-
+// locked host memory mapped for the device, which the host reads once the launch is done,
+// with no copy after the kernel.
+__device__ __forceinline__ void put_choice(int* tokens, float* log_probs, unsigned* host, int row,
+                                           int token, float log_prob) {
+    tokens[row] = token;
+    log_probs[row] = log_prob;
+    if (host != nullptr) {
+        host[row] = (unsigned)token;
+        host[gridDim.y + row] = __float_as_uint(log_prob);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     KERNEL(sample_rows)(float* __restrict__ logits, const unsigned* __restrict__ params,
                         const unsigned* __restrict__ edits, int vocab, int* __restrict__ tokens,
-                        float* __restrict__ log_probs, unsigned long long* __restrict__ best_words) {
+                        float* __restrict__ log_probs, unsigned long long* __restrict__ best_words,
+                        unsigned* __restrict__ host) {
     grid_dep_enter();
     __shared__ unsigned hist_n[256];
     __shared__ unsigned long long hist_m[256];
@@ -235,14 +250,15 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 __threadfence();
                 const unsigned long long top = atomicExch(w, 0ull);
                 atomicExch(w + 1, 0ull);
-                tokens[row] = top == 0ull ? -1 : (int)(0xffffffffu - (unsigned)(top & 0xffffffffu));
-                log_probs[row] = top == 0ull ? -INFINITY : 0.0f;
+                put_choice(tokens, log_probs, host, row,
+                           top == 0ull ? -1 : (int)(0xffffffffu - (unsigned)(top & 0xffffffffu)),
+                           top == 0ull ? -INFINITY : 0.0f);
             }
         }
         return;
     }
     if (best == -INFINITY) {
-        if (tid == 0) tokens[row] = -1, log_probs[row] = -INFINITY;
+        if (tid == 0) put_choice(tokens, log_probs, host, row, -1, -INFINITY);
         return;
     }
     SampleRow s;
@@ -256,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         total = block_sum_f64(total, dscratch);
     }
     if (greedy) {
-        if (tid == 0) tokens[row] = bi, log_probs[row] = want_lp ? (float)(-log(total)) : 0.0f;
+        if (tid == 0) put_choice(tokens, log_probs, host, row, bi, want_lp ? (float)(-log(total)) : 0.0f);
         return;
     }
 
@@ -405,8 +421,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     last = block_max_int(last, iscratch);
     if (pick == 0x7fffffff) pick = last < 0 ? bi : last;
     if (tid == 0) {
-        tokens[row] = pick;
-        float w = s.weight(sample_clean(x[pick]));
-        log_probs[row] = want_lp ? (float)(log((double)w) - log(total)) : 0.0f;
+        const float w = s.weight(sample_clean(x[pick]));
+        put_choice(tokens, log_probs, host, row, pick,
+                   want_lp ? (float)(log((double)w) - log(total)) : 0.0f);
     }
 }

@@ -12,7 +12,7 @@ use rand::Rng;
 
 use super::Row;
 use crate::error::Result;
-use crate::kernels::cuda::{launch, DevBuf, Gpu};
+use crate::kernels::cuda::{launch, DevBuf, Gpu, Mapped};
 use crate::sampling::{pack, Edit, RowPlan, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT};
 
 /// Rows per case.
@@ -180,7 +180,14 @@ pub fn sample_rows(gpu: &Gpu, rng: &mut StdRng) -> Result<Vec<Row>> {
     Ok(out)
 }
 
-/// The device buffers of one `sample_rows` launch: logits, plans, and poisoned outputs.
+/// `m` with every word set to a value no launch writes (the kernel must overwrite them).
+fn poisoned(mut m: Mapped<u32>) -> Result<Mapped<u32>> {
+    m.fill(0xdead_beef)?;
+    Ok(m)
+}
+
+/// The buffers of one `sample_rows` launch: logits, plans, and poisoned outputs, on the
+/// device and (as the engine takes them) in mapped host memory.
 struct Launch {
     logits: DevBuf<f32>,
     params: DevBuf<u32>,
@@ -188,6 +195,7 @@ struct Launch {
     tokens: DevBuf<i32>,
     log_probs: DevBuf<f32>,
     best: DevBuf<u64>,
+    host: Mapped<u32>,
     vocab: usize,
     rows: usize,
     slices: usize,
@@ -203,6 +211,7 @@ impl Launch {
             tokens: gpu.upload(&vec![-2i32; plans.len()])?,
             log_probs: gpu.upload(&vec![f32::NAN; plans.len()])?,
             best: gpu.zeros(2 * plans.len())?,
+            host: poisoned(gpu.mapped(2 * plans.len())?)?,
             vocab,
             rows: plans.len(),
             slices: launch::sample_slices(
@@ -222,6 +231,7 @@ impl Launch {
             self.vocab,
             (self.tokens.ptr(), self.log_probs.ptr()),
             self.best.ptr(),
+            self.host.ptr(),
             self.rows,
             self.slices,
         )
@@ -250,6 +260,12 @@ fn one(gpu: &Gpu, rng: &mut StdRng, vocab: usize, c: &Case) -> Result<Row> {
     let tokens = gpu.read(&l.tokens, c.rows)?;
     let lps = gpu.read(&l.log_probs, c.rows)?;
     let edited = gpu.read(&l.logits, c.rows * vocab)?;
+    // The host's copy (read after the stream's work, which gpu.read waited for) holds the
+    // same tokens and log-probabilities, bit for bit.
+    let host = l.host.read()?;
+    let host_differs = (0..c.rows)
+        .filter(|&r| host[r] != tokens[r] as u32 || host[c.rows + r] != lps[r].to_bits())
+        .count();
     let (mut mismatched, mut lp_err, mut edits_differ) = (0usize, 0f64, 0usize);
     // Without edits a second launch sees the same logits: the same tokens, also where the
     // blocks of split rows met in words the first launch left cleared.
@@ -258,7 +274,8 @@ fn one(gpu: &Gpu, rng: &mut StdRng, vocab: usize, c: &Case) -> Result<Row> {
         let again = gpu.read(&l.tokens, c.rows)?;
         mismatched += again.iter().zip(&tokens).filter(|(a, b)| a != b).count();
     }
-    let mut written = tokens.iter().all(|&t| t >= -1) && lps.iter().all(|l| !l.is_nan());
+    let mut written =
+        tokens.iter().all(|&t| t >= -1) && lps.iter().all(|l| !l.is_nan()) && host_differs == 0;
     for (r, (row, p)) in rows.iter().zip(&plans).enumerate() {
         let mut want_edit = row.clone();
         p.apply_edits(&mut want_edit);

@@ -247,6 +247,7 @@ pub fn sample_rows(
     vocab: usize,
     (tokens, log_probs): (u64, u64),
     best: u64,
+    host: u64,
     m: usize,
     slices: usize,
 ) -> Result<()> {
@@ -267,9 +268,11 @@ pub fn sample_rows(
         .arg(&vocab)
         .arg(&tokens)
         .arg(&log_probs)
-        .arg(&best);
+        .arg(&best)
+        .arg(&host);
     // SAFETY: argument order and types match sample.cu; params hold m rows whose edit
-    // ranges lie inside edits; best holds 2 zero words for each of the m rows.
+    // ranges lie inside edits; best holds 2 zero words for each of the m rows; host is
+    // null or 2 * m words of mapped page-locked memory.
     unsafe { gpu.launch(f, cfg((slices.max(1), m, 1), SAMPLE_THREADS)?, &mut b) }
         .map_err(cuda_err("sample_rows"))?;
     Ok(())

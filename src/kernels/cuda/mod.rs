@@ -401,12 +401,28 @@ impl Gpu {
         Ok(host)
     }
 
-    /// Page-locked host memory for `len` elements (cached: the host reads it), which
-    /// [`copy_to_pinned`](Self::copy_to_pinned) fills without waiting.
-    pub fn pinned<T: DeviceRepr>(&self, len: usize) -> Result<PinnedHostSlice<T>> {
-        // SAFETY: the contents are read only after a copy into them completed.
-        unsafe { self.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
-            .map_err(cuda_err("allocating page-locked memory"))
+    /// Page-locked host memory for `len` elements that kernels write directly: mapped into
+    /// the device's address space, so that a kernel's results reach the host with no copy
+    /// after it. The host reads it once an event recorded after that kernel has completed.
+    pub fn mapped<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<Mapped<T>> {
+        // SAFETY: the contents are read only after a kernel writing them completed.
+        let host = unsafe {
+            self.ctx.alloc_pinned_with_flags::<T>(
+                len.max(1),
+                cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP,
+            )
+        }
+        .map_err(cuda_err("allocating mapped page-locked memory"))?;
+        let ptr = host
+            .as_ptr()
+            .map_err(cuda_err("reading a mapped buffer's address"))?;
+        let mut dev: cudarc::driver::sys::CUdeviceptr = 0;
+        // SAFETY: ptr is the start of a live allocation made with CU_MEMHOSTALLOC_DEVICEMAP
+        // in this context; flags must be 0.
+        unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dev, ptr as *mut _, 0) }
+            .result()
+            .map_err(cuda_err("mapping page-locked memory for the device"))?;
+        Ok(Mapped { host, dev })
     }
 
     /// Page-locked host memory for `len` elements, which the copy engine reads and writes
@@ -416,30 +432,6 @@ impl Gpu {
         // SAFETY: block copies write it before anything reads it.
         unsafe { self.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
             .map_err(cuda_err("allocating page-locked memory for the host cache"))
-    }
-
-    /// Queues a copy of the first `len` elements of `buf` into `host`, after everything
-    /// queued so far; `host`'s contents are current once an event recorded after it
-    /// completes.
-    pub fn copy_to_pinned<T: DeviceRepr>(
-        &self,
-        buf: &DevBuf<T>,
-        len: usize,
-        host: &mut PinnedHostSlice<T>,
-    ) -> Result<()> {
-        if len > buf.len || len > host.len() {
-            return Err(Error::Cuda(format!(
-                "copy of {len} elements from a buffer of {} into one of {}",
-                buf.len,
-                host.len()
-            )));
-        }
-        if len == 0 {
-            return Ok(());
-        }
-        self.stream
-            .memcpy_dtoh(&buf.s.slice(..len), host)
-            .map_err(cuda_err("copy to page-locked memory"))
     }
 
     /// An event recorded now on this device's stream, with timing (its `synchronize`
@@ -459,6 +451,47 @@ impl Gpu {
     /// (free, total) device memory in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
         self.ctx.mem_get_info().map_err(cuda_err("memory info"))
+    }
+}
+
+/// Page-locked host memory mapped for the device ([`Gpu::mapped`]).
+pub struct Mapped<T> {
+    host: PinnedHostSlice<T>,
+    dev: u64,
+}
+
+impl<T: ValidAsZeroBits> Mapped<T> {
+    /// Its address on the device, for kernels to write.
+    pub fn ptr(&self) -> u64 {
+        self.dev
+    }
+
+    pub fn len(&self) -> usize {
+        self.host.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.host.is_empty()
+    }
+
+    /// Sets every element to `v` (from the host; no kernel may be writing it).
+    pub fn fill(&mut self, v: T) -> Result<()>
+    where
+        T: Copy,
+    {
+        self.host
+            .as_mut_slice()
+            .map_err(cuda_err("writing mapped page-locked memory"))?
+            .fill(v);
+        Ok(())
+    }
+
+    /// Its contents: current once every kernel that wrote them has completed (the caller
+    /// waited for an event recorded after them).
+    pub fn read(&self) -> Result<&[T]> {
+        self.host
+            .as_slice()
+            .map_err(cuda_err("reading mapped page-locked memory"))
     }
 }
 

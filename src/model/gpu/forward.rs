@@ -28,7 +28,7 @@ use crate::kernels::cuda::gemm::{Blas, Input, Norm, Out, Path, Timed};
 use crate::kernels::cuda::launch;
 use crate::kernels::cuda::lt;
 use crate::kernels::cuda::swap::{self, SwapCaches};
-use crate::kernels::cuda::{cuda_err, DevBuf, Gpu};
+use crate::kernels::cuda::{cuda_err, DevBuf, Gpu, Mapped};
 use crate::model::backend::{ForwardPass, RowsOut};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{check_chunks, SeqChunk};
@@ -133,6 +133,19 @@ struct Layout {
     counts: Vec<usize>,
     /// Row of each chunk's first token.
     firsts: Vec<usize>,
+    /// Where the step's sampling plans follow the layout in `meta`, uploaded with it in
+    /// one copy ([`Layout::append_plans`]).
+    plans: Option<PlansAt>,
+}
+
+/// The sampling plans' place in a step's upload: `params` and `edits` as the sampling
+/// kernel reads them (`sampling::pack`), at word offsets into `meta`.
+#[derive(Clone, Copy, Debug)]
+struct PlansAt {
+    params: usize,
+    edits: usize,
+    /// Greedy rows without a log-probability are split over sampling blocks.
+    split: bool,
 }
 
 impl Layout {
@@ -221,7 +234,37 @@ impl Layout {
             tail,
             counts,
             firsts,
+            plans: None,
         })
+    }
+
+    /// Appends the sampling plans of every logits row (`plans` per chunk; chunks without
+    /// plans get greedy ones, unused) to `meta`, so that the step uploads them with the
+    /// layout in one copy.
+    fn append_plans(&mut self, plans: &[Vec<RowPlan>]) {
+        let filler = RowPlan::argmax();
+        let filler = &filler;
+        let rows = self
+            .counts
+            .iter()
+            .zip(plans)
+            .flat_map(|(&c, p)| (0..c).map(move |r| if p.len() == c { &p[r] } else { filler }));
+        let split = rows.clone().any(RowPlan::greedy_without_log_prob);
+        let packed = sampling::pack(rows);
+        // The kernel reads the plans' words as u32; they travel in the i32 upload bit for
+        // bit, each part starting on a 16-byte boundary.
+        let align = |meta: &mut Vec<i32>| meta.resize(meta.len().next_multiple_of(4), 0);
+        align(&mut self.meta);
+        let params = self.meta.len();
+        self.meta.extend(packed.params.iter().map(|&w| w as i32));
+        align(&mut self.meta);
+        let edits = self.meta.len();
+        self.meta.extend(packed.edits.iter().map(|&w| w as i32));
+        self.plans = Some(PlansAt {
+            params,
+            edits,
+            split,
+        });
     }
 
     /// Marks each pending chunk's one token as the previous step's choice at its row
@@ -264,8 +307,9 @@ pub struct CudaForward {
     sample_bufs: Option<SampleBufs>,
     /// Steps launched and not finished, oldest first (two at most).
     launched: VecDeque<Launched>,
-    /// Page-locked buffers for the choices of two outstanding steps.
-    host: [Option<PinnedHostSlice<u32>>; 2],
+    /// Mapped page-locked buffers the sampler writes the choices of two outstanding steps
+    /// into (the m tokens, then their m log-probabilities' bits).
+    host: [Option<Mapped<u32>>; 2],
     next_host: usize,
     /// The end of the last finished step (for the idle time before the next).
     last_end: Option<CudaEvent>,
@@ -717,24 +761,16 @@ impl CudaForward {
             .ok_or_else(|| Error::Cuda("no scratch".into()))
     }
 
-    /// Chooses every logits row's token on the device (rows without a plan get a greedy
-    /// one, unused) and queues the choices' copy to the host; the logits of chunks
-    /// without plans are read now. `begin` was recorded before the step's first upload.
+    /// Chooses every logits row's token on the device by the plans uploaded with the
+    /// layout (rows without a plan get a greedy one, unused) and queues the choices' copy
+    /// to the host; the logits of chunks without plans are read now. `begin` was recorded
+    /// before the step's first upload.
     fn launch_choices(
         &mut self,
         lay: &Layout,
         plans: &[Vec<RowPlan>],
         begin: CudaEvent,
     ) -> Result<Launched> {
-        let filler = RowPlan::argmax();
-        let filler = &filler;
-        let rows = lay
-            .counts
-            .iter()
-            .zip(plans)
-            .flat_map(|(&c, p)| (0..c).map(move |r| if p.len() == c { &p[r] } else { filler }));
-        let split = rows.clone().any(RowPlan::greedy_without_log_prob);
-        let packed = sampling::pack(rows);
         let m = lay.m;
         let g = self.model.gpu.clone();
         let vocab = self.model.config.vocab_size;
@@ -750,21 +786,13 @@ impl CudaForward {
                 end: g.event()?,
             });
         }
-        let fits = self
-            .sample_bufs
-            .as_ref()
-            .is_some_and(|b| b.rows >= m && b.edit_words >= packed.edits.len());
+        let at = lay
+            .plans
+            .ok_or_else(|| Error::Cuda("no sampling plans were uploaded".into()))?;
+        let fits = self.sample_bufs.as_ref().is_some_and(|b| b.rows >= m);
         if !fits {
-            let (r, e) = self
-                .sample_bufs
-                .take()
-                .map_or((0, 0), |b| (b.rows, b.edit_words));
-            let grow = |want: usize, had: usize| want.next_power_of_two().max(had).max(64);
-            self.sample_bufs = Some(SampleBufs::new(
-                &g,
-                grow(m, r),
-                grow(packed.edits.len(), e),
-            )?);
+            let r = self.sample_bufs.take().map_or(0, |b| b.rows);
+            self.sample_bufs = Some(SampleBufs::new(&g, m.next_power_of_two().max(r).max(64))?);
             // The captured passes read pending tokens from the old choices' address. This
             // step's pass already has (it was queued before the buffer it reads is freed).
             self.graphs.clear();
@@ -772,14 +800,8 @@ impl CudaForward {
         self.next_host = 1 - host;
         if self.host[host].as_ref().is_none_or(|b| b.len() < 2 * m) {
             let len = (2 * m).next_power_of_two().max(128);
-            self.host[host] = Some(g.pinned(len)?);
+            self.host[host] = Some(g.mapped(len)?);
         }
-        let bufs = self
-            .sample_bufs
-            .as_mut()
-            .ok_or_else(|| Error::Cuda("no sampling buffers".into()))?;
-        g.write(&mut bufs.params, &packed.params)?;
-        g.write(&mut bufs.edits, &packed.edits)?;
         let bufs = self
             .sample_bufs
             .as_ref()
@@ -800,24 +822,22 @@ impl CudaForward {
         } else {
             Vec::new()
         };
-        mark(&mut self.timer, stage::SAMPLING_UPLOAD)?;
         launch::sample_rows(
             &g,
             s.logits.ptr(),
-            bufs.params.ptr(),
-            bufs.edits.ptr(),
+            s.meta.at(at.params),
+            s.meta.at(at.edits),
             vocab,
             (bufs.chosen.ptr(), bufs.chosen.at(m)),
             bufs.best.ptr(),
+            self.host[host]
+                .as_ref()
+                .ok_or_else(|| Error::Cuda("no host buffer".into()))?
+                .ptr(),
             m,
-            launch::sample_slices(vocab, m, split),
+            launch::sample_slices(vocab, m, at.split),
         )?;
         mark(&mut self.timer, stage::SAMPLING)?;
-        // One copy: the m tokens, then their m log-probabilities' bits.
-        let pinned = self.host[host]
-            .as_mut()
-            .ok_or_else(|| Error::Cuda("no host buffer".into()))?;
-        g.copy_to_pinned(&bufs.chosen, 2 * m, pinned)?;
         let end = g.event()?;
         Ok(Launched {
             counts: lay.counts.clone(),
@@ -846,9 +866,7 @@ impl CudaForward {
         let pinned = self.host[l.host]
             .as_ref()
             .ok_or_else(|| Error::Cuda("no host buffer".into()))?;
-        let words = pinned
-            .as_slice()
-            .map_err(cuda_err("reading a step's choices"))?;
+        let words = pinned.read()?;
         let (tokens, log_probs) = words[..2 * l.m].split_at(l.m);
         let vocab = self.model.config.vocab_size;
         let mut out = Vec::with_capacity(l.counts.len());
@@ -878,13 +896,10 @@ impl CudaForward {
     }
 }
 
-/// Device buffers of the sampling kernel for up to `rows` rows and `edit_words` words of
-/// edits.
+/// Device buffers of the sampling kernel's results for up to `rows` rows (its plans go up
+/// with the step's layout).
 struct SampleBufs {
     rows: usize,
-    edit_words: usize,
-    params: DevBuf<u32>,
-    edits: DevBuf<u32>,
     /// The chosen tokens (i32) then their log-probabilities (f32), `m` each.
     chosen: DevBuf<u32>,
     /// Where the blocks of a split greedy row meet: 2 words a row, zero between launches.
@@ -892,12 +907,9 @@ struct SampleBufs {
 }
 
 impl SampleBufs {
-    fn new(g: &Gpu, rows: usize, edit_words: usize) -> Result<Self> {
+    fn new(g: &Gpu, rows: usize) -> Result<Self> {
         Ok(SampleBufs {
             rows,
-            edit_words,
-            params: g.alloc(rows * sampling::PLAN_WORDS)?,
-            edits: g.alloc(edit_words)?,
             chosen: g.alloc(2 * rows)?,
             best: g.zeros(2 * rows)?,
         })
@@ -946,10 +958,13 @@ impl CudaForward {
     /// per chunk): chunks whose one token is the last step's choice at that row. With
     /// `begin`, an event is recorded there once the host's layout is done, before the
     /// step's first upload (the start of its device work, for the idle time before it).
+    /// With `plans` (one list per chunk), the logits rows' sampling plans go up with the
+    /// layout ([`Layout::append_plans`]).
     fn run_chunks(
         &mut self,
         chunks: &[SeqChunk<'_>],
         pending: &[Option<usize>],
+        plans: Option<&[Vec<RowPlan>]>,
         begin: Option<&mut Option<CudaEvent>>,
     ) -> Result<Layout> {
         check_chunks(&self.model.config, chunks, self.block_size, self.num_blocks)?;
@@ -967,6 +982,9 @@ impl CudaForward {
         };
         let mut lay = Layout::new(chunks, self.block_size, group, plan)?;
         lay.feed_pending(pending)?;
+        if let Some(plans) = plans.filter(|_| lay.m > 0) {
+            lay.append_plans(plans);
+        }
         let key = decode.then_some(GraphKey {
             n: lay.n,
             plan_len: lay.plan_len,
@@ -1014,7 +1032,7 @@ fn layer_groups(layers: usize) -> Vec<std::ops::Range<usize>> {
 
 impl ForwardPass for CudaForward {
     fn forward(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>> {
-        let lay = self.run_chunks(chunks, &[], None)?;
+        let lay = self.run_chunks(chunks, &[], None, None)?;
         if lay.m == 0 {
             return Ok(lay.counts.iter().map(|_| Vec::new()).collect());
         }
@@ -1071,7 +1089,7 @@ impl ForwardPass for CudaForward {
             })
             .collect();
         let mut begin = None;
-        let lay = self.run_chunks(&checked, pending, Some(&mut begin))?;
+        let lay = self.run_chunks(&checked, pending, Some(plans), Some(&mut begin))?;
         let begin = self
             .copies_begin
             .take()
@@ -1157,6 +1175,61 @@ mod tests {
         assert_eq!(lay.tail, Some((tail_at, (0, 2))));
         assert_eq!(&lay.meta[tail_at..], &[3, 1, 1, 2]);
         assert_eq!(lay.counts, vec![2, 1]);
+    }
+
+    #[test]
+    fn sampling_plans_follow_the_layout_in_the_same_upload() {
+        // Two prompt-end rows with plans (one sampled, with edits) and a chunk without
+        // plans, whose row gets a greedy filler.
+        let (a, b) = ([10u32, 11, 12], [13u32]);
+        let chunks = [
+            SeqChunk {
+                tokens: &a,
+                start_pos: 0,
+                block_table: &[5, 2],
+                logits: 2,
+            },
+            SeqChunk {
+                tokens: &b,
+                start_pos: 4,
+                block_table: &[7, 1, 9],
+                logits: 1,
+            },
+        ];
+        let mut lay = Layout::new(&chunks, 2, 4, |l| l).unwrap();
+        let layout_words = lay.meta.clone();
+        let sampled = RowPlan {
+            greedy: false,
+            top_k: 40,
+            step: 3,
+            edits: vec![sampling::Edit {
+                token: 7,
+                info: sampling::EDIT_BAN,
+            }],
+            ..RowPlan::argmax()
+        };
+        let plans = vec![vec![RowPlan::argmax(), sampled.clone()], Vec::new()];
+        lay.append_plans(&plans);
+        let at = lay.plans.unwrap();
+        // The layout is unchanged in front; each part starts on a 16-byte boundary.
+        assert_eq!(&lay.meta[..layout_words.len()], &layout_words[..]);
+        assert!(at.params >= layout_words.len() && at.params % 4 == 0 && at.edits % 4 == 0);
+        let want = sampling::pack([&RowPlan::argmax(), &sampled, &RowPlan::argmax()]);
+        let words = |from: usize, len: usize| -> Vec<u32> {
+            lay.meta[from..from + len]
+                .iter()
+                .map(|&w| w as u32)
+                .collect()
+        };
+        assert_eq!(words(at.params, want.params.len()), want.params);
+        assert_eq!(
+            at.edits,
+            (at.params + want.params.len()).next_multiple_of(4)
+        );
+        assert_eq!(words(at.edits, want.edits.len()), want.edits);
+        assert_eq!(lay.meta.len(), at.edits + want.edits.len());
+        // The filler and the first row are greedy without a log-probability: split.
+        assert!(at.split);
     }
 
     #[test]

@@ -74,7 +74,6 @@ pub mod stage {
     pub const DOWN: &str = "down gemm + residual";
     pub const FINAL_NORM: &str = "final norm";
     pub const LM_HEAD: &str = "lm_head gemm";
-    pub const SAMPLING_UPLOAD: &str = "sampling upload";
     pub const SAMPLING: &str = "sampling";
 }
 
