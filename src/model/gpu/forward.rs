@@ -1213,7 +1213,11 @@ mod tests {
         let at = lay.plans.unwrap();
         // The layout is unchanged in front; each part starts on a 16-byte boundary.
         assert_eq!(&lay.meta[..layout_words.len()], &layout_words[..]);
-        assert!(at.params >= layout_words.len() && at.params % 4 == 0 && at.edits % 4 == 0);
+        assert!(
+            at.params >= layout_words.len()
+                && at.params.is_multiple_of(4)
+                && at.edits.is_multiple_of(4)
+        );
         let want = sampling::pack([&RowPlan::argmax(), &sampled, &RowPlan::argmax()]);
         let words = |from: usize, len: usize| -> Vec<u32> {
             lay.meta[from..from + len]
