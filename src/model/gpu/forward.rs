@@ -8,9 +8,10 @@
 //!
 //! Steps planned ahead ([`ForwardPass::launch_step`]) are launched before the previous
 //! step's choices reach the host: a pending token is read by the embedding kernel from
-//! the previous step's choices on the device, each step's choices travel to page-locked
-//! host memory (two buffers, as two steps may be outstanding), and events around each
-//! step measure the device's idle time between steps.
+//! the previous step's choices on the device, the sampler writes each step's choices
+//! straight into mapped page-locked host memory (two buffers, as two steps may be
+//! outstanding), each step's layout and sampling plans go up in one copy, and events
+//! around each step measure the device's idle time between steps.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -281,7 +282,7 @@ impl Layout {
     }
 }
 
-/// A launched step whose choices are on their way to page-locked host memory.
+/// A launched step whose choices the sampler is writing into mapped host memory.
 struct Launched {
     /// Logit rows per chunk, and whether each chunk's rows were chosen (it had plans).
     counts: Vec<usize>,
@@ -291,7 +292,7 @@ struct Launched {
     m: usize,
     /// Which host buffer gets the choices.
     host: usize,
-    /// Recorded before its first upload and after its choices' copy.
+    /// Recorded before its upload and after its sampler.
     begin: CudaEvent,
     end: CudaEvent,
 }
@@ -762,9 +763,9 @@ impl CudaForward {
     }
 
     /// Chooses every logits row's token on the device by the plans uploaded with the
-    /// layout (rows without a plan get a greedy one, unused) and queues the choices' copy
-    /// to the host; the logits of chunks without plans are read now. `begin` was recorded
-    /// before the step's first upload.
+    /// layout (rows without a plan get a greedy one, unused); the sampler writes the
+    /// choices into this step's host buffer too. The logits of chunks without plans are
+    /// read now. `begin` was recorded before the step's upload.
     fn launch_choices(
         &mut self,
         lay: &Layout,
