@@ -402,6 +402,7 @@ fn gpu_check(model: Option<PathBuf>, steps: usize, seed: u64) -> inflight::Resul
         rows.push(mcheck::swapped_vs_resident(&cuda)?);
         rows.push(mcheck::last_layer_rows_vs_every_row(&cuda)?);
         rows.push(mcheck::long_decodes_graph_vs_kernels(&cuda)?);
+        rows.push(mcheck::sampled_plans_vs_cpu(&cuda)?);
     }
     if print_table(&rows) {
         Ok(())

@@ -10,7 +10,10 @@
 //! against the same chunks asking logits for every row. [`long_decodes_graph_vs_kernels`]:
 //! captured decode passes at contexts past 128 positions (where the attention's splits may
 //! merge in their cluster, and captures are planned in steps) against the same steps
-//! launched kernel by kernel. [`dump_logits`]:
+//! launched kernel by kernel. [`sampled_plans_vs_cpu`]: the engine's own sampling (plans
+//! uploaded with the step's layout, choices written into mapped host memory) with
+//! temperatures, top-k/top-p, penalties and bans, against the CPU plan on the same logits.
+//! [`dump_logits`]:
 //! the GPU engine's fp32 logits at every position of a batch of random prompts of
 //! different lengths (one prefill, then 32 batched decode steps on its own argmax), written
 //! for scripts/hf_compare.py to check against HF transformers in fp32.
@@ -31,7 +34,7 @@ use crate::model::gpu::forward::CudaForward;
 use crate::model::gpu::CudaModel;
 use crate::model::weights::{LayerWeights, Linear, LlamaWeights};
 use crate::model::{KvCache, Llama, SeqChunk};
-use crate::sampling::{argmax, RowPlan};
+use crate::sampling::{argmax, Edit, RowPlan, EDIT_BAN, EDIT_REPEAT};
 use crate::scheduler::BlockCopy;
 
 const BLOCK: usize = 16;
@@ -348,6 +351,106 @@ pub fn greedy_vs_cpu(
         info,
     });
     Ok(rows)
+}
+
+/// The engine choosing tokens itself ([`ForwardPass::forward_choose`]) on the fixture
+/// prompts' prefills, with sampled plans (temperature, top-k, top-p, seeds), repetition,
+/// presence and frequency penalties and a ban, and log-probabilities, beside a greedy
+/// plan and a chunk without plans (whose logits come back): each choice against
+/// [`RowPlan::choose`] on the logits a plain forward pass of the same chunks gives. The
+/// plans travel in the step's one upload, after the layout, and the choices come back
+/// through mapped host memory.
+pub fn sampled_plans_vs_cpu(cuda: &Arc<CudaModel>) -> Result<Row> {
+    let fx: Fixture =
+        serde_json::from_str(include_str!("../../tests/fixtures/greedy_llamacpp.json"))
+            .map_err(|e| Error::Model(format!("fixture: {e}")))?;
+    let prompts: Vec<Vec<u32>> = fx.cases.into_iter().map(|c| c.prompt_ids).collect();
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let (tabs, blocks) = tables(prompts.len(), longest);
+    let chunks = step_chunks(&prompts, &tabs, 0, false);
+    let logits = CudaForward::new(cuda.clone(), BLOCK, blocks)?.forward(&chunks)?;
+    let mut rng = StdRng::seed_from_u64(7);
+    let plans: Vec<Vec<RowPlan>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            // Every prompt token repeated, counts for a few, and (on odd prompts) the
+            // greedy token banned, so that the edits change the choice.
+            let mut edits: Vec<Edit> = p
+                .iter()
+                .take(24)
+                .map(|&t| Edit {
+                    token: t,
+                    info: EDIT_REPEAT | rng.gen_range(0..3u32),
+                })
+                .collect();
+            if i % 2 == 1 {
+                edits.push(Edit {
+                    token: argmax(&logits[i]),
+                    info: EDIT_BAN,
+                });
+            }
+            let sampled = RowPlan {
+                greedy: false,
+                inv_t: 1.0 / rng.gen_range(0.5..1.2f32),
+                top_k: [0, 40, 200][i % 3],
+                top_p: [1.0, 0.9, 0.6][(i + 1) % 3],
+                seed: rng.gen(),
+                step: rng.gen_range(0..100),
+                want_log_prob: true,
+                repetition: 1.3,
+                presence: 0.4,
+                frequency: 0.2,
+                edits,
+            };
+            match i {
+                // Greedy with its penalties (split over sampling blocks when it wants no
+                // log-probability), and a chunk without plans.
+                0 => vec![RowPlan {
+                    greedy: true,
+                    want_log_prob: false,
+                    ..sampled
+                }],
+                _ if i + 1 == prompts.len() => Vec::new(),
+                _ => vec![sampled],
+            }
+        })
+        .collect();
+    let mut gpu = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
+    let got = gpu.forward_choose(&chunks, &plans)?;
+    let (mut differ, mut lp_err, mut written, mut sampled) = (0usize, 0f64, true, 0usize);
+    for ((row, plan), l) in got.iter().zip(&plans).zip(&logits) {
+        match (row, plan.first()) {
+            (RowsOut::Chosen(c), Some(p)) if c.len() == 1 => {
+                let want = p.choose(&mut l.clone());
+                sampled += usize::from(!p.greedy);
+                if c[0].token != want.token {
+                    differ += 1;
+                } else if want.token.is_some() {
+                    let e = (c[0].log_prob as f64 - want.log_prob as f64).abs()
+                        / (want.log_prob.abs() as f64).max(1.0);
+                    lp_err = lp_err.max(e);
+                }
+            }
+            // The logits of a chunk without plans, as the plain pass gave them.
+            (RowsOut::Logits(v), None) => written &= v == l,
+            _ => written = false,
+        }
+    }
+    // The kernel and RowPlan::choose are written to give the same token (sample.cu).
+    let err = (differ as f64).max(lp_err);
+    Ok(Row {
+        check: "engine sampling (plans in the step's upload) vs CPU plan".into(),
+        shape: format!(
+            "{} prompts: {sampled} sampled with penalties (2 with a ban), 1 greedy, 1 without plans",
+            prompts.len()
+        ),
+        err,
+        tol: 2e-2,
+        written: written && sampled > 0,
+        note: format!("{differ} tokens differ, log-prob err {lp_err:.1e}"),
+        info: false,
+    })
 }
 
 /// Preemption by swapping inside the engine, against the same sequences never swapped. A

@@ -237,7 +237,9 @@ pub fn sample_slices(vocab: usize, rows: usize, split: bool) -> usize {
 /// Chooses one token per row of `m` fp32 logits rows (edited in place) from packed plans
 /// (`sampling::pack`): `tokens[r]` (-1 when no token is allowed) and `log_probs[r]`. The
 /// greedy rows without log-probabilities split over `slices` blocks ([`sample_slices`]),
-/// meeting in `best` (2 words a row, zero before and after).
+/// meeting in `best` (2 words a row, zero before and after). Where `host` is not 0 (mapped
+/// host memory, [`Gpu::mapped`]), the kernel also writes the m tokens there, then the m
+/// log-probabilities' bits.
 #[allow(clippy::too_many_arguments)]
 pub fn sample_rows(
     gpu: &Gpu,

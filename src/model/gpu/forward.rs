@@ -71,13 +71,15 @@ pub fn scratch_bytes(cfg: &ModelConfig, tokens: usize, rows: usize) -> usize {
         cfg.kv_dim(),
         cfg.intermediate_size,
     );
-    // fp32: x, q; 16-bit: qkv, gate|up, xn, attn, act; 8 ints of metadata.
+    // fp32: x, q; 16-bit: qkv, gate|up, xn, attn, act; 8 ints of metadata (the step's
+    // upload; its sampling plans are counted a row below, their edits in the reserve's
+    // slack).
     let per_token = 4 * (h + qd) + 2 * (qd + 2 * kvd + 2 * f) + 2 * (h + qd + f) + 4 * 8;
     let acc = acc_floats(cfg, tokens);
     tokens * per_token
         + acc * 4
         + acc / cfg.head_dim.max(1) * 8
-        + rows * (2 * h + 4 * cfg.vocab_size + 4 * h + 2 * qd)
+        + rows * (2 * h + 4 * cfg.vocab_size + 4 * h + 2 * qd + 4 * sampling::PLAN_WORDS)
 }
 
 impl Scratch {
@@ -122,7 +124,8 @@ struct Layout {
     plan_len: usize,
     stride: usize,
     /// ids, pos, slots, row_seq ([n] each), logit rows [m], tables [seqs * stride],
-    /// attention tiles, then the last layer's (`tail`) where it has its own.
+    /// attention tiles, then the last layer's (`tail`) where it has its own; then, for a
+    /// step that samples, its plans ([`Layout::append_plans`]).
     meta: Vec<i32>,
     /// Where the attention tiles start in `meta`, and their (rows, keys) counts.
     tiles_at: usize,
@@ -487,15 +490,26 @@ impl CudaForward {
         (self.kv.at(2 * l * per), self.kv.at((2 * l + 1) * per))
     }
 
-    /// Grows the scratch to hold the batch; true when it was (re)allocated.
+    /// Grows the scratch to hold the batch; true when it was (re)allocated. Where only the
+    /// upload outgrew its buffer (a step's sampling edits grow with the penalised
+    /// history), only that buffer is.
     fn ensure_scratch(&mut self, n: usize, m: usize, meta: usize) -> Result<bool> {
+        let grow = |want: usize, had: usize| want.next_power_of_two().max(had).max(16);
+        if let Some(s) = self
+            .scratch
+            .as_mut()
+            .filter(|s| s.tokens >= n && s.rows >= m && s.meta_cap < meta)
+        {
+            s.meta_cap = grow(meta, s.meta_cap);
+            s.meta = self.model.gpu.alloc(s.meta_cap)?;
+            return Ok(true);
+        }
         let fits = self
             .scratch
             .as_ref()
             .is_some_and(|s| s.tokens >= n && s.rows >= m && s.meta_cap >= meta);
         if !fits {
             let old = self.scratch.take();
-            let grow = |want: usize, had: usize| want.next_power_of_two().max(had).max(16);
             let (t, r, c) = old
                 .as_ref()
                 .map_or((0, 0, 0), |s| (s.tokens, s.rows, s.meta_cap));
@@ -857,17 +871,17 @@ impl CudaForward {
             .synchronize()
             .map_err(cuda_err("waiting for a step's choices"))?;
         if l.m == 0 {
-            // No row chose (a prefill chunk that does not sample): nothing was copied.
+            // No row chose (a prefill chunk that does not sample): nothing was written.
             return Ok(l
                 .counts
                 .iter()
                 .map(|_| RowsOut::Logits(Vec::new()))
                 .collect());
         }
-        let pinned = self.host[l.host]
+        let words = self.host[l.host]
             .as_ref()
-            .ok_or_else(|| Error::Cuda("no host buffer".into()))?;
-        let words = pinned.read()?;
+            .ok_or_else(|| Error::Cuda("no host buffer".into()))?
+            .read()?;
         let (tokens, log_probs) = words[..2 * l.m].split_at(l.m);
         let vocab = self.model.config.vocab_size;
         let mut out = Vec::with_capacity(l.counts.len());
@@ -958,7 +972,7 @@ impl CudaForward {
     /// tokens), leaving the logits rows on the device. `pending` (empty, or one entry
     /// per chunk): chunks whose one token is the last step's choice at that row. With
     /// `begin`, an event is recorded there once the host's layout is done, before the
-    /// step's first upload (the start of its device work, for the idle time before it).
+    /// step's upload (the start of its device work, for the idle time before it).
     /// With `plans` (one list per chunk), the logits rows' sampling plans go up with the
     /// layout ([`Layout::append_plans`]).
     fn run_chunks(
@@ -1010,6 +1024,10 @@ impl Drop for CudaForward {
         // The host cache is freed with this engine: no block copy may still be using it.
         if self.host_cache.is_some() {
             let _ = self.model.gpu.copy_stream.synchronize();
+        }
+        // Nor may the sampler of a step still outstanding be writing the host buffers.
+        if !self.launched.is_empty() {
+            let _ = self.model.gpu.sync();
         }
     }
 }
@@ -1075,6 +1093,13 @@ impl ForwardPass for CudaForward {
     ) -> Result<()> {
         if self.launched.len() > 1 {
             return Err(Error::Cuda("two launched steps are not finished".into()));
+        }
+        if plans.len() != chunks.len() {
+            return Err(Error::Cuda(format!(
+                "{} plan lists for {} chunks",
+                plans.len(),
+                chunks.len()
+            )));
         }
         // A pending token is checked as token 0; the device reads the real one.
         let zero = [0u32];
