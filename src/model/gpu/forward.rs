@@ -1163,25 +1163,28 @@ mod tests {
     use super::*;
     use crate::kernels::cuda::launch::Heads;
 
-    #[test]
-    fn layout_packs_rows_slots_tables_and_logit_rows() {
-        // A 3-token prefill from position 0 (blocks 5, 2) and a decode at position 4
-        // (blocks 7, 1, 9); block size 2.
-        let (a, b) = ([10u32, 11, 12], [13u32]);
-        let chunks = [
+    /// A 3-token prefill from position 0 (blocks 5, 2) with logits for its last two rows,
+    /// and a decode at position 4 (blocks 7, 1, 9); block size 2.
+    fn prefill_and_decode() -> [SeqChunk<'static>; 2] {
+        [
             SeqChunk {
-                tokens: &a,
+                tokens: &[10, 11, 12],
                 start_pos: 0,
                 block_table: &[5, 2],
                 logits: 2,
             },
             SeqChunk {
-                tokens: &b,
+                tokens: &[13],
                 start_pos: 4,
                 block_table: &[7, 1, 9],
                 logits: 1,
             },
-        ];
+        ]
+    }
+
+    #[test]
+    fn layout_packs_rows_slots_tables_and_logit_rows() {
+        let chunks = prefill_and_decode();
         let lay = Layout::new(&chunks, 2, 4, |l| l).unwrap();
         assert_eq!((lay.n, lay.m, lay.plan_len, lay.stride), (4, 3, 5, 3));
         assert_eq!((lay.tiles_at, lay.tiles), (4 * 4 + 3 + 6, (0, 2)));
@@ -1207,21 +1210,7 @@ mod tests {
     fn sampling_plans_follow_the_layout_in_the_same_upload() {
         // Two prompt-end rows with plans (one sampled, with edits) and a chunk without
         // plans, whose row gets a greedy filler.
-        let (a, b) = ([10u32, 11, 12], [13u32]);
-        let chunks = [
-            SeqChunk {
-                tokens: &a,
-                start_pos: 0,
-                block_table: &[5, 2],
-                logits: 2,
-            },
-            SeqChunk {
-                tokens: &b,
-                start_pos: 4,
-                block_table: &[7, 1, 9],
-                logits: 1,
-            },
-        ];
+        let chunks = prefill_and_decode();
         let mut lay = Layout::new(&chunks, 2, 4, |l| l).unwrap();
         let layout_words = lay.meta.clone();
         let sampled = RowPlan {
