@@ -151,17 +151,14 @@ struct SampleRow {
 };
 
 // A row's choice into tokens / log_probs (on the device, where the next step reads its
-// pending tokens) and, where `host` is not null, into host[row] / host[rows + row]: page-
-// locked host memory mapped for the device, which the host reads once the launch is done,
-// with no copy after the kernel.
+// pending tokens) and into host[row] / host[rows + row]: page-locked host memory mapped for
+// the device, which the host reads once the launch is done, with no copy after the kernel.
 __device__ __forceinline__ void put_choice(int* tokens, float* log_probs, unsigned* host, int row,
                                            int token, float log_prob) {
     tokens[row] = token;
     log_probs[row] = log_prob;
-    if (host != nullptr) {
-        host[row] = (unsigned)token;
-        host[gridDim.y + row] = __float_as_uint(log_prob);
-    }
+    host[row] = (unsigned)token;
+    host[gridDim.y + row] = __float_as_uint(log_prob);
 }
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)

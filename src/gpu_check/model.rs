@@ -49,6 +49,14 @@ struct Case {
     prompt_ids: Vec<u32>,
 }
 
+/// The 5 fixture prompts' token ids (tests/fixtures/greedy_llamacpp.json).
+fn fixture_prompts() -> Result<Vec<Vec<u32>>> {
+    let fx: Fixture =
+        serde_json::from_str(include_str!("../../tests/fixtures/greedy_llamacpp.json"))
+            .map_err(|e| Error::Model(format!("fixture: {e}")))?;
+    Ok(fx.cases.into_iter().map(|c| c.prompt_ids).collect())
+}
+
 /// One step of greedy generation over `seqs`: the whole prompt at step 0, then each
 /// sequence's last token; logits for the last token, or for all new ones.
 fn step_chunks<'a>(
@@ -186,10 +194,7 @@ pub fn greedy_vs_cpu(
     steps: usize,
     info: bool,
 ) -> Result<Vec<Row>> {
-    let fx: Fixture =
-        serde_json::from_str(include_str!("../../tests/fixtures/greedy_llamacpp.json"))
-            .map_err(|e| Error::Model(format!("fixture: {e}")))?;
-    let prompts: Vec<Vec<u32>> = fx.cases.into_iter().map(|c| c.prompt_ids).collect();
+    let prompts = fixture_prompts()?;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + steps;
     let (tabs, blocks) = tables(prompts.len(), longest);
 
@@ -361,10 +366,7 @@ pub fn greedy_vs_cpu(
 /// plans travel in the step's one upload, after the layout, and the choices come back
 /// through mapped host memory.
 pub fn sampled_plans_vs_cpu(cuda: &Arc<CudaModel>) -> Result<Row> {
-    let fx: Fixture =
-        serde_json::from_str(include_str!("../../tests/fixtures/greedy_llamacpp.json"))
-            .map_err(|e| Error::Model(format!("fixture: {e}")))?;
-    let prompts: Vec<Vec<u32>> = fx.cases.into_iter().map(|c| c.prompt_ids).collect();
+    let prompts = fixture_prompts()?;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let (tabs, blocks) = tables(prompts.len(), longest);
     let chunks = step_chunks(&prompts, &tabs, 0, false);

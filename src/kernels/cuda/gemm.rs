@@ -257,7 +257,7 @@ impl Blas {
             let into = if swiglu { act } else { y };
             for split in gemv_splits(inp) {
                 let ms = time_ms(&self.gpu, &mut || {
-                    self.gemv_at(shape, x, w, into, swiglu, None, split)
+                    self.gemv(shape, x, w, into, swiglu, None, split)
                 })?;
                 if ms < gemv_ms {
                     (gemv_ms, gemv_split) = (ms, split);
@@ -371,7 +371,7 @@ impl Blas {
         let gemv = self.runs_gemv(path, shape, x.rows(), w)?;
         let (x, norm) = self.prepare(path, gemv, shape, x)?;
         if gemv {
-            self.gemv(shape, x, w, y, false, norm)
+            self.gemv(shape, x, w, y, false, norm, self.split_of(shape))
         } else {
             self.gemm(path, shape, x, w, y)
         }
@@ -433,7 +433,7 @@ impl Blas {
         let gemv = self.runs_gemv(path, shape, x.rows(), w)?;
         let (x, norm) = self.prepare(path, gemv, shape, x)?;
         if gemv {
-            self.gemv(shape, x, w, act, true, norm)?;
+            self.gemv(shape, x, w, act, true, norm, self.split_of(shape))?;
             return Ok(true);
         }
         self.gemm(path, shape, x, w, gu)?;
@@ -456,25 +456,15 @@ impl Blas {
         })
     }
 
-    /// The GEMV kernel; with `swiglu`, SwiGLU of each (gate, up) pair of rows into y; with
-    /// `norm`, x normed in the kernel (x itself unread). At the split timed fastest for
-    /// the shape ([`Blas::tune`]), else at [`gemv_split`]'s.
-    fn gemv(
-        &self,
-        shape: Shape,
-        x: u64,
-        w: u64,
-        y: u64,
-        swiglu: bool,
-        norm: Option<Norm>,
-    ) -> Result<()> {
-        // Timed shapes where cuBLAS won (run here by `Path::Gemv`) keep their split too.
+    /// The split the GEMV kernel runs `shape` at: the one timed fastest for it
+    /// ([`Blas::tune`]; shapes where cuBLAS won, run here by `Path::Gemv`, keep theirs
+    /// too), else [`gemv_split`]'s.
+    fn split_of(&self, shape: Shape) -> usize {
         let timed = self.by_shape.get(&shape).filter(|t| t.gemv_ms.is_finite());
-        let split = timed.map_or_else(
+        timed.map_or_else(
             || gemv_split(shape.inp, shape.out.div_ceil(2)),
             |t| t.gemv_split,
-        );
-        self.gemv_at(shape, x, w, y, swiglu, norm, split)
+        )
     }
 
     /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ` on the GEMV kernel with `split` warps sharing
@@ -505,12 +495,14 @@ impl Blas {
             out,
             y: y_ty,
         };
-        self.gemv_at(shape, x, w, y, false, None, split)
+        self.gemv(shape, x, w, y, false, None, split)
     }
 
-    /// [`Blas::gemv`] with `split` warps sharing each pair of output rows.
+    /// The GEMV kernel with `split` warps sharing each pair of output rows ([`Blas::split_of`]
+    /// for a layer); with `swiglu`, SwiGLU of each (gate, up) pair of rows into y; with
+    /// `norm`, x normed in the kernel (x itself unread).
     #[allow(clippy::too_many_arguments)]
-    fn gemv_at(
+    fn gemv(
         &self,
         shape: Shape,
         x: u64,

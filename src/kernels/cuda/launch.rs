@@ -237,9 +237,9 @@ pub fn sample_slices(vocab: usize, rows: usize, split: bool) -> usize {
 /// Chooses one token per row of `m` fp32 logits rows (edited in place) from packed plans
 /// (`sampling::pack`): `tokens[r]` (-1 when no token is allowed) and `log_probs[r]`. The
 /// greedy rows without log-probabilities split over `slices` blocks ([`sample_slices`]),
-/// meeting in `best` (2 words a row, zero before and after). Where `host` is not 0 (mapped
-/// host memory, [`Gpu::mapped`]), the kernel also writes the m tokens there, then the m
-/// log-probabilities' bits.
+/// meeting in `best` (2 words a row, zero before and after). The kernel also writes the m
+/// tokens, then the m log-probabilities' bits, into `host` (mapped host memory,
+/// [`Gpu::mapped`]), where the host takes them.
 #[allow(clippy::too_many_arguments)]
 pub fn sample_rows(
     gpu: &Gpu,
@@ -274,7 +274,7 @@ pub fn sample_rows(
         .arg(&host);
     // SAFETY: argument order and types match sample.cu; params hold m rows whose edit
     // ranges lie inside edits; best holds 2 zero words for each of the m rows; host is
-    // null or 2 * m words of mapped page-locked memory.
+    // 2 * m words of mapped page-locked memory.
     unsafe { gpu.launch(f, cfg((slices.max(1), m, 1), SAMPLE_THREADS)?, &mut b) }
         .map_err(cuda_err("sample_rows"))?;
     Ok(())
