@@ -236,3 +236,127 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
         }
     }
 }
+
+// One token row, its weights pipelined: y[o] = sum_i x[i] * w[o, i] (y_mode and swiglu as
+// gemv's). The grid is what fits on the GPU at once, and each block takes groups of
+// GEMV_WARPS work items in turn (group g, g + gridDim.x, ...) with the next group's
+// weights in flight while this one is summed and stored: gemv's blocks each load, sum and
+// leave, so its waves meet a round trip to memory each with nothing in flight. Two groups
+// are requested before the predecessor wait. A warp keeps its k slice (GEMV_WARPS is a
+// multiple of split) and reads its x chunks through L1 each group. Each lane holds at most PIPE_UNROLL
+// chunks of a row (chunks / split <= 32 * PIPE_UNROLL). Same sums in the same order as
+// gemv's at the same split. grid: at most ceil(ceil(out / 2) * split / GEMV_WARPS); block:
+// 32 * GEMV_WARPS.
+#define PIPE_UNROLL 2
+
+// The weights of this warp's pair of rows in group g (rows o, o + 1 of w; none past out).
+__device__ __forceinline__ void pipe_load(const half_t* __restrict__ w, int g, int split, int warp,
+                                          int k, int out, int c, int c1,
+                                          uint4 (&wv)[PIPE_UNROLL][2]) {
+    const int o = 2 * (g * (GEMV_WARPS / split) + warp / split);
+    const uint4* wr0 = reinterpret_cast<const uint4*>(w + (size_t)o * k);
+    const uint4* wr1 = wr0 + (k >> 3);
+#pragma unroll
+    for (int u = 0; u < PIPE_UNROLL; ++u) {
+        if (o < out && c + 32 * u < c1) {
+            wv[u][0] = load_stream(wr0 + c + 32 * u);
+            if (o + 1 < out) wv[u][1] = load_stream(wr1 + c + 32 * u);
+        }
+    }
+}
+
+// This lane's sums of its pair's rows in group g against its x chunks xv.
+__device__ __forceinline__ void pipe_sum(int g, int split, int warp, int out, int c, int c1,
+                                         const uint4 (&wv)[PIPE_UNROLL][2],
+                                         const uint4* __restrict__ xc, float (&acc)[2]) {
+    const int o = 2 * (g * (GEMV_WARPS / split) + warp / split);
+    acc[0] = acc[1] = 0.0f;
+    if (o >= out) return;
+    const bool two = o + 1 < out;
+#pragma unroll
+    for (int u = 0; u < PIPE_UNROLL; ++u) {
+        if (c + 32 * u < c1) {
+            const uint4 xv = xc[c + 32 * u];
+            const unsigned xw[4] = {xv.x, xv.y, xv.z, xv.w};
+            const unsigned w0[4] = {wv[u][0].x, wv[u][0].y, wv[u][0].z, wv[u][0].w};
+            const unsigned w1[4] = {wv[u][1].x, wv[u][1].y, wv[u][1].z, wv[u][1].w};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                float xa, xb, a, b;
+                unpack2(xw[q], xa, xb);
+                unpack2(w0[q], a, b);
+                acc[0] = fmaf(b, xb, fmaf(a, xa, acc[0]));
+                if (two) {
+                    unpack2(w1[q], a, b);
+                    acc[1] = fmaf(b, xb, fmaf(a, xa, acc[1]));
+                }
+            }
+        }
+    }
+}
+
+// Group g's sums (each lane's, acc) reduced over the warp and the pair's split warps
+// (through part, which alternates between groups so that one barrier a group suffices),
+// and stored as gemv stores them. Every thread of the block calls it.
+__device__ __forceinline__ void pipe_store(int g, int split, int warp, int lane, int out,
+                                           int y_mode, int swiglu, float (&acc)[2],
+                                           float (*part)[2], void* __restrict__ y) {
+    const int o = 2 * (g * (GEMV_WARPS / split) + warp / split);
+    acc[0] = warp_sum(acc[0]);
+    acc[1] = warp_sum(acc[1]);
+    if (split > 1) {
+        if (lane == 0) {
+            part[warp][0] = acc[0];
+            part[warp][1] = acc[1];
+        }
+        __syncthreads();
+        if (warp % split != 0) return;
+        for (int s = 1; s < split; ++s) {
+            acc[0] += part[warp + s][0];
+            acc[1] += part[warp + s][1];
+        }
+    }
+    if (lane != 0 || o >= out) return;
+    if (swiglu) {
+        const float gt = half_to_f32(f32_to_half(acc[0]));
+        const float up = half_to_f32(f32_to_half(acc[1]));
+        gemv_store(y, o / 2, silu_times(gt, up), y_mode == 1);
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (r == 1 && o + 1 >= out) break;
+        const float v = y_mode == 2 ? reinterpret_cast<const float*>(y)[o + r] + acc[r] : acc[r];
+        gemv_store(y, o + r, v, y_mode == 1);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 4)
+    KERNEL(gemv_pipe)(const half_t* __restrict__ x, const half_t* __restrict__ w,
+                      void* __restrict__ y, int k, int out, int y_mode, int split, int swiglu) {
+    __shared__ float part[2][GEMV_WARPS][2];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int chunks = k >> 3;
+    const int per = (chunks + split - 1) / split;
+    const int c0 = (warp % split) * per, c1 = min(chunks, c0 + per);
+    const int c = c0 + lane;
+    const int groups = ((out + 1) / 2 * split + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int stride = gridDim.x;
+    uint4 wa[PIPE_UNROLL][2], wb[PIPE_UNROLL][2];
+    int g = blockIdx.x;
+    pipe_load(w, g, split, warp, k, out, c, c1, wa);
+    if (g + stride < groups) pipe_load(w, g + stride, split, warp, k, out, c, c1, wb);
+    grid_dep_enter();
+    const uint4* xc = reinterpret_cast<const uint4*>(x);
+    float acc[2];
+    // Two groups a turn, one from each buffer; each buffer is refilled as soon as summed.
+    for (; g < groups; g += 2 * stride) {
+        pipe_sum(g, split, warp, out, c, c1, wa, xc, acc);
+        if (g + 2 * stride < groups) pipe_load(w, g + 2 * stride, split, warp, k, out, c, c1, wa);
+        pipe_store(g, split, warp, lane, out, y_mode, swiglu, acc, part[0], y);
+        if (g + stride >= groups) break;
+        pipe_sum(g + stride, split, warp, out, c, c1, wb, xc, acc);
+        if (g + 3 * stride < groups) pipe_load(w, g + 3 * stride, split, warp, k, out, c, c1, wb);
+        pipe_store(g + stride, split, warp, lane, out, y_mode, swiglu, acc, part[1], y);
+    }
+}

@@ -14,7 +14,9 @@ use super::attention::attention;
 use super::{rel_err, Row};
 use crate::error::Result;
 use crate::kernels::cpu;
-use crate::kernels::cuda::gemm::{gemv_splits, Blas, Input, Norm, Out, Path, Shape};
+use crate::kernels::cuda::gemm::{
+    gemv_splits, pipe_fits, Blas, GemvPlan, Input, Norm, Out, Path, Shape,
+};
 use crate::kernels::cuda::launch::{self, Heads};
 use crate::kernels::cuda::lt;
 use crate::kernels::cuda::swap::{self, SwapCaches};
@@ -349,6 +351,7 @@ fn gate_up_swiglu(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>
     let mut out = Vec::new();
     for (n, k, f) in [
         (1, 576, 1536),
+        (1, 2048, 2731),
         (3, 2048, 2731),
         (4, 4096, 1000),
         (2, 2056, 7),
@@ -401,6 +404,24 @@ fn gate_up_swiglu(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>
             let got = to_f32(dt, &gpu.read(&act, n * f)?);
             out.push(row(
                 name,
+                dt,
+                format!("n {n} in {k} f {f}"),
+                rel_err(&got, &want),
+                1e-2,
+            ));
+        }
+        // The pipelined kernel at each split it can run (the tuning may choose it).
+        for split in gemv_splits(k).filter(|&s| pipe_fits(n, k, s)) {
+            let plan = GemvPlan {
+                split,
+                pipelined: true,
+            };
+            let act = poison_half(gpu, dt, n * f)?;
+            let ptrs = (xd.ptr(), wd.ptr(), act.ptr());
+            blas.gemv_at(dt, ptrs, Out::Half, n, k, 2 * f, true, plan)?;
+            let got = to_f32(dt, &gpu.read(&act, n * f)?);
+            out.push(row(
+                &format!("gate_up + SwiGLU, gemv kernel at split {plan}"),
                 dt,
                 format!("n {n} in {k} f {f}"),
                 rel_err(&got, &want),
@@ -690,6 +711,9 @@ fn gemm(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         // than an H100's 132 SMs hold warps at once.
         (1, 2056, 5000),
         (2, 4104, 9001),
+        // One row at the 1B's width, an odd number of outputs: the pipelined kernel at
+        // splits 4 and 8, its blocks taking several groups each.
+        (1, 2048, 3001),
     ] {
         let (xb, xv) = half_of(dt, &rand_vec(rng, n * k, 1.0));
         let (wb, wv) = half_of(dt, &rand_vec(rng, m * k, 0.05));
@@ -721,20 +745,48 @@ fn gemm(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
                 (Path::CublasLt, "cublasLt matmul"),
             ]
         };
-        // The GEMV kernel at every split the tuning may choose (the paths below take the
-        // untimed rule's).
-        for split in gemv_splits(k).filter(|_| gemv) {
-            let y = poison_f32(gpu, n * m)?;
-            let (x, w) = (xd.ptr(), wd.ptr());
-            blas.gemv_split_at(dt, x, w, y.ptr(), Out::F32, n, k, m, split)?;
-            let got = gpu.read(&y, n * m)?;
-            out.push(row(
-                &format!("gemv kernel at split {split}, fp32 out"),
-                dt,
-                format!("n {n} in {k} out {m}"),
-                rel_err(&got, &want),
-                1e-3,
-            ));
+        // The GEMV kernel at every plan the tuning may choose (the paths below take the
+        // untimed rule's): each split, and the pipelined kernel in each output where it
+        // fits.
+        let plans = gemv_splits(k).filter(|_| gemv).flat_map(|split| {
+            [false, true]
+                .map(|pipelined| GemvPlan { split, pipelined })
+                .into_iter()
+                .filter(move |p| !p.pipelined || pipe_fits(n, k, split))
+        });
+        for plan in plans {
+            let outs: &[Out] = if plan.pipelined {
+                &[Out::F32, Out::Half, Out::F32Add]
+            } else {
+                &[Out::F32]
+            };
+            for &y_ty in outs {
+                let (x, w) = (xd.ptr(), wd.ptr());
+                let (got, want, tol) = match y_ty {
+                    Out::Half => {
+                        let y = poison_half(gpu, dt, n * m)?;
+                        blas.gemv_at(dt, (x, w, y.ptr()), y_ty, n, k, m, false, plan)?;
+                        (to_f32(dt, &gpu.read(&y, n * m)?), &want_half, 1e-2)
+                    }
+                    Out::F32 | Out::F32Add => {
+                        let y = if y_ty == Out::F32 {
+                            poison_f32(gpu, n * m)?
+                        } else {
+                            gpu.upload(&base)?
+                        };
+                        blas.gemv_at(dt, (x, w, y.ptr()), y_ty, n, k, m, false, plan)?;
+                        let want = if y_ty == Out::F32 { &want } else { &want_added };
+                        (gpu.read(&y, n * m)?, want, 1e-3)
+                    }
+                };
+                out.push(row(
+                    &format!("gemv kernel at split {plan}, {y_ty:?} out"),
+                    dt,
+                    format!("n {n} in {k} out {m}"),
+                    rel_err(&got, want),
+                    tol,
+                ));
+            }
         }
         for &(path, name) in paths {
             let shape = format!("n {n} in {k} out {m}");

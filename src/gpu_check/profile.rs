@@ -135,7 +135,7 @@ fn print_gemv_table(fwd: &CudaForward) {
             sh.y,
             t.gemv_ms * 1e3,
             if t.gemv_ms.is_finite() {
-                t.gemv_split.to_string()
+                t.gemv.to_string()
             } else {
                 "–".into()
             },

@@ -1,9 +1,10 @@
 //! Linear layers: bf16 or f16 operands, fp32 accumulation, fp32 or 16-bit output, or fp32
 //! added to what y holds (the residual stream). cuBLAS (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`)
 //! in general; up to [`GEMV_MAX_ROWS`] token rows either cuBLAS or the weight-streaming
-//! kernel of kernels/gemv.cu, whichever [`Blas::tune`] timed faster for that shape on this
-//! GPU; above that, the cuBLASLt algorithm [`Blas::tune_lt`] timed fastest for the shape's
-//! row bucket, where one beat `cublasGemmEx` (lt.rs).
+//! kernels of kernels/gemv.cu (at one row also its pipelined form), whichever
+//! [`Blas::tune`] timed faster for that shape on this GPU; above that, the cuBLASLt
+//! algorithm [`Blas::tune_lt`] timed fastest for the shape's row bucket, where one beat
+//! `cublasGemmEx` (lt.rs).
 
 use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
@@ -24,6 +25,8 @@ use crate::error::{Error, Result};
 pub const GEMV_MAX_ROWS: usize = 4;
 /// Warps of a GEMV block (GEMV_WARPS).
 const GEMV_WARPS: usize = 8;
+/// 16-byte chunks of a row each lane of the pipelined GEMV holds (gemv.cu's PIPE_UNROLL).
+const PIPE_UNROLL: usize = 2;
 /// GEMV work items (pair of rows, k slice) worth launching where a shape's split was not
 /// timed ([`Blas::tune`] times each split and keeps the fastest): about four times the
 /// warps an H100 or H200 holds at once, the best of 4,096-32,768 on the H100 for
@@ -150,15 +153,47 @@ pub struct Tuning {
     lt: LtTuning,
 }
 
-/// One shape's timing: milliseconds per call on the GEMV kernel (at its fastest split)
+/// How the GEMV kernel runs a shape: `split` warps share each pair of output rows
+/// (gemv.cu's `split`), on `gemv` or, at one row, on `gemv_pipe` (`pipelined`), whose
+/// blocks stay resident and keep the next group's weights in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvPlan {
+    pub split: usize,
+    pub pipelined: bool,
+}
+
+impl GemvPlan {
+    pub fn plain(split: usize) -> GemvPlan {
+        GemvPlan {
+            split,
+            pipelined: false,
+        }
+    }
+}
+
+impl std::fmt::Display for GemvPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}{}",
+            self.split,
+            if self.pipelined { " pipelined" } else { "" }
+        )
+    }
+}
+
+/// One shape's timing: milliseconds per call on the GEMV kernels (at their fastest plan)
 /// and on cuBLAS.
 #[derive(Clone, Copy, Debug)]
 pub struct Timed {
     pub shape: Shape,
     pub gemv_ms: f64,
     pub cublas_ms: f64,
-    /// Warps sharing a pair of output rows at `gemv_ms` (gemv.cu's `split`).
-    pub gemv_split: usize,
+    /// The plan that gave `gemv_ms`.
+    pub gemv: GemvPlan,
+    /// The fastest split of the plain kernel: a layer that norms its rows inside the
+    /// kernel runs that, whichever plan won (the pipelined kernel does not norm).
+    pub plain_split: usize,
 }
 
 impl Timed {
@@ -174,6 +209,10 @@ pub struct Blas {
     gpu: Arc<Gpu>,
     /// The GEMV kernel built for bf16 and for f16.
     gemv: [CudaFunction; 2],
+    /// The pipelined one-row GEMV kernel built for bf16 and for f16, and its grid: as many
+    /// of its blocks as the device holds at once.
+    gemv_pipe: [CudaFunction; 2],
+    pipe_grid: usize,
     _workspace: CudaSlice<u8>,
     /// cuBLASLt, sharing the workspace.
     lt: Lt,
@@ -214,6 +253,20 @@ impl Blas {
         // As above: a missing libcublasLt is an error, not a panic.
         let lt = std::panic::catch_unwind(|| Lt::new(workspace_ptr, CUBLAS_WORKSPACE))
             .map_err(|_| Error::Cuda("libcublasLt could not be loaded".into()))??;
+        let gemv_pipe = [
+            gpu.func("gemv_pipe", Half::Bf16)?.clone(),
+            gpu.func("gemv_pipe", Half::F16)?.clone(),
+        ];
+        let sms = gpu
+            .ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(cuda_err("reading the multiprocessor count"))?;
+        let resident = gemv_pipe[0]
+            .occupancy_max_active_blocks_per_multiprocessor(32 * GEMV_WARPS as u32, 0, None)
+            .map_err(cuda_err("reading gemv_pipe's occupancy"))?;
+        let pipe_grid = (sms.max(1) as usize) * (resident.max(1) as usize);
         Ok(Blas {
             blas,
             gpu: gpu.clone(),
@@ -221,6 +274,8 @@ impl Blas {
                 gpu.func("gemv", Half::Bf16)?.clone(),
                 gpu.func("gemv", Half::F16)?.clone(),
             ],
+            gemv_pipe,
+            pipe_grid,
             _workspace: workspace,
             lt,
             by_shape: HashMap::new(),
@@ -250,17 +305,28 @@ impl Blas {
             y: y_ty,
         } = shape;
         let act = y + (n * out * y_ty.bytes()) as u64;
-        // The GEMV kernel at each split it can run, the fastest kept: how many warps share
-        // a pair of rows trades loads in flight a lane against blocks a multiprocessor.
-        let (mut gemv_ms, mut gemv_split) = (f64::INFINITY, 1);
+        // The GEMV kernels at each split they can run, the fastest kept: how many warps
+        // share a pair of rows trades loads in flight a lane against blocks a
+        // multiprocessor. The plain kernel's best is kept apart for layers that norm in it.
+        let (mut gemv_ms, mut gemv, mut plain_ms, mut plain_split) =
+            (f64::INFINITY, GemvPlan::plain(1), f64::INFINITY, 1);
         if Self::gemv_fits(x, w, n, inp) {
             let into = if swiglu { act } else { y };
             for split in gemv_splits(inp) {
-                let ms = time_ms(&self.gpu, &mut || {
-                    self.gemv(shape, x, w, into, swiglu, None, split)
-                })?;
-                if ms < gemv_ms {
-                    (gemv_ms, gemv_split) = (ms, split);
+                for pipelined in [false, true] {
+                    let plan = GemvPlan { split, pipelined };
+                    if pipelined && !pipe_fits(n, inp, split) {
+                        continue;
+                    }
+                    let ms = time_ms(&self.gpu, &mut || {
+                        self.gemv(shape, x, w, into, swiglu, None, plan)
+                    })?;
+                    if ms < gemv_ms {
+                        (gemv_ms, gemv) = (ms, plan);
+                    }
+                    if !pipelined && ms < plain_ms {
+                        (plain_ms, plain_split) = (ms, split);
+                    }
                 }
             }
         }
@@ -275,7 +341,8 @@ impl Blas {
             shape,
             gemv_ms,
             cublas_ms,
-            gemv_split,
+            gemv,
+            plain_split,
         };
         self.by_shape.insert(shape, t);
         self.timed.push(t);
@@ -371,7 +438,15 @@ impl Blas {
         let gemv = self.runs_gemv(path, shape, x.rows(), w)?;
         let (x, norm) = self.prepare(path, gemv, shape, x)?;
         if gemv {
-            self.gemv(shape, x, w, y, false, norm, self.split_of(shape))
+            self.gemv(
+                shape,
+                x,
+                w,
+                y,
+                false,
+                norm,
+                self.plan_of(shape, norm.is_some()),
+            )
         } else {
             self.gemm(path, shape, x, w, y)
         }
@@ -433,7 +508,8 @@ impl Blas {
         let gemv = self.runs_gemv(path, shape, x.rows(), w)?;
         let (x, norm) = self.prepare(path, gemv, shape, x)?;
         if gemv {
-            self.gemv(shape, x, w, act, true, norm, self.split_of(shape))?;
+            let plan = self.plan_of(shape, norm.is_some());
+            self.gemv(shape, x, w, act, true, norm, plan)?;
             return Ok(true);
         }
         self.gemm(path, shape, x, w, gu)?;
@@ -456,36 +532,42 @@ impl Blas {
         })
     }
 
-    /// The split the GEMV kernel runs `shape` at: the one timed fastest for it
-    /// ([`Blas::tune`]; shapes where cuBLAS won, run here by `Path::Gemv`, keep theirs
-    /// too), else [`gemv_split`]'s.
-    fn split_of(&self, shape: Shape) -> usize {
+    /// How the GEMV kernel runs `shape`: the plan timed fastest for it ([`Blas::tune`];
+    /// shapes where cuBLAS won, run here by `Path::Gemv`, keep theirs too), the plain
+    /// kernel's fastest split where the kernel norms the rows itself (`normed`), else
+    /// [`gemv_split`]'s split on the plain kernel.
+    fn plan_of(&self, shape: Shape, normed: bool) -> GemvPlan {
         let timed = self.by_shape.get(&shape).filter(|t| t.gemv_ms.is_finite());
-        timed.map_or_else(
-            || gemv_split(shape.inp, shape.out.div_ceil(2)),
-            |t| t.gemv_split,
-        )
+        match timed {
+            None => GemvPlan::plain(gemv_split(shape.inp, shape.out.div_ceil(2))),
+            Some(t) if normed && t.gemv.pipelined => GemvPlan::plain(t.plain_split),
+            Some(t) => t.gemv,
+        }
     }
 
-    /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ` on the GEMV kernel with `split` warps sharing
-    /// each pair of output rows (one of [`gemv_splits`]'s): the checks run every split the
-    /// tuning may choose.
+    /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ` on the GEMV kernel by `plan` (a split of
+    /// [`gemv_splits`]'s; pipelined where [`pipe_fits`]): the checks run every plan the
+    /// tuning may choose. With `swiglu`, `out` is gate_up's `2 * f` interleaved rows and y
+    /// gets SwiGLU's `f` 16-bit values a row.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemv_split_at(
+    pub fn gemv_at(
         &self,
         half: Half,
-        x: u64,
-        w: u64,
-        y: u64,
+        (x, w, y): (u64, u64, u64),
         y_ty: Out,
         n: usize,
         inp: usize,
         out: usize,
-        split: usize,
+        swiglu: bool,
+        plan: GemvPlan,
     ) -> Result<()> {
-        if !Self::gemv_fits(x, w, n, inp) || !gemv_splits(inp).any(|s| s == split) {
+        let split = plan.split;
+        if !Self::gemv_fits(x, w, n, inp)
+            || !gemv_splits(inp).any(|s| s == split)
+            || (plan.pipelined && !pipe_fits(n, inp, split))
+        {
             return Err(Error::Cuda(format!(
-                "the GEMV kernel cannot run {n} rows of {inp} inputs at split {split}"
+                "the GEMV kernel cannot run {n} rows of {inp} inputs at split {plan}"
             )));
         }
         let shape = Shape {
@@ -495,12 +577,12 @@ impl Blas {
             out,
             y: y_ty,
         };
-        self.gemv(shape, x, w, y, false, None, split)
+        self.gemv(shape, x, w, y, swiglu, None, plan)
     }
 
-    /// The GEMV kernel with `split` warps sharing each pair of output rows ([`Blas::split_of`]
-    /// for a layer); with `swiglu`, SwiGLU of each (gate, up) pair of rows into y; with
-    /// `norm`, x normed in the kernel (x itself unread).
+    /// The GEMV kernel by `plan` ([`Blas::plan_of`] for a layer); with `swiglu`, SwiGLU of
+    /// each (gate, up) pair of rows into y; with `norm`, x normed in the kernel (x itself
+    /// unread; never pipelined).
     #[allow(clippy::too_many_arguments)]
     fn gemv(
         &self,
@@ -510,8 +592,9 @@ impl Blas {
         y: u64,
         swiglu: bool,
         norm: Option<Norm>,
-        split: usize,
+        plan: GemvPlan,
     ) -> Result<()> {
+        let split = plan.split;
         let Shape {
             half,
             n,
@@ -532,6 +615,38 @@ impl Blas {
             Out::F32Add => 2,
         };
         let (split_i, swiglu_i) = (i(split)?, i32::from(swiglu));
+        let groups = (pairs * split).div_ceil(GEMV_WARPS);
+        if plan.pipelined {
+            if norm.is_some() || !pipe_fits(n, inp, split) {
+                return Err(Error::Cuda(format!(
+                    "the pipelined GEMV cannot run {n} rows of {inp} inputs at split {split}"
+                )));
+            }
+            let f = &self.gemv_pipe[usize::from(half == Half::F16)];
+            let mut b = Args::new();
+            b.arg(&x)
+                .arg(&w)
+                .arg(&y)
+                .arg(&ki)
+                .arg(&oi)
+                .arg(&y_mode)
+                .arg(&split_i)
+                .arg(&swiglu_i);
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    u32::try_from(groups.min(self.pipe_grid)).unwrap_or(u32::MAX),
+                    1,
+                    1,
+                ),
+                block_dim: (32 * GEMV_WARPS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: argument order and types match gemv.cu's gemv_pipe; x holds one row of
+            // inp, w out rows of inp, y one row of out (of out / 2 with swiglu, out then
+            // even) of the asked type; gemv_fits checked alignment, pipe_fits the slices.
+            unsafe { self.gpu.launch(f, cfg, &mut b) }.map_err(cuda_err("gemv_pipe"))?;
+            return Ok(());
+        }
         let f = &self.gemv[usize::from(half == Half::F16)];
         let mut b = Args::new();
         b.arg(&x)
@@ -545,8 +660,8 @@ impl Blas {
             .arg(&swiglu_i);
         let (xf, gw, eps) = norm.map_or((0, 0, 0.0f32), |nm| (nm.x, nm.w, nm.eps));
         b.arg(&xf).arg(&gw).arg(&eps);
-        let blocks = u32::try_from((pairs * split).div_ceil(GEMV_WARPS))
-            .map_err(|_| Error::Cuda(format!("GEMV of {out} outputs")))?;
+        let blocks =
+            u32::try_from(groups).map_err(|_| Error::Cuda(format!("GEMV of {out} outputs")))?;
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
@@ -657,6 +772,12 @@ pub fn gemv_splits(inp: usize) -> impl Iterator<Item = usize> {
         .filter(move |&s| s == 1 || chunks / s >= 32)
 }
 
+/// Whether the pipelined GEMV kernel runs `n` rows of `inp` inputs at `split`: one row, and
+/// each lane's slice of a row within its PIPE_UNROLL chunks.
+pub fn pipe_fits(n: usize, inp: usize, split: usize) -> bool {
+    n == 1 && (inp / 8).div_ceil(split) <= 32 * PIPE_UNROLL
+}
+
 /// Warps that share one pair of output rows of the GEMV kernel (of `pairs`): the fewest (a
 /// power of two up to GEMV_WARPS) that make GEMV_TARGET_ITEMS work items, while each slice
 /// keeps at least two 16-byte chunks per lane.
@@ -672,6 +793,20 @@ fn gemv_split(inp: usize, pairs: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pipelined_kernel_takes_one_row_in_short_slices() {
+        // The 1B's 2,048 inputs are 256 chunks: 64 a slice at split 4, two a lane.
+        assert!(pipe_fits(1, 2048, 4));
+        assert!(pipe_fits(1, 2048, 8));
+        assert!(!pipe_fits(1, 2048, 2));
+        assert!(!pipe_fits(2, 2048, 4));
+        // SmolLM2's 576 (72 chunks) fit at split 2 only; 2,056 (257 chunks) at 8 only.
+        assert!(pipe_fits(1, 576, 2));
+        assert!(!pipe_fits(1, 576, 1));
+        assert!(pipe_fits(1, 2056, 8));
+        assert!(!pipe_fits(1, 2056, 4));
+    }
 
     #[test]
     fn timed_splits_keep_a_chunk_a_lane() {

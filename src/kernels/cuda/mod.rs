@@ -129,7 +129,7 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("sample", &["sample_rows"]),
-    ("gemv", &["gemv"]),
+    ("gemv", &["gemv", "gemv_pipe"]),
 ];
 
 /// Whether the device can run the largest cluster the decode plan launches: eight blocks
