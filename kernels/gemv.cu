@@ -243,9 +243,9 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // weights in flight while this one is summed and stored: gemv's blocks each load, sum and
 // leave, so its waves meet a round trip to memory each with nothing in flight. Two groups
 // are requested before the predecessor wait. A warp keeps its k slice (GEMV_WARPS is a
-// multiple of split) and reads its x chunks through L1 each group. Each lane holds at most PIPE_UNROLL
-// chunks of a row (chunks / split <= 32 * PIPE_UNROLL). Same sums in the same order as
-// gemv's at the same split. grid: at most ceil(ceil(out / 2) * split / GEMV_WARPS); block:
+// multiple of split) and reads its x chunks through L1 each group. Each lane holds at most
+// PIPE_UNROLL chunks of a row (chunks / split <= 32 * PIPE_UNROLL). Same sums in the same
+// order as gemv's at the same split. grid: at most ceil(ceil(out / 2) * split / GEMV_WARPS); block:
 // 32 * GEMV_WARPS.
 #define PIPE_UNROLL 2
 
@@ -265,7 +265,7 @@ __device__ __forceinline__ void pipe_load(const half_t* __restrict__ w, int g, i
     }
 }
 
-// This lane's sums of its pair's rows in group g against its x chunks xv.
+// This lane's sums of its pair's rows in group g against x's chunks (xc) at its own.
 __device__ __forceinline__ void pipe_sum(int g, int split, int warp, int out, int c, int c1,
                                          const uint4 (&wv)[PIPE_UNROLL][2],
                                          const uint4* __restrict__ xc, float (&acc)[2]) {

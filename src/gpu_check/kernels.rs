@@ -712,8 +712,11 @@ fn gemm(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         (1, 2056, 5000),
         (2, 4104, 9001),
         // One row at the 1B's width, an odd number of outputs: the pipelined kernel at
-        // splits 4 and 8, its blocks taking several groups each.
+        // splits 4 and 8, its blocks taking one to three groups each on an H100.
         (1, 2048, 3001),
+        // Narrow enough for the pipelined kernel at split 1 (no barrier), and enough pairs
+        // that at splits 1 and 2 its blocks take several groups.
+        (1, 512, 9001),
     ] {
         let (xb, xv) = half_of(dt, &rand_vec(rng, n * k, 1.0));
         let (wb, wv) = half_of(dt, &rand_vec(rng, m * k, 0.05));
@@ -747,7 +750,8 @@ fn gemm(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         };
         // The GEMV kernel at every plan the tuning may choose (the paths below take the
         // untimed rule's): each split, and the pipelined kernel in each output where it
-        // fits.
+        // fits, whose fp32 sums must equal the plain kernel's at the same split, bit for bit.
+        let mut plain_sums: Option<(usize, Vec<f32>)> = None;
         let plans = gemv_splits(k).filter(|_| gemv).flat_map(|split| {
             [false, true]
                 .map(|pipelined| GemvPlan { split, pipelined })
@@ -786,6 +790,20 @@ fn gemm(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
                     rel_err(&got, want),
                     tol,
                 ));
+                if y_ty != Out::F32 {
+                    continue;
+                }
+                match (&plain_sums, plan.pipelined) {
+                    (_, false) => plain_sums = Some((plan.split, got)),
+                    (Some((split, plain)), true) if *split == plan.split => out.push(row(
+                        &format!("gemv kernel at split {plan} = plain, fp32 out"),
+                        dt,
+                        format!("n {n} in {k} out {m}"),
+                        rel_err(&got, plain),
+                        1e-9,
+                    )),
+                    _ => {}
+                }
             }
         }
         for &(path, name) in paths {

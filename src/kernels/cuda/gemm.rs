@@ -27,8 +27,8 @@ pub const GEMV_MAX_ROWS: usize = 4;
 const GEMV_WARPS: usize = 8;
 /// 16-byte chunks of a row each lane of the pipelined GEMV holds (gemv.cu's PIPE_UNROLL).
 const PIPE_UNROLL: usize = 2;
-/// GEMV work items (pair of rows, k slice) worth launching where a shape's split was not
-/// timed ([`Blas::tune`] times each split and keeps the fastest): about four times the
+/// GEMV work items (pair of rows, k slice) worth launching where a shape's plan was not
+/// timed ([`Blas::tune`] times each plan and keeps the fastest): about four times the
 /// warps an H100 or H200 holds at once, the best of 4,096-32,768 on the H100 for
 /// Llama-3.1-8B (docs/perf.md, thirteenth pass).
 const GEMV_TARGET_ITEMS: usize = 32768;
@@ -106,8 +106,8 @@ pub enum Input {
 /// Which implementation runs a linear layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
-    /// The fastest as timed at start: the GEMV kernel, cublasGemmEx or the row bucket's
-    /// cuBLASLt algorithm; cublasGemmEx for untimed shapes.
+    /// The fastest as timed at start: one of the GEMV kernels, cublasGemmEx or the row
+    /// bucket's cuBLASLt algorithm; cublasGemmEx for untimed shapes.
     Auto,
     /// cublasGemmEx only (the baseline to compare with).
     Cublas,
@@ -191,15 +191,26 @@ pub struct Timed {
     pub cublas_ms: f64,
     /// The plan that gave `gemv_ms`.
     pub gemv: GemvPlan,
-    /// The fastest split of the plain kernel: a layer that norms its rows inside the
-    /// kernel runs that, whichever plan won (the pipelined kernel does not norm).
+    /// The plain kernel's fastest split and its time: a layer that norms its rows inside
+    /// the kernel runs that, whichever plan won (the pipelined kernel does not norm).
     pub plain_split: usize,
+    pub plain_ms: f64,
 }
 
 impl Timed {
-    /// Whether the GEMV kernel was timed faster than cuBLAS.
-    pub fn gemv_wins(&self) -> bool {
-        self.gemv_ms < self.cublas_ms
+    /// Whether a GEMV kernel was timed faster than cuBLAS: the plain one for a layer that
+    /// norms its rows in the kernel (`norms`), else either.
+    pub fn gemv_wins(&self, norms: bool) -> bool {
+        (if norms { self.plain_ms } else { self.gemv_ms }) < self.cublas_ms
+    }
+
+    /// The plan a layer runs: the plain kernel's best where it norms its rows in the kernel.
+    fn plan(&self, norms: bool) -> GemvPlan {
+        if norms && self.gemv.pipelined {
+            GemvPlan::plain(self.plain_split)
+        } else {
+            self.gemv
+        }
     }
 }
 
@@ -210,13 +221,14 @@ pub struct Blas {
     /// The GEMV kernel built for bf16 and for f16.
     gemv: [CudaFunction; 2],
     /// The pipelined one-row GEMV kernel built for bf16 and for f16, and its grid: as many
-    /// of its blocks as the device holds at once.
+    /// of its blocks as the device holds at once (both builds take 64 registers, so the
+    /// bf16 one's occupancy stands for both).
     gemv_pipe: [CudaFunction; 2],
     pipe_grid: usize,
     _workspace: CudaSlice<u8>,
     /// cuBLASLt, sharing the workspace.
     lt: Lt,
-    /// Every shape [`Blas::tune`] timed; `Path::Auto` runs the GEMV kernel where it won.
+    /// Every shape [`Blas::tune`] timed; `Path::Auto` runs a GEMV kernel where one won.
     by_shape: HashMap<Shape, Timed>,
     /// The same, in the order timed.
     timed: Vec<Timed>,
@@ -283,8 +295,9 @@ impl Blas {
         })
     }
 
-    /// Times the GEMV kernel and cuBLAS on `shape` (x, w, y device buffers big enough for
-    /// it; their values do not matter) and keeps the faster for [`Path::Auto`].
+    /// Times the GEMV kernels at each plan, and cuBLAS, on `shape` (x, w, y device buffers
+    /// big enough for it; their values do not matter) and keeps the fastest for
+    /// [`Path::Auto`].
     pub fn tune(&mut self, shape: Shape, x: u64, w: u64, y: u64) -> Result<Timed> {
         self.tune_as(shape, x, w, y, false)
     }
@@ -343,6 +356,7 @@ impl Blas {
             cublas_ms,
             gemv,
             plain_split,
+            plain_ms,
         };
         self.by_shape.insert(shape, t);
         self.timed.push(t);
@@ -400,7 +414,8 @@ impl Blas {
         n * inp * 2 + inp * 4
     }
 
-    /// Whether the GEMV kernel can run this shape: few rows, 16-byte aligned rows.
+    /// Whether the GEMV kernels can run this shape: few rows, 16-byte aligned rows (the
+    /// pipelined one also needs [`pipe_fits`]).
     pub fn gemv_fits(x: u64, w: u64, n: usize, inp: usize) -> bool {
         n <= GEMV_MAX_ROWS && inp.is_multiple_of(8) && x.is_multiple_of(16) && w.is_multiple_of(16)
     }
@@ -435,7 +450,7 @@ impl Blas {
     }
 
     fn linear_of(&self, path: Path, shape: Shape, x: Input, w: u64, y: u64) -> Result<()> {
-        let gemv = self.runs_gemv(path, shape, x.rows(), w)?;
+        let gemv = self.runs_gemv(path, shape, x, w)?;
         let (x, norm) = self.prepare(path, gemv, shape, x)?;
         if gemv {
             self.gemv(
@@ -463,9 +478,7 @@ impl Blas {
         shape: Shape,
         x: Input,
     ) -> Result<(u64, Option<Norm>)> {
-        let in_kernel = gemv
-            && Self::gemv_can_norm(shape.n, shape.inp)
-            && (path == Path::Gemv || shape.inp <= GEMV_NORM_MAX_AUTO);
+        let in_kernel = gemv && Self::norms_in_kernel(path, shape);
         match x {
             Input::Rows(x) => Ok((x, None)),
             Input::Normed(norm) if in_kernel => Ok((norm.xn, Some(norm))),
@@ -477,6 +490,13 @@ impl Blas {
                 Ok((norm.xn, None))
             }
         }
+    }
+
+    /// Whether a layer of `shape` that a GEMV kernel runs on `path` norms its input inside
+    /// the (plain) kernel, where its input is normed at all ([`Blas::prepare`]).
+    fn norms_in_kernel(path: Path, shape: Shape) -> bool {
+        Self::gemv_can_norm(shape.n, shape.inp)
+            && (path == Path::Gemv || shape.inp <= GEMV_NORM_MAX_AUTO)
     }
 
     /// The MLP's gate|up projection of `n` rows `x` by `w`, whose `2 * f` rows interleave
@@ -505,7 +525,7 @@ impl Blas {
             out: 2 * f,
             y: Out::Half,
         };
-        let gemv = self.runs_gemv(path, shape, x.rows(), w)?;
+        let gemv = self.runs_gemv(path, shape, x, w)?;
         let (x, norm) = self.prepare(path, gemv, shape, x)?;
         if gemv {
             let plan = self.plan_of(shape, norm.is_some());
@@ -516,9 +536,10 @@ impl Blas {
         Ok(false)
     }
 
-    /// Whether `path` runs `shape` on the GEMV kernel.
-    fn runs_gemv(&self, path: Path, shape: Shape, x: u64, w: u64) -> Result<bool> {
-        let fits = Self::gemv_fits(x, w, shape.n, shape.inp);
+    /// Whether `path` runs `shape`, reading `x`, on a GEMV kernel.
+    fn runs_gemv(&self, path: Path, shape: Shape, x: Input, w: u64) -> Result<bool> {
+        let fits = Self::gemv_fits(x.rows(), w, shape.n, shape.inp);
+        let norms = matches!(x, Input::Normed(_)) && Self::norms_in_kernel(path, shape);
         Ok(match path {
             Path::Gemv if !fits => {
                 return Err(Error::Cuda(format!(
@@ -528,7 +549,12 @@ impl Blas {
             }
             Path::Gemv => true,
             Path::Cublas | Path::CublasLt => false,
-            Path::Auto => fits && self.by_shape.get(&shape).is_some_and(Timed::gemv_wins),
+            Path::Auto => {
+                fits && self
+                    .by_shape
+                    .get(&shape)
+                    .is_some_and(|t| t.gemv_wins(norms))
+            }
         })
     }
 
@@ -538,11 +564,10 @@ impl Blas {
     /// [`gemv_split`]'s split on the plain kernel.
     fn plan_of(&self, shape: Shape, normed: bool) -> GemvPlan {
         let timed = self.by_shape.get(&shape).filter(|t| t.gemv_ms.is_finite());
-        match timed {
-            None => GemvPlan::plain(gemv_split(shape.inp, shape.out.div_ceil(2))),
-            Some(t) if normed && t.gemv.pipelined => GemvPlan::plain(t.plain_split),
-            Some(t) => t.gemv,
-        }
+        timed.map_or_else(
+            || GemvPlan::plain(gemv_split(shape.inp, shape.out.div_ceil(2))),
+            |t| t.plan(normed),
+        )
     }
 
     /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ` on the GEMV kernel by `plan` (a split of
@@ -614,38 +639,24 @@ impl Blas {
             Out::Half => 1,
             Out::F32Add => 2,
         };
+        if swiglu && !out.is_multiple_of(2) {
+            return Err(Error::Cuda(format!(
+                "SwiGLU takes gate and up rows in pairs, not {out} rows"
+            )));
+        }
         let (split_i, swiglu_i) = (i(split)?, i32::from(swiglu));
         let groups = (pairs * split).div_ceil(GEMV_WARPS);
+        let blocks =
+            |b: usize| u32::try_from(b).map_err(|_| Error::Cuda(format!("GEMV of {out} outputs")));
         if plan.pipelined {
             if norm.is_some() || !pipe_fits(n, inp, split) {
                 return Err(Error::Cuda(format!(
                     "the pipelined GEMV cannot run {n} rows of {inp} inputs at split {split}"
                 )));
             }
-            let f = &self.gemv_pipe[usize::from(half == Half::F16)];
-            let mut b = Args::new();
-            b.arg(&x)
-                .arg(&w)
-                .arg(&y)
-                .arg(&ki)
-                .arg(&oi)
-                .arg(&y_mode)
-                .arg(&split_i)
-                .arg(&swiglu_i);
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    u32::try_from(groups.min(self.pipe_grid)).unwrap_or(u32::MAX),
-                    1,
-                    1,
-                ),
-                block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: argument order and types match gemv.cu's gemv_pipe; x holds one row of
-            // inp, w out rows of inp, y one row of out (of out / 2 with swiglu, out then
-            // even) of the asked type; gemv_fits checked alignment, pipe_fits the slices.
-            unsafe { self.gpu.launch(f, cfg, &mut b) }.map_err(cuda_err("gemv_pipe"))?;
-            return Ok(());
+            let grid = blocks(groups.min(self.pipe_grid))?;
+            let ints = [ki, oi, y_mode, split_i, swiglu_i];
+            return self.launch_pipe(half, (x, w, y), ints, grid);
         }
         let f = &self.gemv[usize::from(half == Half::F16)];
         let mut b = Args::new();
@@ -660,19 +671,45 @@ impl Blas {
             .arg(&swiglu_i);
         let (xf, gw, eps) = norm.map_or((0, 0, 0.0f32), |nm| (nm.x, nm.w, nm.eps));
         b.arg(&xf).arg(&gw).arg(&eps);
-        let blocks =
-            u32::try_from(groups).map_err(|_| Error::Cuda(format!("GEMV of {out} outputs")))?;
         let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
+            grid_dim: (blocks(groups)?, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: norm.map_or(0, |_| Self::gemv_norm_smem(n, inp) as u32),
         };
         // SAFETY: argument order and types match gemv.cu; x holds n rows of inp (or, with
         // norm, xf n fp32 rows and gw inp weights, the rows' 16-bit values and the weights
-        // fitting the shared memory asked, as prepare checked), w out rows of inp, y n rows of out (of
-        // out / 2 with swiglu, out then even) of the asked type; gemv_fits checked rows and
-        // alignment.
+        // fitting the shared memory asked, as prepare checked), w out rows of inp, y n rows
+        // of out (of out / 2 with swiglu, out then even) of the asked type; gemv_fits checked
+        // rows and alignment.
         unsafe { self.gpu.launch(f, cfg, &mut b) }.map_err(cuda_err("gemv"))?;
+        Ok(())
+    }
+
+    /// gemv.cu's gemv_pipe on one row: x, w, y as [`Blas::gemv`] has them, its ints (k, out,
+    /// y_mode, split, swiglu) and `grid` blocks.
+    fn launch_pipe(
+        &self,
+        half: Half,
+        (x, w, y): (u64, u64, u64),
+        ints: [i32; 5],
+        grid: u32,
+    ) -> Result<()> {
+        let f = &self.gemv_pipe[usize::from(half == Half::F16)];
+        let mut b = Args::new();
+        b.arg(&x).arg(&w).arg(&y);
+        for v in &ints {
+            b.arg(v);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument order and types match gemv.cu's gemv_pipe; the caller checked that
+        // x holds one row of k, w out rows of k and y one row of out (of out / 2 with
+        // swiglu, out then even) of the asked type, the alignment (gemv_fits) and the slices
+        // (pipe_fits).
+        unsafe { self.gpu.launch(f, cfg, &mut b) }.map_err(cuda_err("gemv_pipe"))?;
         Ok(())
     }
 
@@ -801,8 +838,9 @@ mod tests {
         assert!(pipe_fits(1, 2048, 8));
         assert!(!pipe_fits(1, 2048, 2));
         assert!(!pipe_fits(2, 2048, 4));
-        // SmolLM2's 576 (72 chunks) fit at split 2 only; 2,056 (257 chunks) at 8 only.
+        // SmolLM2's 576 (72 chunks) fit from split 2 on; 2,056 (257 chunks) at 8 only.
         assert!(pipe_fits(1, 576, 2));
+        assert!(pipe_fits(1, 576, 8));
         assert!(!pipe_fits(1, 576, 1));
         assert!(pipe_fits(1, 2056, 8));
         assert!(!pipe_fits(1, 2056, 4));

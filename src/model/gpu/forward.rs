@@ -937,7 +937,7 @@ impl CudaForward {
         self.linear_path = path;
     }
 
-    /// How each linear layer's shape at a few rows timed on the GEMV kernel and on cuBLAS.
+    /// How each linear layer's shape at a few rows timed on the GEMV kernels and on cuBLAS.
     pub fn linear_timings(&self) -> &[Timed] {
         self.blas.timed()
     }

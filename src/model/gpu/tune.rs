@@ -1,5 +1,5 @@
-//! Engine start-up timing of the linear layers: which of the GEMV kernel, cublasGemmEx and
-//! the cuBLASLt candidates runs each layer shape at each row count. The first engine on a
+//! Engine start-up timing of the linear layers: which of the GEMV kernels (and at which
+//! plan), cublasGemmEx and the cuBLASLt candidates runs each layer shape at each row count. The first engine on a
 //! model times them; the choices are kept on the model for every later one.
 
 use rand::rngs::StdRng;
@@ -32,7 +32,7 @@ pub fn choose_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
 }
 
 /// Times every linear layer's shape (layer 0's weights, random inputs): at 1..=GEMV_MAX_ROWS
-/// rows on the GEMV kernel and on cuBLAS, so that decode runs each on the faster; at each
+/// rows on the GEMV kernels and on cuBLAS, so that decode runs each on the faster; at each
 /// row bucket on cublasGemmEx and the cuBLASLt candidates, so that larger batches and
 /// prefills run the fastest.
 fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
