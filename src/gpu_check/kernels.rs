@@ -14,9 +14,8 @@ use super::attention::attention;
 use super::{rel_err, Row};
 use crate::error::Result;
 use crate::kernels::cpu;
-use crate::kernels::cuda::gemm::{
-    gemv_splits, pipe_fits, Blas, GemvPlan, Input, Norm, Out, Path, Shape,
-};
+use crate::kernels::cuda::gemm::{Blas, Input, Norm, Out, Path, Shape};
+use crate::kernels::cuda::gemv::{gemv_splits, pipe_fits, GemvPlan};
 use crate::kernels::cuda::launch::{self, Heads};
 use crate::kernels::cuda::lt;
 use crate::kernels::cuda::swap::{self, SwapCaches};

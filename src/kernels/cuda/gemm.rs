@@ -11,27 +11,16 @@ use cudarc::cublas::sys::{
 };
 use cudarc::cublas::{result, CudaBlas};
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::launch::{self, Args};
+use super::gemv::{gemv_split, gemv_splits, pipe_fits, GemvPlan, GEMV_MAX_ROWS, GEMV_WARPS};
+use super::launch;
 use super::lt::{Lt, LtTuning, Tuned};
 use super::{cuda_err, Gpu, Half};
 use crate::error::{Error, Result};
 
-/// Token rows up to which a linear layer runs on the GEMV kernel (kernels/gemv.cu's
-/// GEMV_MAX_ROWS).
-pub const GEMV_MAX_ROWS: usize = 4;
-/// Warps of a GEMV block (GEMV_WARPS).
-const GEMV_WARPS: usize = 8;
-/// 16-byte chunks of a row each lane of the pipelined GEMV holds (gemv.cu's PIPE_UNROLL).
-const PIPE_UNROLL: usize = 2;
-/// GEMV work items (pair of rows, k slice) worth launching where a shape's plan was not
-/// timed ([`Blas::tune`] times each plan and keeps the fastest): about four times the
-/// warps an H100 or H200 holds at once, the best of 4,096-32,768 on the H100 for
-/// Llama-3.1-8B (docs/perf.md, thirteenth pass).
-const GEMV_TARGET_ITEMS: usize = 32768;
 /// cuBLAS's workspace, set once so that a captured pass never allocates.
 const CUBLAS_WORKSPACE: usize = 32 << 20;
 
@@ -76,24 +65,6 @@ pub struct Norm {
     pub eps: f32,
     pub xn: u64,
 }
-
-/// Shared memory the GEMV kernel may take for the normed rows and the norm's weights:
-/// without an opt-in, its static (640 bytes) and dynamic shared memory together must fit
-/// 48 KB.
-const GEMV_NORM_SMEM: usize = 47 << 10;
-/// The widest rows the GEMV kernel norms, those rms_norm norms on its vector path (256
-/// threads, 8 float4 each), whose sums it repeats in the same order. Its shared memory
-/// bounds them further (rows and weights: about 8,000 inputs at one row, 4,096 at three).
-const GEMV_NORM_MAX_INP: usize = 8192;
-/// The widest rows [`Path::Auto`] norms inside the GEMV kernel. Each block norms the whole
-/// rows itself, after the predecessor wait, so the cost grows with the width while the
-/// norm kernel it replaces costs about one launch. Measured on the H100 (batch-1 decode,
-/// same call, norm kernel / in the GEMV): SmolLM2-135M's 576 0.64 / 0.59 ms per token,
-/// Llama-3.2-1B's 2,048 1.18 / 1.19, Llama-3.1-8B's 4,096 5.86 / 5.96. Again with the norm
-/// weights read before the wait (twenty-seventh pass): the 1B 1.12 / 1.20 ms, its gate_up
-/// (4,096 blocks in about 4 waves) paying the norm once a wave, 35.2 µs against 25.7 plus
-/// the norm kernel's 3.8 (kernel timeline).
-const GEMV_NORM_MAX_AUTO: usize = 1024;
 
 /// What a linear layer reads.
 #[derive(Clone, Copy, Debug)]
@@ -153,35 +124,6 @@ pub struct Tuning {
     lt: LtTuning,
 }
 
-/// How the GEMV kernel runs a shape: `split` warps share each pair of output rows
-/// (gemv.cu's `split`), on `gemv` or, at one row, on `gemv_pipe` (`pipelined`), whose
-/// blocks stay resident and keep the next group's weights in flight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GemvPlan {
-    pub split: usize,
-    pub pipelined: bool,
-}
-
-impl GemvPlan {
-    pub fn plain(split: usize) -> GemvPlan {
-        GemvPlan {
-            split,
-            pipelined: false,
-        }
-    }
-}
-
-impl std::fmt::Display for GemvPlan {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}{}",
-            self.split,
-            if self.pipelined { " pipelined" } else { "" }
-        )
-    }
-}
-
 /// One shape's timing: milliseconds per call on the GEMV kernels (at their fastest plan)
 /// and on cuBLAS.
 #[derive(Clone, Copy, Debug)]
@@ -217,14 +159,14 @@ impl Timed {
 /// A cuBLAS handle and the GEMV kernels, on the device's stream.
 pub struct Blas {
     blas: CudaBlas,
-    gpu: Arc<Gpu>,
+    pub(super) gpu: Arc<Gpu>,
     /// The GEMV kernel built for bf16 and for f16.
-    gemv: [CudaFunction; 2],
+    pub(super) gemv: [CudaFunction; 2],
     /// The pipelined one-row GEMV kernel built for bf16 and for f16, and its grid: as many
     /// of its blocks as the device holds at once (both builds take 64 registers, so the
     /// bf16 one's occupancy stands for both).
-    gemv_pipe: [CudaFunction; 2],
-    pipe_grid: usize,
+    pub(super) gemv_pipe: [CudaFunction; 2],
+    pub(super) pipe_grid: usize,
     _workspace: CudaSlice<u8>,
     /// cuBLASLt, sharing the workspace.
     lt: Lt,
@@ -400,26 +342,6 @@ impl Blas {
         &self.timed
     }
 
-    /// Whether the GEMV kernel can norm `n` rows of `inp` inputs itself ([`Input::Normed`]):
-    /// they fit its shared memory, and rms_norm would take its vector path.
-    pub fn gemv_can_norm(n: usize, inp: usize) -> bool {
-        Self::gemv_norm_smem(n, inp) <= GEMV_NORM_SMEM
-            && inp <= GEMV_NORM_MAX_INP
-            && inp.is_multiple_of(4)
-    }
-
-    /// Dynamic shared memory of the GEMV kernel norming `n` rows of `inp` inputs: the
-    /// rows' 16-bit values, then the norm's `inp` fp32 weights.
-    fn gemv_norm_smem(n: usize, inp: usize) -> usize {
-        n * inp * 2 + inp * 4
-    }
-
-    /// Whether the GEMV kernels can run this shape: few rows, 16-byte aligned rows (the
-    /// pipelined one also needs [`pipe_fits`]).
-    pub fn gemv_fits(x: u64, w: u64, n: usize, inp: usize) -> bool {
-        n <= GEMV_MAX_ROWS && inp.is_multiple_of(8) && x.is_multiple_of(16) && w.is_multiple_of(16)
-    }
-
     /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ`, all row-major; x (16-bit rows, or normed on
     /// the way in: [`Input`]) and w of type `half`, y of type `y_ty`, on `path`
     /// (`Path::Gemv` where it cannot run is an error).
@@ -492,13 +414,6 @@ impl Blas {
         }
     }
 
-    /// Whether a layer of `shape` that a GEMV kernel runs on `path` norms its input inside
-    /// the (plain) kernel, where its input is normed at all ([`Blas::prepare`]).
-    fn norms_in_kernel(path: Path, shape: Shape) -> bool {
-        Self::gemv_can_norm(shape.n, shape.inp)
-            && (path == Path::Gemv || shape.inp <= GEMV_NORM_MAX_AUTO)
-    }
-
     /// The MLP's gate|up projection of `n` rows `x` by `w`, whose `2 * f` rows interleave
     /// gate and up (gate i at row 2i, up i at 2i + 1), into `gu` (16-bit). Where the GEMV
     /// kernel runs it, the kernel applies SwiGLU as it writes, into `act` ([n, f], 16-bit),
@@ -568,149 +483,6 @@ impl Blas {
             || GemvPlan::plain(gemv_split(shape.inp, shape.out.div_ceil(2))),
             |t| t.plan(normed),
         )
-    }
-
-    /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ` on the GEMV kernel by `plan` (a split of
-    /// [`gemv_splits`]'s; pipelined where [`pipe_fits`]): the checks run every plan the
-    /// tuning may choose. With `swiglu`, `out` is gate_up's `2 * f` interleaved rows and y
-    /// gets SwiGLU's `f` 16-bit values a row.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemv_at(
-        &self,
-        half: Half,
-        (x, w, y): (u64, u64, u64),
-        y_ty: Out,
-        n: usize,
-        inp: usize,
-        out: usize,
-        swiglu: bool,
-        plan: GemvPlan,
-    ) -> Result<()> {
-        let split = plan.split;
-        if !Self::gemv_fits(x, w, n, inp)
-            || !gemv_splits(inp).any(|s| s == split)
-            || (plan.pipelined && !pipe_fits(n, inp, split))
-        {
-            return Err(Error::Cuda(format!(
-                "the GEMV kernel cannot run {n} rows of {inp} inputs at split {plan}"
-            )));
-        }
-        let shape = Shape {
-            half,
-            n,
-            inp,
-            out,
-            y: y_ty,
-        };
-        self.gemv(shape, x, w, y, swiglu, None, plan)
-    }
-
-    /// The GEMV kernel by `plan` ([`Blas::plan_of`] for a layer); with `swiglu`, SwiGLU of
-    /// each (gate, up) pair of rows into y; with `norm`, x normed in the kernel (x itself
-    /// unread; never pipelined).
-    #[allow(clippy::too_many_arguments)]
-    fn gemv(
-        &self,
-        shape: Shape,
-        x: u64,
-        w: u64,
-        y: u64,
-        swiglu: bool,
-        norm: Option<Norm>,
-        plan: GemvPlan,
-    ) -> Result<()> {
-        let split = plan.split;
-        let Shape {
-            half,
-            n,
-            inp,
-            out,
-            y: y_ty,
-        } = shape;
-        let i = |v: usize| {
-            i32::try_from(v).map_err(|_| Error::Cuda(format!("GEMV dimension {v} too large")))
-        };
-        // Warps take output rows in pairs.
-        let pairs = out.div_ceil(2);
-        let (ni, ki, oi) = (i(n)?, i(inp)?, i(out)?);
-        // y_mode: 0 fp32, 1 16-bit, 2 fp32 added to (gemv.cu's gemv_store).
-        let y_mode: i32 = match y_ty {
-            Out::F32 => 0,
-            Out::Half => 1,
-            Out::F32Add => 2,
-        };
-        if swiglu && !out.is_multiple_of(2) {
-            return Err(Error::Cuda(format!(
-                "SwiGLU takes gate and up rows in pairs, not {out} rows"
-            )));
-        }
-        let (split_i, swiglu_i) = (i(split)?, i32::from(swiglu));
-        let groups = (pairs * split).div_ceil(GEMV_WARPS);
-        let blocks =
-            |b: usize| u32::try_from(b).map_err(|_| Error::Cuda(format!("GEMV of {out} outputs")));
-        if plan.pipelined {
-            if norm.is_some() || !pipe_fits(n, inp, split) {
-                return Err(Error::Cuda(format!(
-                    "the pipelined GEMV cannot run {n} rows of {inp} inputs at split {split}"
-                )));
-            }
-            let grid = blocks(groups.min(self.pipe_grid))?;
-            let ints = [ki, oi, y_mode, split_i, swiglu_i];
-            return self.launch_pipe(half, (x, w, y), ints, grid);
-        }
-        let f = &self.gemv[usize::from(half == Half::F16)];
-        let mut b = Args::new();
-        b.arg(&x)
-            .arg(&w)
-            .arg(&y)
-            .arg(&ni)
-            .arg(&ki)
-            .arg(&oi)
-            .arg(&y_mode)
-            .arg(&split_i)
-            .arg(&swiglu_i);
-        let (xf, gw, eps) = norm.map_or((0, 0, 0.0f32), |nm| (nm.x, nm.w, nm.eps));
-        b.arg(&xf).arg(&gw).arg(&eps);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks(groups)?, 1, 1),
-            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: norm.map_or(0, |_| Self::gemv_norm_smem(n, inp) as u32),
-        };
-        // SAFETY: argument order and types match gemv.cu; x holds n rows of inp (or, with
-        // norm, xf n fp32 rows and gw inp weights, the rows' 16-bit values and the weights
-        // fitting the shared memory asked, as prepare checked), w out rows of inp, y n rows
-        // of out (of out / 2 with swiglu, out then even) of the asked type; gemv_fits checked
-        // rows and alignment.
-        unsafe { self.gpu.launch(f, cfg, &mut b) }.map_err(cuda_err("gemv"))?;
-        Ok(())
-    }
-
-    /// gemv.cu's gemv_pipe on one row: x, w, y as [`Blas::gemv`] has them, its ints (k, out,
-    /// y_mode, split, swiglu) and `grid` blocks.
-    fn launch_pipe(
-        &self,
-        half: Half,
-        (x, w, y): (u64, u64, u64),
-        ints: [i32; 5],
-        grid: u32,
-    ) -> Result<()> {
-        let f = &self.gemv_pipe[usize::from(half == Half::F16)];
-        let mut b = Args::new();
-        b.arg(&x).arg(&w).arg(&y);
-        for v in &ints {
-            b.arg(v);
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: argument order and types match gemv.cu's gemv_pipe; the caller checked that
-        // x holds one row of k, w out rows of k and y one row of out (of out / 2 with
-        // swiglu, out then even) of the asked type, the alignment (gemv_fits) and the slices
-        // (pipe_fits).
-        unsafe { self.gpu.launch(f, cfg, &mut b) }.map_err(cuda_err("gemv_pipe"))?;
-        Ok(())
     }
 
     /// The cuBLAS paths of [`Blas::linear`]: the bucket's cuBLASLt algorithm where one was
@@ -797,83 +569,4 @@ fn time_ms(gpu: &Gpu, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
         .map_err(cuda_err("recording an event"))?;
     let ms = a.elapsed_ms(&b).map_err(cuda_err("reading an event"))?;
     Ok(f64::from(ms) / REPS as f64)
-}
-
-/// The splits [`Blas::tune`] times for rows of `inp` inputs: 1 to GEMV_WARPS warps a pair
-/// of rows (a power of two), each slice at least one 16-byte chunk a lane.
-pub fn gemv_splits(inp: usize) -> impl Iterator<Item = usize> {
-    let chunks = inp / 8;
-    (0..)
-        .map(|i| 1 << i)
-        .take_while(|&s| s <= GEMV_WARPS)
-        .filter(move |&s| s == 1 || chunks / s >= 32)
-}
-
-/// Whether the pipelined GEMV kernel runs `n` rows of `inp` inputs at `split`: one row, and
-/// each lane's slice of a row within its PIPE_UNROLL chunks.
-pub fn pipe_fits(n: usize, inp: usize, split: usize) -> bool {
-    n == 1 && (inp / 8).div_ceil(split) <= 32 * PIPE_UNROLL
-}
-
-/// Warps that share one pair of output rows of the GEMV kernel (of `pairs`): the fewest (a
-/// power of two up to GEMV_WARPS) that make GEMV_TARGET_ITEMS work items, while each slice
-/// keeps at least two 16-byte chunks per lane.
-fn gemv_split(inp: usize, pairs: usize) -> usize {
-    let chunks = inp / 8;
-    let mut split = 1;
-    while split < GEMV_WARPS && pairs * split < GEMV_TARGET_ITEMS && chunks / (2 * split) >= 64 {
-        split *= 2;
-    }
-    split
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_pipelined_kernel_takes_one_row_in_short_slices() {
-        // The 1B's 2,048 inputs are 256 chunks: 64 a slice at split 4, two a lane.
-        assert!(pipe_fits(1, 2048, 4));
-        assert!(pipe_fits(1, 2048, 8));
-        assert!(!pipe_fits(1, 2048, 2));
-        assert!(!pipe_fits(2, 2048, 4));
-        // SmolLM2's 576 (72 chunks) fit from split 2 on; 2,056 (257 chunks) at 8 only.
-        assert!(pipe_fits(1, 576, 2));
-        assert!(pipe_fits(1, 576, 8));
-        assert!(!pipe_fits(1, 576, 1));
-        assert!(pipe_fits(1, 2056, 8));
-        assert!(!pipe_fits(1, 2056, 4));
-    }
-
-    #[test]
-    fn timed_splits_keep_a_chunk_a_lane() {
-        // SmolLM2-135M's 576 inputs: 72 chunks, 36 a slice at two warps.
-        assert_eq!(gemv_splits(576).collect::<Vec<_>>(), [1, 2]);
-        assert_eq!(gemv_splits(2048).collect::<Vec<_>>(), [1, 2, 4, 8]);
-        assert_eq!(gemv_splits(8).collect::<Vec<_>>(), [1]);
-    }
-
-    #[test]
-    fn short_matrices_share_rows_between_warps() {
-        // Llama-3.1-8B at batch 1, in pairs of rows: o (2,048 pairs), qkv (3,072) and down
-        // share each pair among 8 warps, gate_up (14,336 pairs) among 4; lm_head (64,128)
-        // takes one warp a pair.
-        assert_eq!(gemv_split(4096, 2048), 8);
-        assert_eq!(gemv_split(4096, 3072), 8);
-        assert_eq!(gemv_split(14336, 2048), 8);
-        assert_eq!(gemv_split(4096, 14336), 4);
-        assert_eq!(gemv_split(4096, 64128), 1);
-        // Llama-3.2-1B: gate_up (8,192 pairs of 2,048 inputs) shares among 4, its qkv (1,536
-        // pairs) too, held there by the two chunks a lane keeps at least; down (1,024 pairs
-        // of 8,192) among 8.
-        assert_eq!(gemv_split(2048, 8192), 4);
-        assert_eq!(gemv_split(2048, 1536), 4);
-        assert_eq!(gemv_split(8192, 1024), 8);
-        // Too few chunks to cut: SmolLM2's 576 inputs are 72 chunks.
-        assert_eq!(gemv_split(576, 864), 1);
-        assert_eq!(gemv_split(512, 64), 1);
-        assert_eq!(gemv_split(1024, 64), 2);
-        assert_eq!(gemv_split(2048, 64), 4);
-    }
 }

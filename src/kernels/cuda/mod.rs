@@ -7,6 +7,7 @@
 pub mod attention;
 pub mod compile;
 pub mod gemm;
+pub mod gemv;
 pub mod launch;
 pub mod lt;
 pub mod swap;

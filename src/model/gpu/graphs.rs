@@ -8,7 +8,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
 
 use crate::error::{Error, Result};
-use crate::kernels::cuda::gemm::GEMV_MAX_ROWS;
+use crate::kernels::cuda::gemv::GEMV_MAX_ROWS;
 use crate::kernels::cuda::launch::Heads;
 use crate::kernels::cuda::{attention, cuda_err};
 use crate::model::llama::SeqChunk;

@@ -7,7 +7,8 @@ use rand::{Rng, SeedableRng};
 
 use super::CudaModel;
 use crate::error::Result;
-use crate::kernels::cuda::gemm::{Blas, Out, Shape, GEMV_MAX_ROWS};
+use crate::kernels::cuda::gemm::{Blas, Out, Shape};
+use crate::kernels::cuda::gemv::GEMV_MAX_ROWS;
 use crate::kernels::cuda::{lt, Half};
 
 /// Gives `blas` the model's linear-layer choices: those of an earlier engine on the model, or,
