@@ -747,63 +747,15 @@ fn gemm(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
                 (Path::CublasLt, "cublasLt matmul"),
             ]
         };
-        // The GEMV kernel at every plan the tuning may choose (the paths below take the
-        // untimed rule's): each split, and the pipelined kernel in each output where it
-        // fits, whose fp32 sums must equal the plain kernel's at the same split, bit for bit.
-        let mut plain_sums: Option<(usize, Vec<f32>)> = None;
-        let plans = gemv_splits(k).filter(|_| gemv).flat_map(|split| {
-            [false, true]
-                .map(|pipelined| GemvPlan { split, pipelined })
-                .into_iter()
-                .filter(move |p| !p.pipelined || pipe_fits(n, k, split))
-        });
-        for plan in plans {
-            let outs: &[Out] = if plan.pipelined {
-                &[Out::F32, Out::Half, Out::F32Add]
-            } else {
-                &[Out::F32]
+        if gemv {
+            let expected = Expected {
+                want: &want,
+                want_half: &want_half,
+                base: &base,
+                want_added: &want_added,
             };
-            for &y_ty in outs {
-                let (x, w) = (xd.ptr(), wd.ptr());
-                let (got, want, tol) = match y_ty {
-                    Out::Half => {
-                        let y = poison_half(gpu, dt, n * m)?;
-                        blas.gemv_at(dt, (x, w, y.ptr()), y_ty, n, k, m, false, plan)?;
-                        (to_f32(dt, &gpu.read(&y, n * m)?), &want_half, 1e-2)
-                    }
-                    Out::F32 | Out::F32Add => {
-                        let y = if y_ty == Out::F32 {
-                            poison_f32(gpu, n * m)?
-                        } else {
-                            gpu.upload(&base)?
-                        };
-                        blas.gemv_at(dt, (x, w, y.ptr()), y_ty, n, k, m, false, plan)?;
-                        let want = if y_ty == Out::F32 { &want } else { &want_added };
-                        (gpu.read(&y, n * m)?, want, 1e-3)
-                    }
-                };
-                out.push(row(
-                    &format!("gemv kernel at split {plan}, {y_ty:?} out"),
-                    dt,
-                    format!("n {n} in {k} out {m}"),
-                    rel_err(&got, want),
-                    tol,
-                ));
-                if y_ty != Out::F32 {
-                    continue;
-                }
-                match (&plain_sums, plan.pipelined) {
-                    (_, false) => plain_sums = Some((plan.split, got)),
-                    (Some((split, plain)), true) if *split == plan.split => out.push(row(
-                        &format!("gemv kernel at split {plan} = plain, fp32 out"),
-                        dt,
-                        format!("n {n} in {k} out {m}"),
-                        rel_err(&got, plain),
-                        1e-9,
-                    )),
-                    _ => {}
-                }
-            }
+            let ptrs = (xd.ptr(), wd.ptr());
+            out.extend(gemv_plans(gpu, &blas, dt, ptrs, (n, k, m), &expected)?);
         }
         for &(path, name) in paths {
             let shape = format!("n {n} in {k} out {m}");
@@ -835,6 +787,89 @@ fn gemm(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
             let got = gpu.read(&y, n * m)?;
             let e = rel_err(&got, &want_added);
             out.push(row(&format!("{name}, fp32 added to y"), dt, shape, e, 1e-3));
+        }
+    }
+    Ok(out)
+}
+
+/// A linear layer's CPU results: fp32, rounded to 16 bits, and added to `base` (what y
+/// held before).
+struct Expected<'a> {
+    want: &'a [f32],
+    want_half: &'a [f32],
+    base: &'a [f32],
+    want_added: &'a [f32],
+}
+
+/// The GEMV kernel on `n` rows `x` of `k` inputs by `w` (`m` outputs) at every plan the
+/// tuning may choose ([`gemm`]'s paths take the untimed rule's): each split, and the
+/// pipelined kernel in each output where it fits, whose fp32 sums must equal the plain
+/// kernel's at the same split, bit for bit.
+fn gemv_plans(
+    gpu: &Arc<Gpu>,
+    blas: &Blas,
+    dt: Half,
+    (x, w): (u64, u64),
+    (n, k, m): (usize, usize, usize),
+    e: &Expected,
+) -> Result<Vec<Row>> {
+    let mut out = Vec::new();
+    let mut plain_sums: Option<(usize, Vec<f32>)> = None;
+    let plans = gemv_splits(k).flat_map(|split| {
+        [false, true]
+            .map(|pipelined| GemvPlan { split, pipelined })
+            .into_iter()
+            .filter(move |p| !p.pipelined || pipe_fits(n, k, split))
+    });
+    for plan in plans {
+        let outs: &[Out] = if plan.pipelined {
+            &[Out::F32, Out::Half, Out::F32Add]
+        } else {
+            &[Out::F32]
+        };
+        for &y_ty in outs {
+            let (got, want, tol) = match y_ty {
+                Out::Half => {
+                    let y = poison_half(gpu, dt, n * m)?;
+                    blas.gemv_at(dt, (x, w, y.ptr()), y_ty, n, k, m, false, plan)?;
+                    (to_f32(dt, &gpu.read(&y, n * m)?), e.want_half, 1e-2)
+                }
+                Out::F32 | Out::F32Add => {
+                    let y = if y_ty == Out::F32 {
+                        poison_f32(gpu, n * m)?
+                    } else {
+                        gpu.upload(e.base)?
+                    };
+                    blas.gemv_at(dt, (x, w, y.ptr()), y_ty, n, k, m, false, plan)?;
+                    let want = if y_ty == Out::F32 {
+                        e.want
+                    } else {
+                        e.want_added
+                    };
+                    (gpu.read(&y, n * m)?, want, 1e-3)
+                }
+            };
+            out.push(row(
+                &format!("gemv kernel at split {plan}, {y_ty:?} out"),
+                dt,
+                format!("n {n} in {k} out {m}"),
+                rel_err(&got, want),
+                tol,
+            ));
+            if y_ty != Out::F32 {
+                continue;
+            }
+            match (&plain_sums, plan.pipelined) {
+                (_, false) => plain_sums = Some((plan.split, got)),
+                (Some((split, plain)), true) if *split == plan.split => out.push(row(
+                    &format!("gemv kernel at split {plan} = plain, fp32 out"),
+                    dt,
+                    format!("n {n} in {k} out {m}"),
+                    rel_err(&got, plain),
+                    1e-9,
+                )),
+                _ => {}
+            }
         }
     }
     Ok(out)
