@@ -9,12 +9,18 @@
 // after it the kernel waits on x alone (just written, in L2), not on a read of w queued
 // behind the next kernel's early weight loads (gemv.cu requests its first batch before its
 // own wait, megabytes of them while this kernel runs).
+// With `early`, rms_norm lets the next kernel launch before its own wait: that GEMV's blocks
+// then become resident, and request their first weights, while the layer before this norm
+// still finishes (forward.rs sets it for the norm before qkv only; docs/perf.md, thirty-first
+// pass). Safe: the next kernel still waits for this one, which completes after its wait.
 #define NORM_VEC 8
 
 extern "C" __global__ void KERNEL(rms_norm)(const float* __restrict__ x,
                                          const float* __restrict__ w,
-                                         half_t* __restrict__ out, int h, float eps) {
+                                         half_t* __restrict__ out, int h, float eps,
+                                         int early) {
     __shared__ float scratch[32];
+    if (early) grid_dep_launch();
     const int r = blockIdx.x;
     const float* xr = x + (size_t)r * h;
     if ((h & 3) == 0 && h <= (int)blockDim.x * 4 * NORM_VEC) {

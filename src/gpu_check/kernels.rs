@@ -133,7 +133,7 @@ fn norms(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
         let w = rand_vec(rng, h, 1.5);
         let (xb, wb) = (gpu.upload(&x)?, gpu.upload(&w)?);
         let ob = poison_half(gpu, dt, n * h)?;
-        launch::rms_norm(gpu, dt, xb.ptr(), wb.ptr(), ob.ptr(), n, h, eps)?;
+        launch::rms_norm(gpu, dt, xb.ptr(), wb.ptr(), ob.ptr(), n, h, eps, false)?;
         let mut want = vec![0f32; n * h];
         cpu::rms_norm(&x, &w, eps, &mut want);
         let shape = format!("n {n} h {h}");
@@ -463,6 +463,7 @@ impl NormedRows {
             w: self.g.ptr(),
             eps: NORM_EPS,
             xn: xn.ptr(),
+            early: false,
         })
     }
 }
@@ -512,7 +513,7 @@ fn normed_linear(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>>
         // The same layer after the rms_norm kernel, on the GEMV kernel: the same bits.
         let xn = poison_half(gpu, dt, n * k)?;
         let (xf, g) = (normed.xf.ptr(), normed.g.ptr());
-        launch::rms_norm(gpu, dt, xf, g, xn.ptr(), n, k, NORM_EPS)?;
+        launch::rms_norm(gpu, dt, xf, g, xn.ptr(), n, k, NORM_EPS, false)?;
         let y = poison_half(gpu, dt, n * m)?;
         blas.linear(
             Path::Gemv,

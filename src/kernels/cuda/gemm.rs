@@ -64,6 +64,9 @@ pub struct Norm {
     pub w: u64,
     pub eps: f32,
     pub xn: u64,
+    /// Where rms_norm runs it before a GEMV kernel: whether that kernel may launch before
+    /// the norm's wait, so that its blocks request their weights a kernel earlier (norm.cu).
+    pub early: bool,
 }
 
 /// What a linear layer reads.
@@ -406,8 +409,11 @@ impl Blas {
             Input::Normed(norm) if in_kernel => Ok((norm.xn, Some(norm))),
             Input::Normed(norm) => {
                 let (n, h) = (shape.n, shape.inp);
+                // The early launch is for a GEMV kernel, which requests its weights before its
+                // wait; cuBLAS's kernels wait for the norm's end either way.
+                let early = norm.early && gemv;
                 launch::rms_norm(
-                    &self.gpu, shape.half, norm.x, norm.w, norm.xn, n, h, norm.eps,
+                    &self.gpu, shape.half, norm.x, norm.w, norm.xn, n, h, norm.eps, early,
                 )?;
                 Ok((norm.xn, None))
             }

@@ -160,7 +160,8 @@ pub fn embed(
     Ok(())
 }
 
-/// `out = rmsnorm(x) * w` in `half`, for `n` rows of fp32 `x`.
+/// `out = rmsnorm(x) * w` in `half`, for `n` rows of fp32 `x`. With `early` the next
+/// kernel may launch before this one's wait (norm.cu).
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm(
     gpu: &Gpu,
@@ -171,6 +172,7 @@ pub fn rms_norm(
     n: usize,
     h: usize,
     eps: f32,
+    early: bool,
 ) -> Result<()> {
     if n == 0 {
         return Ok(());
@@ -178,7 +180,8 @@ pub fn rms_norm(
     let h = i32_of(h)?;
     let f = gpu.func("rms_norm", half)?;
     let mut b = Args::new();
-    b.arg(&x).arg(&w).arg(&out).arg(&h).arg(&eps);
+    let early = i32::from(early);
+    b.arg(&x).arg(&w).arg(&out).arg(&h).arg(&eps).arg(&early);
     // SAFETY: argument order and types match norm.cu; buffers hold n rows of h.
     unsafe { gpu.launch(f, cfg((n, 1, 1), 256)?, &mut b) }.map_err(cuda_err("rms_norm"))?;
     Ok(())

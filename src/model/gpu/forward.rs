@@ -584,11 +584,16 @@ impl CudaForward {
         for (l, lw) in w.layers.iter().enumerate() {
             let (kc, vc) = self.kv_layer(l);
             // The norms run inside the GEMV kernel where it runs the layer after them.
+            // Where rms_norm runs the norm before qkv, it lets the qkv GEMV launch during
+            // the layer before (8B and 1B steps about 1% faster). Not before gate_up: there
+            // the GEMV's early requests delay the norm's read of x more than they save (8B
+            // +2.5%), nor before the lm_head (docs/perf.md, thirty-first pass).
             let attn_norm = Norm {
                 x: s.x.ptr(),
                 w: lw.attn_norm.ptr(),
                 eps,
                 xn: s.xn.ptr(),
+                early: true,
             };
             self.blas.linear(
                 self.linear_path,
@@ -691,6 +696,7 @@ impl CudaForward {
                 w: lw.ffn_norm.ptr(),
                 eps,
                 xn: s.xn.ptr(),
+                early: false,
             };
             let swiglu_done = self.blas.gate_up(
                 self.linear_path,
@@ -735,6 +741,7 @@ impl CudaForward {
                 w: w.final_norm.ptr(),
                 eps,
                 xn: s.head_in.ptr(),
+                early: false,
             })
         };
         let input = match (&lay.tail, w.layers.is_empty()) {
