@@ -47,8 +47,8 @@ __device__ __forceinline__ float silu_times(float g, float u) {
 // calls grid_dep_wait() before it reads anything an earlier kernel wrote, or writes anything
 // at all: it returns once that kernel has completed and its writes are visible. Only
 // immutable data (weights) may be read before it. grid_dep_launch() then lets the next
-// kernel start launching into the SMs this one leaves free. Both are no-ops for a launch
-// without the attribute and before sm_90.
+// kernel start launching into the SMs this one leaves free (rms_norm may call it before
+// its wait: norm.cu). Both are no-ops for a launch without the attribute and before sm_90.
 __device__ __forceinline__ void grid_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

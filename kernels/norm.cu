@@ -10,9 +10,12 @@
 // behind the next kernel's early weight loads (gemv.cu requests its first batch before its
 // own wait, megabytes of them while this kernel runs).
 // With `early`, rms_norm lets the next kernel launch before its own wait: that GEMV's blocks
-// then become resident, and request their first weights, while the layer before this norm
-// still finishes (forward.rs sets it for the norm before qkv only; docs/perf.md, thirty-first
-// pass). Safe: the next kernel still waits for this one, which completes after its wait.
+// then become resident, and request their first weights, while the kernel before this norm
+// (down's last wave) still finishes (forward.rs sets it for the norm before qkv only;
+// docs/perf.md, thirty-first pass). Safe because the next kernel reads only immutable data
+// (weights) before its own wait, which returns once this norm has completed, and this norm
+// completes only after its wait. Data an earlier kernel wrote may still be in flight when
+// that kernel starts.
 #define NORM_VEC 8
 
 extern "C" __global__ void KERNEL(rms_norm)(const float* __restrict__ x,

@@ -56,16 +56,18 @@ impl Out {
 }
 
 /// A linear layer's input normed on its way in: the RMSNorm of the fp32 rows `x` by the
-/// fp32 weights `w` (launch::rms_norm's arithmetic). The GEMV kernel norms them itself;
-/// other paths have rms_norm write them into the 16-bit rows `xn` first.
+/// fp32 weights `w` (launch::rms_norm's arithmetic). The GEMV kernel norms narrow rows
+/// itself (`Blas::prepare`); otherwise rms_norm writes them into the 16-bit rows `xn`
+/// first.
 #[derive(Clone, Copy, Debug)]
 pub struct Norm {
     pub x: u64,
     pub w: u64,
     pub eps: f32,
     pub xn: u64,
-    /// Where rms_norm runs it before a GEMV kernel: whether that kernel may launch before
-    /// the norm's wait, so that its blocks request their weights a kernel earlier (norm.cu).
+    /// Whether, where rms_norm runs this norm ahead of a GEMV kernel, that kernel may launch
+    /// before the norm's wait, so that its blocks request their weights a kernel earlier
+    /// (norm.cu).
     pub early: bool,
 }
 

@@ -585,9 +585,10 @@ impl CudaForward {
             let (kc, vc) = self.kv_layer(l);
             // The norms run inside the GEMV kernel where it runs the layer after them.
             // Where rms_norm runs the norm before qkv, it lets the qkv GEMV launch during
-            // the layer before (8B and 1B steps about 1% faster). Not before gate_up: there
-            // the GEMV's early requests delay the norm's read of x more than they save (8B
-            // +2.5%), nor before the lm_head (docs/perf.md, thirty-first pass).
+            // the kernel before it, down's last wave (steps: 1B -0.9%, 8B -0.6%). Not before
+            // gate_up, where the GEMV's early requests delay the norm's read of x more than
+            // they save (8B +2.2%), nor before the lm_head (1B +0.7%; docs/perf.md,
+            // thirty-first pass).
             let attn_norm = Norm {
                 x: s.x.ptr(),
                 w: lw.attn_norm.ptr(),
