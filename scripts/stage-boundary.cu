@@ -1,84 +1,131 @@
-// Stage-boundary microbenchmark (docs/perf.md, nineteenth pass): a chain of dependent stages
-// timed as a CUDA graph of kernels (plain and programmatic dependent launches) and as one
-// persistent kernel with a grid barrier between stages. Build and run on the GPU machine:
+// Stage-boundary microbenchmark (docs/perf.md, nineteenth and thirty-first passes): a chain of
+// 180 dependent stages, timed as a CUDA graph of kernels (plain launches, programmatic
+// dependent launches, and those with the trigger before the wait) and as one persistent
+// kernel with a grid barrier between stages (a counter every block adds to and polls, or
+// the last block to arrive flipping a flag on its own line). Each stage: every block reads
+// the last stage's vector (one float per block), reduces it and writes its own value. The
+// nineteenth pass's figures came from an earlier version (a 1,024-float vector a stage).
+// Build and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90 -o /tmp/stage-boundary scripts/stage-boundary.cu && /tmp/stage-boundary
 #include <cstdio>
 #include <cuda_runtime.h>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); return 1; } } while (0)
-constexpr int V = 1024, T = 256;
-__device__ float block_sum(float v) {
-  __shared__ float s[32];
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
+
+__device__ __forceinline__ float stage_work(const float* in, int n) {
+  float s = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += __ldcg(in + i);
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
+  __shared__ float red[32];
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
   __syncthreads();
-  if ((threadIdx.x & 31) == 0) s[threadIdx.x >> 5] = v;
+  float t = 0.f;
+  if (threadIdx.x < 32) {
+    t = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.f;
+    for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(~0u, t, o);
+  }
   __syncthreads();
-  float t = (threadIdx.x & 31) < (T / 32) ? s[threadIdx.x & 31] : 0.f;
-  for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(~0u, t, o);
   return t;
 }
-__device__ void stage(const float* in, float* out) {
-  float v = 0;
-  for (int i = threadIdx.x; i < V; i += T) v += in[i];
-  float s = block_sum(v);
-  const int per = (V + gridDim.x - 1) / gridDim.x;  // this block's slice of the vector
-  int i = blockIdx.x * per + threadIdx.x;
-  if (threadIdx.x < per && i < V) out[i] = s * 1e-3f + 1.0f;
-}
-__global__ void k_stage(const float* in, float* out) {
+
+__global__ void stage_pdl(const float* in, float* out, int n, int early) {
+  if (early) asm volatile("griddepcontrol.launch_dependents;");
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  stage(in, out);
+  float t = stage_work(in, n);
+  if (threadIdx.x == 0) out[blockIdx.x] = t * 0.5f + 1.f;
 }
-__device__ void barrier(unsigned* c, unsigned target) {
+
+__device__ __forceinline__ void grid_barrier(unsigned* count, unsigned target) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(count) : "memory");
     unsigned v;
-    do { asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory"); } while (v < target);
+    do { asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory"); } while (v < target);
   }
   __syncthreads();
 }
-__global__ void k_persist(float* a, float* b, int stages, unsigned* c, unsigned base) {
+
+// Last arriver flips a flag that the others poll (different lines for count and flag).
+__device__ __forceinline__ void grid_barrier2(unsigned* count, unsigned* flag, unsigned gen) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+    if (old == gridDim.x * gen - 1) {
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(flag), "r"(gen) : "memory");
+    } else {
+      unsigned v;
+      do { asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory"); } while (v < gen);
+    }
+  }
+  __syncthreads();
+}
+
+__global__ void persistent2(float* a, float* b, int n, int stages, unsigned* count) {
   for (int s = 0; s < stages; ++s) {
-    stage(s & 1 ? b : a, s & 1 ? a : b);
-    barrier(c, base + gridDim.x * (s + 1));
+    const float* in = (s & 1) ? b : a;
+    float* out = (s & 1) ? a : b;
+    float t = stage_work(in, n);
+    if (threadIdx.x == 0) out[blockIdx.x] = t * 0.5f + 1.f;
+    grid_barrier2(count, count + 32, s + 1);
   }
 }
+
+__global__ void persistent(float* a, float* b, int n, int stages, unsigned* count) {
+  for (int s = 0; s < stages; ++s) {
+    const float* in = (s & 1) ? b : a;
+    float* out = (s & 1) ? a : b;
+    float t = stage_work(in, n);
+    if (threadIdx.x == 0) out[blockIdx.x] = t * 0.5f + 1.f;
+    grid_barrier(count, gridDim.x * (s + 1));
+  }
+}
+
 int main() {
-  int blocks_list[] = {60, 132, 264};
-  float *a, *b; unsigned* c;
-  CK(cudaMalloc(&a, V * 4)); CK(cudaMalloc(&b, V * 4)); CK(cudaMalloc(&c, 4));
-  CK(cudaMemset(a, 0, V * 4)); CK(cudaMemset(c, 0, 4));
+  const int STAGES = 180;
+  int grids[] = {1, 8, 60, 132, 264};
+  float *a, *b; unsigned* cnt;
+  CK(cudaMalloc(&a, 4096 * 4)); CK(cudaMalloc(&b, 4096 * 4)); CK(cudaMalloc(&cnt, 4096));
+  CK(cudaMemset(a, 0, 4096 * 4)); CK(cudaMemset(b, 0, 4096 * 4));
   cudaStream_t st; CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
-  const int K = 200, REP = 50;
-  for (int blocks : blocks_list) {
-    for (int pdl = 0; pdl < 2; ++pdl) {
-      cudaGraph_t g; cudaGraphExec_t ge;
+  cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  for (int g : grids) {
+    for (int mode = 0; mode < 5; ++mode) {
+      // mode 0: chain no PDL; 1: PDL wait only; 2: PDL early trigger; 3: persistent
+      cudaGraph_t graph; cudaGraphExec_t exec;
       CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-      for (int s = 0; s < K; ++s) {
-        cudaLaunchConfig_t cfg = {}; cfg.gridDim = blocks; cfg.blockDim = T; cfg.stream = st;
-        cudaLaunchAttribute at[1]; at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at; cfg.numAttrs = pdl;
-        CK(cudaLaunchKernelEx(&cfg, k_stage, (const float*)(s & 1 ? b : a), (s & 1 ? a : b)));
+      if (mode < 3) {
+        for (int s = 0; s < STAGES; ++s) {
+          cudaLaunchConfig_t cfg = {};
+          cfg.gridDim = dim3(g); cfg.blockDim = dim3(256); cfg.stream = st;
+          cudaLaunchAttribute at[1];
+          at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+          at[0].val.programmaticStreamSerializationAllowed = mode >= 1;
+          cfg.attrs = at; cfg.numAttrs = 1;
+          const float* in = (s & 1) ? b : a; float* out = (s & 1) ? a : b;
+          int early = mode == 2;
+          CK(cudaLaunchKernelEx(&cfg, stage_pdl, in, out, g, early));
+        }
+      } else if (mode == 3) {
+        CK(cudaMemsetAsync(cnt, 0, 4096, st));
+        persistent<<<g, 256, 0, st>>>(a, b, g, STAGES, cnt);
+      } else {
+        CK(cudaMemsetAsync(cnt, 0, 4096, st));
+        persistent2<<<g, 256, 0, st>>>(a, b, g, STAGES, cnt);
       }
-      CK(cudaStreamEndCapture(st, &g));
-      CK(cudaGraphInstantiate(&ge, g, 0));
-      for (int w = 0; w < 5; ++w) CK(cudaGraphLaunch(ge, st));
+      CK(cudaStreamEndCapture(st, &graph));
+      CK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int i = 0; i < 20; ++i) CK(cudaGraphLaunch(exec, st));
+      CK(cudaStreamSynchronize(st));
+      const int IT = 200;
       CK(cudaEventRecord(e0, st));
-      for (int r = 0; r < REP; ++r) CK(cudaGraphLaunch(ge, st));
-      CK(cudaEventRecord(e1, st)); CK(cudaEventSynchronize(e1));
-      float ms; cudaEventElapsedTime(&ms, e0, e1);
-      printf("graph of %d kernels, %3d blocks, pdl=%d: %.3f us/stage\n", K, blocks, pdl, ms * 1000 / REP / K);
+      for (int i = 0; i < IT; ++i) CK(cudaGraphLaunch(exec, st));
+      CK(cudaEventRecord(e1, st));
+      CK(cudaStreamSynchronize(st));
+      float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+      const char* names[] = {"chain", "chain+pdl", "chain+pdl+early", "persistent", "persistent-flag"};
+      printf("grid %4d %-16s %.3f us/stage (%.1f us/graph)\n", g, names[mode], ms * 1000.f / IT / STAGES, ms * 1000.f / IT);
+      CK(cudaGraphExecDestroy(exec)); CK(cudaGraphDestroy(graph));
     }
-    unsigned base = 0;
-    for (int w = 0; w < 5; ++w) { k_persist<<<blocks, T, 0, st>>>(a, b, K, c, base); base += blocks * K; }
-    CK(cudaEventRecord(e0, st));
-    for (int r = 0; r < REP; ++r) { k_persist<<<blocks, T, 0, st>>>(a, b, K, c, base); base += blocks * K; }
-    CK(cudaEventRecord(e1, st)); CK(cudaEventSynchronize(e1)); CK(cudaGetLastError());
-    float ms; cudaEventElapsedTime(&ms, e0, e1);
-    printf("persistent, %3d blocks, barrier:       %.3f us/stage\n", blocks, ms * 1000 / REP / K);
   }
   return 0;
 }
