@@ -514,23 +514,28 @@ fn normed_linear(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>>
         if !Blas::gemv_can_norm(n, k) {
             continue;
         }
-        // The same layer after the rms_norm kernel, on the GEMV kernel: the same bits.
-        let xn = poison_half(gpu, dt, n * k)?;
+        // The same layer after the rms_norm kernel, on the GEMV kernel: the same bits; and
+        // again with the GEMV launched before the norm's wait (`early`: its blocks resident
+        // and loading weights while the norm runs): the same bits.
         let (xf, g) = (normed.xf.ptr(), normed.g.ptr());
-        launch::rms_norm(gpu, dt, xf, g, xn.ptr(), n, k, NORM_EPS, false)?;
-        let y = poison_half(gpu, dt, n * m)?;
-        blas.linear(
-            Path::Gemv,
-            dt,
-            xn.ptr(),
-            wd.ptr(),
-            y.ptr(),
-            Out::Half,
-            n,
-            k,
-            m,
-        )?;
-        let apart = to_f32(dt, &gpu.read(&y, n * m)?);
+        let after_norm = |early: bool| -> Result<Vec<f32>> {
+            let xn = poison_half(gpu, dt, n * k)?;
+            launch::rms_norm(gpu, dt, xf, g, xn.ptr(), n, k, NORM_EPS, early)?;
+            let y = poison_half(gpu, dt, n * m)?;
+            blas.linear(
+                Path::Gemv,
+                dt,
+                xn.ptr(),
+                wd.ptr(),
+                y.ptr(),
+                Out::Half,
+                n,
+                k,
+                m,
+            )?;
+            Ok(to_f32(dt, &gpu.read(&y, n * m)?))
+        };
+        let apart = after_norm(false)?;
         out.push(row(
             "rms_norm in the gemv kernel = rms_norm kernel + gemv",
             dt,
@@ -538,28 +543,11 @@ fn normed_linear(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>>
             rel_err(&got_path[0], &apart),
             1e-9,
         ));
-        // Again with the GEMV launched before the norm's wait (its blocks resident and
-        // loading weights while the norm runs): the same bits.
-        let xn = poison_half(gpu, dt, n * k)?;
-        launch::rms_norm(gpu, dt, xf, g, xn.ptr(), n, k, NORM_EPS, true)?;
-        let y = poison_half(gpu, dt, n * m)?;
-        blas.linear(
-            Path::Gemv,
-            dt,
-            xn.ptr(),
-            wd.ptr(),
-            y.ptr(),
-            Out::Half,
-            n,
-            k,
-            m,
-        )?;
-        let early = to_f32(dt, &gpu.read(&y, n * m)?);
         out.push(row(
             "rms_norm kernel launching the gemv early = without",
             dt,
             shape,
-            rel_err(&early, &apart),
+            rel_err(&after_norm(true)?, &apart),
             1e-9,
         ));
     }
