@@ -245,8 +245,8 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // are requested before the predecessor wait. A warp keeps its k slice (GEMV_WARPS is a
 // multiple of split) and reads its x chunks through L1 each group. Each lane holds at most
 // PIPE_UNROLL chunks of a row (chunks / split <= 32 * PIPE_UNROLL). Same sums in the same
-// order as gemv's at the same split. grid: at most ceil(ceil(out / 2) * split / GEMV_WARPS); block:
-// 32 * GEMV_WARPS.
+// order as gemv's at the same split. grid: at most ceil(ceil(out / 2) * split /
+// GEMV_WARPS); block: 32 * GEMV_WARPS.
 #define PIPE_UNROLL 2
 
 // The weights of this warp's pair of rows in group g (rows o, o + 1 of w; none past out).

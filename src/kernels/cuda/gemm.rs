@@ -380,15 +380,8 @@ impl Blas {
         let gemv = self.runs_gemv(path, shape, x, w)?;
         let (x, norm) = self.prepare(path, gemv, shape, x)?;
         if gemv {
-            self.gemv(
-                shape,
-                x,
-                w,
-                y,
-                false,
-                norm,
-                self.plan_of(shape, norm.is_some()),
-            )
+            let plan = self.plan_of(shape, norm.is_some());
+            self.gemv(shape, x, w, y, false, norm, plan)
         } else {
             self.gemm(path, shape, x, w, y)
         }

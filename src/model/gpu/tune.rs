@@ -1,6 +1,7 @@
 //! Engine start-up timing of the linear layers: which of the GEMV kernels (and at which
-//! plan), cublasGemmEx and the cuBLASLt candidates runs each layer shape at each row count. The first engine on a
-//! model times them; the choices are kept on the model for every later one.
+//! plan), cublasGemmEx and the cuBLASLt candidates runs each layer shape at each row count.
+//! The first engine on a model times them; the choices are kept on the model for every
+//! later one.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
