@@ -52,15 +52,23 @@ fn passes(marks: &[Mark]) -> Vec<Pass<'_>> {
 /// final norm differs; one again where the final norm is that same kernel, which then
 /// closes the last layer and the first norm goes before the layers). Where no count makes
 /// the last layer like the others (a prefill whose last layer runs on the logits rows
-/// alone, with gathers), it goes with the tail.
+/// alone, with gathers), it goes with the tail. A pass without RoPE kernels (an experiment
+/// whose decode attention rotates its rows itself, or that skips RoPE) is cut at its decode
+/// attention kernels instead.
 type Split = (Vec<Option<f64>>, Vec<Vec<Option<f64>>>, Vec<Option<f64>>);
 
 fn split(pass: &Pass<'_>) -> Option<(Split, Vec<String>)> {
-    let ropes: Vec<usize> = (0..pass.marks.len())
-        .filter(|&i| pass.marks[i].module == "rope")
+    // RoPE's kernel marks each layer; without one, the decode attention kernel does.
+    let anchor = if pass.marks.iter().any(|m| m.module == "rope") {
+        "rope"
+    } else {
+        "flash_decode"
+    };
+    let anchors: Vec<usize> = (0..pass.marks.len())
+        .filter(|&i| pass.marks[i].module == anchor)
         .collect();
-    let first = *ropes.first()?;
-    let per = ropes.get(1)? - first;
+    let first = *anchors.first()?;
+    let per = anchors.get(1)? - first;
     let labels_at = |base: usize| -> Option<Vec<String>> {
         pass.marks
             .get(base..base + per)
@@ -76,16 +84,16 @@ fn split(pass: &Pass<'_>) -> Option<(Split, Vec<String>)> {
         })
     };
     let fewest = |layers: &[usize]| (1..=first.min(per)).find(|&a| alike(a, layers));
-    let (before, whole) = match fewest(&ropes) {
-        Some(a) => (a, ropes.len()),
-        None => (fewest(&ropes[..ropes.len() - 1])?, ropes.len() - 1),
+    let (before, whole) = match fewest(&anchors) {
+        Some(a) => (a, anchors.len()),
+        None => (fewest(&anchors[..anchors.len() - 1])?, anchors.len() - 1),
     };
     let labels = labels_at(first - before)?;
-    let layers = ropes[..whole]
+    let layers = anchors[..whole]
         .iter()
         .map(|&r| pass.gaps[r - before..r - before + per].to_vec())
         .collect();
-    let tail_from = ropes[whole - 1] - before + per;
+    let tail_from = anchors[whole - 1] - before + per;
     Some((
         (
             pass.gaps[..first - before].to_vec(),
@@ -252,6 +260,28 @@ mod tests {
         assert_eq!(layers.len(), 2);
         // The last layer's six kernels and the sampler.
         assert_eq!(tail.len(), 7);
+    }
+
+    #[test]
+    fn without_rope_kernels_decode_attention_marks_the_layers() {
+        // A build whose decode attention rotates its rows itself: embed, then three layers
+        // of (gemv, flash_decode, gemv), then gemv and sample.
+        let mut marks = vec![mark(0, "embed")];
+        let mut t = 1_000;
+        for _ in 0..3 {
+            for (m, dt) in [("gemv", 2_000), ("flash_decode", 4_000), ("gemv", 3_000)] {
+                marks.push(mark(t, m));
+                t += dt;
+            }
+        }
+        marks.push(mark(t, "gemv"));
+        marks.push(mark(t + 5_000, "sample"));
+        let all = passes(&marks);
+        let ((head, layers, tail), labels) = split(&all[0]).unwrap();
+        assert_eq!(labels, ["gemv.cu:1", "flash_decode.cu:1", "gemv.cu:1"]);
+        assert_eq!(head, [Some(1.0)]);
+        assert_eq!(layers, vec![vec![Some(2.0), Some(4.0), Some(3.0)]; 3]);
+        assert_eq!(tail, [Some(5.0), None]);
     }
 
     #[test]
