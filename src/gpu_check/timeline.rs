@@ -53,8 +53,9 @@ fn passes(marks: &[Mark]) -> Vec<Pass<'_>> {
 /// closes the last layer and the first norm goes before the layers). Where no count makes
 /// the last layer like the others (a prefill whose last layer runs on the logits rows
 /// alone, with gathers), it goes with the tail. A pass without RoPE kernels (an experiment
-/// whose decode attention rotates its rows itself, or that skips RoPE) is cut at its decode
-/// attention kernels instead.
+/// whose decode attention rotates its rows itself, or that skips RoPE) is cut at its
+/// `flash_decode` kernels instead; one with neither (a prefill, or decode on the
+/// warp-per-key kernel, without RoPE) finds no layers.
 type Split = (Vec<Option<f64>>, Vec<Vec<Option<f64>>>, Vec<Option<f64>>);
 
 fn split(pass: &Pass<'_>) -> Option<(Split, Vec<String>)> {
@@ -74,8 +75,8 @@ fn split(pass: &Pass<'_>) -> Option<(Split, Vec<String>)> {
             .get(base..base + per)
             .map(|ms| ms.iter().map(Mark::label).collect())
     };
-    // The fewest kernels before RoPE that make every layer alike; else every layer but
-    // the last, which then goes with the tail.
+    // The fewest kernels before the anchor that make every layer alike; else every layer
+    // but the last, which then goes with the tail.
     let alike = |a: usize, layers: &[usize]| {
         labels_at(first - a).is_some_and(|want| {
             layers
