@@ -4,7 +4,9 @@
 // kernel with a grid barrier between stages (a counter every block adds to and polls, or
 // the last block to arrive flipping a flag on its own line). Each stage: every block reads
 // the last stage's vector (one float per block), reduces it and writes its own value. The
-// nineteenth pass's figures came from an earlier version (a 1,024-float vector a stage).
+// nineteenth pass's figures came from an earlier version (a 1,024-float vector a stage);
+// the thirty-first pass's ran the two barriers as two copies of the persistent kernel,
+// now one template (the same code).
 // Build and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90 -o /tmp/stage-boundary scripts/stage-boundary.cu && /tmp/stage-boundary
 #include <cstdio>
@@ -60,23 +62,20 @@ __device__ __forceinline__ void grid_barrier2(unsigned* count, unsigned* flag, u
   __syncthreads();
 }
 
-__global__ void persistent2(float* a, float* b, int n, int stages, unsigned* count) {
-  for (int s = 0; s < stages; ++s) {
-    const float* in = (s & 1) ? b : a;
-    float* out = (s & 1) ? a : b;
-    float t = stage_work(in, n);
-    if (threadIdx.x == 0) out[blockIdx.x] = t * 0.5f + 1.f;
-    grid_barrier2(count, count + 32, s + 1);
-  }
-}
-
+// One kernel for all stages, a grid barrier between them: the counter barrier, or with
+// FLAG the last-arriver flag barrier.
+template <bool FLAG>
 __global__ void persistent(float* a, float* b, int n, int stages, unsigned* count) {
   for (int s = 0; s < stages; ++s) {
     const float* in = (s & 1) ? b : a;
     float* out = (s & 1) ? a : b;
     float t = stage_work(in, n);
     if (threadIdx.x == 0) out[blockIdx.x] = t * 0.5f + 1.f;
-    grid_barrier(count, gridDim.x * (s + 1));
+    if (FLAG) {
+      grid_barrier2(count, count + 32, s + 1);
+    } else {
+      grid_barrier(count, gridDim.x * (s + 1));
+    }
   }
 }
 
@@ -105,12 +104,13 @@ int main() {
           int early = mode == 2;
           CK(cudaLaunchKernelEx(&cfg, stage_pdl, in, out, g, early));
         }
-      } else if (mode == 3) {
-        CK(cudaMemsetAsync(cnt, 0, 4096, st));
-        persistent<<<g, 256, 0, st>>>(a, b, g, STAGES, cnt);
       } else {
         CK(cudaMemsetAsync(cnt, 0, 4096, st));
-        persistent2<<<g, 256, 0, st>>>(a, b, g, STAGES, cnt);
+        if (mode == 3) {
+          persistent<false><<<g, 256, 0, st>>>(a, b, g, STAGES, cnt);
+        } else {
+          persistent<true><<<g, 256, 0, st>>>(a, b, g, STAGES, cnt);
+        }
       }
       CK(cudaStreamEndCapture(st, &graph));
       CK(cudaGraphInstantiate(&exec, graph, 0));
