@@ -15,7 +15,9 @@ use cudarc::driver::{CudaFunction, CudaSlice};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::gemv::{gemv_split, gemv_splits, pipe_fits, GemvPlan, GEMV_MAX_ROWS, GEMV_WARPS};
+use super::gemv::{
+    gemv_split, gemv_splits, one_wave_pipelined, pipe_fits, GemvPlan, GEMV_MAX_ROWS, GEMV_WARPS,
+};
 use super::launch;
 use super::lt::{Lt, LtTuning, Tuned};
 use super::{cuda_err, Gpu, Half};
@@ -270,6 +272,7 @@ impl Blas {
         // multiprocessor. The plain kernel's best is kept apart for layers that norm in it.
         let (mut gemv_ms, mut gemv, mut plain_ms, mut plain_split) =
             (f64::INFINITY, GemvPlan::plain(1), f64::INFINITY, 1);
+        let mut plans = Vec::new();
         if Self::gemv_fits(x, w, n, inp) {
             let into = if swiglu { act } else { y };
             for split in gemv_splits(inp) {
@@ -287,7 +290,13 @@ impl Blas {
                     if !pipelined && ms < plain_ms {
                         (plain_ms, plain_split) = (ms, split);
                     }
+                    plans.push((plan, ms));
                 }
+            }
+        }
+        if y_ty == Out::F32Add {
+            if let Some((plan, ms)) = one_wave_pipelined(&plans, out, self.pipe_grid) {
+                (gemv_ms, gemv) = (ms, plan);
             }
         }
         let cublas_ms = time_ms(&self.gpu, &mut || {

@@ -154,8 +154,6 @@ impl Blas {
             y: y_ty,
         } = shape;
         let i = launch::i32_of;
-        // Warps take output rows in pairs.
-        let pairs = out.div_ceil(2);
         let (ni, ki, oi) = (i(n)?, i(inp)?, i(out)?);
         // y_mode: 0 fp32, 1 16-bit, 2 fp32 added to (gemv.cu's gemv_store).
         let y_mode: i32 = match y_ty {
@@ -169,7 +167,7 @@ impl Blas {
             )));
         }
         let (split_i, swiglu_i) = (i(split)?, i32::from(swiglu));
-        let groups = (pairs * split).div_ceil(GEMV_WARPS);
+        let groups = groups(out, split);
         let blocks =
             |b: usize| u32::try_from(b).map_err(|_| Error::Cuda(format!("GEMV of {out} outputs")));
         if plan.pipelined {
@@ -254,6 +252,33 @@ pub fn pipe_fits(n: usize, inp: usize, split: usize) -> bool {
     n == 1 && (inp / 8).div_ceil(split) <= 32 * PIPE_UNROLL
 }
 
+/// Work groups of GEMV_WARPS items (a pair of output rows and a k slice each) the GEMV
+/// kernels run for `out` output rows at `split`.
+fn groups(out: usize, split: usize) -> usize {
+    (out.div_ceil(2) * split).div_ceil(GEMV_WARPS)
+}
+
+/// The plan of a layer that adds into the residual stream (o, down) at one row, among the
+/// plans timed (`timed`: each with its ms): the fastest pipelined one whose groups fit the
+/// pipelined kernel's `grid`, so that each block takes one group, where there is one.
+/// Timed alone, that plan and the plain kernel's best come out about even, either winning
+/// from run to run; in the decode step it is the faster (docs/perf.md, thirty-third pass):
+/// SmolLM2-135M's o and down 0.468-0.475 ms a step against 0.487-0.493 with both plain,
+/// Llama-3.2-1B's o 1.012-1.018 against 1.021-1.028. Where no split fits one wave, as for
+/// Llama-3.1-8B's o (2,048 groups at its one pipelined split), the tuning's fastest stands:
+/// the pipelined kernel took that step from 0.977 to 0.985 ms.
+pub(super) fn one_wave_pipelined(
+    timed: &[(GemvPlan, f64)],
+    out: usize,
+    grid: usize,
+) -> Option<(GemvPlan, f64)> {
+    timed
+        .iter()
+        .filter(|(p, _)| p.pipelined && groups(out, p.split) <= grid)
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .copied()
+}
+
 /// Warps that share one pair of output rows of the GEMV kernel (of `pairs`): the fewest (a
 /// power of two up to GEMV_WARPS) that make GEMV_TARGET_ITEMS work items, while each slice
 /// keeps at least two 16-byte chunks per lane.
@@ -283,6 +308,32 @@ mod tests {
         assert!(!pipe_fits(1, 576, 1));
         assert!(pipe_fits(1, 2056, 8));
         assert!(!pipe_fits(1, 2056, 4));
+    }
+
+    #[test]
+    fn residual_layers_take_the_fastest_one_wave_pipelined_plan() {
+        let pipe = |split| GemvPlan {
+            split,
+            pipelined: true,
+        };
+        // Llama-3.2-1B's o (2,048 rows) on an H100's 528 resident blocks: 512 groups at
+        // split 4 fit, 1,024 at split 8 do not, however fast it timed; plain plans never.
+        let timed = [
+            (GemvPlan::plain(4), 3.7),
+            (pipe(4), 4.0),
+            (GemvPlan::plain(8), 3.9),
+            (pipe(8), 3.8),
+        ];
+        assert_eq!(one_wave_pipelined(&timed, 2048, 528), Some((pipe(4), 4.0)));
+        // The fastest of several that fit: SmolLM2's down (576 rows) at splits 2 and 4.
+        let timed = [(pipe(2), 4.4), (pipe(4), 4.1), (GemvPlan::plain(1), 3.0)];
+        assert_eq!(one_wave_pipelined(&timed, 576, 528), Some((pipe(4), 4.1)));
+        // Llama-3.1-8B's o (4,096 rows, 2,048 groups at split 8): none.
+        let timed = [(GemvPlan::plain(8), 13.9), (pipe(8), 14.9)];
+        assert_eq!(one_wave_pipelined(&timed, 4096, 528), None);
+        // Odd rows count as a pair: 1,057 rows at split 8 are 529 pairs, 529 groups.
+        assert_eq!(one_wave_pipelined(&[(pipe(8), 1.0)], 1057, 528), None);
+        assert!(one_wave_pipelined(&[(pipe(8), 1.0)], 1056, 528).is_some());
     }
 
     #[test]
