@@ -119,7 +119,7 @@ fn print_lt_table(fwd: &CudaForward) {
 
 /// The GEMV table: each linear layer at 1 to 4 rows, the GEMV kernels against cuBLAS. A
 /// layer that norms its rows inside the GEMV runs the plain kernel's best split, shown
-/// beside a pipelined plan that won.
+/// beside a pipelined plan that was chosen.
 fn print_gemv_table(fwd: &CudaForward) {
     println!("### linear layers at a few rows: GEMV kernels or cuBLAS (timed at start)\n");
     println!(

@@ -131,8 +131,8 @@ pub struct Tuning {
     lt: LtTuning,
 }
 
-/// One shape's timing: milliseconds per call on the GEMV kernels (at their fastest plan)
-/// and on cuBLAS.
+/// One shape's timing: milliseconds per call on the GEMV kernels (at the plan chosen: the
+/// fastest, but for [`one_wave_pipelined`]'s layers) and on cuBLAS.
 #[derive(Clone, Copy, Debug)]
 pub struct Timed {
     pub shape: Shape,
@@ -141,7 +141,7 @@ pub struct Timed {
     /// The plan that gave `gemv_ms`.
     pub gemv: GemvPlan,
     /// The plain kernel's fastest split and its time: a layer that norms its rows inside
-    /// the kernel runs that, whichever plan won (the pipelined kernel does not norm).
+    /// the kernel runs that, whichever plan was chosen (the pipelined kernel does not norm).
     pub plain_split: usize,
     pub plain_ms: f64,
 }
@@ -267,7 +267,7 @@ impl Blas {
             y: y_ty,
         } = shape;
         let act = y + (n * out * y_ty.bytes()) as u64;
-        // The GEMV kernels at each split they can run, the fastest kept: how many warps
+        // The GEMV kernels at each split they can run, the fastest chosen: how many warps
         // share a pair of rows trades loads in flight a lane against blocks a
         // multiprocessor. The plain kernel's best is kept apart for layers that norm in it.
         let (mut gemv_ms, mut gemv, mut plain_ms, mut plain_split) =
@@ -294,6 +294,10 @@ impl Blas {
                 }
             }
         }
+        // The layers that add into the residual stream run, at one row, the one-wave
+        // pipelined plan even where it timed slower: it is the faster in a decode step. (At
+        // one row cuBLAS times several times slower than any GEMV plan, so this choice
+        // never hands such a layer to cuBLAS.)
         if y_ty == Out::F32Add {
             if let Some((plan, ms)) = one_wave_pipelined(&plans, out, self.pipe_grid) {
                 (gemv_ms, gemv) = (ms, plan);

@@ -259,14 +259,16 @@ fn groups(out: usize, split: usize) -> usize {
 }
 
 /// The plan of a layer that adds into the residual stream (o, down) at one row, among the
-/// plans timed (`timed`: each with its ms): the fastest pipelined one whose groups fit the
-/// pipelined kernel's `grid`, so that each block takes one group, where there is one.
+/// plans timed (`timed`: each with its time): the fastest pipelined one whose groups fit
+/// the pipelined kernel's `grid`, so that each block takes one group, where there is one.
 /// Timed alone, that plan and the plain kernel's best come out about even, either winning
-/// from run to run; in the decode step it is the faster (docs/perf.md, thirty-third pass):
-/// SmolLM2-135M's o and down 0.468-0.475 ms a step against 0.487-0.493 with both plain,
-/// Llama-3.2-1B's o 1.012-1.018 against 1.021-1.028. Where no split fits one wave, as for
-/// Llama-3.1-8B's o (2,048 groups at its one pipelined split), the tuning's fastest stands:
-/// the pipelined kernel took that step from 0.977 to 0.985 ms.
+/// from run to run; in the decode step it is the faster. Measured on the H100 (docs/perf.md,
+/// thirty-third pass; steps of one sequence at 256 positions, each run tuned afresh):
+/// SmolLM2-135M 0.465-0.475 ms with its down on that plan (18 runs), 0.479-0.493 with down
+/// plain (12); Llama-3.2-1B 1.012-1.018 with its o on it (13), 1.021-1.028 with o plain
+/// (10). Where no split fits one wave, as for Llama-3.1-8B's o (2,048 groups at its one
+/// pipelined split), the tuning's fastest stands: the pipelined kernel took that step from
+/// 0.977 to 0.985 ms.
 pub(super) fn one_wave_pipelined(
     timed: &[(GemvPlan, f64)],
     out: usize,
@@ -325,7 +327,9 @@ mod tests {
             (pipe(8), 3.8),
         ];
         assert_eq!(one_wave_pipelined(&timed, 2048, 528), Some((pipe(4), 4.0)));
-        // The fastest of several that fit: SmolLM2's down (576 rows) at splits 2 and 4.
+        // The fastest of several that fit: 576 rows at splits 2 and 4 (72 and 144 groups),
+        // a made-up case (no model here has two such splits); the plain plan, faster, is not
+        // taken.
         let timed = [(pipe(2), 4.4), (pipe(4), 4.1), (GemvPlan::plain(1), 3.0)];
         assert_eq!(one_wave_pipelined(&timed, 576, 528), Some((pipe(4), 4.1)));
         // Llama-3.1-8B's o (4,096 rows, 2,048 groups at split 8): none.
