@@ -245,8 +245,8 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // are requested before the predecessor wait. A warp keeps its k slice (GEMV_WARPS is a
 // multiple of split) and reads its x chunks through L1 each group. Each lane holds at most
 // PIPE_UNROLL chunks of a row (chunks / split <= 32 * PIPE_UNROLL). Same sums in the same
-// order as gemv's at the same split. grid: at most ceil(ceil(out / 2) * split /
-// GEMV_WARPS); block: 32 * GEMV_WARPS.
+// order as gemv's at the same split; gemv_pipe_norm norms x first, as gemv does with xf.
+// grid: at most ceil(ceil(out / 2) * split / GEMV_WARPS); block: 32 * GEMV_WARPS.
 #define PIPE_UNROLL 2
 
 // The weights of this warp's pair of rows in group g (rows o, o + 1 of w; none past out).
@@ -331,9 +331,14 @@ __device__ __forceinline__ void pipe_store(int g, int split, int warp, int lane,
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 4)
-    KERNEL(gemv_pipe)(const half_t* __restrict__ x, const half_t* __restrict__ w,
-                      void* __restrict__ y, int k, int out, int y_mode, int split, int swiglu) {
+// gemv_pipe's body; NORM: gemv_pipe_norm's, x the norm of xf by gw in shared memory.
+template <bool NORM>
+__device__ __forceinline__ void gemv_pipe_body(const half_t* __restrict__ x,
+                                               const half_t* __restrict__ w, void* __restrict__ y,
+                                               int k, int out, int y_mode, int split, int swiglu,
+                                               const float* __restrict__ xf,
+                                               const float* __restrict__ gw, float eps) {
+    extern __shared__ __align__(16) half_t pipe_xs[];
     __shared__ float part[2][GEMV_WARPS][2];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int chunks = k >> 3;
@@ -346,8 +351,11 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 4)
     int g = blockIdx.x;
     pipe_load(w, g, split, warp, k, out, c, c1, wa);
     if (g + stride < groups) pipe_load(w, g + stride, split, warp, k, out, c, c1, wb);
+    float* gs = reinterpret_cast<float*>(pipe_xs + k);
+    if (NORM) gemv_norm_weights(gw, k, gs);
     grid_dep_enter();
-    const uint4* xc = reinterpret_cast<const uint4*>(x);
+    if (NORM) gemv_norm(xf, gs, eps, 1, k, pipe_xs);
+    const uint4* xc = reinterpret_cast<const uint4*>(NORM ? pipe_xs : x);
     float acc[2];
     // Two groups a turn, one from each buffer; each buffer is refilled as soon as summed.
     for (; g < groups; g += 2 * stride) {
@@ -359,4 +367,23 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 4)
         if (g + 3 * stride < groups) pipe_load(w, g + 3 * stride, split, warp, k, out, c, c1, wb);
         pipe_store(g + stride, split, warp, lane, out, y_mode, swiglu, acc, part[1], y);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 4)
+    KERNEL(gemv_pipe)(const half_t* __restrict__ x, const half_t* __restrict__ w,
+                      void* __restrict__ y, int k, int out, int y_mode, int split, int swiglu) {
+    gemv_pipe_body<false>(x, w, y, k, out, y_mode, split, swiglu, nullptr, nullptr, 0.0f);
+}
+
+// gemv_pipe on the RMSNorm of the fp32 row xf by the fp32 weights gw (x unread): each block
+// norms it into shared memory after the predecessor wait, as gemv does with xf (k 16-bit
+// values, then gw's k floats, of dynamic shared memory; gw copied in before the wait), so
+// the products are those of rms_norm's row, bit for bit. Once a block: where each block
+// takes one group, the norm's latency is paid once, not once a wave.
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 4)
+    KERNEL(gemv_pipe_norm)(const half_t* __restrict__ x, const half_t* __restrict__ w,
+                           void* __restrict__ y, int k, int out, int y_mode, int split,
+                           int swiglu, const float* __restrict__ xf,
+                           const float* __restrict__ gw, float eps) {
+    gemv_pipe_body<true>(x, w, y, k, out, y_mode, split, swiglu, xf, gw, eps);
 }

@@ -365,6 +365,7 @@ fn gate_up_swiglu(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>
         );
         let xn = poison_half(gpu, dt, n * k)?;
         let norm = normed.input(&xn, false);
+        let in_kernel = normed.norm(&xn);
         let mut gu = vec![0f32; n * 2 * f];
         linear(&xv, &Matrix::F32(wv), None, n, k, 2 * f, &mut gu);
         let mut want = vec![0f32; n * f];
@@ -417,10 +418,26 @@ fn gate_up_swiglu(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>
             };
             let act = poison_half(gpu, dt, n * f)?;
             let ptrs = (xd.ptr(), wd.ptr(), act.ptr());
-            blas.gemv_at(dt, ptrs, Out::Half, n, k, 2 * f, true, plan)?;
+            blas.gemv_at(dt, ptrs, Out::Half, n, k, 2 * f, true, plan, None)?;
             let got = to_f32(dt, &gpu.read(&act, n * f)?);
             out.push(row(
                 &format!("gate_up + SwiGLU, gemv kernel at split {plan}"),
+                dt,
+                format!("n {n} in {k} f {f}"),
+                rel_err(&got, &want),
+                1e-2,
+            ));
+            if !Blas::gemv_can_norm(n, k) {
+                continue;
+            }
+            // Normed by the same kernel (gemv_pipe_norm, xn unread).
+            let act = poison_half(gpu, dt, n * f)?;
+            let ptrs = (xn.ptr(), wd.ptr(), act.ptr());
+            let nm = Some(in_kernel);
+            blas.gemv_at(dt, ptrs, Out::Half, n, k, 2 * f, true, plan, nm)?;
+            let got = to_f32(dt, &gpu.read(&act, n * f)?);
+            out.push(row(
+                &format!("rms_norm + gate_up + SwiGLU, gemv kernel at split {plan}"),
                 dt,
                 format!("n {n} in {k} f {f}"),
                 rel_err(&got, &want),
@@ -461,12 +478,19 @@ impl NormedRows {
     /// before the norm's wait.
     fn input(&self, xn: &DevBuf<u16>, early: bool) -> Input {
         Input::Normed(Norm {
+            early,
+            ..self.norm(xn)
+        })
+    }
+
+    fn norm(&self, xn: &DevBuf<u16>) -> Norm {
+        Norm {
             x: self.xf.ptr(),
             w: self.g.ptr(),
             eps: NORM_EPS,
             xn: xn.ptr(),
-            early,
-        })
+            early: false,
+        }
     }
 }
 
@@ -546,10 +570,47 @@ fn normed_linear(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>>
         out.push(row(
             "rms_norm kernel launching the gemv early = without",
             dt,
-            shape,
+            shape.clone(),
             rel_err(&after_norm(true)?, &apart),
             1e-9,
         ));
+        // The pipelined kernel norming the row itself (gemv_pipe_norm), at each split it
+        // can run: against the CPU, and bit for bit against the rms_norm kernel's row on the
+        // same plan (the same norm, the same sums).
+        for split in gemv_splits(k).filter(|&s| pipe_fits(n, k, s)) {
+            let plan = GemvPlan {
+                split,
+                pipelined: true,
+            };
+            let run = |normed_in_kernel: bool| -> Result<Vec<f32>> {
+                let xn = poison_half(gpu, dt, n * k)?;
+                let y = poison_half(gpu, dt, n * m)?;
+                let ptrs = (xn.ptr(), wd.ptr(), y.ptr());
+                let nm = if normed_in_kernel {
+                    Some(normed.norm(&xn))
+                } else {
+                    launch::rms_norm(gpu, dt, xf, g, xn.ptr(), n, k, NORM_EPS, false)?;
+                    None
+                };
+                blas.gemv_at(dt, ptrs, Out::Half, n, k, m, false, plan, nm)?;
+                Ok(to_f32(dt, &gpu.read(&y, n * m)?))
+            };
+            let got = run(true)?;
+            out.push(row(
+                &format!("rms_norm + linear, gemv kernel at split {plan}"),
+                dt,
+                shape.clone(),
+                rel_err(&got, &want),
+                1e-2,
+            ));
+            out.push(row(
+                &format!("rms_norm in the gemv kernel at split {plan} = rms_norm kernel + it"),
+                dt,
+                shape.clone(),
+                rel_err(&got, &run(false)?),
+                1e-9,
+            ));
+        }
     }
     Ok(out)
 }
@@ -848,7 +909,7 @@ fn gemv_plans(
             let (got, want, tol) = match y_ty {
                 Out::Half => {
                     let y = poison_half(gpu, dt, n * m)?;
-                    blas.gemv_at(dt, (x, w, y.ptr()), y_ty, n, k, m, false, plan)?;
+                    blas.gemv_at(dt, (x, w, y.ptr()), y_ty, n, k, m, false, plan, None)?;
                     (to_f32(dt, &gpu.read(&y, n * m)?), e.want_half, 1e-2)
                 }
                 Out::F32 | Out::F32Add => {
@@ -857,7 +918,7 @@ fn gemv_plans(
                     } else {
                         gpu.upload(e.base)?
                     };
-                    blas.gemv_at(dt, (x, w, y.ptr()), y_ty, n, k, m, false, plan)?;
+                    blas.gemv_at(dt, (x, w, y.ptr()), y_ty, n, k, m, false, plan, None)?;
                     let want = if y_ty == Out::F32 {
                         e.want
                     } else {

@@ -118,8 +118,9 @@ fn print_lt_table(fwd: &CudaForward) {
 }
 
 /// The GEMV table: each linear layer at 1 to 4 rows, the GEMV kernels against cuBLAS. A
-/// layer that norms its rows inside the GEMV runs the plain kernel's best split, shown
-/// beside a pipelined plan that was chosen.
+/// layer that norms its rows inside the GEMV runs the one-wave pipelined plan where there is
+/// one (shown where it is not the plan chosen), else the plain kernel's best split (shown
+/// beside a pipelined plan chosen).
 fn print_gemv_table(fwd: &CudaForward) {
     println!("### linear layers at a few rows: GEMV kernels or cuBLAS (timed at start)\n");
     println!(
@@ -129,7 +130,7 @@ fn print_gemv_table(fwd: &CudaForward) {
     for t in fwd.linear_timings() {
         let sh = t.shape;
         let mb = (sh.inp * sh.out * 2) as f64 / 1e6;
-        let plan = match (t.gemv_ms.is_finite(), t.gemv.pipelined) {
+        let mut plan = match (t.gemv_ms.is_finite(), t.gemv.pipelined) {
             (false, _) => "–".to_string(),
             (true, false) => t.gemv.to_string(),
             (true, true) => format!(
@@ -139,6 +140,9 @@ fn print_gemv_table(fwd: &CudaForward) {
                 t.plain_ms * 1e3
             ),
         };
+        if let Some((p, ms)) = t.one_wave.filter(|w| w.0 != t.gemv) {
+            plan += &format!(" (one wave: {p}, {:.1} µs)", ms * 1e3);
+        }
         println!(
             "| {} | {} | {} | {:?} | {:.1} | {} | {:.1} | {} | {} | {} |",
             sh.n,

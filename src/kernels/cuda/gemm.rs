@@ -132,7 +132,7 @@ pub struct Tuning {
 }
 
 /// One shape's timing: milliseconds per call on the GEMV kernels (at the plan chosen: the
-/// fastest, but for [`one_wave_pipelined`]'s layers) and on cuBLAS.
+/// fastest, but for the layers [`one_wave_pipelined`] names) and on cuBLAS.
 #[derive(Clone, Copy, Debug)]
 pub struct Timed {
     pub shape: Shape,
@@ -141,25 +141,33 @@ pub struct Timed {
     /// The plan that gave `gemv_ms`.
     pub gemv: GemvPlan,
     /// The plain kernel's fastest split and its time: a layer that norms its rows inside
-    /// the kernel runs that, whichever plan was chosen (the pipelined kernel does not norm).
+    /// the kernel runs that where `one_wave` is none, whichever plan was chosen.
     pub plain_split: usize,
     pub plain_ms: f64,
+    /// [`one_wave_pipelined`]'s plan and its time, where one was timed: a layer that norms
+    /// its rows inside the kernel runs it.
+    pub one_wave: Option<(GemvPlan, f64)>,
 }
 
 impl Timed {
     /// Whether a GEMV kernel was timed faster than cuBLAS: the plain one for a layer that
     /// norms its rows in the kernel (`norms`), else either.
     pub fn gemv_wins(&self, norms: bool) -> bool {
-        (if norms { self.plain_ms } else { self.gemv_ms }) < self.cublas_ms
+        self.run(norms).1 < self.cublas_ms
     }
 
-    /// The plan a layer runs: the plain kernel's best where it norms its rows in the kernel.
-    fn plan(&self, norms: bool) -> GemvPlan {
-        if norms && self.gemv.pipelined {
-            GemvPlan::plain(self.plain_split)
-        } else {
-            self.gemv
+    /// The plan a layer runs and its time: where it norms its rows in the kernel (`norms`),
+    /// the one-wave pipelined plan, else the plain kernel's best; otherwise the plan chosen.
+    fn run(&self, norms: bool) -> (GemvPlan, f64) {
+        if !norms {
+            return (self.gemv, self.gemv_ms);
         }
+        self.one_wave
+            .unwrap_or((GemvPlan::plain(self.plain_split), self.plain_ms))
+    }
+
+    fn plan(&self, norms: bool) -> GemvPlan {
+        self.run(norms).0
     }
 }
 
@@ -174,6 +182,8 @@ pub struct Blas {
     /// bf16 one's occupancy stands for both).
     pub(super) gemv_pipe: [CudaFunction; 2],
     pub(super) pipe_grid: usize,
+    /// The pipelined kernel norming its row (gemv_pipe_norm), bf16 and f16; the same grid.
+    pub(super) gemv_pipe_norm: [CudaFunction; 2],
     _workspace: CudaSlice<u8>,
     /// cuBLASLt, sharing the workspace.
     lt: Lt,
@@ -228,6 +238,10 @@ impl Blas {
             .occupancy_max_active_blocks_per_multiprocessor(32 * GEMV_WARPS as u32, 0, None)
             .map_err(cuda_err("reading gemv_pipe's occupancy"))?;
         let pipe_grid = (sms.max(1) as usize) * (resident.max(1) as usize);
+        let gemv_pipe_norm = [
+            gpu.func("gemv_pipe_norm", Half::Bf16)?.clone(),
+            gpu.func("gemv_pipe_norm", Half::F16)?.clone(),
+        ];
         Ok(Blas {
             blas,
             gpu: gpu.clone(),
@@ -237,6 +251,7 @@ impl Blas {
             ],
             gemv_pipe,
             pipe_grid,
+            gemv_pipe_norm,
             _workspace: workspace,
             lt,
             by_shape: HashMap::new(),
@@ -295,13 +310,13 @@ impl Blas {
             }
         }
         // The layers that add into the residual stream run, at one row, the one-wave
-        // pipelined plan even where it timed slower: it is the faster in a decode step. (At
-        // one row cuBLAS times several times slower than any GEMV plan, so this choice
-        // never hands such a layer to cuBLAS.)
-        if y_ty == Out::F32Add {
-            if let Some((plan, ms)) = one_wave_pipelined(&plans, out, self.pipe_grid) {
-                (gemv_ms, gemv) = (ms, plan);
-            }
+        // pipelined plan even where it timed slower: it is the faster in a decode step; so
+        // do layers that norm their rows in the kernel (`Timed::run`). (At one row cuBLAS
+        // times several times slower than any GEMV plan, so this choice never hands such a
+        // layer to cuBLAS.)
+        let one_wave = one_wave_pipelined(&plans, out, self.pipe_grid);
+        if let (Out::F32Add, Some((plan, ms))) = (y_ty, one_wave) {
+            (gemv_ms, gemv) = (ms, plan);
         }
         let cublas_ms = time_ms(&self.gpu, &mut || {
             self.gemm_ex(shape, x, w, y)?;
@@ -317,6 +332,7 @@ impl Blas {
             gemv,
             plain_split,
             plain_ms,
+            one_wave,
         };
         self.by_shape.insert(shape, t);
         self.timed.push(t);
@@ -583,4 +599,46 @@ fn time_ms(gpu: &Gpu, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
         .map_err(cuda_err("recording an event"))?;
     let ms = a.elapsed_ms(&b).map_err(cuda_err("reading an event"))?;
     Ok(f64::from(ms) / REPS as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layer_norming_in_the_kernel_runs_the_one_wave_plan_where_there_is_one() {
+        // SmolLM2-135M's qkv at one row: the plain kernel timed fastest.
+        let shape = Shape {
+            half: Half::F16,
+            n: 1,
+            inp: 576,
+            out: 960,
+            y: Out::Half,
+        };
+        let pipe = |split| GemvPlan {
+            split,
+            pipelined: true,
+        };
+        let mut t = Timed {
+            shape,
+            gemv_ms: 0.003,
+            cublas_ms: 0.02,
+            gemv: GemvPlan::plain(2),
+            plain_split: 2,
+            plain_ms: 0.003,
+            one_wave: Some((pipe(2), 0.004)),
+        };
+        assert_eq!(t.plan(true), pipe(2));
+        assert_eq!(t.plan(false), GemvPlan::plain(2));
+        // Without a one-wave plan, the plain kernel's best, even where a pipelined plan was
+        // chosen (a multi-wave one).
+        t.one_wave = None;
+        t.gemv = pipe(4);
+        assert_eq!(t.plan(true), GemvPlan::plain(2));
+        assert_eq!(t.plan(false), pipe(4));
+        // cuBLAS is weighed against the time of the plan the layer runs.
+        t.one_wave = Some((pipe(2), 0.03));
+        assert!(!t.gemv_wins(true));
+        assert!(t.gemv_wins(false));
+    }
 }

@@ -92,7 +92,7 @@ impl Blas {
     }
 
     /// Whether a layer of `shape` that a GEMV kernel runs on `path` norms its input inside
-    /// the (plain) kernel, where its input is normed at all ([`Blas::prepare`]).
+    /// the kernel, where its input is normed at all ([`Blas::prepare`]).
     pub(super) fn norms_in_kernel(path: Path, shape: Shape) -> bool {
         Self::gemv_can_norm(shape.n, shape.inp)
             && (path == Path::Gemv || shape.inp <= GEMV_NORM_MAX_AUTO)
@@ -101,7 +101,8 @@ impl Blas {
     /// `y[n, out] = x[n, inp] · w[out, inp]ᵀ` on the GEMV kernel by `plan` (a split of
     /// [`gemv_splits`]'s; pipelined where [`pipe_fits`]): the checks run every plan the
     /// tuning may choose. With `swiglu`, `out` is gate_up's `2 * f` interleaved rows and y
-    /// gets SwiGLU's `f` 16-bit values a row.
+    /// gets SwiGLU's `f` 16-bit values a row. With `norm`, x is the rows it norms inside the
+    /// kernel (x itself unread), which must fit its shared memory ([`Blas::gemv_can_norm`]).
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_at(
         &self,
@@ -113,10 +114,14 @@ impl Blas {
         out: usize,
         swiglu: bool,
         plan: GemvPlan,
+        norm: Option<Norm>,
     ) -> Result<()> {
         let split = plan.split;
         // gemv itself refuses a pipelined plan the shape does not fit.
-        if !Self::gemv_fits(x, w, n, inp) || !gemv_splits(inp).any(|s| s == split) {
+        if !Self::gemv_fits(x, w, n, inp)
+            || !gemv_splits(inp).any(|s| s == split)
+            || (norm.is_some() && !Self::gemv_can_norm(n, inp))
+        {
             return Err(Error::Cuda(format!(
                 "the GEMV kernel cannot run {n} rows of {inp} inputs at split {plan}"
             )));
@@ -128,12 +133,12 @@ impl Blas {
             out,
             y: y_ty,
         };
-        self.gemv(shape, x, w, y, swiglu, None, plan)
+        self.gemv(shape, x, w, y, swiglu, norm, plan)
     }
 
     /// The GEMV kernel by `plan` ([`Blas::plan_of`] for a layer); with `swiglu`, SwiGLU of
     /// each (gate, up) pair of rows into y; with `norm`, x normed in the kernel (x itself
-    /// unread; never pipelined).
+    /// unread).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gemv(
         &self,
@@ -171,14 +176,14 @@ impl Blas {
         let blocks =
             |b: usize| u32::try_from(b).map_err(|_| Error::Cuda(format!("GEMV of {out} outputs")));
         if plan.pipelined {
-            if norm.is_some() || !pipe_fits(n, inp, split) {
+            if !pipe_fits(n, inp, split) {
                 return Err(Error::Cuda(format!(
                     "the pipelined GEMV cannot run {n} rows of {inp} inputs at split {split}"
                 )));
             }
             let grid = blocks(groups.min(self.pipe_grid))?;
             let ints = [ki, oi, y_mode, split_i, swiglu_i];
-            return self.launch_pipe(half, (x, w, y), ints, grid);
+            return self.launch_pipe(half, (x, w, y), ints, grid, norm);
         }
         let f = &self.gemv[usize::from(half == Half::F16)];
         let mut b = Args::new();
@@ -208,30 +213,43 @@ impl Blas {
     }
 
     /// gemv.cu's gemv_pipe on one row: x, w, y as [`Blas::gemv`] has them, its ints (k, out,
-    /// y_mode, split, swiglu) and `grid` blocks.
+    /// y_mode, split, swiglu) and `grid` blocks; with `norm`, gemv_pipe_norm on the row it
+    /// norms.
     fn launch_pipe(
         &self,
         half: Half,
         (x, w, y): (u64, u64, u64),
         ints: [i32; 5],
         grid: u32,
+        norm: Option<Norm>,
     ) -> Result<()> {
-        let f = &self.gemv_pipe[usize::from(half == Half::F16)];
+        let (f, name) = match norm {
+            None => (&self.gemv_pipe, "gemv_pipe"),
+            Some(_) => (&self.gemv_pipe_norm, "gemv_pipe_norm"),
+        };
+        let f = &f[usize::from(half == Half::F16)];
         let mut b = Args::new();
         b.arg(&x).arg(&w).arg(&y);
         for v in &ints {
             b.arg(v);
         }
+        let (xf, gw, eps) = norm.map_or((0, 0, 0.0f32), |nm| (nm.x, nm.w, nm.eps));
+        if norm.is_some() {
+            b.arg(&xf).arg(&gw).arg(&eps);
+        }
+        let k = usize::try_from(ints[0]).unwrap_or(0);
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: norm.map_or(0, |_| Self::gemv_norm_smem(1, k) as u32),
         };
-        // SAFETY: argument order and types match gemv.cu's gemv_pipe; the caller checked that
-        // x holds one row of k, w out rows of k and y one row of out (of out / 2 with
-        // swiglu, out then even) of the asked type, the alignment (gemv_fits) and the slices
-        // (pipe_fits).
-        unsafe { self.gpu.launch(f, cfg, &mut b) }.map_err(cuda_err("gemv_pipe"))?;
+        // SAFETY: argument order and types match gemv.cu's gemv_pipe (gemv_pipe_norm with
+        // norm); the caller checked that x holds one row of k (with norm, xf one fp32 row
+        // of k and gw k weights, the row's 16-bit values and the weights fitting the shared
+        // memory asked, as prepare checked), w out rows of k and y one row of out (of out / 2
+        // with swiglu, out then even) of the asked type, the alignment (gemv_fits) and the
+        // slices (pipe_fits).
+        unsafe { self.gpu.launch(f, cfg, &mut b) }.map_err(cuda_err(name))?;
         Ok(())
     }
 }
@@ -258,17 +276,19 @@ fn groups(out: usize, split: usize) -> usize {
     (out.div_ceil(2) * split).div_ceil(GEMV_WARPS)
 }
 
-/// The plan of a layer that adds into the residual stream (o, down) at one row, among the
-/// plans timed (`timed`: each with its time): the fastest pipelined one whose groups fit
-/// the pipelined kernel's `grid`, so that each block takes one group, where there is one.
-/// Timed alone, that plan and the plain kernel's best come out about even, either winning
+/// The plan, at one row, of a layer that adds into the residual stream (o, down) or that
+/// norms its rows inside the kernel (SmolLM2's qkv and gate_up), among the plans timed
+/// (`timed`: each with its time): the fastest pipelined one whose groups fit the pipelined
+/// kernel's `grid`, so that each block takes one group, where there is one. Timed alone
+/// (unnormed), that plan and the plain kernel's best come out about even, either winning
 /// from run to run; in the decode step it is the faster. Measured on the H100 (docs/perf.md,
 /// thirty-third pass; steps of one sequence at 256 positions, each run tuned afresh):
 /// SmolLM2-135M 0.465-0.475 ms with its down on that plan (18 runs), 0.479-0.493 with down
-/// plain (12); Llama-3.2-1B 1.012-1.018 with its o on it (13), 1.021-1.028 with o plain
-/// (10). Where no split fits one wave, as for Llama-3.1-8B's o (2,048 groups at its one
-/// pipelined split), the tuning's fastest stands: the pipelined kernel took that step from
-/// 0.977 to 0.985 ms.
+/// plain (12), and 0.433-0.435 with its normed qkv and gate_up on it too (4 runs, against
+/// 0.465-0.467 in the same call); Llama-3.2-1B 1.012-1.018 with its o on it (13),
+/// 1.021-1.028 with o plain (10). Where no split fits one wave, as for Llama-3.1-8B's o
+/// (2,048 groups at its one pipelined split), the tuning's fastest stands: the pipelined
+/// kernel took that step from 0.977 to 0.985 ms.
 pub(super) fn one_wave_pipelined(
     timed: &[(GemvPlan, f64)],
     out: usize,

@@ -130,7 +130,7 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("sample", &["sample_rows"]),
-    ("gemv", &["gemv", "gemv_pipe"]),
+    ("gemv", &["gemv", "gemv_pipe", "gemv_pipe_norm"]),
 ];
 
 /// Whether the device can run the largest cluster the decode plan launches: eight blocks
