@@ -19,8 +19,8 @@
 // before the wait, with the weights' first batch, so that after the wait the norm waits on
 // xf alone (which the last kernel just wrote, into L2), not on a read of gw queued behind
 // every block's weights.
-// Needs k a multiple of 8 and 16-byte aligned rows. grid: ceil(ceil(out / 2) * split /
-// GEMV_WARPS); block: 32 * GEMV_WARPS.
+// Needs k a multiple of 8 and 16-byte aligned rows (xf and gw too). grid: ceil(ceil(out /
+// 2) * split / GEMV_WARPS); block: 32 * GEMV_WARPS.
 #define GEMV_WARPS 8
 #define GEMV_UNROLL 4
 #define GEMV_MAX_ROWS 4

@@ -365,7 +365,6 @@ fn gate_up_swiglu(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>
         );
         let xn = poison_half(gpu, dt, n * k)?;
         let norm = normed.input(&xn, false);
-        let in_kernel = normed.norm(&xn);
         let mut gu = vec![0f32; n * 2 * f];
         linear(&xv, &Matrix::F32(wv), None, n, k, 2 * f, &mut gu);
         let mut want = vec![0f32; n * f];
@@ -430,10 +429,11 @@ fn gate_up_swiglu(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>
             if !Blas::gemv_can_norm(n, k) {
                 continue;
             }
-            // Normed by the same kernel (gemv_pipe_norm, xn unread).
-            let act = poison_half(gpu, dt, n * f)?;
+            // Normed by the same kernel (gemv_pipe_norm; its xn poisoned and unread, so that
+            // the plain pipelined kernel on xn could not pass).
+            let (xn, act) = (poison_half(gpu, dt, n * k)?, poison_half(gpu, dt, n * f)?);
             let ptrs = (xn.ptr(), wd.ptr(), act.ptr());
-            let nm = Some(in_kernel);
+            let nm = Some(normed.norm(&xn));
             blas.gemv_at(dt, ptrs, Out::Half, n, k, 2 * f, true, plan, nm)?;
             let got = to_f32(dt, &gpu.read(&act, n * f)?);
             out.push(row(

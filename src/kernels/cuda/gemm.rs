@@ -150,8 +150,8 @@ pub struct Timed {
 }
 
 impl Timed {
-    /// Whether a GEMV kernel was timed faster than cuBLAS: the plain one for a layer that
-    /// norms its rows in the kernel (`norms`), else either.
+    /// Whether a GEMV kernel was timed faster than cuBLAS: the plan the layer runs
+    /// ([`Timed::run`]).
     pub fn gemv_wins(&self, norms: bool) -> bool {
         self.run(norms).1 < self.cublas_ms
     }
@@ -284,7 +284,8 @@ impl Blas {
         let act = y + (n * out * y_ty.bytes()) as u64;
         // The GEMV kernels at each split they can run, the fastest chosen: how many warps
         // share a pair of rows trades loads in flight a lane against blocks a
-        // multiprocessor. The plain kernel's best is kept apart for layers that norm in it.
+        // multiprocessor. The plain kernel's best is kept apart for layers that norm in it
+        // where no one-wave pipelined plan exists.
         let (mut gemv_ms, mut gemv, mut plain_ms, mut plain_split) =
             (f64::INFINITY, GemvPlan::plain(1), f64::INFINITY, 1);
         let mut plans = Vec::new();
@@ -503,10 +504,11 @@ impl Blas {
         })
     }
 
-    /// How the GEMV kernel runs `shape`: the plan timed fastest for it ([`Blas::tune`];
-    /// shapes where cuBLAS won, run here by `Path::Gemv`, keep theirs too), the plain
-    /// kernel's fastest split where the kernel norms the rows itself (`normed`), else
-    /// [`gemv_split`]'s split on the plain kernel.
+    /// How the GEMV kernel runs `shape`: the plan chosen for it ([`Blas::tune`]; shapes
+    /// where cuBLAS won, run here by `Path::Gemv`, keep theirs too), or where the kernel norms
+    /// the rows itself (`normed`) the one-wave pipelined plan if one was timed, else the plain
+    /// kernel's fastest split ([`Timed::run`]); untimed, [`gemv_split`]'s split on the plain
+    /// kernel.
     fn plan_of(&self, shape: Shape, normed: bool) -> GemvPlan {
         let timed = self.by_shape.get(&shape).filter(|t| t.gemv_ms.is_finite());
         timed.map_or_else(
