@@ -117,10 +117,11 @@ fn print_lt_table(fwd: &CudaForward) {
     println!();
 }
 
-/// The GEMV table: each linear layer at 1 to 4 rows, the GEMV kernels against cuBLAS. A
-/// layer that norms its rows inside the GEMV runs the one-wave pipelined plan where there is
-/// one (shown where it is not the plan chosen), else the plain kernel's best split (shown
-/// beside a pipelined plan chosen).
+/// The GEMV table: each linear layer at 1 to 4 rows, the GEMV kernels (their fastest plan)
+/// against cuBLAS. A layer that adds into the residual stream or norms its rows inside the
+/// GEMV runs the one-wave pipelined plan shown beside it where there is one; else a norming
+/// layer runs the plain kernel's best split, shown beside a pipelined plan that won
+/// (`Timed::run`).
 fn print_gemv_table(fwd: &CudaForward) {
     println!("### linear layers at a few rows: GEMV kernels or cuBLAS (timed at start)\n");
     println!(

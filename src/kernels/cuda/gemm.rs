@@ -131,8 +131,8 @@ pub struct Tuning {
     lt: LtTuning,
 }
 
-/// One shape's timing: milliseconds per call on the GEMV kernels (at the plan chosen: the
-/// fastest, but for the layers [`one_wave_pipelined`] names) and on cuBLAS.
+/// One shape's timing: milliseconds per call on the GEMV kernels (at their fastest plan)
+/// and on cuBLAS; [`Timed::run`] says which plan a layer runs.
 #[derive(Clone, Copy, Debug)]
 pub struct Timed {
     pub shape: Shape,
@@ -141,11 +141,10 @@ pub struct Timed {
     /// The plan that gave `gemv_ms`.
     pub gemv: GemvPlan,
     /// The plain kernel's fastest split and its time: a layer that norms its rows inside
-    /// the kernel runs that where `one_wave` is none, whichever plan was chosen.
+    /// the kernel runs that where `one_wave` is none, whichever plan won.
     pub plain_split: usize,
     pub plain_ms: f64,
-    /// [`one_wave_pipelined`]'s plan and its time, where one was timed: a layer that norms
-    /// its rows inside the kernel runs it.
+    /// [`one_wave_pipelined`]'s plan and its time, where one was timed.
     pub one_wave: Option<(GemvPlan, f64)>,
 }
 
@@ -156,14 +155,19 @@ impl Timed {
         self.run(norms).1 < self.cublas_ms
     }
 
-    /// The plan a layer runs and its time: where it norms its rows in the kernel (`norms`),
-    /// the one-wave pipelined plan, else the plain kernel's best; otherwise the plan chosen.
+    /// The plan a layer runs and its time. A layer that adds into the residual stream, or
+    /// that norms its rows in the kernel (`norms`), runs the one-wave pipelined plan where
+    /// one was timed, even where it timed slower: it is the faster in a decode step
+    /// ([`one_wave_pipelined`]). Otherwise a norming layer runs the plain kernel's best (the
+    /// only kernel that norms at other plans), and any other layer the fastest plan. (At one
+    /// row cuBLAS times several times slower than any GEMV plan, so the one-wave choice
+    /// never hands a layer to cuBLAS.)
     fn run(&self, norms: bool) -> (GemvPlan, f64) {
-        if !norms {
-            return (self.gemv, self.gemv_ms);
+        match self.one_wave {
+            Some(w) if norms || self.shape.y == Out::F32Add => w,
+            _ if norms => (GemvPlan::plain(self.plain_split), self.plain_ms),
+            _ => (self.gemv, self.gemv_ms),
         }
-        self.one_wave
-            .unwrap_or((GemvPlan::plain(self.plain_split), self.plain_ms))
     }
 
     fn plan(&self, norms: bool) -> GemvPlan {
@@ -282,7 +286,7 @@ impl Blas {
             y: y_ty,
         } = shape;
         let act = y + (n * out * y_ty.bytes()) as u64;
-        // The GEMV kernels at each split they can run, the fastest chosen: how many warps
+        // The GEMV kernels at each split they can run, the fastest kept: how many warps
         // share a pair of rows trades loads in flight a lane against blocks a
         // multiprocessor. The plain kernel's best is kept apart for layers that norm in it
         // where no one-wave pipelined plan exists.
@@ -310,15 +314,7 @@ impl Blas {
                 }
             }
         }
-        // The layers that add into the residual stream run, at one row, the one-wave
-        // pipelined plan even where it timed slower: it is the faster in a decode step; so
-        // do layers that norm their rows in the kernel (`Timed::run`). (At one row cuBLAS
-        // times several times slower than any GEMV plan, so this choice never hands such a
-        // layer to cuBLAS.)
         let one_wave = one_wave_pipelined(&plans, out, self.pipe_grid);
-        if let (Out::F32Add, Some((plan, ms))) = (y_ty, one_wave) {
-            (gemv_ms, gemv) = (ms, plan);
-        }
         let cublas_ms = time_ms(&self.gpu, &mut || {
             self.gemm_ex(shape, x, w, y)?;
             if swiglu {
@@ -504,11 +500,10 @@ impl Blas {
         })
     }
 
-    /// How the GEMV kernel runs `shape`: the plan chosen for it ([`Blas::tune`]; shapes
-    /// where cuBLAS won, run here by `Path::Gemv`, keep theirs too), or where the kernel norms
-    /// the rows itself (`normed`) the one-wave pipelined plan if one was timed, else the plain
-    /// kernel's fastest split ([`Timed::run`]); untimed, [`gemv_split`]'s split on the plain
-    /// kernel.
+    /// How the GEMV kernel runs `shape`: the plan [`Timed::run`] gives for it, the kernel
+    /// norming the rows itself or not (`normed`) ([`Blas::tune`]; shapes where cuBLAS won,
+    /// run here by `Path::Gemv`, keep theirs too); untimed, [`gemv_split`]'s split on the
+    /// plain kernel.
     fn plan_of(&self, shape: Shape, normed: bool) -> GemvPlan {
         let timed = self.by_shape.get(&shape).filter(|t| t.gemv_ms.is_finite());
         timed.map_or_else(
@@ -642,5 +637,38 @@ mod tests {
         t.one_wave = Some((pipe(2), 0.03));
         assert!(!t.gemv_wins(true));
         assert!(t.gemv_wins(false));
+    }
+
+    #[test]
+    fn a_residual_layer_runs_the_one_wave_plan_where_there_is_one() {
+        // Llama-3.2-1B's o at one row: the plain kernel timed fastest.
+        let shape = Shape {
+            half: Half::F16,
+            n: 1,
+            inp: 2048,
+            out: 2048,
+            y: Out::F32Add,
+        };
+        let pipe = GemvPlan {
+            split: 4,
+            pipelined: true,
+        };
+        let mut t = Timed {
+            shape,
+            gemv_ms: 0.0039,
+            cublas_ms: 0.0219,
+            gemv: GemvPlan::plain(4),
+            plain_split: 4,
+            plain_ms: 0.0039,
+            one_wave: Some((pipe, 0.0044)),
+        };
+        assert_eq!(t.plan(false), pipe);
+        assert!(t.gemv_wins(false));
+        // Without one, the fastest plan; and a 16-bit output keeps the fastest regardless.
+        t.one_wave = None;
+        assert_eq!(t.plan(false), GemvPlan::plain(4));
+        t.one_wave = Some((pipe, 0.0044));
+        t.shape.y = Out::Half;
+        assert_eq!(t.plan(false), GemvPlan::plain(4));
     }
 }
