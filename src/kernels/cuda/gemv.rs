@@ -173,6 +173,8 @@ impl Blas {
         }
         let (split_i, swiglu_i) = (i(split)?, i32::from(swiglu));
         let groups = groups(out, split);
+        // With norm: the rows' 16-bit values, then the norm's weights.
+        let smem = norm.map_or(0, |_| Self::gemv_norm_smem(n, inp) as u32);
         let blocks =
             |b: usize| u32::try_from(b).map_err(|_| Error::Cuda(format!("GEMV of {out} outputs")));
         if plan.pipelined {
@@ -183,7 +185,7 @@ impl Blas {
             }
             let grid = blocks(groups.min(self.pipe_grid))?;
             let ints = [ki, oi, y_mode, split_i, swiglu_i];
-            return self.launch_pipe(half, (x, w, y), ints, grid, norm);
+            return self.launch_pipe(half, (x, w, y), ints, grid, norm, smem);
         }
         let f = &self.gemv[usize::from(half == Half::F16)];
         let mut b = Args::new();
@@ -201,7 +203,7 @@ impl Blas {
         let cfg = LaunchConfig {
             grid_dim: (blocks(groups)?, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: norm.map_or(0, |_| Self::gemv_norm_smem(n, inp) as u32),
+            shared_mem_bytes: smem,
         };
         // SAFETY: argument order and types match gemv.cu; x holds n rows of inp (or, with
         // norm, xf n fp32 rows and gw inp weights, the rows' 16-bit values and the weights
@@ -214,7 +216,8 @@ impl Blas {
 
     /// gemv.cu's gemv_pipe on one row: x, w, y as [`Blas::gemv`] has them, its ints (k, out,
     /// y_mode, split, swiglu) and `grid` blocks; with `norm`, gemv_pipe_norm on the row it
-    /// norms.
+    /// norms, in `smem` bytes of dynamic shared memory.
+    #[allow(clippy::too_many_arguments)]
     fn launch_pipe(
         &self,
         half: Half,
@@ -222,6 +225,7 @@ impl Blas {
         ints: [i32; 5],
         grid: u32,
         norm: Option<Norm>,
+        smem: u32,
     ) -> Result<()> {
         let (f, name) = match norm {
             None => (&self.gemv_pipe, "gemv_pipe"),
@@ -233,15 +237,13 @@ impl Blas {
         for v in &ints {
             b.arg(v);
         }
-        let (xf, gw, eps) = norm.map_or((0, 0, 0.0f32), |nm| (nm.x, nm.w, nm.eps));
-        if norm.is_some() {
-            b.arg(&xf).arg(&gw).arg(&eps);
+        if let Some(nm) = &norm {
+            b.arg(&nm.x).arg(&nm.w).arg(&nm.eps);
         }
-        let k = usize::try_from(ints[0]).unwrap_or(0);
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: norm.map_or(0, |_| Self::gemv_norm_smem(1, k) as u32),
+            shared_mem_bytes: smem,
         };
         // SAFETY: argument order and types match gemv.cu's gemv_pipe (gemv_pipe_norm with
         // norm); the caller checked that x holds one row of k (with norm, xf one fp32 row
