@@ -15,17 +15,18 @@
 // comes in two register budgets, head_dim up to 64 (_hd64) and up to 128 (_hd128); head_dim
 // must be a multiple of 16, with at most 16 query heads per KV head.
 // The _cl entry points (sm_90) merge the splits themselves: the splits of one (tile, KV head)
-// are one thread-block cluster (cluster dims 1 x 1 x splits, at most 8), each block leaves its
-// partial sums in its shared memory, and after a cluster barrier the cluster's threads merge
-// them through distributed shared memory into `out`: no workspace, no attention_combine.
+// are one thread-block cluster (cluster dims 1 x 1 x splits, at most 8). Rank 0 merges: the
+// other ranks push their partial sums into its shared memory with st.async, which counts the
+// bytes on rank 0's mbarrier, and exit; rank 0 waits for them and writes `out`. No
+// workspace, no attention_combine, and one one-way trip between blocks.
 #define FA_WARPS 4
 #define FA_STAGE 64
 #define FA_LN2 0.69314718055994530942f
 
-// Cluster helpers (sm_90): this block's rank in its cluster and the cluster's size, a
-// barrier over all its threads (release, then acquire: shared and global writes before it
-// are visible after it), and a float read from rank r's shared memory at our own shared
-// address.
+// Cluster helpers (sm_90, no-ops below): this block's rank in its cluster and the cluster's
+// size; an address in rank r's shared memory at our own shared address; a float stored there
+// with st.async, which counts its 4 bytes on rank r's mbarrier at `bar` (an address from
+// cluster_addr too).
 __device__ __forceinline__ void cluster_place(unsigned& rank, unsigned& size) {
     rank = 0;
     size = 1;
@@ -35,38 +36,77 @@ __device__ __forceinline__ void cluster_place(unsigned& rank, unsigned& size) {
                  : "=r"(rank), "=r"(size));
 #endif
 }
-__device__ __forceinline__ void cluster_sync() {
+__device__ __forceinline__ unsigned cluster_addr(unsigned local, unsigned r) {
+    unsigned a = local;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(local), "r"(r));
 #endif
+    return a;
 }
-__device__ __forceinline__ float cluster_load(unsigned addr, unsigned r) {
-    float v = 0.0f;
+__device__ __forceinline__ void cluster_push(unsigned addr, float v, unsigned bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{ .reg .u32 a; mapa.shared::cluster.u32 a, %1, %2; ld.shared::cluster.f32 %0, [a]; }"
-                 : "=f"(v)
-                 : "r"(addr), "r"(r)
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(addr),
+                 "r"(__float_as_uint(v)), "r"(bar)
                  : "memory");
 #endif
-    return v;
 }
 
-// The cluster's merge of its splits: each rank left, for its valid M rows m, the unnormalised
-// sums cl_acc[m][d] (HD floats a row) and cl_ml[m] = (max in base 2, sum of weights); a rank
-// that had no keys left maxima of -inf and is skipped. The cluster's threads share the rows'
-// elements. Every thread of every rank calls it.
-template <int HD>
-__device__ __forceinline__ void cluster_merge(const float* cl_acc, const float* cl_ml, int rows,
-                                              int group, int row0, int g, int heads, int hd,
-                                              half_t* __restrict__ out) {
-    constexpr int MAX_CLUSTER = 8;  // attention.rs's MAX_CLUSTER: the launch holds to it
+// The mbarrier on which rank 0 counts the bytes the other ranks push (one per block).
+__device__ __forceinline__ unsigned push_bar() {
+    __shared__ __align__(8) unsigned long long bar;
+    return smem_addr(&bar);
+}
+
+// Rank 0's side of a cluster, before anything is pushed: its mbarrier expects `bytes` (every
+// other rank's slot), made visible to the cluster, and every thread arrives on the cluster
+// barrier that the ranks wait on before they push (cluster_ready).
+__device__ __forceinline__ void cluster_open(unsigned rank, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (rank == 0 && threadIdx.x == 0) {
+        const unsigned bar = push_bar();
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+        asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(bar),
+                     "r"(bytes)
+                     : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
     __syncwarp();  // the barrier is .aligned: each warp converged before it
-    cluster_sync();
-    unsigned rank, size;
-    cluster_place(rank, size);
-    const unsigned acc0 = smem_addr(cl_acc), ml0 = smem_addr(cl_ml);
-    for (int e = (int)(rank * blockDim.x + threadIdx.x); e < rows * hd; e += (int)(size * blockDim.x)) {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+// Every rank's mbarrier is initialised and every block is running (all arrived in
+// cluster_open, long before): pushing to rank 0 is safe after this.
+__device__ __forceinline__ void cluster_ready() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __syncwarp();
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
+
+// Rank 0's merge of its cluster's splits. Each rank r left, for its valid M rows m, the
+// unnormalised sums acc[m][d] (hd floats a row) and ml[m] = (max in base 2, sum of weights):
+// rank 0 in its own cl_acc (HD floats a row) and cl_ml, rank r > 0 in slot r - 1 of `slots`
+// (rows * (hd + 2) floats each: acc [rows][hd], then ml [rows][2]). A rank with no keys for a
+// row left a maximum of -inf and is skipped. Waits for the pushed bytes, then the block's
+// threads share the rows' elements.
+template <int HD>
+__device__ __forceinline__ void cluster_merge(const float* cl_acc, const float* cl_ml, const float* slots,
+                                              unsigned size, int rows, int group, int row0, int g,
+                                              int heads, int hd, half_t* __restrict__ out) {
+    constexpr int MAX_CLUSTER = 8;  // attention.rs's MAX_CLUSTER: the launch holds to it
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned bar = push_bar();
+    unsigned done = 0;
+    do {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(bar)
+            : "memory");
+    } while (!done);
+#endif
+    const int slot = rows * (hd + 2);
+    for (int e = threadIdx.x; e < rows * hd; e += blockDim.x) {
         const int m = e / hd, d = e - m * hd;
         float mx[MAX_CLUSTER], l[MAX_CLUSTER], a[MAX_CLUSTER];
         float top = -INFINITY;
@@ -75,16 +115,17 @@ __device__ __forceinline__ void cluster_merge(const float* cl_acc, const float* 
             mx[r] = -INFINITY;
             l[r] = a[r] = 0.0f;
             if (r < (int)size) {
-                mx[r] = cluster_load(ml0 + (unsigned)(m * 2) * 4u, (unsigned)r);
-                l[r] = cluster_load(ml0 + (unsigned)(m * 2 + 1) * 4u, (unsigned)r);
-                a[r] = cluster_load(acc0 + (unsigned)(m * HD + d) * 4u, (unsigned)r);
+                const float* from = slots + (r > 0 ? r - 1 : 0) * slot;
+                mx[r] = r == 0 ? cl_ml[m * 2] : from[rows * hd + m * 2];
+                l[r] = r == 0 ? cl_ml[m * 2 + 1] : from[rows * hd + m * 2 + 1];
+                a[r] = r == 0 ? cl_acc[m * HD + d] : from[e];
                 top = fmaxf(top, mx[r]);
             }
         }
         float num = 0.0f, den = 0.0f;
 #pragma unroll
         for (int r = 0; r < MAX_CLUSTER; ++r) {
-            // A rank without keys for this row: its sums were never written.
+            // A rank without keys for this row: its sums were never formed.
             if (mx[r] != -INFINITY) {
                 const float c = ex2(mx[r] - top);
                 num += a[r] * c;
@@ -94,9 +135,6 @@ __device__ __forceinline__ void cluster_merge(const float* cl_acc, const float* 
         const int row = row0 + m / group, qh = g * group + m % group;
         out[(size_t)row * heads * hd + qh * hd + d] = f32_to_half(num / den);
     }
-    // No rank leaves (its shared memory with it) while another still reads it.
-    __syncwarp();
-    cluster_sync();
 }
 
 template <int HD, bool CL>
@@ -150,6 +188,18 @@ __device__ __forceinline__ void flash_decode(
     const int wfirst = row_pos[row0];
     // The valid M rows: (position, query head) pairs, positions first.
     const int rows = min(pw, cnt) * group;
+    // In a cluster: this block's rank, and (ranks past 0) where its slot and rank 0's
+    // mbarrier are in rank 0's shared memory. The slots follow the two stages of K and V.
+    unsigned rank = 0, size = 1, slot = 0, bar = 0;
+    float* slots = reinterpret_cast<float*>(fa_smem + 2 * 2 * FA_STAGE * LD * 2);
+    if (CL) {
+        cluster_place(rank, size);
+        cluster_open(rank, (size - 1) * (unsigned)(rows * (hd + 2)) * 4u);
+        if (rank != 0) {
+            slot = cluster_addr(smem_addr(slots + (rank - 1) * rows * (hd + 2)), 0);
+            bar = cluster_addr(push_bar(), 0);
+        }
+    }
 
     const int* table = tables + (size_t)row_seq[row0] * table_stride;
     const int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
@@ -184,9 +234,13 @@ __device__ __forceinline__ void flash_decode(
     float* cl_acc = s_ml + FA_WARPS * 16 * 2;              // [16][HD] (clusters)
     float* cl_ml = cl_acc + 16 * HD;                       // [16][2]
     if (CL && !live) {
-        // An empty split of a cluster: no keys, so maxima of -inf, and the merge.
-        if (threadIdx.x < rows) cl_ml[threadIdx.x * 2] = -INFINITY;
-        cluster_merge<HD>(cl_acc, cl_ml, rows, group, row0, g, heads, hd, out);
+        // An empty split of a cluster (never rank 0, whose split starts at position 0): no
+        // keys, so maxima of -inf and zero sums.
+        cluster_ready();
+        for (int e = threadIdx.x; e < rows * (hd + 2); e += blockDim.x) {
+            const int j = e - rows * hd;  // past the sums: (max, weight sum) pairs
+            cluster_push(slot + (unsigned)e * 4u, j >= 0 && (j & 1) == 0 ? -INFINITY : 0.0f, bar);
+        }
         return;
     }
     if (!live) {
@@ -356,6 +410,7 @@ __device__ __forceinline__ void flash_decode(
         }
     }
     __syncthreads();
+    if (CL) cluster_ready();
     // One valid M row at a time (its weights per warp found once), its dimensions across
     // the block: no division in the loop, no pass over the rows past the tile.
     for (int m = 0; m < rows; ++m) {
@@ -374,7 +429,13 @@ __device__ __forceinline__ void flash_decode(
             float a = 0.0f;
 #pragma unroll
             for (int w = 0; w < FA_WARPS; ++w) a += s_o[(w * 16 + m) * HD + d] * c[w];
-            if (CL) {
+            if (CL && rank != 0) {
+                cluster_push(slot + (unsigned)(m * hd + d) * 4u, a, bar);
+                if (d == 0) {
+                    cluster_push(slot + (unsigned)(rows * hd + m * 2) * 4u, mx, bar);  // base 2
+                    cluster_push(slot + (unsigned)(rows * hd + m * 2 + 1) * 4u, sum, bar);
+                }
+            } else if (CL) {
                 cl_acc[m * HD + d] = a;
                 if (d == 0) {
                     cl_ml[m * 2] = mx;  // base 2
@@ -392,7 +453,10 @@ __device__ __forceinline__ void flash_decode(
             }
         }
     }
-    if (CL) cluster_merge<HD>(cl_acc, cl_ml, rows, group, row0, g, heads, hd, out);
+    if (CL && rank == 0) {
+        __syncthreads();
+        cluster_merge<HD>(cl_acc, cl_ml, slots, size, rows, group, row0, g, heads, hd, out);
+    }
 }
 
 #define FA_ARGS                                                                              \
@@ -413,7 +477,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) KERNEL(flash_decode_hd64)(F
 extern "C" __global__ void __launch_bounds__(128, 3) KERNEL(flash_decode_hd128)(FA_ARGS) {
     flash_decode<128, false>(FA_PASS);
 }
-// The same, the splits merged within their cluster (launched with cluster dims 1 x 1 x splits).
+// The same, the splits merged within their cluster (launched with cluster dims 1 x 1 x splits
+// and, after the stages, dynamic shared memory for splits - 1 slots of the tiles' rows:
+// attention.rs's cluster_slots).
 extern "C" __global__ void __launch_bounds__(128, 4) KERNEL(flash_decode_cl_hd64)(FA_ARGS) {
     flash_decode<64, true>(FA_PASS);
 }

@@ -227,6 +227,7 @@ fn one(
         tiles: tiles_buf.ptr(),
         rows_tiles,
         keys_tiles,
+        decode_len: tiles.decode_len(),
         out: ob.ptr(),
         part_acc: pa.ptr(),
         part_ml: pm.ptr(),

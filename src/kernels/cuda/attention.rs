@@ -25,6 +25,9 @@ pub struct Attention {
     pub tiles: u64,
     pub rows_tiles: usize,
     pub keys_tiles: usize,
+    /// The most positions of any decode tile ([`Tiles::decode_len`]; at least that): a
+    /// cluster's slots hold this many positions' rows.
+    pub decode_len: usize,
     pub out: u64,
     /// Split-K workspace: `acc_cap` floats at `part_acc`, `acc_cap / head_dim * 2` at
     /// `part_ml`.
@@ -123,20 +126,36 @@ pub fn flash_kernel(mode: &str, budget: usize) -> String {
     format!("flash_{mode}_hd{budget}")
 }
 
-/// Dynamic shared memory of tensor-core kernel `mode` built for `budget`: two stages of K
-/// and V rows, after the block's query rows for a prefill; each row padded by 8 halves, or
-/// for `prefill_sm90` unpadded (swizzled) with 1,024 bytes of slack to align the swizzle.
+/// Dynamic shared memory of tensor-core kernel `mode` built for `budget`, at most: two stages
+/// of K and V rows, after the block's query rows for a prefill; each row padded by 8 halves,
+/// or for `prefill_sm90` unpadded (swizzled) with 1,024 bytes of slack to align the swizzle;
+/// for `decode_cl` the largest cluster's slots after them (a launch asks for its own,
+/// [`cluster_slots`]).
 pub fn flash_smem(mode: &str, budget: usize) -> usize {
     let q_rows = if mode.starts_with("decode") {
         0
     } else {
         PREFILL_WARPS * WARP_ROWS
     };
+    let slots = if mode == "decode_cl" {
+        cluster_slots(MAX_CLUSTER, WARP_ROWS, budget)
+    } else {
+        0
+    };
     if mode == "prefill_sm90" {
         1024 + (q_rows + 2 * 2 * STAGE) * budget * 2
     } else {
-        (q_rows + 2 * 2 * STAGE) * (budget + 8) * 2
+        (q_rows + 2 * 2 * STAGE) * (budget + 8) * 2 + slots
     }
+}
+
+/// Bytes of the slots after a cluster's K and V stages in which its ranks past 0 leave
+/// their partial sums for rank 0 to merge (flash_decode.cu's `cluster_merge`): `splits - 1`
+/// slots of `rows` M rows, each `head_dim` sums and a (max, weight sum) pair, fp32. Sized
+/// to the launch: slots for 16 rows where 4 were used (66 KB a block against 44) made the
+/// 1B's decode step 1.019-1.048 ms against 1.001-1.002 (docs/perf.md, thirty-fourth pass).
+pub fn cluster_slots(splits: usize, rows: usize, head_dim: usize) -> usize {
+    splits.saturating_sub(1) * rows * (head_dim + 2) * 4
 }
 
 /// The prefill kernel mode for `h`: `prefill_sm90` where the device takes wgmma and
@@ -201,6 +220,15 @@ impl Tiles {
 
     pub fn counts(&self) -> (usize, usize) {
         (self.rows.len() / 2, self.keys.len() / 2)
+    }
+
+    /// The most positions of any decode tile (0 without one).
+    pub fn decode_len(&self) -> usize {
+        self.keys
+            .chunks_exact(2)
+            .map(|t| t[1].max(0) as usize)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -397,11 +425,16 @@ fn flash(
         // grid, at most MAX_CLUSTER, on a device that has clusters); tables cover every
         // row's positions.
         let mut c = cfg((a.keys_tiles * hs.kv_heads, 1, splits), 128)?;
-        c.shared_mem_bytes = flash_smem(mode, budget) as u32;
+        c.shared_mem_bytes = flash_smem("decode", budget) as u32;
         if cluster {
-            if splits > MAX_CLUSTER {
-                return Err(Error::Cuda(format!("a cluster of {splits} splits")));
+            // A decode tile's M rows: its positions times the query heads of a KV head.
+            let rows = a.decode_len * (hs.heads / hs.kv_heads);
+            if splits > MAX_CLUSTER || rows > WARP_ROWS {
+                return Err(Error::Cuda(format!(
+                    "a cluster of {splits} splits of {rows} rows"
+                )));
             }
+            c.shared_mem_bytes += cluster_slots(splits, rows, hs.head_dim) as u32;
             let z = splits as u32; // at most MAX_CLUSTER
             unsafe { gpu.launch_cluster(f, c, (1, 1, z), &mut b) }.map_err(cuda_err(name))?;
         } else {
@@ -472,6 +505,7 @@ mod tests {
             tiles: 0,
             rows_tiles: 0,
             keys_tiles: n,
+            decode_len: 1,
             out: 0,
             part_acc: 0,
             part_ml: 0,
@@ -574,7 +608,11 @@ mod tests {
         // Two stages of K and V (and 128 query rows for a prefill), rows padded by 8.
         assert_eq!(flash_smem("decode", 128), 69_632);
         assert_eq!(flash_smem("decode", 64), 36_864);
-        assert_eq!(flash_smem("decode_cl", 128), flash_smem("decode", 128));
+        // A cluster's decode adds, at most, 7 slots of 16 rows of 128 sums and 2 more.
+        assert_eq!(flash_smem("decode_cl", 128), 69_632 + 7 * 16 * 130 * 4);
+        // A launch asks for its own: SmolLM2's 3 query heads a KV head over 4 splits.
+        assert_eq!(cluster_slots(4, 3, 64), 3 * 3 * 66 * 4);
+        assert_eq!(cluster_slots(1, 16, 128), 0);
         assert_eq!(flash_smem("prefill", 128), 104_448);
         assert_eq!(flash_smem("prefill", 64), 55_296);
         // The wgmma build: unpadded rows, and the slack that aligns its swizzle.
@@ -614,6 +652,8 @@ mod tests {
         // Decode tiles too: the decode at position 50 reads 51 keys, the draft 13.
         assert_eq!(t.keys, vec![37, 1, 38, 4]);
         assert_eq!(t.counts(), (3, 2));
+        // The draft check is the longest decode tile.
+        assert_eq!(t.decode_len(), 4);
         let flat: Vec<i32> = t.flat().collect();
         assert_eq!(flat.len(), 10);
         assert_eq!(&flat[6..], &[37, 1, 38, 4]);
@@ -628,5 +668,8 @@ mod tests {
             (t.keys.clone(), t.rows.clone()),
             (vec![0, 16], vec![16, 17])
         );
+        assert_eq!(t.decode_len(), 16);
+        // Prefill alone: no decode tile.
+        assert_eq!(Tiles::new([(0, 85, 0)], 1).unwrap().decode_len(), 0);
     }
 }

@@ -130,6 +130,8 @@ struct Layout {
     /// Where the attention tiles start in `meta`, and their (rows, keys) counts.
     tiles_at: usize,
     tiles: (usize, usize),
+    /// The most positions of a decode tile, among these tiles and the tail's.
+    decode_len: usize,
     /// Where some rows get no logits: the tiles of those that do (each chunk's last
     /// `logits` rows), for the last layer, where they alone go on past the KV write.
     tail: Option<(usize, (usize, usize))>,
@@ -219,10 +221,12 @@ impl Layout {
         meta.extend(tables);
         let tiles_at = meta.len();
         meta.extend(tiles.flat());
+        let mut decode_len = tiles.decode_len();
         let tail = if m < n {
             let t = Tiles::new(tails, group)?;
             let at = meta.len();
             meta.extend(t.flat());
+            decode_len = decode_len.max(t.decode_len());
             Some((at, t.counts()))
         } else {
             None
@@ -235,6 +239,7 @@ impl Layout {
             meta,
             tiles_at,
             tiles: tiles.counts(),
+            decode_len,
             tail,
             counts,
             firsts,
@@ -659,6 +664,7 @@ impl CudaForward {
                     tiles: s.meta.at(tiles_at),
                     rows_tiles,
                     keys_tiles,
+                    decode_len: lay.decode_len,
                     out: s.attn.ptr(),
                     part_acc: s.part_acc.ptr(),
                     part_ml: s.part_ml.ptr(),
