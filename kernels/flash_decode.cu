@@ -57,9 +57,10 @@ __device__ __forceinline__ unsigned push_bar() {
     return smem_addr(&bar);
 }
 
-// Rank 0's side of a cluster, before anything is pushed: its mbarrier expects `bytes` (every
-// other rank's slot), made visible to the cluster, and every thread arrives on the cluster
-// barrier that the ranks wait on before they push (cluster_ready).
+// Every rank calls it, before anything is pushed: rank 0's first thread initialises its
+// mbarrier to expect `bytes` (every other rank's slot) and makes that visible to the
+// cluster; every thread of every rank arrives on the cluster barrier that a rank waits on
+// before it pushes (cluster_ready).
 __device__ __forceinline__ void cluster_open(unsigned rank, unsigned bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (rank == 0 && threadIdx.x == 0) {
@@ -74,8 +75,8 @@ __device__ __forceinline__ void cluster_open(unsigned rank, unsigned bytes) {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 #endif
 }
-// Every rank's mbarrier is initialised and every block is running (all arrived in
-// cluster_open, long before): pushing to rank 0 is safe after this.
+// Rank 0's mbarrier is initialised and every block of the cluster is running (all arrived
+// in cluster_open, long before): pushing to rank 0 is safe after this.
 __device__ __forceinline__ void cluster_ready() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __syncwarp();

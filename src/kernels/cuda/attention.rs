@@ -422,14 +422,15 @@ fn flash(
         // pre-scaled (query_scale); the decode tiles follow the prefill tiles, each a (first
         // row, rows) pair inside the batch; the plan keeps partial sums within the
         // workspace (the cluster build uses none, and its cluster is the z extent of the
-        // grid, at most MAX_CLUSTER, on a device that has clusters); tables cover every
-        // row's positions.
+        // grid, at most MAX_CLUSTER, on a device that has clusters; its slots hold
+        // `decode_len` positions' rows, which the caller's tiles never pass); tables cover
+        // every row's positions.
         let mut c = cfg((a.keys_tiles * hs.kv_heads, 1, splits), 128)?;
         c.shared_mem_bytes = flash_smem("decode", budget) as u32;
         if cluster {
             // A decode tile's M rows: its positions times the query heads of a KV head.
             let rows = a.decode_len * (hs.heads / hs.kv_heads);
-            if splits > MAX_CLUSTER || rows > WARP_ROWS {
+            if splits > MAX_CLUSTER || rows == 0 || rows > WARP_ROWS {
                 return Err(Error::Cuda(format!(
                     "a cluster of {splits} splits of {rows} rows"
                 )));

@@ -1018,6 +1018,7 @@ impl CudaForward {
             n: lay.n,
             plan_len: lay.plan_len,
             tiles: lay.tiles,
+            decode_len: lay.decode_len,
         });
         self.model.gpu.bind()?;
         if let Some(begin) = begin {

@@ -50,12 +50,15 @@ pub fn graph_plan_len(longest: usize, h: &Heads, clusters: bool) -> usize {
 const GRAPH_CACHE: usize = 64;
 
 /// What fixes a captured decode pass's launches: the rows, the planned context length
-/// (the block-table stride and the attention's split plan follow from it) and the tiles.
+/// (the block-table stride and the attention's split plan follow from it), the tiles, and
+/// the most positions of a decode tile (a cluster's shared memory follows from it; 1 for
+/// every pass [`Graphs::takes`] now).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub struct GraphKey {
     pub n: usize,
     pub plan_len: usize,
     pub tiles: (usize, usize),
+    pub decode_len: usize,
 }
 
 /// A captured pass, owned by one [`Graphs`].
