@@ -50,8 +50,9 @@ const CASES: &[Case] = &[
         decode: &[1, 33, 1000, 5000],
         drafts: &[],
     },
-    // Many short decode tiles at once, all unsplit (every context fits 128 positions), with
-    // short prompts that make tiles of several positions where a warp holds them.
+    // Many short decode tiles at once, all unsplit (every context fits 128 positions) but
+    // where the device has clusters (contexts past 64 split into two there), with short
+    // prompts that make tiles of several positions where a warp holds them.
     Case {
         name: "decode short batch",
         prefill: &[2, 3, 4],
@@ -61,7 +62,7 @@ const CASES: &[Case] = &[
     // The same up to 256 positions: unsplit where head_dim is at most 64; split where 256
     // positions hold more than 256 x 64 elements (head_dim 80 and 128), and on the
     // warp-per-key kernel. Where the device has clusters, the tensor-core kernel's
-    // contexts past 128 split into a cluster instead (and unsplit, or combined, on the
+    // contexts past 64 split into a cluster instead (and unsplit, or combined, on the
     // rerun without).
     Case {
         name: "decode short batch 256",

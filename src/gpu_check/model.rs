@@ -9,7 +9,7 @@
 //! [`last_layer_rows_vs_every_row`]: the last layer run on the rows that get logits alone
 //! against the same chunks asking logits for every row. [`long_decodes_graph_vs_kernels`]:
 //! captured decode passes at contexts past 128 positions (where the attention's splits may
-//! merge in their cluster, and captures are planned in steps) against the same steps
+//! merge in their cluster, as from 65, and captures are planned in steps) against the same steps
 //! launched kernel by kernel. [`sampled_plans_vs_cpu`]: the engine's own sampling (plans
 //! uploaded with the step's layout, choices written into mapped host memory) with
 //! temperatures, top-k/top-p, penalties and bans, against the CPU plan on the same logits.

@@ -64,10 +64,11 @@ pub const MAX_CLUSTER: usize = 8;
 /// a split where the batch leaves room for eight splits); longer ones split wider and merge
 /// in `attention_combine`.
 pub const CLUSTER_MAX_LEN: usize = MAX_CLUSTER * 2 * STAGE;
-/// Contexts up to this long are not split into a cluster: one block's two stages cost less
-/// than one stage and the cluster's merge (135M at 1 x 128 on an H100: 0.503-0.507 ms
-/// unsplit against 0.513-0.522; docs/perf.md, twenty-sixth pass).
-pub const CLUSTER_MIN_LEN: usize = 2 * STAGE;
+/// Contexts up to this long (one stage) are not split into a cluster. Since the cluster
+/// merges by pushes into its first block, two stages side by side cost less than one
+/// block's two in a row (135M at 1 x 100 and 1 x 128 on an H100: 0.424-0.426 ms against
+/// 0.431-0.433, the 1B even; docs/perf.md, thirty-fourth pass).
+pub const CLUSTER_MIN_LEN: usize = STAGE;
 /// The tensor-core decode kernel splits no context whose keys per KV head hold at most this
 /// many elements (256 positions at head_dim 64, 128 at 128): at batch 1 on an H100 a
 /// split's merge (`attention_combine`, one more dependent kernel) costs more than the
@@ -589,6 +590,10 @@ mod tests {
         assert_eq!(attention_plan(&on(1, CLUSTER_MIN_LEN, 64)).2, 1);
         assert_eq!(
             attention_plan(&on(1, CLUSTER_MIN_LEN + 1, 64)),
+            (Kernel::FlashCluster, 64, 2)
+        );
+        assert_eq!(
+            attention_plan(&on(1, 2 * STAGE + 1, 64)),
             (Kernel::FlashCluster, 64, 3)
         );
         assert_eq!(attention_plan(&on(64, 256, 64)).2, 1);

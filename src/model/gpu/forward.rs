@@ -1351,16 +1351,18 @@ mod tests {
         // clusters, by steps of 256 up to the contexts whose splits merge in their cluster.
         for clusters in [false, true] {
             assert_eq!(graph_plan_len(256, &h(64), clusters), 256);
-            assert_eq!(graph_plan_len(128, &h(128), clusters), 128);
             assert_eq!(graph_plan_len(1025, &h(64), clusters), 2048);
             // Heads the warp-per-key kernel takes split every context: no short capture.
             assert_eq!(graph_plan_len(100, &h(72), clusters), 1024);
         }
         assert_eq!(graph_plan_len(257, &h(64), false), 1024);
+        assert_eq!(graph_plan_len(128, &h(128), false), 128);
         assert_eq!(graph_plan_len(129, &h(128), false), 1024);
         assert_eq!(graph_plan_len(257, &h(64), true), 512);
-        // Contexts that run unsplit all the same, with clusters: up to two stages.
-        assert_eq!(graph_plan_len(21, &h(64), true), 128);
+        // Contexts that run unsplit all the same, with clusters: up to one stage.
+        assert_eq!(graph_plan_len(21, &h(64), true), 64);
+        assert_eq!(graph_plan_len(65, &h(64), true), 256);
+        assert_eq!(graph_plan_len(128, &h(128), true), 256);
         assert_eq!(graph_plan_len(129, &h(64), true), 256);
         assert_eq!(graph_plan_len(129, &h(128), true), 256);
         assert_eq!(graph_plan_len(1024, &h(64), true), 1024);
