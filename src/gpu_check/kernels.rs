@@ -415,34 +415,45 @@ fn gate_up_swiglu(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>
                 split,
                 pipelined: true,
             };
-            let act = poison_half(gpu, dt, n * f)?;
-            let ptrs = (xd.ptr(), wd.ptr(), act.ptr());
-            blas.gemv_at(dt, ptrs, Out::Half, n, k, 2 * f, true, plan, None)?;
-            let got = to_f32(dt, &gpu.read(&act, n * f)?);
-            out.push(row(
-                &format!("gate_up + SwiGLU, gemv kernel at split {plan}"),
-                dt,
-                format!("n {n} in {k} f {f}"),
-                rel_err(&got, &want),
-                1e-2,
-            ));
-            if !Blas::gemv_can_norm(n, k) {
-                continue;
+            // Unnormed on xd, then (where the kernel can norm these rows) normed by the same
+            // kernel (gemv_pipe_norm; its xn poisoned and unread, so that the plain pipelined
+            // kernel on xn could not pass).
+            let run = |norm_in_kernel: bool| -> Result<Vec<f32>> {
+                let act = poison_half(gpu, dt, n * f)?;
+                let xn = if norm_in_kernel {
+                    Some(poison_half(gpu, dt, n * k)?)
+                } else {
+                    None
+                };
+                let (x, nm) = match &xn {
+                    Some(xn) => (xn.ptr(), Some(normed.norm(xn))),
+                    None => (xd.ptr(), None),
+                };
+                blas.gemv_at(
+                    dt,
+                    (x, wd.ptr(), act.ptr()),
+                    Out::Half,
+                    n,
+                    k,
+                    2 * f,
+                    true,
+                    plan,
+                    nm,
+                )?;
+                Ok(to_f32(dt, &gpu.read(&act, n * f)?))
+            };
+            for (norm_in_kernel, name) in [(false, "gate_up"), (true, "rms_norm + gate_up")] {
+                if norm_in_kernel && !Blas::gemv_can_norm(n, k) {
+                    continue;
+                }
+                out.push(row(
+                    &format!("{name} + SwiGLU, gemv kernel at split {plan}"),
+                    dt,
+                    format!("n {n} in {k} f {f}"),
+                    rel_err(&run(norm_in_kernel)?, &want),
+                    1e-2,
+                ));
             }
-            // Normed by the same kernel (gemv_pipe_norm; its xn poisoned and unread, so that
-            // the plain pipelined kernel on xn could not pass).
-            let (xn, act) = (poison_half(gpu, dt, n * k)?, poison_half(gpu, dt, n * f)?);
-            let ptrs = (xn.ptr(), wd.ptr(), act.ptr());
-            let nm = Some(normed.norm(&xn));
-            blas.gemv_at(dt, ptrs, Out::Half, n, k, 2 * f, true, plan, nm)?;
-            let got = to_f32(dt, &gpu.read(&act, n * f)?);
-            out.push(row(
-                &format!("rms_norm + gate_up + SwiGLU, gemv kernel at split {plan}"),
-                dt,
-                format!("n {n} in {k} f {f}"),
-                rel_err(&got, &want),
-                1e-2,
-            ));
         }
     }
     Ok(out)
