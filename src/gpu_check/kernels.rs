@@ -15,7 +15,7 @@ use super::{rel_err, Row};
 use crate::error::Result;
 use crate::kernels::cpu;
 use crate::kernels::cuda::gemm::{Blas, Input, Norm, Out, Path, Shape};
-use crate::kernels::cuda::gemv::{gemv_splits, pipe_fits, GemvPlan};
+use crate::kernels::cuda::gemv::runnable_plans;
 use crate::kernels::cuda::launch::{self, Heads};
 use crate::kernels::cuda::lt;
 use crate::kernels::cuda::swap::{self, SwapCaches};
@@ -410,11 +410,7 @@ fn gate_up_swiglu(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>
             ));
         }
         // The pipelined kernel at each split it can run (the tuning may choose it).
-        for split in gemv_splits(k).filter(|&s| pipe_fits(n, k, s)) {
-            let plan = GemvPlan {
-                split,
-                pipelined: true,
-            };
+        for plan in runnable_plans(n, k).filter(|p| p.pipelined) {
             // Unnormed on xd, then (where the kernel can norm these rows) normed by the same
             // kernel (gemv_pipe_norm; its xn poisoned and unread, so that the plain pipelined
             // kernel on xn could not pass).
@@ -588,11 +584,7 @@ fn normed_linear(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>>
         // The pipelined kernel norming the row itself (gemv_pipe_norm), at each split it
         // can run: against the CPU, and bit for bit against the rms_norm kernel's row on the
         // same plan (the same norm, the same sums).
-        for split in gemv_splits(k).filter(|&s| pipe_fits(n, k, s)) {
-            let plan = GemvPlan {
-                split,
-                pipelined: true,
-            };
+        for plan in runnable_plans(n, k).filter(|p| p.pipelined) {
             let run = |normed_in_kernel: bool| -> Result<Vec<f32>> {
                 let xn = poison_half(gpu, dt, n * k)?;
                 let y = poison_half(gpu, dt, n * m)?;
@@ -904,13 +896,7 @@ fn gemv_plans(
 ) -> Result<Vec<Row>> {
     let mut out = Vec::new();
     let mut plain_sums: Option<(usize, Vec<f32>)> = None;
-    let plans = gemv_splits(k).flat_map(|split| {
-        [false, true]
-            .map(|pipelined| GemvPlan { split, pipelined })
-            .into_iter()
-            .filter(move |p| !p.pipelined || pipe_fits(n, k, split))
-    });
-    for plan in plans {
+    for plan in runnable_plans(n, k) {
         let outs: &[Out] = if plan.pipelined {
             &[Out::F32, Out::Half, Out::F32Add]
         } else {

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::gemv::{
-    gemv_split, gemv_splits, one_wave_pipelined, pipe_fits, GemvPlan, GEMV_MAX_ROWS, GEMV_WARPS,
+    gemv_split, one_wave_pipelined, runnable_plans, GemvPlan, GEMV_MAX_ROWS, GEMV_WARPS,
 };
 use super::launch;
 use super::lt::{Lt, LtTuning, Tuned};
@@ -295,23 +295,17 @@ impl Blas {
         let mut plans = Vec::new();
         if Self::gemv_fits(x, w, n, inp) {
             let into = if swiglu { act } else { y };
-            for split in gemv_splits(inp) {
-                for pipelined in [false, true] {
-                    let plan = GemvPlan { split, pipelined };
-                    if pipelined && !pipe_fits(n, inp, split) {
-                        continue;
-                    }
-                    let ms = time_ms(&self.gpu, &mut || {
-                        self.gemv(shape, x, w, into, swiglu, None, plan)
-                    })?;
-                    if ms < gemv_ms {
-                        (gemv_ms, gemv) = (ms, plan);
-                    }
-                    if !pipelined && ms < plain_ms {
-                        (plain_ms, plain_split) = (ms, split);
-                    }
-                    plans.push((plan, ms));
+            for plan in runnable_plans(n, inp) {
+                let ms = time_ms(&self.gpu, &mut || {
+                    self.gemv(shape, x, w, into, swiglu, None, plan)
+                })?;
+                if ms < gemv_ms {
+                    (gemv_ms, gemv) = (ms, plan);
                 }
+                if !plan.pipelined && ms < plain_ms {
+                    (plain_ms, plain_split) = (ms, plan.split);
+                }
+                plans.push((plan, ms));
             }
         }
         let one_wave = one_wave_pipelined(&plans, out, self.pipe_grid);

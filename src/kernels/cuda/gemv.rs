@@ -266,6 +266,18 @@ pub fn gemv_splits(inp: usize) -> impl Iterator<Item = usize> {
         .filter(move |&s| s == 1 || chunks / s >= 32)
 }
 
+/// Every plan the GEMV kernels can run `n` rows of `inp` inputs by, the ones the tuning
+/// times: each split of [`gemv_splits`] on the plain kernel, then on the pipelined one
+/// where [`pipe_fits`].
+pub fn runnable_plans(n: usize, inp: usize) -> impl Iterator<Item = GemvPlan> {
+    gemv_splits(inp).flat_map(move |split| {
+        [false, true]
+            .map(|pipelined| GemvPlan { split, pipelined })
+            .into_iter()
+            .filter(move |p| !p.pipelined || pipe_fits(n, inp, split))
+    })
+}
+
 /// Whether the pipelined GEMV kernel runs `n` rows of `inp` inputs at `split`: one row, and
 /// each lane's slice of a row within its PIPE_UNROLL chunks.
 pub fn pipe_fits(n: usize, inp: usize, split: usize) -> bool {
@@ -332,6 +344,21 @@ mod tests {
         assert!(!pipe_fits(1, 576, 1));
         assert!(pipe_fits(1, 2056, 8));
         assert!(!pipe_fits(1, 2056, 4));
+    }
+
+    #[test]
+    fn runnable_plans_are_each_split_plain_then_pipelined_where_it_fits() {
+        let pipe = |split| GemvPlan {
+            split,
+            pipelined: true,
+        };
+        // SmolLM2-135M's 576 inputs: splits 1 and 2; split 1's 72 chunks a lane pass the
+        // pipelined kernel's 64.
+        let plans: Vec<GemvPlan> = runnable_plans(1, 576).collect();
+        assert_eq!(plans, [GemvPlan::plain(1), GemvPlan::plain(2), pipe(2)]);
+        // Two rows: the plain kernel alone.
+        let plans: Vec<GemvPlan> = runnable_plans(2, 576).collect();
+        assert_eq!(plans, [GemvPlan::plain(1), GemvPlan::plain(2)]);
     }
 
     #[test]
