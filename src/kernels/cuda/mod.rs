@@ -528,6 +528,28 @@ impl<T> DevBuf<T> {
 mod tests {
     use super::*;
 
+    /// Each module's `KERNEL(name)` entry points, as its source spells them, are the ones
+    /// loaded: an unlisted kernel would only fail on the GPU, at its first launch.
+    #[test]
+    fn every_kernel_in_a_source_is_loaded() {
+        for (module, src) in compile::MODULES {
+            let mut defined: Vec<&str> = src
+                .split("KERNEL(")
+                .skip(1)
+                .filter_map(|rest| rest.split_once(')').map(|(name, _)| name))
+                .collect();
+            defined.sort_unstable();
+            defined.dedup();
+            let mut loaded: Vec<&str> = ENTRY_POINTS
+                .iter()
+                .find(|(m, _)| m == module)
+                .map(|(_, names)| names.to_vec())
+                .unwrap_or_default();
+            loaded.sort_unstable();
+            assert_eq!(defined, loaded, "module {module}");
+        }
+    }
+
     #[test]
     fn every_tensor_core_kernel_is_an_entry_point() {
         let names: Vec<&str> = ENTRY_POINTS
