@@ -413,24 +413,59 @@ static void reset_times() {
   CK(cudaMemcpy(g_times, init, sizeof init, cudaMemcpyHostToDevice));
 }
 
+// A launch of one cluster of c blocks of `threads`, `smem` bytes of dynamic shared memory
+// each (cfg points at at: not copied).
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at[1];
+  ClusterLaunch(int c, int threads, int smem) {
+    cfg.gridDim = dim3(c);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = c;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+};
+
+// B and C's table: `run(src, bytes, G)` streams `bytes` from src on G blocks; GB/s from a
+// fresh window of buf (big bytes; `window` is where the last one started) and from the same
+// window again, 5 runs each.
+template <class Run>
+static void stream_table(const uint4* buf, size_t big, size_t& window, int sms, Run run) {
+  printf("| bytes | G | from memory | from L2 |\n|---|---|---|---|\n");
+  for (size_t bytes : {(size_t)7 << 20, (size_t)56 << 20}) {
+    for (int g : {8, 16, 32, 66, sms}) {
+      double cold = 0, hot = 0;
+      const int REPS = 5;
+      for (int rep = 0; rep < REPS; ++rep) {
+        window = (window + bytes + (1 << 20)) % (big - bytes - (1 << 20));
+        const char* src = reinterpret_cast<const char*>(buf) + window;
+        for (double* rate : {&cold, &hot}) {
+          reset_times();
+          run(src, bytes, g);
+          CK(cudaDeviceSynchronize());
+          *rate += bytes / (elapsed_us() * 1e3);
+        }
+      }
+      printf("| %zu MiB | %d | %.0f | %.0f |\n", bytes >> 20, g, cold / REPS, hot / REPS);
+    }
+  }
+}
+
 template <bool DSMEM>
 static double chain_us_per_stage(int c, float* vals, int stages) {
   auto k = cluster_chain<DSMEM>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(c);
-  cfg.blockDim = dim3(256);
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = c;
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
+  ClusterLaunch cl(c, 256, 0);
   double best = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
     reset_times();
-    CK(cudaLaunchKernelEx(&cfg, k, vals, stages, g_times));
+    CK(cudaLaunchKernelEx(&cl.cfg, k, vals, stages, g_times));
     CK(cudaDeviceSynchronize());
     const double us = elapsed_us() / stages;
     if (rep > 0 && us < best) best = us;
@@ -457,52 +492,18 @@ int main() {
   uint4* buf;
   CK(cudaMalloc(&buf, BIG));
   CK(cudaMemset(buf, 1, BIG));
-  printf("\nB. G blocks of 512 threads streaming (GB/s; from memory: a fresh window each run; from L2: the same window again)\n");
-  printf("| bytes | G | from memory | from L2 |\n|---|---|---|---|\n");
   size_t window = 0;
-  for (size_t bytes : {(size_t)7 << 20, (size_t)56 << 20}) {
-    for (int g : {8, 16, 32, 66, sms}) {
-      double cold = 0, hot = 0;
-      const int REPS = 5;
-      for (int rep = 0; rep < REPS; ++rep) {
-        window = (window + bytes + (1 << 20)) % (BIG - bytes - (1 << 20));
-        const uint4* src = buf + window / 16;
-        reset_times();
-        stream<<<g, 512>>>(src, bytes, sink, g_times);
-        CK(cudaDeviceSynchronize());
-        cold += bytes / (elapsed_us() * 1e3);
-        reset_times();
-        stream<<<g, 512>>>(src, bytes, sink, g_times);
-        CK(cudaDeviceSynchronize());
-        hot += bytes / (elapsed_us() * 1e3);
-      }
-      printf("| %zu MiB | %d | %.0f | %.0f |\n", bytes >> 20, g, cold / REPS, hot / REPS);
-    }
-  }
+  printf("\nB. G blocks of 512 threads streaming (GB/s; from memory: a fresh window each run; from L2: the same window again)\n");
+  stream_table(buf, BIG, window, sms, [&](const char* src, size_t bytes, int g) {
+    stream<<<g, 512>>>(reinterpret_cast<const uint4*>(src), bytes, sink, g_times);
+  });
   const int smem = BULK_STAGES * BULK_CHUNK;
   CK(cudaFuncSetAttribute(stream_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   printf("\nC. G blocks streaming by bulk copies, %d of %d KiB in flight a block (GB/s)\n", BULK_STAGES,
          BULK_CHUNK >> 10);
-  printf("| bytes | G | from memory | from L2 |\n|---|---|---|---|\n");
-  for (size_t bytes : {(size_t)7 << 20, (size_t)56 << 20}) {
-    for (int g : {8, 16, 32, 66, sms}) {
-      double cold = 0, hot = 0;
-      const int REPS = 5;
-      for (int rep = 0; rep < REPS; ++rep) {
-        window = (window + bytes + (1 << 20)) % (BIG - bytes - (1 << 20));
-        const char* src = reinterpret_cast<const char*>(buf) + window;
-        reset_times();
-        stream_bulk<<<g, 32, smem>>>(src, bytes, g_times);
-        CK(cudaDeviceSynchronize());
-        cold += bytes / (elapsed_us() * 1e3);
-        reset_times();
-        stream_bulk<<<g, 32, smem>>>(src, bytes, g_times);
-        CK(cudaDeviceSynchronize());
-        hot += bytes / (elapsed_us() * 1e3);
-      }
-      printf("| %zu MiB | %d | %.0f | %.0f |\n", bytes >> 20, g, cold / REPS, hot / REPS);
-    }
-  }
+  stream_table(buf, BIG, window, sms, [&](const char* src, size_t bytes, int g) {
+    stream_bulk<<<g, 32, smem>>>(src, bytes, g_times);
+  });
   // D: 30 layers of the 135M's shapes, each layer's weights and keys apart (about 211 MB,
   // beyond L2).
   const int NL = 30;
@@ -538,19 +539,9 @@ int main() {
     for (int rep = 0; rep < 4; ++rep) {
       std::vector<float> x(D_H, 1.0f);
       CK(cudaMemcpy(dv.x, x.data(), D_H * 4, cudaMemcpyHostToDevice));
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(c);
-      cfg.blockDim = dim3(D_THREADS);
-      cfg.dynamicSmemBytes = smem;
-      cudaLaunchAttribute at[1];
-      at[0].id = cudaLaunchAttributeClusterDimension;
-      at[0].val.clusterDim.x = c;
-      at[0].val.clusterDim.y = 1;
-      at[0].val.clusterDim.z = 1;
-      cfg.attrs = at;
-      cfg.numAttrs = 1;
+      ClusterLaunch cl(c, D_THREADS, smem);
       reset_times();
-      CK(cudaLaunchKernelEx(&cfg, layers_in_cluster, (const DLayer*)dl, NL, dv, mode, g_times));
+      CK(cudaLaunchKernelEx(&cl.cfg, layers_in_cluster, (const DLayer*)dl, NL, dv, mode, g_times));
       CK(cudaDeviceSynchronize());
       printf(" %.2f", elapsed_us() / NL);
     }
