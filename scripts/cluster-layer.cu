@@ -292,7 +292,19 @@ __device__ void d_gemv(DRing& r, const char* const* layers, int nl, int l, int s
   }
 }
 
+// A barrier of the block's D_THREADS consumer threads: the whole block, or (PRODUCER: a
+// producer warp beside them, layers_in_cluster2) named barrier 1 of the consumers alone.
+template <bool PRODUCER>
+__device__ __forceinline__ void d_sync() {
+  if (PRODUCER) {
+    asm volatile("bar.sync 1, %0;" :: "n"(D_THREADS) : "memory");
+  } else {
+    __syncthreads();
+  }
+}
+
 // in = x's RMSNorm (unit weights), every block for itself.
+template <bool PRODUCER = false>
 __device__ void d_norm(const float* x, float* in) {
   __shared__ float part[D_THREADS / 32];
   float ss = 0.0f;
@@ -303,17 +315,18 @@ __device__ void d_norm(const float* x, float* in) {
   }
   for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(~0u, ss, o);
   if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-  __syncthreads();
+  d_sync<PRODUCER>();
   float t = 0.0f;
   for (int w = 0; w < D_THREADS / 32; ++w) t += part[w];
   const float scale = rsqrtf(t / D_H + 1e-5f);
   for (int i = threadIdx.x; i < D_H; i += D_THREADS) in[i] *= scale;
-  __syncthreads();
+  d_sync<PRODUCER>();
 }
 
+template <bool PRODUCER = false>
 __device__ void d_load(const float* src, float* in, int n) {
   for (int i = threadIdx.x; i < n; i += D_THREADS) in[i] = __ldcg(src + i);
-  __syncthreads();
+  d_sync<PRODUCER>();
 }
 
 __global__ void __launch_bounds__(D_THREADS) layers_in_cluster(const DLayer* gdl, int nl, DVecs v, int mode,
@@ -398,6 +411,188 @@ __global__ void __launch_bounds__(D_THREADS) layers_in_cluster(const DLayer* gdl
     if (!(mode & 2)) cluster_sync();
   }
   record(times, t0);
+}
+
+// D, second version (layers_in_cluster2; written after the last call of the thirty-fifth
+// pass, compiled but not yet run): what the first one's breakdown pointed at.
+//   - A producer warp of its own (warp 8) issues every bulk copy, slot by slot, as soon as
+//     the consumers release it; the consumer warps never issue or wait for each other's
+//     release.
+//   - The stages meet on an mbarrier in each block that every block's consumers arrive on
+//     remotely (release, cluster scope) and that the block's consumers wait on (acquire),
+//     so the producer warp never joins a barrier and runs ahead across stages.
+//   - Each warp sums two rows at a time (two chains of FMAs in flight).
+#define D2_THREADS (D_THREADS + 32)
+
+// Stage boundary k (`k` counts them): arrive on every block's barrier k % 2 (consumer
+// thread t on block t's), then wait for this block's to complete. Two barriers in turn: a
+// block that has passed boundary k may arrive for k + 1 before another block's barrier
+// has seen every arrival for k, but not for k + 2.
+__device__ __forceinline__ void d2_stage_sync(unsigned long long* bars, unsigned& k) {
+  d_sync<true>();
+  const unsigned local = (unsigned)__cvta_generic_to_shared(&bars[k & 1]);
+  const unsigned phase = (k >> 1) & 1;
+  if (threadIdx.x < gridDim.x) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(threadIdx.x));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+  }
+  unsigned done = 0;
+  while (!done) {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(local), "r"(phase) : "memory");
+  }
+  ++k;
+}
+
+// One GEMV stage on the consumer warps, as d_gemv but issuing nothing, two rows a warp at a
+// time.
+template <int VPL, class Put>
+__device__ void d2_gemv(DRing& r, const char* const* layers, int l, int s, const float* in, int& consumed,
+                        bool skip, Put put) {
+  const int b = blockIdx.x, C = gridDim.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const char* base;
+  int rows, rb;
+  d_stage(layers, l, s, b, C, base, rows, rb);
+  const int per = BULK_CHUNK / rb, vecs = rb / 16;
+  float xr[VPL][8];
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    if (lane + 32 * k >= vecs) break;
+    const float4* x4 = reinterpret_cast<const float4*>(in + (lane + 32 * k) * 8);
+    const float4 a = x4[0], c = x4[1];
+    xr[k][0] = a.x; xr[k][1] = a.y; xr[k][2] = a.z; xr[k][3] = a.w;
+    xr[k][4] = c.x; xr[k][5] = c.y; xr[k][6] = c.z; xr[k][7] = c.w;
+  }
+  for (int row0 = 0; row0 < rows; row0 += per) {
+    const int slot = consumed % BULK_STAGES, n = min(per, rows - row0);
+    d_wait((unsigned)__cvta_generic_to_shared(&r.full[slot]), (unsigned)((consumed / BULK_STAGES) & 1));
+    const uint4* chunk = reinterpret_cast<const uint4*>(r.ring + slot * BULK_CHUNK);
+    for (int i = skip ? n : 2 * warp; i < n; i += 2 * (D_THREADS / 32)) {
+      const bool two = i + 1 < n;
+      float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        if (lane + 32 * k >= vecs) break;
+        const uint4 w0 = chunk[i * vecs + lane + 32 * k];
+        const uint4 w1 = two ? chunk[(i + 1) * vecs + lane + 32 * k] : make_uint4(0, 0, 0, 0);
+        const unsigned a[4] = {w0.x, w0.y, w0.z, w0.w}, c[4] = {w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          acc0 = fmaf(bf16f((unsigned short)(a[q] & 0xffff)), xr[k][2 * q], acc0);
+          acc1 = fmaf(bf16f((unsigned short)(c[q] & 0xffff)), xr[k][2 * q], acc1);
+          acc0 = fmaf(bf16f((unsigned short)(a[q] >> 16)), xr[k][2 * q + 1], acc0);
+          acc1 = fmaf(bf16f((unsigned short)(c[q] >> 16)), xr[k][2 * q + 1], acc1);
+        }
+      }
+      for (int o = 16; o; o >>= 1) {
+        acc0 += __shfl_xor_sync(~0u, acc0, o);
+        acc1 += __shfl_xor_sync(~0u, acc1, o);
+      }
+      if (lane == 0) {
+        put(b * rows + row0 + i, acc0);
+        if (two) put(b * rows + row0 + i + 1, acc1);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) {
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"((unsigned)__cvta_generic_to_shared(&r.empty[slot]))
+                   : "memory");
+    }
+    ++consumed;
+  }
+}
+
+__global__ void __launch_bounds__(D2_THREADS) layers_in_cluster2(const DLayer* gdl, int nl, DVecs v, int mode,
+                                                                 unsigned long long* times) {
+  extern __shared__ __align__(128) char ring[];
+  __shared__ __align__(8) unsigned long long full[BULK_STAGES], empty[BULK_STAGES], stage_bars[2];
+  __shared__ float in[D_F];
+  __shared__ float red[D_THREADS / 32];
+  __shared__ const char* ws[D_LAYERS_MAX * 4];
+  __shared__ float xown[D_H / 8];
+  const int b = blockIdx.x, C = gridDim.x;
+  for (int i = threadIdx.x; i < nl * 4; i += D2_THREADS) {
+    const DLayer& L = gdl[i / 4];
+    ws[i] = i % 4 == 0 ? L.qkv : i % 4 == 1 ? L.o : i % 4 == 2 ? L.gu : L.down;
+  }
+  for (int i = threadIdx.x; i < D_H / C; i += D2_THREADS) xown[i] = v.x[b * (D_H / C) + i];
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < BULK_STAGES; ++i) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"((unsigned)__cvta_generic_to_shared(&full[i])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"((unsigned)__cvta_generic_to_shared(&empty[i])),
+                   "r"(D_THREADS / 32) : "memory");
+    }
+    for (int i = 0; i < 2; ++i) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"((unsigned)__cvta_generic_to_shared(&stage_bars[i])),
+                   "r"(C) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  // Every block's barriers are set up before any block arrives on them.
+  cluster_sync();
+  const char* const* layers = ws;
+  DRing r{ring, full, empty, 0, 0, 0, 0};
+  const unsigned long long t0 = now();
+  if (threadIdx.x >= D_THREADS) {  // the producer warp
+    if (threadIdx.x == D_THREADS) d_issue(r, layers, nl, 1 << 30);
+    __syncwarp();
+  } else {
+    const bool skip_sync = mode & 2;
+    unsigned boundary = 0;
+    int consumed = 0;
+    auto sync = [&]() {
+      if (skip_sync) {
+        d_sync<true>();
+      } else {
+        d2_stage_sync(stage_bars, boundary);
+      }
+    };
+    for (int l = 0; l < nl; ++l) {
+      d_norm<true>(v.x, in);
+      d2_gemv<3>(r, layers, l, 0, in, consumed, mode & 1, [&](int row, float a) { __stcg(v.qkv + row, a); });
+      sync();
+      if (!(mode & 4)) {  // attention's stand-in, as in layers_in_cluster
+        const uint4* kv = reinterpret_cast<const uint4*>(gdl[l].kv) + b * (D_KV_BYTES / 16 / C);
+        unsigned acc = 0;
+        for (int i = threadIdx.x; i < D_KV_BYTES / 16 / C; i += D_THREADS) {
+          const uint4 w = __ldcs(kv + i);
+          acc ^= w.x ^ w.y ^ w.z ^ w.w;
+        }
+        float f = (float)(acc & 0xff) * 1e-9f;
+        for (int o = 16; o; o >>= 1) f += __shfl_xor_sync(~0u, f, o);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = f;
+        d_sync<true>();
+        float t = 0.0f;
+        for (int w = 0; w < D_THREADS / 32; ++w) t += red[w];
+        const int per = D_H / C;
+        for (int i = threadIdx.x; i < per; i += D_THREADS) __stcg(v.attn + b * per + i, __ldcg(v.qkv + b * per + i) * (1.0f + t));
+      }
+      sync();
+      d_load<true>(v.attn, in, D_H);
+      d2_gemv<3>(r, layers, l, 1, in, consumed, mode & 1, [&](int row, float a) {
+        const float y = xown[row - b * (D_H / C)] += a;
+        __stcg(v.x + row, y);
+      });
+      sync();
+      d_norm<true>(v.x, in);
+      d2_gemv<3>(r, layers, l, 2, in, consumed, mode & 1, [&](int row, float a) { __stcg(v.gu + row, a); });
+      sync();
+      for (int i = threadIdx.x; i < D_F; i += D_THREADS) {
+        const float g = __ldcg(v.gu + 2 * i), u = __ldcg(v.gu + 2 * i + 1);
+        in[i] = g / (1.0f + __expf(-g)) * u;
+      }
+      d_sync<true>();
+      d2_gemv<6>(r, layers, l, 3, in, consumed, mode & 1, [&](int row, float a) {
+        const float y = xown[row - b * (D_H / C)] += a * 1e-3f;
+        __stcg(v.x + row, y);
+      });
+      sync();
+    }
+  }
+  record(times, t0);
+  // No block leaves while another may still arrive on its barriers.
+  cluster_sync();
 }
 
 static unsigned long long* g_times;
@@ -530,18 +725,23 @@ int main() {
   CK(cudaFuncSetAttribute(layers_in_cluster, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   printf("\nD. 30 decode layers of SmolLM2-135M's shapes in one cluster (us a layer; weights %.2f MB a layer)\n",
          (layer_bytes - D_KV_BYTES) / 1e6);
-  printf("Modes (timing only, wrong values): 1 no dot products, 2 no cluster barriers, 4 no attention stand-in.\n");
-  printf("| blocks in the cluster | mode | us a layer, runs |\n|---|---|---|\n");
-  const int runs[][2] = {{8, 0}, {16, 0}, {16, 1}, {16, 2}, {16, 4}, {16, 3}, {16, 7}, {16, 6}};
-  for (const auto& cm : runs) {
-    const int c = cm[0], mode = cm[1];
-    printf("| %d | %d |", c, mode);
+  printf("Modes (timing only, wrong values): 1 no dot products, 2 no barriers between blocks, 4 no attention stand-in.\n");
+  printf("| version | blocks in the cluster | mode | us a layer, runs |\n|---|---|---|---|\n");
+  CK(cudaFuncSetAttribute(layers_in_cluster2, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CK(cudaFuncSetAttribute(layers_in_cluster2, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // {version, blocks, mode}
+  const int runs[][3] = {{1, 8, 0}, {1, 16, 0}, {1, 16, 1}, {1, 16, 2}, {1, 16, 4}, {1, 16, 3}, {1, 16, 7},
+                         {1, 16, 6}, {2, 16, 0}, {2, 16, 1}, {2, 16, 2}, {2, 16, 7}, {2, 8, 0}};
+  for (const auto& vcm : runs) {
+    const int version = vcm[0], c = vcm[1], mode = vcm[2];
+    printf("| %d | %d | %d |", version, c, mode);
     for (int rep = 0; rep < 4; ++rep) {
       std::vector<float> x(D_H, 1.0f);
       CK(cudaMemcpy(dv.x, x.data(), D_H * 4, cudaMemcpyHostToDevice));
-      ClusterLaunch cl(c, D_THREADS, smem);
+      ClusterLaunch cl(c, version == 1 ? D_THREADS : D2_THREADS, smem);
       reset_times();
-      CK(cudaLaunchKernelEx(&cl.cfg, layers_in_cluster, (const DLayer*)dl, NL, dv, mode, g_times));
+      CK(cudaLaunchKernelEx(&cl.cfg, version == 1 ? layers_in_cluster : layers_in_cluster2, (const DLayer*)dl, NL,
+                            dv, mode, g_times));
       CK(cudaDeviceSynchronize());
       printf(" %.2f", elapsed_us() / NL);
     }
