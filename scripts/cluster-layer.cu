@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(D_THREADS) layers_in_cluster(const DLayer* gdl
                                                                unsigned long long* times) {
   extern __shared__ __align__(128) char ring[];
   __shared__ __align__(8) unsigned long long full[BULK_STAGES], empty[BULK_STAGES];
-  __shared__ float in[D_F];
+  __shared__ __align__(16) float in[D_F];  // read as float4
   __shared__ float red[D_THREADS / 32];
   // Every layer's four weight matrices, then this block's slice of x (o and down add into
   // it and write it through).
@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(D2_THREADS) layers_in_cluster2(const DLayer* g
                                                                  unsigned long long* times) {
   extern __shared__ __align__(128) char ring[];
   __shared__ __align__(8) unsigned long long full[BULK_STAGES], empty[BULK_STAGES], stage_bars[2];
-  __shared__ float in[D_F];
+  __shared__ __align__(16) float in[D_F];  // read as float4
   __shared__ float red[D_THREADS / 32];
   __shared__ const char* ws[D_LAYERS_MAX * 4];
   __shared__ float xown[D_H / 8];
@@ -530,6 +530,7 @@ __global__ void __launch_bounds__(D2_THREADS) layers_in_cluster2(const DLayer* g
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   // Every block's barriers are set up before any block arrives on them.
+  __syncwarp();
   cluster_sync();
   const char* const* layers = ws;
   DRing r{ring, full, empty, 0, 0, 0, 0};
@@ -592,6 +593,7 @@ __global__ void __launch_bounds__(D2_THREADS) layers_in_cluster2(const DLayer* g
   }
   record(times, t0);
   // No block leaves while another may still arrive on its barriers.
+  __syncwarp();
   cluster_sync();
 }
 
@@ -735,6 +737,15 @@ int main() {
   for (const auto& vcm : runs) {
     const int version = vcm[0], c = vcm[1], mode = vcm[2];
     printf("| %d | %d | %d |", version, c, mode);
+    {
+      ClusterLaunch cl(c, version == 1 ? D_THREADS : D2_THREADS, smem);
+      int fits = 0;
+      CK(cudaOccupancyMaxActiveClusters(&fits, version == 1 ? layers_in_cluster : layers_in_cluster2, &cl.cfg));
+      if (fits == 0) {
+        printf(" does not fit this GPU |\n");
+        continue;
+      }
+    }
     for (int rep = 0; rep < 4; ++rep) {
       std::vector<float> x(D_H, 1.0f);
       CK(cudaMemcpy(dv.x, x.data(), D_H * 4, cudaMemcpyHostToDevice));
