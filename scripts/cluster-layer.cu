@@ -240,6 +240,29 @@ __device__ void d_issue(DRing& r, const char* const* layers, int nl, int upto) {
   }
 }
 
+// The inputs of lane's 16-byte pieces of a row (lane, lane + 32, ...; vecs a row) from
+// `in` (shared, fp32) into registers, for a whole GEMV stage.
+template <int VPL>
+__device__ __forceinline__ void d_x_regs(const float* in, int vecs, int lane, float (&xr)[VPL][8]) {
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    if (lane + 32 * k >= vecs) break;
+    const float4* x4 = reinterpret_cast<const float4*>(in + (lane + 32 * k) * 8);
+    const float4 a = x4[0], c = x4[1];
+    xr[k][0] = a.x; xr[k][1] = a.y; xr[k][2] = a.z; xr[k][3] = a.w;
+    xr[k][4] = c.x; xr[k][5] = c.y; xr[k][6] = c.z; xr[k][7] = c.w;
+  }
+}
+
+// This warp is done with ring slot `slot`: its lane 0 arrives on the slot's empty barrier.
+__device__ __forceinline__ void d_release(DRing& r, int slot, int lane) {
+  __syncwarp();
+  if (lane == 0) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"((unsigned)__cvta_generic_to_shared(&r.empty[slot]))
+                 : "memory");
+  }
+}
+
 // One GEMV stage: every row of the block's slice dotted with `in` (shared, fp32, `cols`
 // wide), each result handed to `put(row, value)` by lane 0 of the warp that summed it.
 // Lane j takes the row's 16-byte pieces j, j + 32, ... (at most VPL of them), whose
@@ -254,14 +277,7 @@ __device__ void d_gemv(DRing& r, const char* const* layers, int nl, int l, int s
   d_stage(layers, l, s, b, C, base, rows, rb);
   const int per = BULK_CHUNK / rb, vecs = rb / 16;
   float xr[VPL][8];
-#pragma unroll
-  for (int k = 0; k < VPL; ++k) {
-    if (lane + 32 * k >= vecs) break;
-    const float4* x4 = reinterpret_cast<const float4*>(in + (lane + 32 * k) * 8);
-    const float4 a = x4[0], c = x4[1];
-    xr[k][0] = a.x; xr[k][1] = a.y; xr[k][2] = a.z; xr[k][3] = a.w;
-    xr[k][4] = c.x; xr[k][5] = c.y; xr[k][6] = c.z; xr[k][7] = c.w;
-  }
+  d_x_regs<VPL>(in, vecs, lane, xr);
   for (int row0 = 0; row0 < rows; row0 += per) {
     if (threadIdx.x == 0) d_issue(r, layers, nl, consumed + BULK_STAGES);
     const int slot = consumed % BULK_STAGES, n = min(per, rows - row0);
@@ -283,11 +299,7 @@ __device__ void d_gemv(DRing& r, const char* const* layers, int nl, int l, int s
       for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(~0u, acc, o);
       if (lane == 0) put(b * rows + row0 + i, acc);
     }
-    __syncwarp();
-    if (lane == 0) {
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"((unsigned)__cvta_generic_to_shared(&r.empty[slot]))
-                   : "memory");
-    }
+    d_release(r, slot, lane);
     ++consumed;
   }
 }
@@ -329,31 +341,81 @@ __device__ void d_load(const float* src, float* in, int n) {
   d_sync<PRODUCER>();
 }
 
+// A block's setup: every layer's four weight matrices into ws (shared), and the block's
+// slice of the residual x into xown (o and down add into it and write it through).
+__device__ void d_block_setup(const DLayer* gdl, int nl, const float* x, const char** ws, float* xown) {
+  const int b = blockIdx.x, C = gridDim.x;
+  for (int i = threadIdx.x; i < nl * 4; i += blockDim.x) {
+    const DLayer& L = gdl[i / 4];
+    ws[i] = i % 4 == 0 ? L.qkv : i % 4 == 1 ? L.o : i % 4 == 2 ? L.gu : L.down;
+  }
+  for (int i = threadIdx.x; i < D_H / C; i += blockDim.x) xown[i] = x[b * (D_H / C) + i];
+}
+
+// The ring's barriers (thread 0): a full one a slot, completed by its copy's bytes, and an
+// empty one, completed when the consumer warps have all released the slot.
+__device__ void d_ring_init(unsigned long long* full, unsigned long long* empty) {
+  for (int i = 0; i < BULK_STAGES; ++i) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"((unsigned)__cvta_generic_to_shared(&full[i])) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"((unsigned)__cvta_generic_to_shared(&empty[i])),
+                 "r"(D_THREADS / 32) : "memory");
+  }
+}
+
+// o's and down's result for `row` of x, which this block owns: added to its slice and
+// written through.
+__device__ __forceinline__ void d_add_x(float* xown, float* x, int row, float a) {
+  const float y = xown[row - blockIdx.x * (D_H / gridDim.x)] += a;
+  __stcg(x + row, y);
+}
+
+// Attention's stand-in on the consumer threads: this block's share of the layer's keys and
+// values (kv) read and summed, and its share of q scaled by that into attn.
+template <bool PRODUCER>
+__device__ void d_attention_standin(const char* kv_bytes, const DVecs& v) {
+  __shared__ float red[D_THREADS / 32];
+  const int b = blockIdx.x, C = gridDim.x;
+  const uint4* kv = reinterpret_cast<const uint4*>(kv_bytes) + b * (D_KV_BYTES / 16 / C);
+  unsigned acc = 0;
+  for (int i = threadIdx.x; i < D_KV_BYTES / 16 / C; i += D_THREADS) {
+    const uint4 w = __ldcs(kv + i);
+    acc ^= w.x ^ w.y ^ w.z ^ w.w;
+  }
+  float f = (float)(acc & 0xff) * 1e-9f;
+  for (int o = 16; o; o >>= 1) f += __shfl_xor_sync(~0u, f, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = f;
+  d_sync<PRODUCER>();
+  float t = 0.0f;
+  for (int w = 0; w < D_THREADS / 32; ++w) t += red[w];
+  const int per = D_H / C;
+  for (int i = threadIdx.x; i < per; i += D_THREADS) __stcg(v.attn + b * per + i, __ldcg(v.qkv + b * per + i) * (1.0f + t));
+  d_sync<PRODUCER>();
+}
+
+// in = SwiGLU of gate_up's interleaved results (gate i and up i at 2i, 2i + 1).
+template <bool PRODUCER>
+__device__ void d_swiglu_load(const float* gu, float* in) {
+  for (int i = threadIdx.x; i < D_F; i += D_THREADS) {
+    const float g = __ldcg(gu + 2 * i), u = __ldcg(gu + 2 * i + 1);
+    in[i] = g / (1.0f + __expf(-g)) * u;
+  }
+  d_sync<PRODUCER>();
+}
+
 __global__ void __launch_bounds__(D_THREADS) layers_in_cluster(const DLayer* gdl, int nl, DVecs v, int mode,
                                                                unsigned long long* times) {
   extern __shared__ __align__(128) char ring[];
   __shared__ __align__(8) unsigned long long full[BULK_STAGES], empty[BULK_STAGES];
   __shared__ __align__(16) float in[D_F];  // read as float4
-  __shared__ float red[D_THREADS / 32];
-  // Every layer's four weight matrices, then this block's slice of x (o and down add into
-  // it and write it through).
+  // Every layer's four weight matrices, then this block's slice of x (d_block_setup).
   __shared__ const char* ws[D_LAYERS_MAX * 4];
   __shared__ float xown[D_H / 8];
-  const int b = blockIdx.x, C = gridDim.x;
-  for (int i = threadIdx.x; i < nl * 4; i += D_THREADS) {
-    const DLayer& L = gdl[i / 4];
-    ws[i] = i % 4 == 0 ? L.qkv : i % 4 == 1 ? L.o : i % 4 == 2 ? L.gu : L.down;
-  }
-  for (int i = threadIdx.x; i < D_H / C; i += D_THREADS) xown[i] = v.x[b * (D_H / C) + i];
+  d_block_setup(gdl, nl, v.x, ws, xown);
   __syncthreads();
   const char* const* layers = ws;
   DRing r{ring, full, empty, 0, 0, 0, 0};
   if (threadIdx.x == 0) {
-    for (int i = 0; i < BULK_STAGES; ++i) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"((unsigned)__cvta_generic_to_shared(&full[i])) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"((unsigned)__cvta_generic_to_shared(&empty[i])),
-                   "r"(D_THREADS / 32) : "memory");
-    }
+    d_ring_init(full, empty);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -366,30 +428,11 @@ __global__ void __launch_bounds__(D_THREADS) layers_in_cluster(const DLayer* gdl
     d_gemv<3>(r, layers, nl, l, 0, in, consumed, mode & 1, [&](int row, float a) { __stcg(v.qkv + row, a); });
     if (threadIdx.x == 0) d_issue(r, layers, nl, consumed + BULK_STAGES);
     if (!(mode & 2)) cluster_sync();
-    if (!(mode & 4)) {  // attention's stand-in: this block's share of the keys and values, and of q
-      const uint4* kv = reinterpret_cast<const uint4*>(gdl[l].kv) + b * (D_KV_BYTES / 16 / C);
-      unsigned acc = 0;
-      for (int i = threadIdx.x; i < D_KV_BYTES / 16 / C; i += D_THREADS) {
-        const uint4 w = __ldcs(kv + i);
-        acc ^= w.x ^ w.y ^ w.z ^ w.w;
-      }
-      float f = (float)(acc & 0xff) * 1e-9f;
-      for (int o = 16; o; o >>= 1) f += __shfl_xor_sync(~0u, f, o);
-      if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = f;
-      __syncthreads();
-      float t = 0.0f;
-      for (int w = 0; w < D_THREADS / 32; ++w) t += red[w];
-      const int per = D_H / C;
-      for (int i = threadIdx.x; i < per; i += D_THREADS) __stcg(v.attn + b * per + i, __ldcg(v.qkv + b * per + i) * (1.0f + t));
-      __syncthreads();
-    }
+    if (!(mode & 4)) d_attention_standin<false>(gdl[l].kv, v);
     if (threadIdx.x == 0) d_issue(r, layers, nl, consumed + BULK_STAGES);
     if (!(mode & 2)) cluster_sync();
     d_load(v.attn, in, D_H);
-    d_gemv<3>(r, layers, nl, l, 1, in, consumed, mode & 1, [&](int row, float a) {
-      const float y = xown[row - b * (D_H / C)] += a;
-      __stcg(v.x + row, y);
-    });
+    d_gemv<3>(r, layers, nl, l, 1, in, consumed, mode & 1, [&](int row, float a) { d_add_x(xown, v.x, row, a); });
     if (threadIdx.x == 0) d_issue(r, layers, nl, consumed + BULK_STAGES);
     if (!(mode & 2)) cluster_sync();
     d_norm(v.x, in);
@@ -398,15 +441,8 @@ __global__ void __launch_bounds__(D_THREADS) layers_in_cluster(const DLayer* gdl
     d_gemv<3>(r, layers, nl, l, 2, in, consumed, mode & 1, [&](int row, float a) { __stcg(v.gu + row, a); });
     if (threadIdx.x == 0) d_issue(r, layers, nl, consumed + BULK_STAGES);
     if (!(mode & 2)) cluster_sync();
-    for (int i = threadIdx.x; i < D_F; i += D_THREADS) {
-      const float g = __ldcg(v.gu + 2 * i), u = __ldcg(v.gu + 2 * i + 1);
-      in[i] = g / (1.0f + __expf(-g)) * u;
-    }
-    __syncthreads();
-    d_gemv<6>(r, layers, nl, l, 3, in, consumed, mode & 1, [&](int row, float a) {
-      const float y = xown[row - b * (D_H / C)] += a * 1e-3f;
-      __stcg(v.x + row, y);
-    });
+    d_swiglu_load<false>(v.gu, in);
+    d_gemv<6>(r, layers, nl, l, 3, in, consumed, mode & 1, [&](int row, float a) { d_add_x(xown, v.x, row, a * 1e-3f); });
     if (threadIdx.x == 0) d_issue(r, layers, nl, consumed + BULK_STAGES);
     if (!(mode & 2)) cluster_sync();
   }
@@ -456,14 +492,7 @@ __device__ void d2_gemv(DRing& r, const char* const* layers, int l, int s, const
   d_stage(layers, l, s, b, C, base, rows, rb);
   const int per = BULK_CHUNK / rb, vecs = rb / 16;
   float xr[VPL][8];
-#pragma unroll
-  for (int k = 0; k < VPL; ++k) {
-    if (lane + 32 * k >= vecs) break;
-    const float4* x4 = reinterpret_cast<const float4*>(in + (lane + 32 * k) * 8);
-    const float4 a = x4[0], c = x4[1];
-    xr[k][0] = a.x; xr[k][1] = a.y; xr[k][2] = a.z; xr[k][3] = a.w;
-    xr[k][4] = c.x; xr[k][5] = c.y; xr[k][6] = c.z; xr[k][7] = c.w;
-  }
+  d_x_regs<VPL>(in, vecs, lane, xr);
   for (int row0 = 0; row0 < rows; row0 += per) {
     const int slot = consumed % BULK_STAGES, n = min(per, rows - row0);
     d_wait((unsigned)__cvta_generic_to_shared(&r.full[slot]), (unsigned)((consumed / BULK_STAGES) & 1));
@@ -494,11 +523,7 @@ __device__ void d2_gemv(DRing& r, const char* const* layers, int l, int s, const
         if (two) put(b * rows + row0 + i + 1, acc1);
       }
     }
-    __syncwarp();
-    if (lane == 0) {
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"((unsigned)__cvta_generic_to_shared(&r.empty[slot]))
-                   : "memory");
-    }
+    d_release(r, slot, lane);
     ++consumed;
   }
 }
@@ -508,24 +533,14 @@ __global__ void __launch_bounds__(D2_THREADS) layers_in_cluster2(const DLayer* g
   extern __shared__ __align__(128) char ring[];
   __shared__ __align__(8) unsigned long long full[BULK_STAGES], empty[BULK_STAGES], stage_bars[2];
   __shared__ __align__(16) float in[D_F];  // read as float4
-  __shared__ float red[D_THREADS / 32];
   __shared__ const char* ws[D_LAYERS_MAX * 4];
   __shared__ float xown[D_H / 8];
-  const int b = blockIdx.x, C = gridDim.x;
-  for (int i = threadIdx.x; i < nl * 4; i += D2_THREADS) {
-    const DLayer& L = gdl[i / 4];
-    ws[i] = i % 4 == 0 ? L.qkv : i % 4 == 1 ? L.o : i % 4 == 2 ? L.gu : L.down;
-  }
-  for (int i = threadIdx.x; i < D_H / C; i += D2_THREADS) xown[i] = v.x[b * (D_H / C) + i];
+  d_block_setup(gdl, nl, v.x, ws, xown);
   if (threadIdx.x == 0) {
-    for (int i = 0; i < BULK_STAGES; ++i) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"((unsigned)__cvta_generic_to_shared(&full[i])) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"((unsigned)__cvta_generic_to_shared(&empty[i])),
-                   "r"(D_THREADS / 32) : "memory");
-    }
+    d_ring_init(full, empty);
     for (int i = 0; i < 2; ++i) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"((unsigned)__cvta_generic_to_shared(&stage_bars[i])),
-                   "r"(C) : "memory");
+                   "r"(gridDim.x) : "memory");
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -553,41 +568,16 @@ __global__ void __launch_bounds__(D2_THREADS) layers_in_cluster2(const DLayer* g
       d_norm<true>(v.x, in);
       d2_gemv<3>(r, layers, l, 0, in, consumed, mode & 1, [&](int row, float a) { __stcg(v.qkv + row, a); });
       sync();
-      if (!(mode & 4)) {  // attention's stand-in, as in layers_in_cluster
-        const uint4* kv = reinterpret_cast<const uint4*>(gdl[l].kv) + b * (D_KV_BYTES / 16 / C);
-        unsigned acc = 0;
-        for (int i = threadIdx.x; i < D_KV_BYTES / 16 / C; i += D_THREADS) {
-          const uint4 w = __ldcs(kv + i);
-          acc ^= w.x ^ w.y ^ w.z ^ w.w;
-        }
-        float f = (float)(acc & 0xff) * 1e-9f;
-        for (int o = 16; o; o >>= 1) f += __shfl_xor_sync(~0u, f, o);
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = f;
-        d_sync<true>();
-        float t = 0.0f;
-        for (int w = 0; w < D_THREADS / 32; ++w) t += red[w];
-        const int per = D_H / C;
-        for (int i = threadIdx.x; i < per; i += D_THREADS) __stcg(v.attn + b * per + i, __ldcg(v.qkv + b * per + i) * (1.0f + t));
-      }
+      if (!(mode & 4)) d_attention_standin<true>(gdl[l].kv, v);
       sync();
       d_load<true>(v.attn, in, D_H);
-      d2_gemv<3>(r, layers, l, 1, in, consumed, mode & 1, [&](int row, float a) {
-        const float y = xown[row - b * (D_H / C)] += a;
-        __stcg(v.x + row, y);
-      });
+      d2_gemv<3>(r, layers, l, 1, in, consumed, mode & 1, [&](int row, float a) { d_add_x(xown, v.x, row, a); });
       sync();
       d_norm<true>(v.x, in);
       d2_gemv<3>(r, layers, l, 2, in, consumed, mode & 1, [&](int row, float a) { __stcg(v.gu + row, a); });
       sync();
-      for (int i = threadIdx.x; i < D_F; i += D_THREADS) {
-        const float g = __ldcg(v.gu + 2 * i), u = __ldcg(v.gu + 2 * i + 1);
-        in[i] = g / (1.0f + __expf(-g)) * u;
-      }
-      d_sync<true>();
-      d2_gemv<6>(r, layers, l, 3, in, consumed, mode & 1, [&](int row, float a) {
-        const float y = xown[row - b * (D_H / C)] += a * 1e-3f;
-        __stcg(v.x + row, y);
-      });
+      d_swiglu_load<true>(v.gu, in);
+      d2_gemv<6>(r, layers, l, 3, in, consumed, mode & 1, [&](int row, float a) { d_add_x(xown, v.x, row, a * 1e-3f); });
       sync();
     }
   }
