@@ -1,6 +1,7 @@
 // Microbenchmark for a decode layer run inside one thread-block cluster (docs/perf.md,
-// thirty-fifth pass): what a stage boundary costs when it is a cluster barrier instead of
-// a kernel boundary, and how fast a few multiprocessors alone stream weights from memory.
+// thirty-fifth and thirty-sixth passes): what a stage boundary costs when it is a cluster
+// barrier instead of a kernel boundary, how fast a few multiprocessors alone stream
+// weights from memory, and where the time of a layer inside one cluster goes.
 //   A. A chain of dependent stages in one cluster of C blocks (C = 2 .. 16; 16 is a
 //      non-portable size): each block reads the C values the last stage wrote, sums them
 //      and writes its own, then the cluster barrier (arrive.release, wait.acquire). The
@@ -11,15 +12,19 @@
 //      each run) and from L2 (the same window again).
 //   C. The same by bulk copies into shared memory (cp.async.bulk, 192 KiB in flight a
 //      block), the loader a layer-in-a-cluster kernel would use.
-//   D. 30 decode layers of SmolLM2-135M's GEMV shapes run inside one cluster that way
-//      (layers_in_cluster, a first prototype): µs a layer, against the engine's chain of
-//      kernels, and again with parts left out to see where the time goes (timing only,
-//      wrong values).
+//   E. C's 16 blocks launched as clusters of 1 .. 16 blocks: a cluster runs inside one GPC,
+//      so a cluster of 16 streams through one GPC's port.
+//   D. 30 decode layers of SmolLM2-135M's GEMV shapes run inside one cluster that way:
+//      three prototypes (layers_in_cluster, layers_in_cluster2, layers_in_cluster3), µs a
+//      layer against the engine's chain of kernels, and again with parts left out (modes,
+//      timing only, wrong values). Version 3 also reports thread 0's clock at each of the
+//      layer's 12 spans (norm, qkv, barrier, attention, ...), per block.
 // Times come from %globaltimer inside the kernels (first block start to last block end),
 // so launch gaps do not count. Build and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90a -o /tmp/cluster-layer scripts/cluster-layer.cu && /tmp/cluster-layer
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 #include <cuda_runtime.h>
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
@@ -304,32 +309,61 @@ __device__ void d_gemv(DRing& r, const char* const* layers, int nl, int l, int s
   }
 }
 
+// Named barrier 1 of the consumer threads (CONSUMERS of them; the producer warp is apart).
+template <int CONSUMERS>
+__device__ __forceinline__ void d_consumers_sync() {
+  asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
+}
+
 // A barrier of the block's D_THREADS consumer threads: the whole block, or (PRODUCER: a
 // producer warp beside them, layers_in_cluster2) named barrier 1 of the consumers alone.
 template <bool PRODUCER>
 __device__ __forceinline__ void d_sync() {
   if (PRODUCER) {
-    asm volatile("bar.sync 1, %0;" :: "n"(D_THREADS) : "memory");
+    d_consumers_sync<D_THREADS>();
   } else {
     __syncthreads();
   }
 }
 
+// The sum of v over the CONSUMERS consumer threads, in every one of them (a consumer
+// barrier inside; the caller meets its consumers again before the next call).
+template <int CONSUMERS>
+__device__ float d_block_sum(float v) {
+  __shared__ float part[CONSUMERS / 32];
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  d_consumers_sync<CONSUMERS>();
+  float t = 0.0f;
+#pragma unroll
+  for (int w = 0; w < CONSUMERS / 32; ++w) t += part[w];
+  return t;
+}
+
+// This block's share of the layer's keys and values (kv) read and summed over the
+// CONSUMERS consumer threads (attention's stand-in).
+template <int CONSUMERS>
+__device__ float d_kv_standin_sum(const char* kv_bytes) {
+  const int b = blockIdx.x, C = gridDim.x;
+  const uint4* kv = reinterpret_cast<const uint4*>(kv_bytes) + b * (D_KV_BYTES / 16 / C);
+  unsigned acc = 0;
+  for (int i = threadIdx.x; i < D_KV_BYTES / 16 / C; i += CONSUMERS) {
+    const uint4 w = __ldcs(kv + i);
+    acc ^= w.x ^ w.y ^ w.z ^ w.w;
+  }
+  return d_block_sum<CONSUMERS>((float)(acc & 0xff) * 1e-9f);
+}
+
 // in = x's RMSNorm (unit weights), every block for itself.
 template <bool PRODUCER = false>
 __device__ void d_norm(const float* x, float* in) {
-  __shared__ float part[D_THREADS / 32];
   float ss = 0.0f;
   for (int i = threadIdx.x; i < D_H; i += D_THREADS) {
     const float v = __ldcg(x + i);
     in[i] = v;
     ss += v * v;
   }
-  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(~0u, ss, o);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-  d_sync<PRODUCER>();
-  float t = 0.0f;
-  for (int w = 0; w < D_THREADS / 32; ++w) t += part[w];
+  const float t = d_block_sum<D_THREADS>(ss);
   const float scale = rsqrtf(t / D_H + 1e-5f);
   for (int i = threadIdx.x; i < D_H; i += D_THREADS) in[i] *= scale;
   d_sync<PRODUCER>();
@@ -353,13 +387,31 @@ __device__ void d_block_setup(const DLayer* gdl, int nl, const float* x, const c
 }
 
 // The ring's barriers (thread 0): a full one a slot, completed by its copy's bytes, and an
-// empty one, completed when the consumer warps have all released the slot.
-__device__ void d_ring_init(unsigned long long* full, unsigned long long* empty) {
+// empty one, completed when the `warps` consumer warps have all released the slot.
+__device__ void d_ring_init(unsigned long long* full, unsigned long long* empty, int warps = D_THREADS / 32) {
   for (int i = 0; i < BULK_STAGES; ++i) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"((unsigned)__cvta_generic_to_shared(&full[i])) : "memory");
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"((unsigned)__cvta_generic_to_shared(&empty[i])),
-                 "r"(D_THREADS / 32) : "memory");
+                 "r"(warps) : "memory");
   }
+}
+
+// Versions 2 and 3, on every thread: thread 0 sets up the ring's barriers and the two stage
+// barriers that every block of the cluster arrives on once a stage, and fences them to the
+// cluster; then the cluster meets, so that every block's barriers are set up before any
+// block arrives on them.
+__device__ void d_cluster_bars_init(unsigned long long* full, unsigned long long* empty, int warps,
+                                    unsigned long long* stage_bars) {
+  if (threadIdx.x == 0) {
+    d_ring_init(full, empty, warps);
+    for (int i = 0; i < 2; ++i) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"((unsigned)__cvta_generic_to_shared(&stage_bars[i])),
+                   "r"(gridDim.x) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
+  cluster_sync();
 }
 
 // o's and down's result for `row` of x, which this block owns: added to its slice and
@@ -373,20 +425,8 @@ __device__ __forceinline__ void d_add_x(float* xown, float* x, int row, float a)
 // values (kv) read and summed, and its share of q scaled by that into attn.
 template <bool PRODUCER>
 __device__ void d_attention_standin(const char* kv_bytes, const DVecs& v) {
-  __shared__ float red[D_THREADS / 32];
   const int b = blockIdx.x, C = gridDim.x;
-  const uint4* kv = reinterpret_cast<const uint4*>(kv_bytes) + b * (D_KV_BYTES / 16 / C);
-  unsigned acc = 0;
-  for (int i = threadIdx.x; i < D_KV_BYTES / 16 / C; i += D_THREADS) {
-    const uint4 w = __ldcs(kv + i);
-    acc ^= w.x ^ w.y ^ w.z ^ w.w;
-  }
-  float f = (float)(acc & 0xff) * 1e-9f;
-  for (int o = 16; o; o >>= 1) f += __shfl_xor_sync(~0u, f, o);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = f;
-  d_sync<PRODUCER>();
-  float t = 0.0f;
-  for (int w = 0; w < D_THREADS / 32; ++w) t += red[w];
+  const float t = d_kv_standin_sum<D_THREADS>(kv_bytes);
   const int per = D_H / C;
   for (int i = threadIdx.x; i < per; i += D_THREADS) __stcg(v.attn + b * per + i, __ldcg(v.qkv + b * per + i) * (1.0f + t));
   d_sync<PRODUCER>();
@@ -450,7 +490,7 @@ __global__ void __launch_bounds__(D_THREADS) layers_in_cluster(const DLayer* gdl
 }
 
 // D, second version (layers_in_cluster2; written after the last call of the thirty-fifth
-// pass, compiled but not yet run): what the first one's breakdown pointed at.
+// pass; first run in the thirty-sixth): what the first one's breakdown pointed at.
 //   - A producer warp of its own (warp 8) issues every bulk copy, slot by slot, as soon as
 //     the consumers release it; the consumer warps never issue or wait for each other's
 //     release.
@@ -460,25 +500,51 @@ __global__ void __launch_bounds__(D_THREADS) layers_in_cluster(const DLayer* gdl
 //   - Each warp sums two rows at a time (two chains of FMAs in flight).
 #define D2_THREADS (D_THREADS + 32)
 
-// Stage boundary k (`k` counts them): arrive on every block's barrier k % 2 (consumer
-// thread t on block t's), then wait for this block's to complete. Two barriers in turn: a
-// block that has passed boundary k may arrive for k + 1 before another block's barrier
-// has seen every arrival for k, but not for k + 2.
-__device__ __forceinline__ void d2_stage_sync(unsigned long long* bars, unsigned& k) {
-  d_sync<true>();
+// Stage boundary k (`k` counts them) on the CONSUMERS consumer threads: arrive on every
+// block's barrier k % 2 (consumer thread t on block t's), then wait for this block's to
+// complete. Two barriers in turn: a block that has passed boundary k may arrive for k + 1
+// before another block's barrier has seen every arrival for k, but not for k + 2.
+// `lean` (version 3): thread 0 alone waits, and the consumers meet after it. `one_fence`
+// (version 3): thread 0 fences once (cluster scope) and makes every arrival itself, relaxed.
+template <int CONSUMERS>
+__device__ __forceinline__ void d_stage_sync(unsigned long long* bars, unsigned& k, bool lean = false,
+                                             bool one_fence = false) {
+  d_consumers_sync<CONSUMERS>();
   const unsigned local = (unsigned)__cvta_generic_to_shared(&bars[k & 1]);
   const unsigned phase = (k >> 1) & 1;
-  if (threadIdx.x < gridDim.x) {
+  if (one_fence) {
+    if (threadIdx.x == 0) {
+      asm volatile("fence.acq_rel.cluster;" ::: "memory");
+      for (unsigned j = 0; j < gridDim.x; ++j) {
+        unsigned remote;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(j));
+        asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+      }
+    }
+  } else if (threadIdx.x < gridDim.x) {
     unsigned remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(threadIdx.x));
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
   }
-  unsigned done = 0;
+  unsigned done = lean && threadIdx.x != 0;
   while (!done) {
     asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
                  : "=r"(done) : "r"(local), "r"(phase) : "memory");
   }
+  if (lean) d_consumers_sync<CONSUMERS>();
   ++k;
+}
+
+// A stage's end: the stage barrier of the cluster, or (`alone`: timing only) the block's
+// consumers alone.
+template <int CONSUMERS>
+__device__ __forceinline__ void d_boundary(bool alone, unsigned long long* bars, unsigned& k, bool lean = false,
+                                           bool one_fence = false) {
+  if (alone) {
+    d_consumers_sync<CONSUMERS>();
+  } else {
+    d_stage_sync<CONSUMERS>(bars, k, lean, one_fence);
+  }
 }
 
 // One GEMV stage on the consumer warps, as d_gemv but issuing nothing, two rows a warp at a
@@ -536,17 +602,7 @@ __global__ void __launch_bounds__(D2_THREADS) layers_in_cluster2(const DLayer* g
   __shared__ const char* ws[D_LAYERS_MAX * 4];
   __shared__ float xown[D_H / 8];
   d_block_setup(gdl, nl, v.x, ws, xown);
-  if (threadIdx.x == 0) {
-    d_ring_init(full, empty);
-    for (int i = 0; i < 2; ++i) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"((unsigned)__cvta_generic_to_shared(&stage_bars[i])),
-                   "r"(gridDim.x) : "memory");
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  // Every block's barriers are set up before any block arrives on them.
-  __syncwarp();
-  cluster_sync();
+  d_cluster_bars_init(full, empty, D_THREADS / 32, stage_bars);
   const char* const* layers = ws;
   DRing r{ring, full, empty, 0, 0, 0, 0};
   const unsigned long long t0 = now();
@@ -554,16 +610,9 @@ __global__ void __launch_bounds__(D2_THREADS) layers_in_cluster2(const DLayer* g
     if (threadIdx.x == D_THREADS) d_issue(r, layers, nl, 1 << 30);
     __syncwarp();
   } else {
-    const bool skip_sync = mode & 2;
     unsigned boundary = 0;
     int consumed = 0;
-    auto sync = [&]() {
-      if (skip_sync) {
-        d_sync<true>();
-      } else {
-        d2_stage_sync(stage_bars, boundary);
-      }
-    };
+    auto sync = [&]() { d_boundary<D_THREADS>(mode & 2, stage_bars, boundary); };
     for (int l = 0; l < nl; ++l) {
       d_norm<true>(v.x, in);
       d2_gemv<3>(r, layers, l, 0, in, consumed, mode & 1, [&](int row, float a) { __stcg(v.qkv + row, a); });
@@ -587,7 +636,284 @@ __global__ void __launch_bounds__(D2_THREADS) layers_in_cluster2(const DLayer* g
   cluster_sync();
 }
 
+// D, third version (layers_in_cluster3, thirty-sixth pass): what the second one's
+// breakdown pointed at (its consumers' round trips through L2, and half its warps idle).
+//   - 16 consumer warps beside the producer warp.
+//   - Every vector between stages lives in each block's shared memory: a block stores each
+//     result it computes into every block's copy (distributed shared memory, lane j into
+//     block j), before the stage barrier. The residual x too: the block owning a row of o
+//     or down adds into its copy and stores the sum everywhere. No stage reads L2 for its
+//     inputs; the norms run on the local copy.
+//   - gate_up's gate i and up i (rows 2i, 2i + 1) are summed by one warp, which applies
+//     the SwiGLU and stores the product.
+//   - A warp sums R rows at a time (R = 2 or 4; down: 2) over all 32 lanes without idle
+//     lanes: 576 columns as 288 four-byte words, 9 a lane; 1,536 as 192 sixteen-byte
+//     pieces, 6 a lane.
+//   - The groups of R rows of a stage go to warps round robin across the ring's chunks, so
+//     every warp has work in every stage.
+//   - The mode is a template argument, so the parts a mode leaves out are not compiled.
+#define D3_CONSUMERS 512
+#define D3_WARPS (D3_CONSUMERS / 32)
+#define D3_THREADS (D3_CONSUMERS + 32)
+
+struct D3Vecs {
+  float x[D_H];     // the residual
+  float xn[D_H];    // the normed input of qkv and gate_up (this block's own)
+  float qkv[D_QKV];
+  float attn[D_H];
+  float act[D_F];   // SwiGLU(gate, up)
+};
+
+__device__ __forceinline__ void d3_sync() { d_consumers_sync<D3_CONSUMERS>(); }
+
+// Stores v at `local` (an address in this block's shared memory) into the same place in
+// block `lane`'s, for lanes below the cluster's size: every lane holds v.
+__device__ __forceinline__ void d3_broadcast(float* local, float v, int lane, bool local_only = false) {
+  if (local_only) {  // timing only: this block's copy alone
+    if (lane == 0) *local = v;
+  } else if (lane < (int)gridDim.x) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(local)), "r"(lane));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+  }
+}
+
+// xn = RMSNorm(x) (unit weights), from this block's copy.
+__device__ void d3_norm(const float* x, float* xn) {
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < D_H; i += D3_CONSUMERS) ss += x[i] * x[i];
+  const float t = d_block_sum<D3_CONSUMERS>(ss);
+  const float scale = rsqrtf(t / D_H + 1e-5f);
+  for (int i = threadIdx.x; i < D_H; i += D3_CONSUMERS) xn[i] = x[i] * scale;
+  d3_sync();
+}
+
+// A lane's piece k of a row: WPP 32-bit words at word (lane + 32 k) * WPP; its inputs in
+// registers (xr[k], 2 * WPP floats).
+template <int WPP>
+__device__ __forceinline__ void d3_piece(const unsigned* row, int idx, unsigned (&w)[WPP]) {
+  if (WPP == 4) {
+    const uint4 v = reinterpret_cast<const uint4*>(row)[idx];
+    w[0] = v.x; w[1] = v.y; w[2 % WPP] = v.z; w[3 % WPP] = v.w;
+  } else {
+    w[0] = row[idx];
+  }
+}
+
+// One GEMV stage on the 16 consumer warps: the block's rows in pairs, pair p to warp
+// p % 16, over the ring's chunks in order (every warp waits for and releases every chunk).
+// `put(row, a0, a1)` gets each pair (rows row, row + 1), every lane holding both sums.
+template <int WPP, int PPL, int R, bool NORM, class Put>
+__device__ void d3_gemv(DRing& r, const char* const* layers, int l, int s, const float* in, int& consumed, bool skip,
+                        bool lean, bool nocopy, Put put) {
+  const int b = blockIdx.x, C = gridDim.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const char* base;
+  int rows, rb;
+  d_stage(layers, l, s, b, C, base, rows, rb);
+  const int per = BULK_CHUNK / rb, words = rb / 4;
+  float xr[PPL][2 * WPP];
+#pragma unroll
+  for (int k = 0; k < PPL; ++k) {
+    if (WPP == 4) {
+      const float4* x4 = reinterpret_cast<const float4*>(in + (lane + 32 * k) * 8);
+      const float4 p = x4[0], q = x4[1];
+      xr[k][0] = p.x; xr[k][1] = p.y; xr[k][2 % (2 * WPP)] = p.z; xr[k][3 % (2 * WPP)] = p.w;
+      xr[k][4 % (2 * WPP)] = q.x; xr[k][5 % (2 * WPP)] = q.y; xr[k][6 % (2 * WPP)] = q.z; xr[k][7 % (2 * WPP)] = q.w;
+    } else {
+      const float2 p = reinterpret_cast<const float2*>(in)[lane + 32 * k];
+      xr[k][0] = p.x; xr[k][1] = p.y;
+    }
+  }
+  if (NORM) {
+    // `in` is x: every warp takes the RMSNorm's scale itself (unit weights) from the
+    // inputs its lanes hold, which cover the row.
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PPL; ++k) {
+#pragma unroll
+      for (int e = 0; e < 2 * WPP; ++e) ss += xr[k][e] * xr[k][e];
+    }
+    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(~0u, ss, o);
+    const float scale = rsqrtf(ss / (64 * WPP * PPL) + 1e-5f);
+#pragma unroll
+    for (int k = 0; k < PPL; ++k) {
+#pragma unroll
+      for (int e = 0; e < 2 * WPP; ++e) xr[k][e] *= scale;
+    }
+  }
+  int group = 0;  // the stage's groups of R rows seen so far
+  for (int row0 = 0; row0 < rows; row0 += per) {
+    const int slot = consumed % BULK_STAGES, n = min(per, rows - row0);
+    // lean: lane 0 alone waits for the copy.
+    if (!nocopy && (!lean || lane == 0)) d_wait((unsigned)__cvta_generic_to_shared(&r.full[slot]), (unsigned)((consumed / BULK_STAGES) & 1));
+    if (lean) __syncwarp();
+    const unsigned* chunk = reinterpret_cast<const unsigned*>(r.ring + slot * BULK_CHUNK);
+    // The chunk's first group this warp takes.
+    const int first = (warp - group % D3_WARPS + D3_WARPS) % D3_WARPS;
+    for (int i = skip ? n : R * first; i < n; i += R * D3_WARPS) {
+      float acc[R];
+#pragma unroll
+      for (int j = 0; j < R; ++j) acc[j] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < PPL; ++k) {
+        unsigned w[R][WPP];
+#pragma unroll
+        for (int j = 0; j < R; ++j) d3_piece<WPP>(chunk + (i + j) * words, lane + 32 * k, w[j]);
+#pragma unroll
+        for (int q = 0; q < WPP; ++q) {
+#pragma unroll
+          for (int j = 0; j < R; ++j) acc[j] = fmaf(__uint_as_float(w[j][q] << 16), xr[k][2 * q], acc[j]);
+#pragma unroll
+          for (int j = 0; j < R; ++j) acc[j] = fmaf(__uint_as_float(w[j][q] & 0xffff0000u), xr[k][2 * q + 1], acc[j]);
+        }
+      }
+      for (int o = 16; o; o >>= 1) {
+#pragma unroll
+        for (int j = 0; j < R; ++j) acc[j] += __shfl_xor_sync(~0u, acc[j], o);
+      }
+      put(b * rows + row0 + i, acc);
+    }
+    group += n / R;
+    if (!nocopy) d_release(r, slot, lane);
+    ++consumed;
+  }
+}
+
+// Attention's stand-in as d_attention_standin, its results stored into every block's attn.
+__device__ void d3_attention_standin(const char* kv_bytes, D3Vecs& v, bool local_only) {
+  const int b = blockIdx.x, C = gridDim.x;
+  const float t = d_kv_standin_sum<D3_CONSUMERS>(kv_bytes);
+  // The block's share of attn, one value a warp at a time, every lane holding it.
+  const int per = D_H / C, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int i = warp; i < per; i += D3_WARPS) d3_broadcast(&v.attn[b * per + i], v.qkv[b * per + i] * (1.0f + t), lane, local_only);
+}
+
+// MODE as `mode` above, fixed at compile time; R: rows a warp sums at a time in the stages
+// of 576 columns.
+template <int MODE, int R>
+__global__ void __launch_bounds__(D3_THREADS, 1) layers_in_cluster3(const DLayer* gdl, int nl, const float* x0,
+                                                                    unsigned long long* times, unsigned long long* detail) {
+  constexpr int mode = MODE;
+  extern __shared__ __align__(128) char ring[];
+  __shared__ __align__(8) unsigned long long full[BULK_STAGES], empty[BULK_STAGES], stage_bars[2];
+  __shared__ __align__(16) D3Vecs v;
+  __shared__ const char* ws[D_LAYERS_MAX * 4];
+  const int lane = threadIdx.x & 31;
+  for (int i = threadIdx.x; i < nl * 4; i += blockDim.x) {
+    const DLayer& L = gdl[i / 4];
+    ws[i] = i % 4 == 0 ? L.qkv : i % 4 == 1 ? L.o : i % 4 == 2 ? L.gu : L.down;
+  }
+  for (int i = threadIdx.x; i < D_H; i += blockDim.x) v.x[i] = x0[i];
+  d_cluster_bars_init(full, empty, D3_WARPS, stage_bars);
+  const char* const* layers = ws;
+  DRing r{ring, full, empty, 0, 0, 0, 0};
+  const unsigned long long t0 = now();
+  if (threadIdx.x >= D3_CONSUMERS) {  // the producer warp
+    if (threadIdx.x == D3_CONSUMERS && !(mode & 16)) d_issue(r, layers, nl, 1 << 30);
+    __syncwarp();
+  } else {
+    unsigned boundary = 0;
+    int consumed = 0;
+    auto sync = [&]() { d_boundary<D3_CONSUMERS>(mode & 2, stage_bars, boundary, mode & 8, mode & 32); };
+    // Thread 0's clock at each of the layer's 12 points, summed per span (detail).
+    __shared__ long long spans[12];
+    if (threadIdx.x < 12) spans[threadIdx.x] = 0;
+    long long last = clock64();
+    auto mark = [&](int i) {
+      if (threadIdx.x == 0) {
+        const long long t = clock64();
+        spans[i] += t - last;
+        last = t;
+      }
+    };
+    for (int l = 0; l < nl; ++l) {
+      constexpr bool wnorm = mode & 128;  // the norms in each warp
+      constexpr int reps = mode & 256 ? 2 : 1;  // each GEMV stage twice in a row
+      if (!wnorm) d3_norm(v.x, v.xn);
+      mark(0);
+      for (int rep = 0; rep < reps; ++rep)
+      d3_gemv<1, 9, R, wnorm>(r, layers, l, 0, wnorm ? v.x : v.xn, consumed, mode & 1, mode & 8, mode & 16, [&](int row, const float (&a)[R]) {
+#pragma unroll
+        for (int j = 0; j < R; ++j) d3_broadcast(&v.qkv[row + j], a[j], lane, mode & 64);
+      });
+      mark(1);
+      sync();
+      mark(2);
+      if (!(mode & 4)) d3_attention_standin(gdl[l].kv, v, mode & 64);
+      mark(3);
+      sync();
+      mark(4);
+      for (int rep = 0; rep < reps; ++rep)
+      d3_gemv<1, 9, R, false>(r, layers, l, 1, v.attn, consumed, mode & 1, mode & 8, mode & 16, [&](int row, const float (&a)[R]) {
+        float y[R];
+#pragma unroll
+        for (int j = 0; j < R; ++j) y[j] = v.x[row + j] + a[j];
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < R; ++j) d3_broadcast(&v.x[row + j], y[j], lane, mode & 64);
+      });
+      mark(5);
+      sync();
+      mark(6);
+      if (!wnorm) d3_norm(v.x, v.xn);
+      mark(7);
+      for (int rep = 0; rep < reps; ++rep)
+      d3_gemv<1, 9, R, wnorm>(r, layers, l, 2, wnorm ? v.x : v.xn, consumed, mode & 1, mode & 8, mode & 16, [&](int row, const float (&a)[R]) {
+#pragma unroll
+        for (int j = 0; j < R; j += 2) d3_broadcast(&v.act[(row + j) / 2], __fdividef(a[j], 1.0f + __expf(-a[j])) * a[j + 1], lane, mode & 64);
+      });
+      mark(8);
+      sync();
+      mark(9);
+      for (int rep = 0; rep < reps; ++rep)
+      d3_gemv<4, 6, 2, false>(r, layers, l, 3, v.act, consumed, mode & 1, mode & 8, mode & 16, [&](int row, const float (&a)[2]) {
+        const float y0 = v.x[row] + a[0] * 1e-3f, y1 = v.x[row + 1] + a[1] * 1e-3f;
+        __syncwarp();
+        d3_broadcast(&v.x[row], y0, lane, mode & 64);
+        d3_broadcast(&v.x[row + 1], y1, lane, mode & 64);
+      });
+      mark(10);
+      sync();
+      mark(11);
+    }
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int i = 0; i < 12; ++i) detail[blockIdx.x * 12 + i] = spans[i];
+    }
+  }
+  record(times, t0);
+  __syncwarp();
+  cluster_sync();
+}
+
 static unsigned long long* g_times;
+static unsigned long long* detail;  // version 3's spans: [block][12] clock cycles
+static char spans_text[16384];
+
+// Appends the last run's spans (version 3) to spans_text as a table row.
+static void spans_row(int c, int mode, int nl) {
+  unsigned long long d[16 * 12];
+  CK(cudaMemcpy(d, detail, sizeof d, cudaMemcpyDeviceToHost));
+  int clock_khz = 0;
+  CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  size_t at = strlen(spans_text);
+  if (at == 0) {
+    at += snprintf(spans_text + at, sizeof spans_text - at,
+                   "| blocks | mode x 10 + rows a warp | norm | qkv | sync | attn | sync | o | sync | norm | gate_up | sync | down | sync |\n"
+                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  }
+  at += snprintf(spans_text + at, sizeof spans_text - at, "| %d | %d |", c, mode);
+  for (int i = 0; i < 12; ++i) {
+    double mean = 0, worst = 0;
+    for (int b = 0; b < c; ++b) {
+      const double us = d[b * 12 + i] / (clock_khz * 1e-3) / nl;
+      mean += us / c;
+      worst = us > worst ? us : worst;
+    }
+    at += snprintf(spans_text + at, sizeof spans_text - at, " %.2f/%.2f |", mean, worst);
+  }
+  snprintf(spans_text + at, sizeof spans_text - at, "\n");
+}
 
 static double elapsed_us() {
   unsigned long long t[2];
@@ -691,6 +1017,31 @@ int main() {
   stream_table(buf, BIG, window, sms, [&](const char* src, size_t bytes, int g) {
     stream_bulk<<<g, 32, smem>>>(src, bytes, g_times);
   });
+  // E: C's streaming by G = 16 blocks launched as clusters of c: a cluster runs inside one
+  // GPC (graphics processing cluster), so c = 16 puts every block on one GPC's SMs.
+  printf("\nE. 16 blocks streaming by bulk copies as clusters of c (GB/s: from memory, 56 MiB; from L2, 7 MiB)\n| c | from memory | from L2 |\n|---|---|---|\n");
+  CK(cudaFuncSetAttribute(stream_bulk, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  for (int c : {1, 2, 4, 8, 16}) {
+    double cold = 0, hot = 0;
+    const size_t bytes = (size_t)56 << 20, hot_bytes = (size_t)7 << 20;
+    for (int rep = 0; rep < 5; ++rep) {
+      window = (window + bytes + (1 << 20)) % (BIG - bytes - (1 << 20));
+      ClusterLaunch cl(16, 32, smem);
+      cl.at[0].val.clusterDim.x = c;
+      const char* src = reinterpret_cast<const char*>(buf) + window;
+      reset_times();
+      CK(cudaLaunchKernelEx(&cl.cfg, stream_bulk, src, bytes, g_times));
+      CK(cudaDeviceSynchronize());
+      cold += bytes / (elapsed_us() * 1e3);
+      // From L2: 7 MiB read once, then timed again.
+      CK(cudaLaunchKernelEx(&cl.cfg, stream_bulk, src, hot_bytes, g_times));
+      reset_times();
+      CK(cudaLaunchKernelEx(&cl.cfg, stream_bulk, src, hot_bytes, g_times));
+      CK(cudaDeviceSynchronize());
+      hot += hot_bytes / (elapsed_us() * 1e3);
+    }
+    printf("| %d | %.0f | %.0f |\n", c, cold / 5, hot / 5);
+  }
   // D: 30 layers of the 135M's shapes, each layer's weights and keys apart (about 211 MB,
   // beyond L2).
   const int NL = 30;
@@ -717,20 +1068,49 @@ int main() {
   CK(cudaFuncSetAttribute(layers_in_cluster, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   printf("\nD. 30 decode layers of SmolLM2-135M's shapes in one cluster (us a layer; weights %.2f MB a layer)\n",
          (layer_bytes - D_KV_BYTES) / 1e6);
-  printf("Modes (timing only, wrong values): 1 no dot products, 2 no barriers between blocks, 4 no attention stand-in.\n");
-  printf("| version | blocks in the cluster | mode | us a layer, runs |\n|---|---|---|---|\n");
-  CK(cudaFuncSetAttribute(layers_in_cluster2, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  CK(cudaFuncSetAttribute(layers_in_cluster2, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  // {version, blocks, mode}
-  const int runs[][3] = {{1, 8, 0}, {1, 16, 0}, {1, 16, 1}, {1, 16, 2}, {1, 16, 4}, {1, 16, 3}, {1, 16, 7},
-                         {1, 16, 6}, {2, 16, 0}, {2, 16, 1}, {2, 16, 2}, {2, 16, 7}, {2, 8, 0}};
+  printf("Modes (timing only, wrong values): 1 no dot products, 2 no barriers between blocks, 4 no attention stand-in;\n"
+         "8 (version 3) one waiter a warp for each copy and one a block for each stage barrier; 16 (version 3) no copies\n"
+         "(the consumers sum whatever the ring holds, without waiting); 32 (version 3) the stage barrier's arrivals after one\n"
+         "cluster fence, by one thread; 64 (version 3) results stored in the block's own shared memory alone;\n"
+         "128 (version 3) every warp takes the norm's scale itself (no block barrier); 256 (version 3, with 16) each GEMV\n"
+         "stage twice in a row.\n");
+  printf("| version | blocks in the cluster | mode | rows a warp | us a layer, runs |\n|---|---|---|---|---|\n");
+  CK(cudaMalloc(&detail, 16 * 12 * 8));
+  // Version 3's instances: {mode, rows a warp, kernel}.
+  struct V3 { int mode, r; const void* k; };
+  const V3 v3s[] = {{0, 2, (const void*)layers_in_cluster3<0, 2>},     {128, 2, (const void*)layers_in_cluster3<128, 2>},
+                    {2, 2, (const void*)layers_in_cluster3<2, 2>},     {16, 2, (const void*)layers_in_cluster3<16, 2>},
+                    {23, 2, (const void*)layers_in_cluster3<23, 2>},   {129, 4, (const void*)layers_in_cluster3<129, 4>},
+                    {146, 4, (const void*)layers_in_cluster3<146, 4>}, {402, 4, (const void*)layers_in_cluster3<402, 4>},
+                    {210, 2, (const void*)layers_in_cluster3<210, 2>}, {466, 2, (const void*)layers_in_cluster3<466, 2>}};
+  for (const void* k : {(const void*)layers_in_cluster2}) {
+    CK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  for (const V3& v : v3s) {
+    CK(cudaFuncSetAttribute(v.k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CK(cudaFuncSetAttribute(v.k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  // {version, blocks, mode, rows a warp (version 3)}
+  const int runs[][4] = {{2, 16, 0, 2},   {3, 16, 0, 2},   {3, 16, 128, 2}, {3, 16, 2, 2},   {3, 16, 16, 2},
+                         {3, 16, 23, 2},  {3, 16, 129, 4}, {3, 16, 146, 4}, {3, 16, 402, 4}, {3, 16, 210, 2},
+                         {3, 16, 466, 2}};
   for (const auto& vcm : runs) {
-    const int version = vcm[0], c = vcm[1], mode = vcm[2];
-    printf("| %d | %d | %d |", version, c, mode);
+    const int version = vcm[0], c = vcm[1], mode = vcm[2], rw = vcm[3];
+    const int threads = version == 1 ? D_THREADS : version == 2 ? D2_THREADS : D3_THREADS;
+    const void* kernel = version == 1 ? (const void*)layers_in_cluster : (const void*)layers_in_cluster2;
+    if (version == 3) {
+      kernel = nullptr;
+      for (const V3& v : v3s) {
+        if (v.mode == mode && v.r == rw) kernel = v.k;
+      }
+      if (!kernel) continue;
+    }
+    printf("| %d | %d | %d | %d |", version, c, mode, rw);
     {
-      ClusterLaunch cl(c, version == 1 ? D_THREADS : D2_THREADS, smem);
+      ClusterLaunch cl(c, threads, smem);
       int fits = 0;
-      CK(cudaOccupancyMaxActiveClusters(&fits, version == 1 ? layers_in_cluster : layers_in_cluster2, &cl.cfg));
+      CK(cudaOccupancyMaxActiveClusters(&fits, kernel, &cl.cfg));
       if (fits == 0) {
         printf(" does not fit this GPU |\n");
         continue;
@@ -739,14 +1119,25 @@ int main() {
     for (int rep = 0; rep < 4; ++rep) {
       std::vector<float> x(D_H, 1.0f);
       CK(cudaMemcpy(dv.x, x.data(), D_H * 4, cudaMemcpyHostToDevice));
-      ClusterLaunch cl(c, version == 1 ? D_THREADS : D2_THREADS, smem);
+      ClusterLaunch cl(c, threads, smem);
       reset_times();
-      CK(cudaLaunchKernelEx(&cl.cfg, version == 1 ? layers_in_cluster : layers_in_cluster2, (const DLayer*)dl, NL,
-                            dv, mode, g_times));
+      if (version == 1) {
+        CK(cudaLaunchKernelEx(&cl.cfg, layers_in_cluster, (const DLayer*)dl, NL, dv, mode, g_times));
+      } else if (version == 2) {
+        CK(cudaLaunchKernelEx(&cl.cfg, layers_in_cluster2, (const DLayer*)dl, NL, dv, mode, g_times));
+      } else {
+        const DLayer* a0 = dl;
+        int a1 = NL;
+        const float* a2 = dv.x;
+        void* args[] = {&a0, &a1, &a2, &g_times, &detail};
+        CK(cudaLaunchKernelExC(&cl.cfg, kernel, args));
+      }
       CK(cudaDeviceSynchronize());
       printf(" %.2f", elapsed_us() / NL);
     }
     printf(" |\n");
+    if (version == 3) spans_row(c, mode * 10 + rw, NL);
   }
+  printf("\nSpans of version 3's layer (thread 0 of each block, us a layer; mean over the blocks / the slowest block):\n%s", spans_text);
   return 0;
 }
