@@ -14,17 +14,22 @@
 //      block), the loader a layer-in-a-cluster kernel would use.
 //   E. C's 16 blocks launched as clusters of 1 .. 16 blocks: a cluster runs inside one GPC,
 //      so a cluster of 16 streams through one GPC's port.
+//   F. What the prototypes' small operations cost in such a cluster (clock cycles a round):
+//      a barrier, stores into every block's shared memory, shared-memory float atomics, a
+//      part of version 4's tensor-core sums, a group of version 3's FMA sums.
 //   D. 30 decode layers of SmolLM2-135M's GEMV shapes run inside one cluster that way:
-//      three prototypes (layers_in_cluster, layers_in_cluster2, layers_in_cluster3), µs a
-//      layer against the engine's chain of kernels, and again with parts left out (modes,
-//      timing only, wrong values). Version 3 also reports thread 0's clock at each of the
-//      layer's 12 spans (norm, qkv, barrier, attention, ...), per block.
+//      five prototypes (layers_in_cluster .. layers_in_cluster5), µs a layer against the
+//      engine's chain of kernels, and again with parts left out (modes, timing only, wrong
+//      values). Versions 3-5 also report thread 0's clock at each of the layer's 12 spans
+//      (norm, qkv, barrier, attention, ...), per block; versions 4 and 5 check their first
+//      layer's qkv against the host first.
 // Times come from %globaltimer inside the kernels (first block start to last block end),
 // so launch gaps do not count. Build and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90a -o /tmp/cluster-layer scripts/cluster-layer.cu && /tmp/cluster-layer
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cmath>
 #include <vector>
 #include <cuda_runtime.h>
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
@@ -260,10 +265,10 @@ __device__ __forceinline__ void d_x_regs(const float* in, int vecs, int lane, fl
 }
 
 // This warp is done with ring slot `slot`: its lane 0 arrives on the slot's empty barrier.
-__device__ __forceinline__ void d_release(DRing& r, int slot, int lane) {
+__device__ __forceinline__ void d_release_slot(unsigned long long* empty, int slot, int lane) {
   __syncwarp();
   if (lane == 0) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"((unsigned)__cvta_generic_to_shared(&r.empty[slot]))
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"((unsigned)__cvta_generic_to_shared(&empty[slot]))
                  : "memory");
   }
 }
@@ -304,7 +309,7 @@ __device__ void d_gemv(DRing& r, const char* const* layers, int nl, int l, int s
       for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(~0u, acc, o);
       if (lane == 0) put(b * rows + row0 + i, acc);
     }
-    d_release(r, slot, lane);
+    d_release_slot(r.empty, slot, lane);
     ++consumed;
   }
 }
@@ -375,35 +380,41 @@ __device__ void d_load(const float* src, float* in, int n) {
   d_sync<PRODUCER>();
 }
 
-// A block's setup: every layer's four weight matrices into ws (shared), and the block's
-// slice of the residual x into xown (o and down add into it and write it through).
-__device__ void d_block_setup(const DLayer* gdl, int nl, const float* x, const char** ws, float* xown) {
-  const int b = blockIdx.x, C = gridDim.x;
+// Every layer's four weight matrices into ws (shared), and n floats of x0 into x.
+__device__ void d_layers_setup(const DLayer* gdl, int nl, const char** ws, const float* x0, float* x, int n = D_H) {
   for (int i = threadIdx.x; i < nl * 4; i += blockDim.x) {
     const DLayer& L = gdl[i / 4];
     ws[i] = i % 4 == 0 ? L.qkv : i % 4 == 1 ? L.o : i % 4 == 2 ? L.gu : L.down;
   }
-  for (int i = threadIdx.x; i < D_H / C; i += blockDim.x) xown[i] = x[b * (D_H / C) + i];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = x0[i];
+}
+
+// A block's setup: every layer's four weight matrices into ws (shared), and the block's
+// slice of the residual x into xown (o and down add into it and write it through).
+__device__ void d_block_setup(const DLayer* gdl, int nl, const float* x, const char** ws, float* xown) {
+  const int b = blockIdx.x, C = gridDim.x;
+  d_layers_setup(gdl, nl, ws, x + b * (D_H / C), xown, D_H / C);
 }
 
 // The ring's barriers (thread 0): a full one a slot, completed by its copy's bytes, and an
 // empty one, completed when the `warps` consumer warps have all released the slot.
-__device__ void d_ring_init(unsigned long long* full, unsigned long long* empty, int warps = D_THREADS / 32) {
-  for (int i = 0; i < BULK_STAGES; ++i) {
+__device__ void d_ring_init(unsigned long long* full, unsigned long long* empty, int warps = D_THREADS / 32,
+                            int slots = BULK_STAGES) {
+  for (int i = 0; i < slots; ++i) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"((unsigned)__cvta_generic_to_shared(&full[i])) : "memory");
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"((unsigned)__cvta_generic_to_shared(&empty[i])),
                  "r"(warps) : "memory");
   }
 }
 
-// Versions 2 and 3, on every thread: thread 0 sets up the ring's barriers and the two stage
-// barriers that every block of the cluster arrives on once a stage, and fences them to the
+// Versions 2-4, on every thread: thread 0 sets up the ring's barriers (`slots` of them)
+// and the two stage barriers that every block of the cluster arrives on once a stage, and fences them to the
 // cluster; then the cluster meets, so that every block's barriers are set up before any
 // block arrives on them.
 __device__ void d_cluster_bars_init(unsigned long long* full, unsigned long long* empty, int warps,
-                                    unsigned long long* stage_bars) {
+                                    unsigned long long* stage_bars, int slots = BULK_STAGES) {
   if (threadIdx.x == 0) {
-    d_ring_init(full, empty, warps);
+    d_ring_init(full, empty, warps, slots);
     for (int i = 0; i < 2; ++i) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"((unsigned)__cvta_generic_to_shared(&stage_bars[i])),
                    "r"(gridDim.x) : "memory");
@@ -589,7 +600,7 @@ __device__ void d2_gemv(DRing& r, const char* const* layers, int l, int s, const
         if (two) put(b * rows + row0 + i + 1, acc1);
       }
     }
-    d_release(r, slot, lane);
+    d_release_slot(r.empty, slot, lane);
     ++consumed;
   }
 }
@@ -677,6 +688,30 @@ __device__ __forceinline__ void d3_broadcast(float* local, float v, int lane, bo
     asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
   }
 }
+
+// Thread 0's clock at each of a layer's 12 points, summed per span, into `sum` (shared),
+// and at the end into the kernel's `detail` (versions 3 and 4).
+struct DSpans {
+  long long* sum;
+  long long last;
+  __device__ explicit DSpans(long long* s) : sum(s) {
+    if (threadIdx.x < 12) sum[threadIdx.x] = 0;
+    d_consumers_sync<D3_CONSUMERS>();
+    last = clock64();
+  }
+  __device__ void mark(int i) {
+    if (threadIdx.x == 0) {
+      const long long t = clock64();
+      sum[i] += t - last;
+      last = t;
+    }
+  }
+  __device__ void write(unsigned long long* detail) const {
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < 12; ++i) detail[blockIdx.x * 12 + i] = sum[i];
+    }
+  }
+};
 
 // xn = RMSNorm(x) (unit weights), from this block's copy.
 __device__ void d3_norm(const float* x, float* xn) {
@@ -774,7 +809,7 @@ __device__ void d3_gemv(DRing& r, const char* const* layers, int l, int s, const
       put(b * rows + row0 + i, acc);
     }
     group += n / R;
-    if (!nocopy) d_release(r, slot, lane);
+    if (!nocopy) d_release_slot(r.empty, slot, lane);
     ++consumed;
   }
 }
@@ -799,11 +834,7 @@ __global__ void __launch_bounds__(D3_THREADS, 1) layers_in_cluster3(const DLayer
   __shared__ __align__(16) D3Vecs v;
   __shared__ const char* ws[D_LAYERS_MAX * 4];
   const int lane = threadIdx.x & 31;
-  for (int i = threadIdx.x; i < nl * 4; i += blockDim.x) {
-    const DLayer& L = gdl[i / 4];
-    ws[i] = i % 4 == 0 ? L.qkv : i % 4 == 1 ? L.o : i % 4 == 2 ? L.gu : L.down;
-  }
-  for (int i = threadIdx.x; i < D_H; i += blockDim.x) v.x[i] = x0[i];
+  d_layers_setup(gdl, nl, ws, x0, v.x);
   d_cluster_bars_init(full, empty, D3_WARPS, stage_bars);
   const char* const* layers = ws;
   DRing r{ring, full, empty, 0, 0, 0, 0};
@@ -815,17 +846,9 @@ __global__ void __launch_bounds__(D3_THREADS, 1) layers_in_cluster3(const DLayer
     unsigned boundary = 0;
     int consumed = 0;
     auto sync = [&]() { d_boundary<D3_CONSUMERS>(mode & 2, stage_bars, boundary, mode & 8, mode & 32); };
-    // Thread 0's clock at each of the layer's 12 points, summed per span (detail).
     __shared__ long long spans[12];
-    if (threadIdx.x < 12) spans[threadIdx.x] = 0;
-    long long last = clock64();
-    auto mark = [&](int i) {
-      if (threadIdx.x == 0) {
-        const long long t = clock64();
-        spans[i] += t - last;
-        last = t;
-      }
-    };
+    DSpans sp(spans);
+    auto mark = [&](int i) { sp.mark(i); };
     for (int l = 0; l < nl; ++l) {
       constexpr bool wnorm = mode & 128;  // the norms in each warp
       constexpr int reps = mode & 256 ? 2 : 1;  // each GEMV stage twice in a row
@@ -876,14 +899,617 @@ __global__ void __launch_bounds__(D3_THREADS, 1) layers_in_cluster3(const DLayer
       sync();
       mark(11);
     }
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int i = 0; i < 12; ++i) detail[blockIdx.x * 12 + i] = spans[i];
-    }
+    sp.write(detail);
   }
   record(times, t0);
   __syncwarp();
   cluster_sync();
+}
+
+// Versions 4 and 5's arguments: the layers, the residual's first value, the kernel's
+// times, where block 0 leaves its copy of the first layer's qkv (or null), and the spans.
+struct D45Args {
+  const DLayer* gdl;
+  int nl;
+  const float* x0;
+  unsigned long long* times;
+  float* check;
+  unsigned long long* detail;
+};
+
+// D, fourth version (layers_in_cluster4, thirty-sixth pass): version 3 with its dot products
+// on tensor cores, what version 3's breakdown pointed at (its sums latency-bound at about
+// 1,000 cycles a group of rows, one group in flight a warp).
+//   - Every stage's rows go to the blocks in tiles of 16 rows, and the ring's chunks are
+//     tiles (two of 576 columns, or one of 1,536). So that ldmatrix reads 8 rows at a time
+//     without bank conflicts, either (padded) the producer warp copies a chunk row by row,
+//     one bulk copy a lane, into rows padded by 16 bytes, or (SWZ, swizzled) the weights
+//     are stored with each row's 16-byte pieces permuted within their 128-byte group by the
+//     row's index mod 8 (d4_piece), and a chunk is one bulk copy.
+//   - A tile's columns are split into KS parts (9 of 64 columns for 576, 16 of 96 for
+//     1,536); the parts of a stage's tiles go to the 16 warps round robin. A part is
+//     4 or 6 mma.m16n8k16 (the weights as A, the input vector as column 0 of B, so one
+//     multiply-add in eight counts), summed into the tile's rows by shared-memory atomics.
+//   - The input vector goes into shared memory as bf16 pairs before the stage (normed there
+//     for qkv and gate_up); the stage's sums leave after a barrier of the consumers, one
+//     row a warp into every block's copy, as in version 3.
+#define D4_SLOTS 4
+#define D4_SLOT (16 * (2 * D_F + 16))  // one tile of 1,536 columns, or two of 576
+#define D4_ACC 192                     // the most rows of a stage a block takes
+
+struct D4Shared {
+  unsigned xb[D_F / 2];  // the stage's input as bf16 pairs
+  float acc[D4_ACC];     // the stage's sums
+};
+
+// Stage s: its tiles, columns, the block's first and end tile, and padded row bytes.
+struct D4Stage {
+  int cols, t0, t1, stride;
+  const char* w;
+};
+
+template <bool SWZ>
+__device__ __forceinline__ D4Stage d4_stage(const char* const* layers, int l, int s) {
+  const int tiles = (s == 0 ? D_QKV : s == 2 ? 2 * D_F : D_H) / 16, b = blockIdx.x, C = gridDim.x;
+  D4Stage st;
+  st.cols = s == 3 ? D_F : D_H;
+  st.t0 = b * tiles / C;
+  st.t1 = (b + 1) * tiles / C;
+  st.stride = st.cols * 2 + (SWZ ? 0 : 16);
+  st.w = layers[l * 4 + s];
+  return st;
+}
+
+// Tiles a chunk of stage s holds.
+__device__ __forceinline__ int d4_chunk_tiles(const D4Stage& st) { return st.cols == D_H ? 2 : 1; }
+
+// The producer warp: every chunk of every layer, in the consumers' order. SWZ: the weights'
+// rows are stored with their 16-byte pieces swizzled (below), unpadded, so that a chunk is
+// one bulk copy; else one copy a row into rows padded by 16 bytes.
+template <bool SWZ>
+__device__ void d4_produce(char* ring, unsigned long long* full, unsigned long long* empty, const char* const* layers,
+                           int nl) {
+  const int lane = threadIdx.x & 31;
+  int issued = 0;
+  for (int l = 0; l < nl; ++l) {
+    for (int s = 0; s < 4; ++s) {
+      const D4Stage st = d4_stage<SWZ>(layers, l, s);
+      for (int t = st.t0; t < st.t1; t += d4_chunk_tiles(st), ++issued) {
+        const int rows = 16 * min(d4_chunk_tiles(st), st.t1 - t), slot = issued % D4_SLOTS;
+        const unsigned f = (unsigned)__cvta_generic_to_shared(&full[slot]);
+        const char* src = st.w + (size_t)t * 16 * st.cols * 2;
+        if (lane == 0) {
+          d_wait((unsigned)__cvta_generic_to_shared(&empty[slot]), (unsigned)(((issued / D4_SLOTS) & 1) ^ 1));
+          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(f), "r"(rows * st.cols * 2)
+                       : "memory");
+          if (SWZ) {
+            const unsigned dst = (unsigned)__cvta_generic_to_shared(ring + slot * D4_SLOT);
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         :: "r"(dst), "l"(src), "r"(rows * st.cols * 2), "r"(f) : "memory");
+          }
+        }
+        __syncwarp();
+        if (!SWZ && lane < rows) {
+          const unsigned dst = (unsigned)__cvta_generic_to_shared(ring + slot * D4_SLOT + lane * st.stride);
+          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                       :: "r"(dst), "l"(src + (size_t)lane * st.cols * 2), "r"(st.cols * 2), "r"(f) : "memory");
+        }
+      }
+    }
+  }
+}
+
+// SWZ: where 16-byte piece c of a row r of a tile is stored in its row (the pieces of each
+// 128-byte group permuted by r % 8, so that the 8 rows an ldmatrix reads together fall on
+// distinct banks).
+__device__ __forceinline__ int d4_piece(int c, int r) { return (c & ~7) | ((c & 7) ^ (r & 7)); }
+
+// A stage's input vector (`cols` floats, this block's copy) into xb as bf16 pairs, normed
+// first (RMSNorm, unit weights) where `norm`; on the consumer threads.
+__device__ void d4_input(const float* in, int cols, bool norm, unsigned* xb) {
+  float scale = 1.0f;
+  if (norm) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < cols; i += D3_CONSUMERS) ss += in[i] * in[i];
+    scale = rsqrtf(d_block_sum<D3_CONSUMERS>(ss) / cols + 1e-5f);
+  }
+  for (int i = threadIdx.x; i < cols / 2; i += D3_CONSUMERS) {
+    unsigned p;  // element 2i in the low half, rounded to nearest
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(in[2 * i + 1] * scale), "f"(in[2 * i] * scale));
+    xb[i] = p;
+  }
+}
+
+// One GEMV stage on the consumer warps (see above). `in`: the input vector (fp32, this
+// block's copy), normed first where `norm`. `put(i, acc)` runs on every lane of a warp for
+// the block's row i of the stage (acc: the stage's sums).
+template <bool SWZ, int KS, int STEPS, class Put>
+__device__ void d4_gemv(char* ring, unsigned long long* full, unsigned long long* empty, const char* const* layers, int l,
+                        int s, const float* in, bool norm, D4Shared& sh, int& consumed, bool skip, bool nocopy,
+                        Put put) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const D4Stage st = d4_stage<SWZ>(layers, l, s);
+  const int rows = 16 * (st.t1 - st.t0);
+  d4_input(in, st.cols, norm, sh.xb);
+  for (int i = threadIdx.x; i < rows; i += D3_CONSUMERS) sh.acc[i] = 0.0f;
+  d3_sync();
+  const int g = lane >> 2, t = lane & 3;
+  for (int tile = 0; tile < st.t1 - st.t0; tile += d4_chunk_tiles(st)) {
+    const int n = min(d4_chunk_tiles(st), st.t1 - st.t0 - tile), slot = consumed % D4_SLOTS;
+    if (!nocopy) d_wait((unsigned)__cvta_generic_to_shared(&full[slot]), (unsigned)((consumed / D4_SLOTS) & 1));
+    const unsigned base = (unsigned)__cvta_generic_to_shared(ring + slot * D4_SLOT);
+    const int lo = tile * KS, hi = (tile + n) * KS;
+    for (int item = skip ? hi : lo + ((warp - lo % D3_WARPS) + D3_WARPS) % D3_WARPS; item < hi; item += D3_WARPS) {
+      const int tl = item / KS - tile, part = item % KS;
+      float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+      // Every fragment of the part first, then the chain of mma.
+      unsigned a[STEPS][4], bx[STEPS][2];
+      const int rr = tl * 16 + (lane & 15);
+#pragma unroll
+      for (int k = 0; k < STEPS; ++k) {
+        const int k0 = (part * STEPS + k) * 16, c = k0 / 8 + (lane >> 4);
+        const unsigned addr = base + rr * st.stride + (SWZ ? d4_piece(c, rr) : c) * 16;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(a[k][0]), "=r"(a[k][1]), "=r"(a[k][2]), "=r"(a[k][3]) : "r"(addr));
+        bx[k][0] = g == 0 ? sh.xb[k0 / 2 + t] : 0u;
+        bx[k][1] = g == 0 ? sh.xb[k0 / 2 + 4 + t] : 0u;
+      }
+#pragma unroll
+      for (int k = 0; k < STEPS; ++k) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                     "{%0, %1, %2, %3};"
+                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+                     : "r"(a[k][0]), "r"(a[k][1]), "r"(a[k][2]), "r"(a[k][3]), "r"(bx[k][0]), "r"(bx[k][1]));
+      }
+      // Column 0 of the tile's sums: rows g and g + 8, in the lanes with t == 0.
+      if (t == 0) {
+        atomicAdd(&sh.acc[(tile + tl) * 16 + g], c0);
+        atomicAdd(&sh.acc[(tile + tl) * 16 + g + 8], c2);
+      }
+    }
+    if (!nocopy) d_release_slot(empty, slot, lane);
+    ++consumed;
+  }
+  d3_sync();
+  for (int i = warp; i < rows; i += D3_WARPS) put(st.t0 * 16, i, sh.acc);
+}
+
+// MODE: 1 no dot products, 2 no barriers between blocks, 4 no attention stand-in, 16 no copies. `check`:
+// where block 0 leaves its copy of the first layer's qkv (or null).
+template <int MODE, bool SWZ>
+__global__ void __launch_bounds__(D3_THREADS, 1) layers_in_cluster4(D45Args args) {
+  extern __shared__ __align__(128) char ring[];
+  __shared__ __align__(8) unsigned long long full[D4_SLOTS], empty[D4_SLOTS], stage_bars[2];
+  __shared__ __align__(16) D3Vecs v;
+  __shared__ __align__(16) D4Shared sh;
+  __shared__ const char* ws[D_LAYERS_MAX * 4];
+  constexpr int mode = MODE;
+  const int lane = threadIdx.x & 31;
+  d_layers_setup(args.gdl, args.nl, ws, args.x0, v.x);
+  d_cluster_bars_init(full, empty, D3_WARPS, stage_bars, D4_SLOTS);
+  const char* const* layers = ws;
+  const unsigned long long t0 = now();
+  if (threadIdx.x >= D3_CONSUMERS) {  // the producer warp
+    if (!(mode & 16)) d4_produce<SWZ>(ring, full, empty, layers, args.nl);
+  } else {
+    unsigned boundary = 0;
+    int consumed = 0;
+    auto sync = [&]() { d_boundary<D3_CONSUMERS>(mode & 2, stage_bars, boundary); };
+    constexpr bool skip = mode & 1, nocopy = mode & 16;
+    __shared__ long long spans[12];
+    DSpans sp(spans);
+    for (int l = 0; l < args.nl; ++l) {
+      sp.mark(0);
+      d4_gemv<SWZ, 9, 4>(ring, full, empty, layers, l, 0, v.x, true, sh, consumed, skip, nocopy,
+                         [&](int row0, int i, const float* acc) { d3_broadcast(&v.qkv[row0 + i], acc[i], lane); });
+      sp.mark(1);
+      sync();
+      sp.mark(2);
+      if (args.check && l == 0 && blockIdx.x == 0) {
+        for (int i = threadIdx.x; i < D_QKV; i += D3_CONSUMERS) args.check[i] = v.qkv[i];
+      }
+      if (!(mode & 4)) d3_attention_standin(args.gdl[l].kv, v, false);
+      sp.mark(3);
+      sync();
+      sp.mark(4);
+      d4_gemv<SWZ, 9, 4>(ring, full, empty, layers, l, 1, v.attn, false, sh, consumed, skip, nocopy, [&](int row0, int i, const float* acc) {
+        const float y = v.x[row0 + i] + acc[i];
+        __syncwarp();
+        d3_broadcast(&v.x[row0 + i], y, lane);
+      });
+      sp.mark(5);
+      sync();
+      sp.mark(6);
+      sp.mark(7);
+      // gate_up: row i of the block's share is gate (even) or up (odd) of one SwiGLU.
+      d4_gemv<SWZ, 9, 4>(ring, full, empty, layers, l, 2, v.x, true, sh, consumed, skip, nocopy, [&](int row0, int i, const float* acc) {
+        if (i % 2 == 0) {
+          d3_broadcast(&v.act[(row0 + i) / 2], __fdividef(acc[i], 1.0f + __expf(-acc[i])) * acc[i + 1], lane);
+        }
+      });
+      sp.mark(8);
+      sync();
+      sp.mark(9);
+      d4_gemv<SWZ, 16, 6>(ring, full, empty, layers, l, 3, v.act, false, sh, consumed, skip, nocopy,
+                          [&](int row0, int i, const float* acc) {
+        const float y = v.x[row0 + i] + acc[i] * 1e-3f;
+        __syncwarp();
+        d3_broadcast(&v.x[row0 + i], y, lane);
+      });
+      sp.mark(10);
+      sync();
+      sp.mark(11);
+    }
+    sp.write(args.detail);
+  }
+  record(args.times, t0);
+  __syncwarp();
+  cluster_sync();
+}
+
+// D, fifth version (layers_in_cluster5, thirty-sixth pass): version 4, swizzled, with what
+// section F measured in it: its shared-memory float atomics spin (compare-and-swap) and its
+// stores into the other blocks' shared memory, 4 bytes at a time, cost about 100 cycles a
+// value a warp; and each stage barrier's arrival fences the whole GPU.
+//   - A part's sums go to a slot of their own (part x row) in shared memory; the stage's
+//     rows are summed over their parts after a barrier of the consumers.
+//   - The block writes its rows of the stage's output into its own copy of the vector, and
+//     one thread pushes them to each other block by one bulk copy (shared memory to shared
+//     memory across the cluster), which completes bytes on that block's stage barrier.
+//   - The stage barrier is that mbarrier: each block expects the bytes the other blocks
+//     push for the stage, and waits for them. No fence, no arrival per block.
+#define D5_PARTS_MAX (9 * D4_ACC)
+
+struct D5Shared {
+  unsigned xb[D_F / 2];         // the stage's input as bf16 pairs
+  float part[D5_PARTS_MAX];     // [part][row] sums
+};
+
+// Pushes this block's floats [from, from + n) of `vec` (its own copy) into every other
+// block's copy, completing their stage barrier `bar` (the same offset in each block);
+// called by the consumer threads after the values are written.
+__device__ __forceinline__ void d5_push(const float* vec, int from, int n, unsigned long long* bar) {
+  // Every writer's stores are made visible to the bulk copies (the async proxy) first.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  d3_sync();
+  if (threadIdx.x < gridDim.x && threadIdx.x != blockIdx.x) {
+    const unsigned src = (unsigned)__cvta_generic_to_shared(vec + from);
+    unsigned dst, rbar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(src), "r"(threadIdx.x));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar)
+                 : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(threadIdx.x));
+    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(dst), "r"(src), "r"(n * 4), "r"(rbar) : "memory");
+  }
+}
+
+// Stage boundary k: expect `bytes` from the other blocks on barrier k % 2, and wait for
+// them (thread 0 arrives; every consumer waits).
+__device__ __forceinline__ void d5_wait(unsigned long long* bars, unsigned& k, int bytes, bool skip) {
+  const unsigned bar = (unsigned)__cvta_generic_to_shared(&bars[k & 1]);
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+  }
+  if (!skip) d_wait(bar, (k >> 1) & 1);
+  ++k;
+}
+
+// One GEMV stage as d4_gemv (swizzled rows), its sums by part. `put(row, value)` runs on
+// one thread a row of the block's share, once the parts are summed.
+template <int KS, int STEPS, bool PAIR, class Put>
+__device__ void d5_gemv(char* ring, unsigned long long* full, unsigned long long* empty, const char* const* layers, int l,
+                        int s, const float* in, bool norm, D5Shared& sh, int& consumed, bool skip, Put put) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const D4Stage st = d4_stage<true>(layers, l, s);
+  const int rows = 16 * (st.t1 - st.t0);
+  d4_input(in, st.cols, norm, sh.xb);
+  if (skip) {
+    for (int i = threadIdx.x; i < KS * rows; i += D3_CONSUMERS) sh.part[i] = 0.0f;
+  }
+  d3_sync();
+  const int g = lane >> 2, t = lane & 3;
+  for (int tile = 0; tile < st.t1 - st.t0; tile += d4_chunk_tiles(st)) {
+    const int n = min(d4_chunk_tiles(st), st.t1 - st.t0 - tile), slot = consumed % D4_SLOTS;
+    d_wait((unsigned)__cvta_generic_to_shared(&full[slot]), (unsigned)((consumed / D4_SLOTS) & 1));
+    const unsigned base = (unsigned)__cvta_generic_to_shared(ring + slot * D4_SLOT);
+    const int lo = tile * KS, hi = (tile + n) * KS;
+    // PAIR: two of the warp's parts at a time, their mma chains interleaved.
+    const int first = skip ? hi : lo + ((warp - lo % D3_WARPS) + D3_WARPS) % D3_WARPS;
+    for (int item = first; item < hi; item += (PAIR ? 2 : 1) * D3_WARPS) {
+      const bool two = PAIR && item + D3_WARPS < hi;
+      unsigned a[2][STEPS][4], bx[2][STEPS][2];
+      float c[2][4] = {};
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (j == 1 && !two) break;
+        const int it = item + j * D3_WARPS, rr = (it / KS - tile) * 16 + (lane & 15), p = it % KS;
+#pragma unroll
+        for (int k = 0; k < STEPS; ++k) {
+          const int k0 = (p * STEPS + k) * 16, cc = k0 / 8 + (lane >> 4);
+          const unsigned addr = base + rr * st.stride + d4_piece(cc, rr) * 16;
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(a[j][k][0]), "=r"(a[j][k][1]), "=r"(a[j][k][2]), "=r"(a[j][k][3]) : "r"(addr));
+          bx[j][k][0] = g == 0 ? sh.xb[k0 / 2 + t] : 0u;
+          bx[j][k][1] = g == 0 ? sh.xb[k0 / 2 + 4 + t] : 0u;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < STEPS; ++k) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          if (j == 1 && !two) break;
+          asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                       "{%8, %9}, {%0, %1, %2, %3};"
+                       : "+f"(c[j][0]), "+f"(c[j][1]), "+f"(c[j][2]), "+f"(c[j][3])
+                       : "r"(a[j][k][0]), "r"(a[j][k][1]), "r"(a[j][k][2]), "r"(a[j][k][3]), "r"(bx[j][k][0]),
+                         "r"(bx[j][k][1]));
+        }
+      }
+      if (t == 0) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          if (j == 1 && !two) break;
+          const int it = item + j * D3_WARPS, row = it / KS * 16 + g, p = it % KS;
+          sh.part[p * rows + row] = c[j][0];
+          sh.part[p * rows + row + 8] = c[j][2];
+        }
+      }
+    }
+    d_release_slot(empty, slot, lane);
+    ++consumed;
+  }
+  d3_sync();
+  for (int i = threadIdx.x; i < rows; i += D3_CONSUMERS) {
+    float a = 0.0f;
+#pragma unroll
+    for (int p = 0; p < KS; ++p) a += sh.part[p * rows + i];
+    put(st.t0 * 16 + i, a);
+  }
+}
+
+// Version 5's producer warp: as d4_produce (swizzled), and where `kv`, each layer's block
+// share of keys and values as one more chunk after qkv's (attention's stand-in reads it
+// from the ring).
+__device__ void d5_produce(char* ring, unsigned long long* full, unsigned long long* empty, const char* const* layers,
+                           const DLayer* gdl, int nl, bool kv) {
+  const int lane = threadIdx.x & 31, share = D_KV_BYTES / gridDim.x;
+  int issued = 0;
+  auto issue = [&](const char* src, int bytes) {
+    const int slot = issued % D4_SLOTS;
+    const unsigned f = (unsigned)__cvta_generic_to_shared(&full[slot]);
+    if (lane == 0) {
+      d_wait((unsigned)__cvta_generic_to_shared(&empty[slot]), (unsigned)(((issued / D4_SLOTS) & 1) ^ 1));
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(f), "r"(bytes) : "memory");
+      const unsigned dst = (unsigned)__cvta_generic_to_shared(ring + slot * D4_SLOT);
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                   :: "r"(dst), "l"(src), "r"(bytes), "r"(f) : "memory");
+    }
+    __syncwarp();
+    ++issued;
+  };
+  for (int l = 0; l < nl; ++l) {
+    for (int s = 0; s < 4; ++s) {
+      const D4Stage st = d4_stage<true>(layers, l, s);
+      for (int t = st.t0; t < st.t1; t += d4_chunk_tiles(st)) {
+        issue(st.w + (size_t)t * 16 * st.cols * 2, 16 * min(d4_chunk_tiles(st), st.t1 - t) * st.cols * 2);
+      }
+      if (s == 0 && kv) issue(gdl[l].kv + (size_t)blockIdx.x * share, share);
+    }
+  }
+}
+
+// MODE: 1 no dot products, 4 no attention stand-in, 8 two parts at a time a warp (down's split into
+// 32 parts of 3 steps instead of 16 of 6), 16 the keys and values through the ring.
+// `check`: where block 0 leaves its copy of the first layer's qkv (or null).
+template <int MODE>
+__global__ void __launch_bounds__(D3_THREADS, 1) layers_in_cluster5(D45Args args) {
+  constexpr int mode = MODE;
+  constexpr bool skip = mode & 1, nowait = false, kv_ring = mode & 16, pair = mode & 8;
+  __shared__ const char* ws[D_LAYERS_MAX * 4];
+  __shared__ __align__(16) D5Shared sh;
+  extern __shared__ __align__(128) char ring[];
+  __shared__ __align__(8) unsigned long long full[D4_SLOTS], empty[D4_SLOTS], stage_bars[2];
+  __shared__ __align__(16) D3Vecs v;
+  d_layers_setup(args.gdl, args.nl, ws, args.x0, v.x);
+  if (threadIdx.x == 0) {
+    d_ring_init(full, empty, D3_WARPS, D4_SLOTS);
+    for (int i = 0; i < 2; ++i) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"((unsigned)__cvta_generic_to_shared(&stage_bars[i]))
+                   : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
+  cluster_sync();
+  const char* const* layers = ws;
+  const unsigned long long t0 = now();
+  if (threadIdx.x >= D3_CONSUMERS) {  // the producer warp
+    d5_produce(ring, full, empty, layers, args.gdl, args.nl, kv_ring);
+  } else {
+    const int b = blockIdx.x, C = gridDim.x;
+    unsigned k = 0;
+    int consumed = 0;
+    __shared__ long long spans[12];
+    DSpans sp(spans);
+    // The block's first row of stage s and its rows (tiles of 16).
+    auto share = [&](int s, int& from, int& n) {
+      const int tiles = (s == 0 ? D_QKV : s == 2 ? 2 * D_F : D_H) / 16;
+      from = b * tiles / C * 16;
+      n = (b + 1) * tiles / C * 16 - from;
+    };
+    int from, n;
+    for (int l = 0; l < args.nl; ++l) {
+      sp.mark(0);
+      d5_gemv<9, 4, pair>(ring, full, empty, layers, l, 0, v.x, true, sh, consumed, skip,
+                    [&](int row, float a) { v.qkv[row] = a; });
+      share(0, from, n);
+      d5_push(v.qkv, from, n, &stage_bars[k & 1]);
+      sp.mark(1);
+      d5_wait(stage_bars, k, (D_QKV - n) * 4, nowait);
+      sp.mark(2);
+      if (args.check && l == 0 && blockIdx.x == 0) {
+        for (int i = threadIdx.x; i < D_QKV; i += D3_CONSUMERS) args.check[i] = v.qkv[i];
+      }
+      const int per = D_H / C;
+      if (kv_ring) {
+        // The block's keys and values from the ring (the producer copied them after qkv).
+        const int slot = consumed % D4_SLOTS;
+        d_wait((unsigned)__cvta_generic_to_shared(&full[slot]), (unsigned)((consumed / D4_SLOTS) & 1));
+        const uint4* kv = reinterpret_cast<const uint4*>(ring + slot * D4_SLOT);
+        unsigned acc = 0;
+        for (int i = threadIdx.x; i < D_KV_BYTES / 16 / C; i += D3_CONSUMERS) {
+          const uint4 w = kv[i];
+          acc ^= w.x ^ w.y ^ w.z ^ w.w;
+        }
+        d_release_slot(empty, slot, threadIdx.x & 31);
+        ++consumed;
+        const float tt = d_block_sum<D3_CONSUMERS>((float)(acc & 0xff) * 1e-9f);
+        for (int i = threadIdx.x; i < per; i += D3_CONSUMERS) v.attn[b * per + i] = v.qkv[b * per + i] * (1.0f + tt);
+      } else if (!(mode & 4)) {
+        const float tt = d_kv_standin_sum<D3_CONSUMERS>(args.gdl[l].kv);
+        for (int i = threadIdx.x; i < per; i += D3_CONSUMERS) v.attn[b * per + i] = v.qkv[b * per + i] * (1.0f + tt);
+      }
+      d5_push(v.attn, b * per, per, &stage_bars[k & 1]);
+      sp.mark(3);
+      d5_wait(stage_bars, k, (D_H - per) * 4, nowait);
+      sp.mark(4);
+      d5_gemv<9, 4, pair>(ring, full, empty, layers, l, 1, v.attn, false, sh, consumed, skip,
+                    [&](int row, float a) { v.x[row] += a; });
+      share(1, from, n);
+      d5_push(v.x, from, n, &stage_bars[k & 1]);
+      sp.mark(5);
+      d5_wait(stage_bars, k, (D_H - n) * 4, nowait);
+      sp.mark(6);
+      sp.mark(7);
+      d5_gemv<9, 4, pair>(ring, full, empty, layers, l, 2, v.x, true, sh, consumed, skip, [&](int row, float a) {
+        // gate (even rows) and up (odd rows) of one SwiGLU meet in act's slot: gate first.
+        if (row % 2 == 0) v.act[row / 2] = a;
+      });
+      d3_sync();
+      share(2, from, n);
+      for (int i = threadIdx.x; i < n / 2; i += D3_CONSUMERS) {
+        float u = 0.0f;
+        for (int p = 0; p < 9; ++p) u += sh.part[p * n + 2 * i + 1];
+        const float gt = v.act[from / 2 + i];
+        v.act[from / 2 + i] = __fdividef(gt, 1.0f + __expf(-gt)) * u;
+      }
+      d5_push(v.act, from / 2, n / 2, &stage_bars[k & 1]);
+      sp.mark(8);
+      d5_wait(stage_bars, k, (D_F - n / 2) * 4, nowait);
+      sp.mark(9);
+      d5_gemv<pair ? 32 : 16, pair ? 3 : 6, pair>(ring, full, empty, layers, l, 3, v.act, false, sh, consumed, skip,
+                     [&](int row, float a) { v.x[row] += a * 1e-3f; });
+      share(3, from, n);
+      d5_push(v.x, from, n, &stage_bars[k & 1]);
+      sp.mark(10);
+      d5_wait(stage_bars, k, (D_H - n) * 4, nowait);
+      sp.mark(11);
+    }
+    sp.write(args.detail);
+  }
+  record(args.times, t0);
+  __syncwarp();
+  cluster_sync();
+}
+
+// F: what the prototypes' small operations cost inside a 16-block cluster of 512 consumer
+// threads and a producer warp (as versions 3 and 4 run): thread 0's clock cycles a round,
+// every consumer warp doing one round of the operation each time (or warp 0 alone).
+//   0 nothing; 1 a barrier of the consumers (bar.sync 1, 512); 2 one value stored into
+//   every block's shared memory (16 lanes, one remote store each); 3 shared-memory float
+//   atomics, 8 lanes a warp, every warp on the same 16 words; 4 the same on words of its
+//   own; 5 one of version 4's parts (4 ldmatrix.x4, 4 mma.m16n8k16, 2 atomics); 6 the
+//   same without the atomics (the sums stored); 7 one of version 3's groups (2 rows of 576
+//   columns, 18 FMAs a row, shuffles, stored).
+#define F_OPS 8
+__global__ void __launch_bounds__(D3_THREADS, 1) op_costs(int op, int warps, int rounds, unsigned long long* out) {
+  __shared__ __align__(16) unsigned tile[16 * D_H / 2];
+  __shared__ __align__(16) float words[D3_CONSUMERS];
+  __shared__ float slot[16];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int i = threadIdx.x; i < 16 * D_H / 2; i += blockDim.x) tile[i] = 0x3c003c00u + i;
+  for (int i = threadIdx.x; i < D3_CONSUMERS; i += blockDim.x) words[i] = 0.0f;
+  cluster_sync();
+  if (threadIdx.x < D3_CONSUMERS) {
+    const bool active = warp < warps;
+    float sink = 0.0f;
+    const long long t0 = clock64();
+    for (int r = 0; r < rounds; ++r) {
+      if (op == 1) {
+        d3_sync();
+      } else if (!active) {
+      } else if (op == 2) {
+        d3_broadcast(&slot[r & 15], (float)r, lane);
+      } else if (op == 3 || op == 4) {
+        if ((lane & 3) == 0) atomicAdd(&words[(op == 4 ? warp * 8 : 0) + (lane >> 2)], 1.0f);
+      } else if (op == 5 || op == 6) {
+        const int g = lane >> 2, t = lane & 3, rr = lane & 15;
+        float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+        unsigned a[4][4], bx[4][2];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int c = ((r & 7) * 4 + k) * 2 + (lane >> 4);
+          const unsigned addr = (unsigned)__cvta_generic_to_shared(tile) + rr * D_H * 2 + d4_piece(c, rr) * 16;
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(a[k][0]), "=r"(a[k][1]), "=r"(a[k][2]), "=r"(a[k][3]) : "r"(addr));
+          bx[k][0] = g == 0 ? tile[k * 8 + t] : 0u;
+          bx[k][1] = g == 0 ? tile[k * 8 + 4 + t] : 0u;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                       "{%0, %1, %2, %3};"
+                       : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+                       : "r"(a[k][0]), "r"(a[k][1]), "r"(a[k][2]), "r"(a[k][3]), "r"(bx[k][0]), "r"(bx[k][1]));
+        }
+        if (t == 0) {
+          if (op == 5) {
+            atomicAdd(&words[g], c0);
+            atomicAdd(&words[g + 8], c2);
+          } else {
+            words[warp * 16 + g] = c0;
+            words[warp * 16 + g + 8] = c2;
+          }
+        }
+      } else if (op == 7) {
+        float acc0 = 0.0f, acc1 = 0.0f;
+        const unsigned* r0 = tile + (r & 7) * 2 * (D_H / 2);
+#pragma unroll
+        for (int k = 0; k < 9; ++k) {
+          const unsigned a = r0[lane + 32 * k], c = r0[D_H / 2 + lane + 32 * k];
+          const float x0 = words[(lane + 32 * k) & 511], x1 = words[(lane + 32 * k + 1) & 511];
+          acc0 = fmaf(__uint_as_float(a << 16), x0, acc0);
+          acc1 = fmaf(__uint_as_float(c << 16), x0, acc1);
+          acc0 = fmaf(__uint_as_float(a & 0xffff0000u), x1, acc0);
+          acc1 = fmaf(__uint_as_float(c & 0xffff0000u), x1, acc1);
+        }
+        for (int o = 16; o; o >>= 1) {
+          acc0 += __shfl_xor_sync(~0u, acc0, o);
+          acc1 += __shfl_xor_sync(~0u, acc1, o);
+        }
+        if (lane == 0) slot[warp & 15] = acc0 + acc1;
+      }
+      __syncwarp();
+    }
+    if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = (unsigned long long)(clock64() - t0);
+    if (sink == 1.0f) out[1] = 1;
+  }
+  __syncwarp();
+  cluster_sync();
+}
+
+// f rounded to bf16 (nearest, ties to even): its bits, and a bf16's value.
+static unsigned short bf16_bits(float f) {
+  unsigned u;
+  memcpy(&u, &f, 4);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float bf16_float(unsigned short h) {
+  const unsigned u = (unsigned)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
 }
 
 static unsigned long long* g_times;
@@ -899,7 +1525,7 @@ static void spans_row(int c, int mode, int nl) {
   size_t at = strlen(spans_text);
   if (at == 0) {
     at += snprintf(spans_text + at, sizeof spans_text - at,
-                   "| blocks | mode x 10 + rows a warp | norm | qkv | sync | attn | sync | o | sync | norm | gate_up | sync | down | sync |\n"
+                   "| blocks | run | norm | qkv | sync | attn | sync | o | sync | norm | gate_up | sync | down | sync |\n"
                    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   }
   at += snprintf(spans_text + at, sizeof spans_text - at, "| %d | %d |", c, mode);
@@ -1042,6 +1668,31 @@ int main() {
     }
     printf("| %d | %.0f | %.0f |\n", c, cold / 5, hot / 5);
   }
+  // F: the small operations' costs (cycles a round, thread 0 of block 0).
+  {
+    printf("\nF. cycles a round inside a 16-block cluster of 544 threads (thread 0's clock; 16 warps or warp 0 alone)\n"
+           "| operation | 16 warps | warp 0 alone |\n|---|---|---|\n");
+    const char* names[F_OPS] = {"nothing", "barrier of the consumers", "a value into every block (16 remote stores)",
+                                "float atomics on 16 shared words", "float atomics on the warp's own words",
+                                "version 4's part (4 ldmatrix, 4 mma, 2 atomics)", "the same, sums stored",
+                                "version 3's group (2 rows x 576)"};
+    unsigned long long* out;
+    CK(cudaMalloc(&out, 16));
+    CK(cudaFuncSetAttribute(op_costs, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    const int rounds = 1024;
+    for (int op = 0; op < F_OPS; ++op) {
+      printf("| %s |", names[op]);
+      for (int warps : {D3_WARPS, 1}) {
+        ClusterLaunch cl(16, D3_THREADS, 0);
+        CK(cudaLaunchKernelEx(&cl.cfg, op_costs, op, warps, rounds, out));
+        CK(cudaDeviceSynchronize());
+        unsigned long long cyc;
+        CK(cudaMemcpy(&cyc, out, 8, cudaMemcpyDeviceToHost));
+        printf(" %.0f |", (double)cyc / rounds);
+      }
+      printf("\n");
+    }
+  }
   // D: 30 layers of the 135M's shapes, each layer's weights and keys apart (about 211 MB,
   // beyond L2).
   const int NL = 30;
@@ -1138,6 +1789,96 @@ int main() {
     printf(" |\n");
     if (version == 3) spans_row(c, mode * 10 + rw, NL);
   }
-  printf("\nSpans of version 3's layer (thread 0 of each block, us a layer; mean over the blocks / the slowest block):\n%s", spans_text);
+  printf("\nSpans of version 3's layer (thread 0 of each block, us a layer; mean over the blocks / the slowest block;\n"
+         "run: mode x 10 + rows a warp):\n%s", spans_text);
+  // Versions 4 and 5: the first layer's qkv checked against the host once (one layer, the
+  // weights and x in a pattern), then timed.
+  struct V45 { int version, mode; bool swz; const void* k; };
+  const V45 v45s[] = {{4, 0, false, (const void*)layers_in_cluster4<0, false>},
+                      {4, 0, true, (const void*)layers_in_cluster4<0, true>},
+                      {4, 1, true, (const void*)layers_in_cluster4<1, true>},
+                      {4, 2, true, (const void*)layers_in_cluster4<2, true>},
+                      {4, 3, true, (const void*)layers_in_cluster4<3, true>},
+                      {4, 7, true, (const void*)layers_in_cluster4<7, true>},
+                      {4, 16, true, (const void*)layers_in_cluster4<16, true>},
+                      {4, 18, true, (const void*)layers_in_cluster4<18, true>},
+                      {4, 19, true, (const void*)layers_in_cluster4<19, true>},
+                      {5, 0, true, (const void*)layers_in_cluster5<0>},
+                      {5, 1, true, (const void*)layers_in_cluster5<1>},
+                      {5, 4, true, (const void*)layers_in_cluster5<4>},
+                      {5, 5, true, (const void*)layers_in_cluster5<5>},
+                      {5, 16, true, (const void*)layers_in_cluster5<16>},
+                      {5, 17, true, (const void*)layers_in_cluster5<17>},
+                      {5, 24, true, (const void*)layers_in_cluster5<24>}};
+  const int smem45 = D4_SLOTS * D4_SLOT;
+  for (const V45& v : v45s) {
+    CK(cudaFuncSetAttribute(v.k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CK(cudaFuncSetAttribute(v.k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem45));
+  }
+  // One launch of a version 4 or 5 kernel on nl layers from x (device), its qkv into check.
+  auto launch45 = [&](const void* k, int nl, const float* x, float* check) {
+    ClusterLaunch cl(16, D3_THREADS, smem45);
+    D45Args a{dl, nl, x, g_times, check, detail};
+    void* args[] = {&a};
+    CK(cudaLaunchKernelExC(&cl.cfg, k, args));
+    CK(cudaDeviceSynchronize());
+  };
+  {
+    std::vector<unsigned short> wq((size_t)D_QKV * D_H), wq_swz(wq.size());
+    for (int r = 0; r < D_QKV; ++r) {
+      for (int k = 0; k < D_H; ++k) wq[(size_t)r * D_H + k] = bf16_bits(((r * 7 + k * 3) % 17 - 8) / 16.0f);
+      for (int c = 0; c < D_H / 8; ++c) {
+        const int p = (c & ~7) | ((c & 7) ^ (r & 7));
+        for (int e = 0; e < 8; ++e) wq_swz[(size_t)r * D_H + p * 8 + e] = wq[(size_t)r * D_H + c * 8 + e];
+      }
+    }
+    std::vector<float> x(D_H);
+    double ss = 0;
+    for (int k = 0; k < D_H; ++k) {
+      x[k] = 1.0f + (k % 5) * 0.25f;
+      ss += (double)x[k] * x[k];
+    }
+    const float scale = 1.0f / sqrtf((float)(ss / D_H) + 1e-5f);
+    float* check;
+    CK(cudaMalloc(&check, D_QKV * 4));
+    printf("\nVersions 4 and 5: the first layer's qkv against the host (one layer)\n");
+    const V45 checked[] = {v45s[0], v45s[1], v45s[9], v45s[15]};
+    for (const V45& v : checked) {
+      const std::vector<unsigned short>& w = v.swz ? wq_swz : wq;
+      CK(cudaMemcpy((void*)hl[0].qkv, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dv.x, x.data(), D_H * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemset(check, 0xff, D_QKV * 4));
+      launch45(v.k, 1, dv.x, check);
+      std::vector<float> got(D_QKV);
+      CK(cudaMemcpy(got.data(), check, D_QKV * 4, cudaMemcpyDeviceToHost));
+      double worst = 0;
+      int off = 0;
+      for (int r = 0; r < D_QKV; ++r) {
+        double ref = 0;
+        for (int k = 0; k < D_H; ++k) ref += (double)bf16_float(wq[(size_t)r * D_H + k]) * bf16_float(bf16_bits(x[k] * scale));
+        const double d = fabs(got[r] - ref);
+        worst = d > worst ? d : worst;
+        if (!(d <= 1e-3 * (1.0 + fabs(ref)))) ++off;
+      }
+      printf("- version %d, %s rows, mode %d: %d of %d rows off, max |difference| %.2e\n", v.version,
+             v.swz ? "swizzled" : "padded", v.mode, off, D_QKV, worst);
+    }
+  }
+  printf("| version | layout | blocks in the cluster | mode | us a layer, runs |\n|---|---|---|---|---|\n");
+  spans_text[0] = 0;
+  for (const V45& v : v45s) {
+    printf("| %d | %s | 16 | %d |", v.version, v.swz ? "swizzled" : "padded", v.mode);
+    for (int rep = 0; rep < 4; ++rep) {
+      std::vector<float> ones(D_H, 1.0f);
+      CK(cudaMemcpy(dv.x, ones.data(), D_H * 4, cudaMemcpyHostToDevice));
+      reset_times();
+      launch45(v.k, NL, dv.x, nullptr);
+      printf(" %.2f", elapsed_us() / NL);
+    }
+    printf(" |\n");
+    if (v.swz) spans_row(16, v.version * 100 + v.mode, NL);
+  }
+  printf("\nSpans of versions 4 and 5 (swizzled; run: version x 100 + mode; their norms are inside qkv and gate_up;\n"
+         "version 5's barriers are the waits for the other blocks' pushes):\n%s", spans_text);
   return 0;
 }
