@@ -264,6 +264,19 @@ __device__ __forceinline__ void d_x_regs(const float* in, int vecs, int lane, fl
   }
 }
 
+// Versions 1 and 2: stage s of layer l for this block, its rows, rows a chunk and 16-byte
+// pieces a row, and the lane's inputs (d_x_regs).
+template <int VPL>
+__device__ __forceinline__ void d_stage_inputs(const char* const* layers, int l, int s, const float* in, int lane,
+                                               int& rows, int& per, int& vecs, float (&xr)[VPL][8]) {
+  const char* base;
+  int rb;
+  d_stage(layers, l, s, blockIdx.x, gridDim.x, base, rows, rb);
+  per = BULK_CHUNK / rb;
+  vecs = rb / 16;
+  d_x_regs<VPL>(in, vecs, lane, xr);
+}
+
 // This warp is done with ring slot `slot`: its lane 0 arrives on the slot's empty barrier.
 __device__ __forceinline__ void d_release_slot(unsigned long long* empty, int slot, int lane) {
   __syncwarp();
@@ -281,13 +294,10 @@ __device__ __forceinline__ void d_release_slot(unsigned long long* empty, int sl
 template <int VPL, class Put>
 __device__ void d_gemv(DRing& r, const char* const* layers, int nl, int l, int s, const float* in, int& consumed,
                        bool skip, Put put) {
-  const int b = blockIdx.x, C = gridDim.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const char* base;
-  int rows, rb;
-  d_stage(layers, l, s, b, C, base, rows, rb);
-  const int per = BULK_CHUNK / rb, vecs = rb / 16;
+  const int b = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int rows, per, vecs;
   float xr[VPL][8];
-  d_x_regs<VPL>(in, vecs, lane, xr);
+  d_stage_inputs<VPL>(layers, l, s, in, lane, rows, per, vecs, xr);
   for (int row0 = 0; row0 < rows; row0 += per) {
     if (threadIdx.x == 0) d_issue(r, layers, nl, consumed + BULK_STAGES);
     const int slot = consumed % BULK_STAGES, n = min(per, rows - row0);
@@ -563,13 +573,11 @@ __device__ __forceinline__ void d_boundary(bool alone, unsigned long long* bars,
 template <int VPL, class Put>
 __device__ void d2_gemv(DRing& r, const char* const* layers, int l, int s, const float* in, int& consumed,
                         bool skip, Put put) {
-  const int b = blockIdx.x, C = gridDim.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const char* base;
-  int rows, rb;
-  d_stage(layers, l, s, b, C, base, rows, rb);
-  const int per = BULK_CHUNK / rb, vecs = rb / 16;
+  const int lane = threadIdx.x & 31;
+  int rows, per, vecs;
   float xr[VPL][8];
-  d_x_regs<VPL>(in, vecs, lane, xr);
+  d_stage_inputs<VPL>(layers, l, s, in, lane, rows, per, vecs, xr);
+  const int b = blockIdx.x, warp = threadIdx.x >> 5;
   for (int row0 = 0; row0 < rows; row0 += per) {
     const int slot = consumed % BULK_STAGES, n = min(per, rows - row0);
     d_wait((unsigned)__cvta_generic_to_shared(&r.full[slot]), (unsigned)((consumed / BULK_STAGES) & 1));
