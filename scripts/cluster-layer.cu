@@ -1751,9 +1751,9 @@ int main() {
     CK(cudaFuncSetAttribute(v.k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
   // {version, blocks, mode, rows a warp (version 3)}
-  const int runs[][4] = {{2, 16, 0, 2},   {3, 16, 0, 2},   {3, 16, 128, 2}, {3, 16, 2, 2},   {3, 16, 16, 2},
-                         {3, 16, 23, 2},  {3, 16, 129, 4}, {3, 16, 146, 4}, {3, 16, 402, 4}, {3, 16, 210, 2},
-                         {3, 16, 466, 2}};
+  const int runs[][4] = {{1, 16, 0, 2},   {2, 16, 0, 2},   {3, 16, 0, 2},   {3, 16, 128, 2},
+                         {3, 16, 2, 2},   {3, 16, 16, 2},  {3, 16, 23, 2},  {3, 16, 129, 4},
+                         {3, 16, 146, 4}, {3, 16, 402, 4}, {3, 16, 210, 2}, {3, 16, 466, 2}};
   for (const auto& vcm : runs) {
     const int version = vcm[0], c = vcm[1], mode = vcm[2], rw = vcm[3];
     const int threads = version == 1 ? D_THREADS : version == 2 ? D2_THREADS : D3_THREADS;
