@@ -1180,7 +1180,7 @@ __device__ __forceinline__ void d5_push(const float* vec, int from, int n, unsig
   // Every writer's stores are made visible to the bulk copies (the async proxy) first.
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   d3_sync();
-  if (threadIdx.x < gridDim.x && threadIdx.x != blockIdx.x) {
+  if (threadIdx.x < gridDim.x && threadIdx.x != rank_in_cluster()) {
     const unsigned src = (unsigned)__cvta_generic_to_shared(vec + from);
     unsigned dst, rbar;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(src), "r"(threadIdx.x));
@@ -1193,12 +1193,12 @@ __device__ __forceinline__ void d5_push(const float* vec, int from, int n, unsig
 
 // Stage boundary k: expect `bytes` from the other blocks on barrier k % 2, and wait for
 // them (thread 0 arrives; every consumer waits).
-__device__ __forceinline__ void d5_wait(unsigned long long* bars, unsigned& k, int bytes, bool skip) {
+__device__ __forceinline__ void d5_wait(unsigned long long* bars, unsigned& k, int bytes) {
   const unsigned bar = (unsigned)__cvta_generic_to_shared(&bars[k & 1]);
   if (threadIdx.x == 0) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
   }
-  if (!skip) d_wait(bar, (k >> 1) & 1);
+  d_wait(bar, (k >> 1) & 1);
   ++k;
 }
 
@@ -1308,11 +1308,15 @@ __device__ void d5_produce(char* ring, unsigned long long* full, unsigned long l
 
 // MODE: 1 no dot products, 4 no attention stand-in, 8 two parts at a time a warp (down's split into
 // 32 parts of 3 steps instead of 16 of 6), 16 the keys and values through the ring.
-// `check`: where block 0 leaves its copy of the first layer's qkv (or null).
+// `check`: where block 0 leaves its copies of the first layer's qkv, x and act (or null).
 template <int MODE>
 __global__ void __launch_bounds__(D3_THREADS, 1) layers_in_cluster5(D45Args args) {
   constexpr int mode = MODE;
-  constexpr bool skip = mode & 1, nowait = false, kv_ring = mode & 16, pair = mode & 8;
+  constexpr bool skip = mode & 1, kv_ring = mode & 16, pair = mode & 8;
+  constexpr int gu_parts = 9;  // gate_up's parts a tile
+  // down's sums are scaled so that x stays bounded over 30 layers of patterned weights; in a
+  // check (one layer) they are not, so that the check sees them.
+  const float down_scale = args.check ? 1.0f : 1e-3f;
   __shared__ const char* ws[D_LAYERS_MAX * 4];
   __shared__ __align__(16) D5Shared sh;
   extern __shared__ __align__(128) char ring[];
@@ -1327,6 +1331,8 @@ __global__ void __launch_bounds__(D3_THREADS, 1) layers_in_cluster5(D45Args args
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  // x's first values (generic stores) before any block's bulk copies write into it.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncwarp();
   cluster_sync();
   const char* const* layers = ws;
@@ -1353,7 +1359,7 @@ __global__ void __launch_bounds__(D3_THREADS, 1) layers_in_cluster5(D45Args args
       share(0, from, n);
       d5_push(v.qkv, from, n, &stage_bars[k & 1]);
       sp.mark(1);
-      d5_wait(stage_bars, k, (D_QKV - n) * 4, nowait);
+      d5_wait(stage_bars, k, (D_QKV - n) * 4);
       sp.mark(2);
       if (args.check && l == 0 && blockIdx.x == 0) {
         for (int i = threadIdx.x; i < D_QKV; i += D3_CONSUMERS) args.check[i] = v.qkv[i];
@@ -1379,17 +1385,18 @@ __global__ void __launch_bounds__(D3_THREADS, 1) layers_in_cluster5(D45Args args
       }
       d5_push(v.attn, b * per, per, &stage_bars[k & 1]);
       sp.mark(3);
-      d5_wait(stage_bars, k, (D_H - per) * 4, nowait);
+      d5_wait(stage_bars, k, (D_H - per) * 4);
       sp.mark(4);
       d5_gemv<9, 4, pair>(ring, full, empty, layers, l, 1, v.attn, false, sh, consumed, skip,
                     [&](int row, float a) { v.x[row] += a; });
       share(1, from, n);
       d5_push(v.x, from, n, &stage_bars[k & 1]);
       sp.mark(5);
-      d5_wait(stage_bars, k, (D_H - n) * 4, nowait);
+      d5_wait(stage_bars, k, (D_H - n) * 4);
       sp.mark(6);
       sp.mark(7);
-      d5_gemv<9, 4, pair>(ring, full, empty, layers, l, 2, v.x, true, sh, consumed, skip, [&](int row, float a) {
+      d5_gemv<gu_parts, 36 / gu_parts, pair>(ring, full, empty, layers, l, 2, v.x, true, sh, consumed, skip,
+                                             [&](int row, float a) {
         // gate (even rows) and up (odd rows) of one SwiGLU meet in act's slot: gate first.
         if (row % 2 == 0) v.act[row / 2] = a;
       });
@@ -1397,21 +1404,25 @@ __global__ void __launch_bounds__(D3_THREADS, 1) layers_in_cluster5(D45Args args
       share(2, from, n);
       for (int i = threadIdx.x; i < n / 2; i += D3_CONSUMERS) {
         float u = 0.0f;
-        for (int p = 0; p < 9; ++p) u += sh.part[p * n + 2 * i + 1];
+        for (int p = 0; p < gu_parts; ++p) u += sh.part[p * n + 2 * i + 1];
         const float gt = v.act[from / 2 + i];
         v.act[from / 2 + i] = __fdividef(gt, 1.0f + __expf(-gt)) * u;
       }
       d5_push(v.act, from / 2, n / 2, &stage_bars[k & 1]);
       sp.mark(8);
-      d5_wait(stage_bars, k, (D_F - n / 2) * 4, nowait);
+      d5_wait(stage_bars, k, (D_F - n / 2) * 4);
       sp.mark(9);
       d5_gemv<pair ? 32 : 16, pair ? 3 : 6, pair>(ring, full, empty, layers, l, 3, v.act, false, sh, consumed, skip,
-                     [&](int row, float a) { v.x[row] += a * 1e-3f; });
+                     [&](int row, float a) { v.x[row] += a * down_scale; });
       share(3, from, n);
       d5_push(v.x, from, n, &stage_bars[k & 1]);
       sp.mark(10);
-      d5_wait(stage_bars, k, (D_H - n) * 4, nowait);
+      d5_wait(stage_bars, k, (D_H - n) * 4);
       sp.mark(11);
+      if (args.check && l == 0 && blockIdx.x == 0) {  // the layer's x and act, after qkv's
+        for (int i = threadIdx.x; i < D_H; i += D3_CONSUMERS) args.check[D_QKV + i] = v.x[i];
+        for (int i = threadIdx.x; i < D_F; i += D3_CONSUMERS) args.check[D_QKV + D_H + i] = v.act[i];
+      }
     }
     sp.write(args.detail);
   }
@@ -1832,44 +1843,90 @@ int main() {
     CK(cudaDeviceSynchronize());
   };
   {
-    std::vector<unsigned short> wq((size_t)D_QKV * D_H), wq_swz(wq.size());
-    for (int r = 0; r < D_QKV; ++r) {
-      for (int k = 0; k < D_H; ++k) wq[(size_t)r * D_H + k] = bf16_bits(((r * 7 + k * 3) % 17 - 8) / 16.0f);
-      for (int c = 0; c < D_H / 8; ++c) {
-        const int p = (c & ~7) | ((c & 7) ^ (r & 7));
-        for (int e = 0; e < 8; ++e) wq_swz[(size_t)r * D_H + p * 8 + e] = wq[(size_t)r * D_H + c * 8 + e];
+    // Layer 0's four matrices in patterns exact in bf16, plain and swizzled (d4_piece); its
+    // keys and values zero, so that the attention stand-in passes q through.
+    struct Mat { const char* dev; int rows, cols, a, b, m, off, div; };
+    const Mat mats[4] = {{hl[0].qkv, D_QKV, D_H, 7, 3, 17, 8, 16}, {hl[0].o, D_H, D_H, 5, 11, 13, 6, 16},
+                         {hl[0].gu, 2 * D_F, D_H, 3, 7, 11, 5, 32}, {hl[0].down, D_H, D_F, 13, 5, 19, 9, 64}};
+    std::vector<unsigned short> plain[4], swz[4];
+    for (int m = 0; m < 4; ++m) {
+      const Mat& M = mats[m];
+      plain[m].resize((size_t)M.rows * M.cols);
+      swz[m].resize(plain[m].size());
+      for (int r = 0; r < M.rows; ++r) {
+        for (int k = 0; k < M.cols; ++k) {
+          plain[m][(size_t)r * M.cols + k] = bf16_bits(((r * M.a + k * M.b) % M.m - M.off) / (float)M.div);
+        }
+        for (int c = 0; c < M.cols / 8; ++c) {
+          const int p = (c & ~7) | ((c & 7) ^ (r & 7));
+          for (int e = 0; e < 8; ++e) swz[m][(size_t)r * M.cols + p * 8 + e] = plain[m][(size_t)r * M.cols + c * 8 + e];
+        }
       }
     }
+    CK(cudaMemset((void*)hl[0].kv, 0, D_KV_BYTES));
+    // The host's layer: the kernels' bf16 roundings of each stage's input, sums in double.
+    auto bf = [](float f) { return bf16_float(bf16_bits(f)); };
+    auto normed = [&](const std::vector<float>& v) {
+      double ss = 0;
+      for (float e : v) ss += (double)e * e;
+      const float scale = 1.0f / sqrtf((float)(ss / v.size()) + 1e-5f);
+      std::vector<float> out(v.size());
+      for (size_t i = 0; i < v.size(); ++i) out[i] = bf(v[i] * scale);
+      return out;
+    };
+    auto gemv = [&](int m, const std::vector<float>& in) {
+      std::vector<float> out(mats[m].rows);
+      for (int r = 0; r < mats[m].rows; ++r) {
+        double acc = 0;
+        for (int k = 0; k < mats[m].cols; ++k) acc += (double)bf16_float(plain[m][(size_t)r * mats[m].cols + k]) * in[k];
+        out[r] = (float)acc;
+      }
+      return out;
+    };
     std::vector<float> x(D_H);
-    double ss = 0;
-    for (int k = 0; k < D_H; ++k) {
-      x[k] = 1.0f + (k % 5) * 0.25f;
-      ss += (double)x[k] * x[k];
+    for (int k = 0; k < D_H; ++k) x[k] = 1.0f + (k % 5) * 0.25f;
+    const std::vector<float> qkv = gemv(0, normed(x));
+    std::vector<float> attn(D_H), x1(D_H), act(D_F), act_in(D_F), x2(D_H);
+    for (int k = 0; k < D_H; ++k) attn[k] = bf(qkv[k]);
+    const std::vector<float> o = gemv(1, attn);
+    for (int k = 0; k < D_H; ++k) x1[k] = x[k] + o[k];
+    const std::vector<float> gu = gemv(2, normed(x1));
+    for (int i = 0; i < D_F; ++i) {
+      act[i] = gu[2 * i] / (1.0f + expf(-gu[2 * i])) * gu[2 * i + 1];
+      act_in[i] = bf(act[i]);
     }
-    const float scale = 1.0f / sqrtf((float)(ss / D_H) + 1e-5f);
+    const std::vector<float> dn = gemv(3, act_in);
+    for (int k = 0; k < D_H; ++k) x2[k] = x1[k] + dn[k];
     float* check;
-    CK(cudaMalloc(&check, D_QKV * 4));
-    printf("\nVersions 4 and 5: the first layer's qkv against the host (one layer)\n");
-    const V45 checked[] = {v45s[0], v45s[1], v45s[9], v45s[15]};
+    const int check_len = D_QKV + D_H + D_F;
+    CK(cudaMalloc(&check, check_len * 4));
+    printf("\nVersions 4 and 5 against the host, one layer of patterned weights (version 4: qkv; version 5: qkv, the\n"
+           "layer's x and act): rows off (beyond 1e-3 x (1 + |value|)) and the largest |difference|\n");
+    const V45 checked[] = {v45s[0], v45s[1], v45s[9], v45s[13], v45s[15]};
     for (const V45& v : checked) {
-      const std::vector<unsigned short>& w = v.swz ? wq_swz : wq;
-      CK(cudaMemcpy((void*)hl[0].qkv, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(dv.x, x.data(), D_H * 4, cudaMemcpyHostToDevice));
-      CK(cudaMemset(check, 0xff, D_QKV * 4));
-      launch45(v.k, 1, dv.x, check);
-      std::vector<float> got(D_QKV);
-      CK(cudaMemcpy(got.data(), check, D_QKV * 4, cudaMemcpyDeviceToHost));
-      double worst = 0;
-      int off = 0;
-      for (int r = 0; r < D_QKV; ++r) {
-        double ref = 0;
-        for (int k = 0; k < D_H; ++k) ref += (double)bf16_float(wq[(size_t)r * D_H + k]) * bf16_float(bf16_bits(x[k] * scale));
-        const double d = fabs(got[r] - ref);
-        worst = d > worst ? d : worst;
-        if (!(d <= 1e-3 * (1.0 + fabs(ref)))) ++off;
+      for (int m = 0; m < 4; ++m) {
+        const std::vector<unsigned short>& w = v.swz ? swz[m] : plain[m];
+        CK(cudaMemcpy((void*)mats[m].dev, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
       }
-      printf("- version %d, %s rows, mode %d: %d of %d rows off, max |difference| %.2e\n", v.version,
-             v.swz ? "swizzled" : "padded", v.mode, off, D_QKV, worst);
+      CK(cudaMemcpy(dv.x, x.data(), D_H * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemset(check, 0xff, check_len * 4));
+      launch45(v.k, 1, dv.x, check);
+      std::vector<float> got(check_len);
+      CK(cudaMemcpy(got.data(), check, check_len * 4, cudaMemcpyDeviceToHost));
+      printf("- version %d, %s rows, mode %d:", v.version, v.swz ? "swizzled" : "padded", v.mode);
+      const struct { const char* name; const float* ref; int at, n; } parts[3] = {
+          {"qkv", qkv.data(), 0, D_QKV}, {"x", x2.data(), D_QKV, D_H}, {"act", act.data(), D_QKV + D_H, D_F}};
+      for (int q = 0; q < (v.version == 4 ? 1 : 3); ++q) {
+        double worst = 0;
+        int off = 0;
+        for (int i = 0; i < parts[q].n; ++i) {
+          const double ref = parts[q].ref[i], d = fabs(got[parts[q].at + i] - ref);
+          worst = d > worst ? d : worst;
+          if (!(d <= 1e-3 * (1.0 + fabs(ref)))) ++off;
+        }
+        printf(" %s %d of %d off (%.1e)", parts[q].name, off, parts[q].n, worst);
+      }
+      printf("\n");
     }
   }
   printf("| version | layout | blocks in the cluster | mode | us a layer, runs |\n|---|---|---|---|---|\n");
