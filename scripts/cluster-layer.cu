@@ -59,6 +59,17 @@ __device__ __forceinline__ void record(unsigned long long* times, unsigned long 
   }
 }
 
+// Thread's arrival on mbarrier `bar` (shared address) expecting `bytes` more.
+__device__ __forceinline__ void expect_bytes(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+
+// A bulk copy of `bytes` from global src into shared dst, its bytes completed on `bar`.
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
 // A: `stages` dependent stages in one cluster; DSMEM: the values through distributed shared
 // memory, else through global memory (vals: 2 x 16 floats).
 template <bool DSMEM>
@@ -153,9 +164,8 @@ __global__ void stream_bulk(const char* __restrict__ src, size_t bytes, unsigned
         const size_t off = b0 + (size_t)i * BULK_CHUNK;
         const unsigned len = (unsigned)(b1 - off < BULK_CHUNK ? b1 - off : BULK_CHUNK);
         const unsigned dst = (unsigned)__cvta_generic_to_shared(ring + st * BULK_CHUNK);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(len) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     :: "r"(dst), "l"(src + off), "r"(len), "r"(bar) : "memory");
+        expect_bytes(bar, len);
+        bulk_load(dst, src + off, len, bar);
       }
     }
   }
@@ -235,9 +245,8 @@ __device__ void d_issue(DRing& r, const char* const* layers, int nl, int upto) {
     d_wait(empty, (unsigned)(((r.issued / BULK_STAGES) & 1) ^ 1));
     const unsigned len = (unsigned)(n * rb);
     const unsigned dst = (unsigned)__cvta_generic_to_shared(r.ring + slot * BULK_CHUNK);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(full), "r"(len) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(dst), "l"(base + (size_t)r.row * rb), "r"(len), "r"(full) : "memory");
+    expect_bytes(full, len);
+    bulk_load(dst, base + (size_t)r.row * rb, len, full);
     ++r.issued;
     r.row += n;
     if (r.row == rows) {
@@ -973,35 +982,41 @@ __device__ __forceinline__ int d4_chunk_tiles(const D4Stage& st) { return st.col
 
 // The producer warp: every chunk of every layer, in the consumers' order. SWZ: the weights'
 // rows are stored with their 16-byte pieces swizzled (below), unpadded, so that a chunk is
-// one bulk copy; else one copy a row into rows padded by 16 bytes.
+// one bulk copy; else one copy a row into rows padded by 16 bytes. `kv` (version 5): each
+// layer's block share of keys and values as one more chunk after qkv's (attention's
+// stand-in reads it from the ring).
 template <bool SWZ>
 __device__ void d4_produce(char* ring, unsigned long long* full, unsigned long long* empty, const char* const* layers,
-                           int nl) {
-  const int lane = threadIdx.x & 31;
+                           const DLayer* gdl, int nl, bool kv) {
+  const int lane = threadIdx.x & 31, share = D_KV_BYTES / gridDim.x;
   int issued = 0;
+  // The next slot, once free, expecting `bytes` (lane 0); its full barrier and address.
+  auto next_slot = [&](int bytes, unsigned& f) {
+    const int slot = issued++ % D4_SLOTS;
+    f = (unsigned)__cvta_generic_to_shared(&full[slot]);
+    if (lane == 0) {
+      d_wait((unsigned)__cvta_generic_to_shared(&empty[slot]), (unsigned)((((issued - 1) / D4_SLOTS) & 1) ^ 1));
+      expect_bytes(f, bytes);
+    }
+    return (unsigned)__cvta_generic_to_shared(ring + slot * D4_SLOT);
+  };
   for (int l = 0; l < nl; ++l) {
     for (int s = 0; s < 4; ++s) {
       const D4Stage st = d4_stage<SWZ>(layers, l, s);
-      for (int t = st.t0; t < st.t1; t += d4_chunk_tiles(st), ++issued) {
-        const int rows = 16 * min(d4_chunk_tiles(st), st.t1 - t), slot = issued % D4_SLOTS;
-        const unsigned f = (unsigned)__cvta_generic_to_shared(&full[slot]);
+      for (int t = st.t0; t < st.t1; t += d4_chunk_tiles(st)) {
+        const int rows = 16 * min(d4_chunk_tiles(st), st.t1 - t);
         const char* src = st.w + (size_t)t * 16 * st.cols * 2;
-        if (lane == 0) {
-          d_wait((unsigned)__cvta_generic_to_shared(&empty[slot]), (unsigned)(((issued / D4_SLOTS) & 1) ^ 1));
-          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(f), "r"(rows * st.cols * 2)
-                       : "memory");
-          if (SWZ) {
-            const unsigned dst = (unsigned)__cvta_generic_to_shared(ring + slot * D4_SLOT);
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                         :: "r"(dst), "l"(src), "r"(rows * st.cols * 2), "r"(f) : "memory");
-          }
-        }
+        unsigned f;
+        const unsigned dst = next_slot(rows * st.cols * 2, f);
+        if (SWZ && lane == 0) bulk_load(dst, src, rows * st.cols * 2, f);
         __syncwarp();
-        if (!SWZ && lane < rows) {
-          const unsigned dst = (unsigned)__cvta_generic_to_shared(ring + slot * D4_SLOT + lane * st.stride);
-          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                       :: "r"(dst), "l"(src + (size_t)lane * st.cols * 2), "r"(st.cols * 2), "r"(f) : "memory");
-        }
+        if (!SWZ && lane < rows) bulk_load(dst + lane * st.stride, src + (size_t)lane * st.cols * 2, st.cols * 2, f);
+      }
+      if (s == 0 && kv) {
+        unsigned f;
+        const unsigned dst = next_slot(share, f);
+        if (lane == 0) bulk_load(dst, gdl[l].kv + (size_t)blockIdx.x * share, share, f);
+        __syncwarp();
       }
     }
   }
@@ -1011,6 +1026,38 @@ __device__ void d4_produce(char* ring, unsigned long long* full, unsigned long l
 // 128-byte group permuted by r % 8, so that the 8 rows an ldmatrix reads together fall on
 // distinct banks).
 __device__ __forceinline__ int d4_piece(int c, int r) { return (c & ~7) | ((c & 7) ^ (r & 7)); }
+
+// A part's fragments (STEPS of them): the weights of tile row rr (of the chunk at `base`,
+// rows `stride` bytes apart, swizzled where SWZ) over columns [p * STEPS * 16, ...) by
+// ldmatrix as mma's A, and the input vector's bf16 pairs `xb` as column 0 of B (lanes 0-3).
+template <int STEPS, bool SWZ>
+__device__ __forceinline__ void d4_part(unsigned base, int stride, int rr, int p, const unsigned* xb, int lane,
+                                        unsigned (&a)[STEPS][4], unsigned (&bx)[STEPS][2]) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int k = 0; k < STEPS; ++k) {
+    const int k0 = (p * STEPS + k) * 16, c = k0 / 8 + (lane >> 4);
+    const unsigned addr = base + rr * stride + (SWZ ? d4_piece(c, rr) : c) * 16;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a[k][0]), "=r"(a[k][1]), "=r"(a[k][2]), "=r"(a[k][3]) : "r"(addr));
+    bx[k][0] = g == 0 ? xb[k0 / 2 + t] : 0u;
+    bx[k][1] = g == 0 ? xb[k0 / 2 + 4 + t] : 0u;
+  }
+}
+
+// c += A B (mma.m16n8k16, bf16 in, fp32 sums).
+__device__ __forceinline__ void d4_mma(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The first of a chunk's parts [lo, hi) this warp takes (parts go to warps round robin
+// from the stage's first); hi where `skip`.
+__device__ __forceinline__ int d4_first_part(int lo, int hi, int warp, bool skip) {
+  return skip ? hi : lo + ((warp - lo % D3_WARPS) + D3_WARPS) % D3_WARPS;
+}
 
 // A stage's input vector (`cols` floats, this block's copy) into xb as bf16 pairs, normed
 // first (RMSNorm, unit weights) where `norm`; on the consumer threads.
@@ -1047,32 +1094,18 @@ __device__ void d4_gemv(char* ring, unsigned long long* full, unsigned long long
     if (!nocopy) d_wait((unsigned)__cvta_generic_to_shared(&full[slot]), (unsigned)((consumed / D4_SLOTS) & 1));
     const unsigned base = (unsigned)__cvta_generic_to_shared(ring + slot * D4_SLOT);
     const int lo = tile * KS, hi = (tile + n) * KS;
-    for (int item = skip ? hi : lo + ((warp - lo % D3_WARPS) + D3_WARPS) % D3_WARPS; item < hi; item += D3_WARPS) {
-      const int tl = item / KS - tile, part = item % KS;
-      float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+    for (int item = d4_first_part(lo, hi, warp, skip); item < hi; item += D3_WARPS) {
+      const int tl = item / KS - tile;
+      float c[4] = {};
       // Every fragment of the part first, then the chain of mma.
       unsigned a[STEPS][4], bx[STEPS][2];
-      const int rr = tl * 16 + (lane & 15);
+      d4_part<STEPS, SWZ>(base, st.stride, tl * 16 + (lane & 15), item % KS, sh.xb, lane, a, bx);
 #pragma unroll
-      for (int k = 0; k < STEPS; ++k) {
-        const int k0 = (part * STEPS + k) * 16, c = k0 / 8 + (lane >> 4);
-        const unsigned addr = base + rr * st.stride + (SWZ ? d4_piece(c, rr) : c) * 16;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(a[k][0]), "=r"(a[k][1]), "=r"(a[k][2]), "=r"(a[k][3]) : "r"(addr));
-        bx[k][0] = g == 0 ? sh.xb[k0 / 2 + t] : 0u;
-        bx[k][1] = g == 0 ? sh.xb[k0 / 2 + 4 + t] : 0u;
-      }
-#pragma unroll
-      for (int k = 0; k < STEPS; ++k) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                     "{%0, %1, %2, %3};"
-                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-                     : "r"(a[k][0]), "r"(a[k][1]), "r"(a[k][2]), "r"(a[k][3]), "r"(bx[k][0]), "r"(bx[k][1]));
-      }
+      for (int k = 0; k < STEPS; ++k) d4_mma(c, a[k], bx[k]);
       // Column 0 of the tile's sums: rows g and g + 8, in the lanes with t == 0.
       if (t == 0) {
-        atomicAdd(&sh.acc[(tile + tl) * 16 + g], c0);
-        atomicAdd(&sh.acc[(tile + tl) * 16 + g + 8], c2);
+        atomicAdd(&sh.acc[(tile + tl) * 16 + g], c[0]);
+        atomicAdd(&sh.acc[(tile + tl) * 16 + g + 8], c[2]);
       }
     }
     if (!nocopy) d_release_slot(empty, slot, lane);
@@ -1098,7 +1131,7 @@ __global__ void __launch_bounds__(D3_THREADS, 1) layers_in_cluster4(D45Args args
   const char* const* layers = ws;
   const unsigned long long t0 = now();
   if (threadIdx.x >= D3_CONSUMERS) {  // the producer warp
-    if (!(mode & 16)) d4_produce<SWZ>(ring, full, empty, layers, args.nl);
+    if (!(mode & 16)) d4_produce<SWZ>(ring, full, empty, layers, args.gdl, args.nl, false);
   } else {
     unsigned boundary = 0;
     int consumed = 0;
@@ -1196,7 +1229,7 @@ __device__ __forceinline__ void d5_push(const float* vec, int from, int n, unsig
 __device__ __forceinline__ void d5_wait(unsigned long long* bars, unsigned& k, int bytes) {
   const unsigned bar = (unsigned)__cvta_generic_to_shared(&bars[k & 1]);
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+    expect_bytes(bar, bytes);
   }
   d_wait(bar, (k >> 1) & 1);
   ++k;
@@ -1222,35 +1255,22 @@ __device__ void d5_gemv(char* ring, unsigned long long* full, unsigned long long
     const unsigned base = (unsigned)__cvta_generic_to_shared(ring + slot * D4_SLOT);
     const int lo = tile * KS, hi = (tile + n) * KS;
     // PAIR: two of the warp's parts at a time, their mma chains interleaved.
-    const int first = skip ? hi : lo + ((warp - lo % D3_WARPS) + D3_WARPS) % D3_WARPS;
-    for (int item = first; item < hi; item += (PAIR ? 2 : 1) * D3_WARPS) {
+    for (int item = d4_first_part(lo, hi, warp, skip); item < hi; item += (PAIR ? 2 : 1) * D3_WARPS) {
       const bool two = PAIR && item + D3_WARPS < hi;
       unsigned a[2][STEPS][4], bx[2][STEPS][2];
       float c[2][4] = {};
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         if (j == 1 && !two) break;
-        const int it = item + j * D3_WARPS, rr = (it / KS - tile) * 16 + (lane & 15), p = it % KS;
-#pragma unroll
-        for (int k = 0; k < STEPS; ++k) {
-          const int k0 = (p * STEPS + k) * 16, cc = k0 / 8 + (lane >> 4);
-          const unsigned addr = base + rr * st.stride + d4_piece(cc, rr) * 16;
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(a[j][k][0]), "=r"(a[j][k][1]), "=r"(a[j][k][2]), "=r"(a[j][k][3]) : "r"(addr));
-          bx[j][k][0] = g == 0 ? sh.xb[k0 / 2 + t] : 0u;
-          bx[j][k][1] = g == 0 ? sh.xb[k0 / 2 + 4 + t] : 0u;
-        }
+        const int it = item + j * D3_WARPS;
+        d4_part<STEPS, true>(base, st.stride, (it / KS - tile) * 16 + (lane & 15), it % KS, sh.xb, lane, a[j], bx[j]);
       }
 #pragma unroll
       for (int k = 0; k < STEPS; ++k) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           if (j == 1 && !two) break;
-          asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                       "{%8, %9}, {%0, %1, %2, %3};"
-                       : "+f"(c[j][0]), "+f"(c[j][1]), "+f"(c[j][2]), "+f"(c[j][3])
-                       : "r"(a[j][k][0]), "r"(a[j][k][1]), "r"(a[j][k][2]), "r"(a[j][k][3]), "r"(bx[j][k][0]),
-                         "r"(bx[j][k][1]));
+          d4_mma(c[j], a[j][k], bx[j][k]);
         }
       }
       if (t == 0) {
@@ -1272,37 +1292,6 @@ __device__ void d5_gemv(char* ring, unsigned long long* full, unsigned long long
 #pragma unroll
     for (int p = 0; p < KS; ++p) a += sh.part[p * rows + i];
     put(st.t0 * 16 + i, a);
-  }
-}
-
-// Version 5's producer warp: as d4_produce (swizzled), and where `kv`, each layer's block
-// share of keys and values as one more chunk after qkv's (attention's stand-in reads it
-// from the ring).
-__device__ void d5_produce(char* ring, unsigned long long* full, unsigned long long* empty, const char* const* layers,
-                           const DLayer* gdl, int nl, bool kv) {
-  const int lane = threadIdx.x & 31, share = D_KV_BYTES / gridDim.x;
-  int issued = 0;
-  auto issue = [&](const char* src, int bytes) {
-    const int slot = issued % D4_SLOTS;
-    const unsigned f = (unsigned)__cvta_generic_to_shared(&full[slot]);
-    if (lane == 0) {
-      d_wait((unsigned)__cvta_generic_to_shared(&empty[slot]), (unsigned)(((issued / D4_SLOTS) & 1) ^ 1));
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(f), "r"(bytes) : "memory");
-      const unsigned dst = (unsigned)__cvta_generic_to_shared(ring + slot * D4_SLOT);
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                   :: "r"(dst), "l"(src), "r"(bytes), "r"(f) : "memory");
-    }
-    __syncwarp();
-    ++issued;
-  };
-  for (int l = 0; l < nl; ++l) {
-    for (int s = 0; s < 4; ++s) {
-      const D4Stage st = d4_stage<true>(layers, l, s);
-      for (int t = st.t0; t < st.t1; t += d4_chunk_tiles(st)) {
-        issue(st.w + (size_t)t * 16 * st.cols * 2, 16 * min(d4_chunk_tiles(st), st.t1 - t) * st.cols * 2);
-      }
-      if (s == 0 && kv) issue(gdl[l].kv + (size_t)blockIdx.x * share, share);
-    }
   }
 }
 
@@ -1338,7 +1327,7 @@ __global__ void __launch_bounds__(D3_THREADS, 1) layers_in_cluster5(D45Args args
   const char* const* layers = ws;
   const unsigned long long t0 = now();
   if (threadIdx.x >= D3_CONSUMERS) {  // the producer warp
-    d5_produce(ring, full, empty, layers, args.gdl, args.nl, kv_ring);
+    d4_produce<true>(ring, full, empty, layers, args.gdl, args.nl, kv_ring);
   } else {
     const int b = blockIdx.x, C = gridDim.x;
     unsigned k = 0;
@@ -1462,32 +1451,19 @@ __global__ void __launch_bounds__(D3_THREADS, 1) op_costs(int op, int warps, int
       } else if (op == 3 || op == 4) {
         if ((lane & 3) == 0) atomicAdd(&words[(op == 4 ? warp * 8 : 0) + (lane >> 2)], 1.0f);
       } else if (op == 5 || op == 6) {
-        const int g = lane >> 2, t = lane & 3, rr = lane & 15;
-        float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+        const int g = lane >> 2, t = lane & 3;
+        float c[4] = {};
         unsigned a[4][4], bx[4][2];
+        d4_part<4, true>((unsigned)__cvta_generic_to_shared(tile), D_H * 2, lane & 15, r & 7, tile, lane, a, bx);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int c = ((r & 7) * 4 + k) * 2 + (lane >> 4);
-          const unsigned addr = (unsigned)__cvta_generic_to_shared(tile) + rr * D_H * 2 + d4_piece(c, rr) * 16;
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(a[k][0]), "=r"(a[k][1]), "=r"(a[k][2]), "=r"(a[k][3]) : "r"(addr));
-          bx[k][0] = g == 0 ? tile[k * 8 + t] : 0u;
-          bx[k][1] = g == 0 ? tile[k * 8 + 4 + t] : 0u;
-        }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                       "{%0, %1, %2, %3};"
-                       : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-                       : "r"(a[k][0]), "r"(a[k][1]), "r"(a[k][2]), "r"(a[k][3]), "r"(bx[k][0]), "r"(bx[k][1]));
-        }
+        for (int k = 0; k < 4; ++k) d4_mma(c, a[k], bx[k]);
         if (t == 0) {
           if (op == 5) {
-            atomicAdd(&words[g], c0);
-            atomicAdd(&words[g + 8], c2);
+            atomicAdd(&words[g], c[0]);
+            atomicAdd(&words[g + 8], c[2]);
           } else {
-            words[warp * 16 + g] = c0;
-            words[warp * 16 + g + 8] = c2;
+            words[warp * 16 + g] = c[0];
+            words[warp * 16 + g + 8] = c[2];
           }
         }
       } else if (op == 7) {
