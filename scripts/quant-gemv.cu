@@ -86,21 +86,25 @@ __global__ void __launch_bounds__(256) gemv_fmt(const uint8_t* __restrict__ w,
         const __half* xh = reinterpret_cast<const __half*>(&xv);
 #pragma unroll
         for (int j = 0; j < 8; ++j) s = fmaf(__half2float(h[j]), __half2float(xh[j]), s);
-      } else if (F == Q8 && !EXACT) {
-        // The file's values d * q in f32, the scale out of the sum.
+      } else if (F == Q8) {
+        // EXACT: each weight as the upload rounds it; else the file's d * q in f32, d out of
+        // the sum.
         const int8_t* q = reinterpret_cast<const int8_t*>(&wv[i]);
 #pragma unroll
         for (int j = 0; j < 16; j += 8) {
           const uint4 xv = *reinterpret_cast<const uint4*>(xs + j);
           const __half* xh = reinterpret_cast<const __half*>(&xv);
 #pragma unroll
-          for (int t = 0; t < 8; ++t) s = fmaf((float)q[j + t], __half2float(xh[t]), s);
+          for (int t = 0; t < 8; ++t) {
+            const float wq = EXACT ? deq(sc[i][0], 0.f, q[j + t]) : (float)q[j + t];
+            s = fmaf(wq, __half2float(xh[t]), s);
+          }
         }
-        s *= sc[i][0];
-      } else if (F == Q4 && !EXACT) {
-        // d * sum(q x) + m * sum(x).
+        if (!EXACT) s *= sc[i][0];
+      } else {
+        // EXACT: as for Q8; else d * sum(q x) + m * sum(x).
         const uint8_t* q = reinterpret_cast<const uint8_t*>(&wv[i]);
-        float sq = 0.f, sx = 0.f;
+        float sx = 0.f;
 #pragma unroll
         for (int half_ = 0; half_ < 2; ++half_) {
 #pragma unroll
@@ -111,36 +115,12 @@ __global__ void __launch_bounds__(256) gemv_fmt(const uint8_t* __restrict__ w,
             for (int t = 0; t < 8; ++t) {
               const int nib = half_ == 0 ? (q[j + t] & 15) : (q[j + t] >> 4);
               const float xf = __half2float(xh[t]);
-              sq = fmaf((float)nib, xf, sq);
-              sx += xf;
+              s = fmaf(EXACT ? deq(sc[i][0], sc[i][1], nib) : (float)nib, xf, s);
+              if (!EXACT) sx += xf;
             }
           }
         }
-        s = fmaf(sc[i][0], sq, sc[i][1] * sx);
-      } else if (F == Q8) {
-        const int8_t* q = reinterpret_cast<const int8_t*>(&wv[i]);
-#pragma unroll
-        for (int j = 0; j < 16; j += 8) {
-          const uint4 xv = *reinterpret_cast<const uint4*>(xs + j);
-          const __half* xh = reinterpret_cast<const __half*>(&xv);
-#pragma unroll
-          for (int t = 0; t < 8; ++t) s = fmaf(deq(sc[i][0], 0.f, q[j + t]), __half2float(xh[t]), s);
-        }
-      } else {
-        const uint8_t* q = reinterpret_cast<const uint8_t*>(&wv[i]);
-#pragma unroll
-        for (int half_ = 0; half_ < 2; ++half_) {
-#pragma unroll
-          for (int j = 0; j < 16; j += 8) {
-            const uint4 xv = *reinterpret_cast<const uint4*>(xs + 16 * half_ + j);
-            const __half* xh = reinterpret_cast<const __half*>(&xv);
-#pragma unroll
-            for (int t = 0; t < 8; ++t) {
-              const int nib = half_ == 0 ? (q[j + t] & 15) : (q[j + t] >> 4);
-              s = fmaf(deq(sc[i][0], sc[i][1], nib), __half2float(xh[t]), s);
-            }
-          }
-        }
+        if (!EXACT) s = fmaf(sc[i][0], s, sc[i][1] * sx);
       }
       acc[which] += s;
     }
