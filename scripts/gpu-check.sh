@@ -23,9 +23,9 @@
 # GGUF, default ~/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf; or a checkpoint folder,
 # such as random_llama.py's 135m, which gets a tokenizer.json from gpu_bench.py when it has
 # none, as in gpu-bench.sh), WORK (scratch folder,
-# default /tmp/inflight-gpu-check), SKIP_HF=1 / SKIP_SANITIZER=1 to leave steps out,
-# SKIP_MICRO=1 to leave out step 6, RUN_8B=1 to add the Llama-3.1-8B-shaped comparison, INFLIGHT_TESTS (a folder of
-# integration test binaries built with --features cuda) to run them on the GPU engine.
+# default /tmp/inflight-gpu-check), SKIP_HF=1 / SKIP_SANITIZER=1 / SKIP_MICRO=1 to leave
+# steps out, RUN_8B=1 to add the Llama-3.1-8B-shaped comparison, INFLIGHT_TESTS (a folder
+# of integration test binaries built with --features cuda) to run them on the GPU engine.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BIN=${INFLIGHT_BIN:-$HERE/../target/release/inflight}
@@ -289,6 +289,8 @@ if [ "${SKIP_MICRO:-0}" != 1 ] && command -v nvcc >/dev/null && [ "${CC:-0}" -ge
       tail -5 "$WORK/micro-$NAME.txt"; status "scripts/$NAME.cu" FAIL "see micro-$NAME.txt"
     fi
   done
+elif [ "${SKIP_MICRO:-0}" != 1 ]; then
+  status "standalone microbenchmarks" INFO "not run: needs nvcc and sm_90 or later (found sm_${CC:-?})"
 fi
 
 echo; echo "## Summary"

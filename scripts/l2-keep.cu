@@ -28,25 +28,27 @@ int main() {
   CK(cudaDeviceGetAttribute(&win, cudaDevAttrMaxAccessPolicyWindowSize, dev));
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   printf("set-aside at most %d B, window at most %d B, %d SMs\n", most, win, sms);
-  const size_t W = 56623104, S = 30 * 7077888;  // 135M lm_head; 30 layers
+  const size_t W = 56623104, LAYER = 7077888, S = 30 * LAYER;  // 135M: lm_head, a layer, 30 layers
   char *w, *s; float* out;
   CK(cudaMalloc(&w, W)); CK(cudaMalloc(&s, S)); CK(cudaMalloc(&out, 4));
   CK(cudaMemset(w, 0, W)); CK(cudaMemset(s, 0, S));
   cudaStream_t st; CK(cudaStreamCreate(&st));
   cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
   const int grid = sms * 4, block = 512;
-  // window MB (of w), set-aside MB, whether other weights stream between reads
-  struct Case { double win_mb, keep_mb; bool stream; const char* what; } cases[] = {
+  // window (the first bytes of w; 0: none), set-aside, whether the layers stream between
+  // reads. MiB: 2^20 bytes.
+  const size_t MiB = 1 << 20;
+  struct Case { size_t window, keep; bool stream; const char* what; } cases[] = {
     {0, 0, true, "no window, layers between"},
-    {54, 31.25, true, "whole lm_head, 31 MB kept"},
-    {54, 12, true, "whole lm_head, 12 MB kept"},
-    {24, 24, true, "first 24 MB, all kept"},
-    {12, 12, true, "first 12 MB, all kept"},
+    {W, (size_t)(31.25 * MiB), true, "whole lm_head, 31.25 MiB kept"},
+    {W, 12 * MiB, true, "whole lm_head, 12 MiB kept"},
+    {24 * MiB, 24 * MiB, true, "first 24 MiB, all kept"},
+    {12 * MiB, 12 * MiB, true, "first 12 MiB, all kept"},
     {0, 0, false, "no window, reads back to back"},
   };
   for (int rep = 0; rep < 2; ++rep)
   for (auto& c : cases) {
-    size_t keep = (size_t)(c.keep_mb * 1048576), wb = (size_t)(c.win_mb * 1048576);
+    const size_t keep = c.keep, wb = c.window;
     CK(cudaCtxResetPersistingL2Cache());
     CK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, keep));
     cudaStreamAttrValue v = {};
@@ -64,16 +66,17 @@ int main() {
     for (int it = 0; it < 40; ++it) {
       if (c.stream)
         for (int l = 0; l < 30; ++l)
-          read_sum<<<grid, block, 0, st>>>((const uint4*)(s + l * 7077888ull), 7077888 / 16, out);
+          read_sum<<<grid, block, 0, st>>>((const uint4*)(s + l * LAYER), LAYER / 16, out);
       CK(cudaEventRecord(a, st));
       read_sum<<<grid, block, 0, st>>>((const uint4*)w, rb / 16, out);
+      CK(cudaGetLastError());
       CK(cudaEventRecord(b, st));
       CK(cudaEventSynchronize(b));
       float ms; CK(cudaEventElapsedTime(&ms, a, b));
       if (it >= 5) { total += ms; ++n; }
     }
     double us = total / n * 1000;
-    printf("%-34s read %5.1f MB: %7.2f us, %6.0f GB/s\n", c.what, rb / 1e6, us, rb / us / 1e3);
+    printf("%-37s read %5.1f MB: %7.2f us, %6.0f GB/s\n", c.what, rb / 1e6, us, rb / us / 1e3);
   }
   return 0;
 }

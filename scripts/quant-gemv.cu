@@ -26,6 +26,8 @@
 enum Fmt { F16 = 0, Q8 = 1, Q4 = 2 };
 // Weights a 16-byte unit holds.
 __host__ __device__ constexpr int unit_weights(int f) { return f == F16 ? 8 : f == Q8 ? 16 : 32; }
+// Bytes of a row's weights (its scales apart).
+__host__ __device__ constexpr size_t row_bytes(int f, int k) { return f == F16 ? 2ull * k : f == Q8 ? (size_t)k : k / 2ull; }
 #define MAXU 12  // units a lane holds at most: 2 rows of 1536 f16 weights over 32 lanes
 
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
@@ -52,7 +54,7 @@ __global__ void __launch_bounds__(256) gemv_fmt(const uint8_t* __restrict__ w,
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   const int o = 2 * warp;
   const int per_row = k / unit_weights(F);  // units a row
-  const size_t row_bytes = F == F16 ? (size_t)k * 2 : F == Q8 ? (size_t)k : (size_t)k / 2;
+  const size_t bytes = row_bytes(F, k);
   uint4 wv[MAXU];
   float sc[MAXU][2];
 #pragma unroll
@@ -60,7 +62,7 @@ __global__ void __launch_bounds__(256) gemv_fmt(const uint8_t* __restrict__ w,
     const int u = lane + 32 * i;
     if (u < 2 * per_row && o + u / per_row < rows) {
       const int r = o + u / per_row, c = u % per_row;
-      wv[i] = load_stream(reinterpret_cast<const uint4*>(w + (size_t)r * row_bytes) + c);
+      wv[i] = load_stream(reinterpret_cast<const uint4*>(w + (size_t)r * bytes) + c);
       if (F == Q8) {
         sc[i][0] = __half2float(reinterpret_cast<const __half*>(scales)[(size_t)r * (k / 32) + c / 2]);
       } else if (F == Q4) {
@@ -137,7 +139,6 @@ __global__ void __launch_bounds__(256) gemv_fmt(const uint8_t* __restrict__ w,
 
 struct Mat { uint8_t* w; void* s; int rows, k, fmt; bool exact = true; };
 
-static size_t row_bytes(int fmt, int k) { return fmt == F16 ? 2ull * k : fmt == Q8 ? (size_t)k : k / 2ull; }
 static size_t scale_bytes(int fmt, int k) { return fmt == F16 ? 0 : fmt == Q8 ? 2ull * (k / 32) : 4ull * (k / 32); }
 
 // Random weights: quants of any value, f16 weights and scales small and finite.
@@ -278,6 +279,7 @@ int main() {
       CK(cudaEventSynchronize(e1));
       float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
       CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
+      CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
       return ms * 1000.0 / n;
     };
     std::vector<const Mat*> step;
