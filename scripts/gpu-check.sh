@@ -17,7 +17,7 @@
 #      alone (gpu-logits, four prompts batched and four decode steps).
 #   6. The standalone microbenchmarks (scripts/*.cu), compiled with nvcc for this GPU and
 #      run, where nvcc is installed and the GPU is sm_90 or later: each exits non-zero on a
-#      CUDA error or where its own check against the host fails (cluster-layer.cu,
+#      CUDA error or where its own check against the host fails (cluster-layer.cu, mlp-fused.cu,
 #      quant-gemv.cu); their tables go to $WORK/micro-*.txt.
 # Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
 # GGUF, default ~/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf; or a checkpoint folder,
