@@ -11,8 +11,8 @@
 // own wait, megabytes of them while this kernel runs).
 // With `early`, rms_norm lets the next kernel launch before its own wait: that GEMV's blocks
 // then become resident, and request their first weights, while the kernel before this norm
-// (down's last wave) still finishes (forward.rs sets it for the norm before qkv only;
-// docs/perf.md, thirty-first pass). Safe because the next kernel reads only immutable data
+// (down's last wave) still finishes (forward.rs sets it for the norm before qkv only).
+// Safe because the next kernel reads only immutable data
 // (weights) before its own wait, which returns once this norm has completed, and this norm
 // completes only after its wait. Data an earlier kernel wrote may still be in flight when
 // that kernel starts.

@@ -17,7 +17,7 @@
 #          token, concurrency 1, p50), one request every 1/TTFT_RATE s: a latency row, each
 #          prompt reaching an idle server, as the GEMM ceiling of its floor is a burst too
 #          (back to back, TTFT_RATE=0, 2,048-token prefills hold an H100 at its power
-#          limit and run 10% slower: docs/perf.md, seventeenth pass);
+#          limit and run 10% slower);
 #        - and offline max throughput for each of WORKLOADS
 #          (input/output tokens): every request due at once, no concurrency cap;
 #          measured = output tokens / (first send .. last completion); a run of more than

@@ -15,15 +15,11 @@
 #      answer whole; how many equal the same request served alone is noted.
 #   4. compute-sanitizer memcheck over a short serving run, and (4b) over the forward pass
 #      alone (gpu-logits, four prompts batched and four decode steps).
-#   6. The standalone microbenchmarks (scripts/*.cu), compiled with nvcc for this GPU and
-#      run, where nvcc is installed and the GPU is sm_90 or later: each exits non-zero on a
-#      CUDA error or where its own check against the host fails (cluster-layer.cu, mlp-fused.cu,
-#      quant-gemv.cu); their tables go to $WORK/micro-*.txt.
 # Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
 # GGUF, default ~/.cache/inflight/SmolLM2-135M-Instruct.Q4_1.gguf; or a checkpoint folder,
 # such as random_llama.py's 135m, which gets a tokenizer.json from gpu_bench.py when it has
 # none, as in gpu-bench.sh), WORK (scratch folder,
-# default /tmp/inflight-gpu-check), SKIP_HF=1 / SKIP_SANITIZER=1 / SKIP_MICRO=1 to leave
+# default /tmp/inflight-gpu-check), SKIP_HF=1 / SKIP_SANITIZER=1 to leave
 # steps out, RUN_8B=1 to add the Llama-3.1-8B-shaped comparison, INFLIGHT_TESTS (a folder
 # of integration test binaries built with --features cuda) to run them on the GPU engine.
 set -uo pipefail
@@ -275,22 +271,6 @@ if [ -n "${INFLIGHT_TESTS:-}" ]; then
       status "tests/$NAME.rs on the GPU" FAIL "$(grep 'test result' "$WORK/test-$NAME.log" | tail -1)"
     fi
   done
-fi
-
-CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)
-if [ "${SKIP_MICRO:-0}" != 1 ] && command -v nvcc >/dev/null && [ "${CC:-0}" -ge 90 ] 2>/dev/null; then
-  echo; echo "## 6. standalone microbenchmarks (scripts/*.cu, sm_${CC}a)"
-  for SRC in "$HERE"/*.cu; do
-    NAME=$(basename "$SRC" .cu)
-    if nvcc -O3 -arch=sm_${CC}a -o "$WORK/micro-$NAME" "$SRC" > "$WORK/micro-$NAME.txt" 2>&1 \
-        && "$WORK/micro-$NAME" >> "$WORK/micro-$NAME.txt" 2>&1; then
-      status "scripts/$NAME.cu" PASS "$(wc -l < "$WORK/micro-$NAME.txt") lines in micro-$NAME.txt"
-    else
-      tail -5 "$WORK/micro-$NAME.txt"; status "scripts/$NAME.cu" FAIL "see micro-$NAME.txt"
-    fi
-  done
-elif [ "${SKIP_MICRO:-0}" != 1 ]; then
-  status "standalone microbenchmarks" INFO "not run: needs nvcc and sm_90 or later (found sm_${CC:-?})"
 fi
 
 echo; echo "## Summary"

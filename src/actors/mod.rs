@@ -1,4 +1,4 @@
-//! The actors of one model tree (see DESIGN.md, "Actor topology"): one file per actor,
+//! The actors of one model tree (docs/architecture.md, "The actor tree"): one file per actor,
 //! their messages in `messages`, the tree built and supervised by `supervisor`.
 
 pub mod engine;

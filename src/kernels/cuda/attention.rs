@@ -67,12 +67,12 @@ pub const CLUSTER_MAX_LEN: usize = MAX_CLUSTER * 2 * STAGE;
 /// Contexts up to this long (one stage) are not split into a cluster. Since the cluster
 /// merges by pushes into its first block, two stages side by side cost less than one
 /// block's two in a row (135M at 1 x 100 and 1 x 128 on an H100: 0.424-0.426 ms against
-/// 0.431-0.433, the 1B even; docs/perf.md, thirty-fourth pass).
+/// 0.431-0.433, the 1B even).
 pub const CLUSTER_MIN_LEN: usize = STAGE;
 /// The tensor-core decode kernel splits no context whose keys per KV head hold at most this
 /// many elements (256 positions at head_dim 64, 128 at 128): at batch 1 on an H100 a
 /// split's merge (`attention_combine`, one more dependent kernel) costs more than the
-/// stages it would run side by side (docs/perf.md, twenty-second pass).
+/// stages it would run side by side.
 const UNSPLIT_ELEMENTS: usize = 256 * 64;
 
 /// The longest context a decode of these heads runs unsplit: 0 where the warp-per-key
@@ -154,7 +154,7 @@ pub fn flash_smem(mode: &str, budget: usize) -> usize {
 /// their partial sums for rank 0 to merge (flash_decode.cu's `cluster_merge`): `splits - 1`
 /// slots of `rows` M rows, each `head_dim` sums and a (max, weight sum) pair, fp32. Sized
 /// to the launch: slots for 16 rows where 4 were used (66 KB a block against 44) made the
-/// 1B's decode step 1.019-1.048 ms against 1.001-1.002 (docs/perf.md, thirty-fourth pass).
+/// 1B's decode step 1.019-1.048 ms against 1.001-1.002.
 pub fn cluster_slots(splits: usize, rows: usize, head_dim: usize) -> usize {
     splits.saturating_sub(1) * rows * (head_dim + 2) * 4
 }

@@ -20,7 +20,7 @@ const PIPE_UNROLL: usize = 2;
 /// GEMV work items (pair of rows, k slice) worth launching where a shape's plan was not
 /// timed ([`Blas::tune`] times each plan and keeps the fastest): about four times the
 /// warps an H100 or H200 holds at once, the best of 4,096-32,768 on the H100 for
-/// Llama-3.1-8B (docs/perf.md, thirteenth pass).
+/// Llama-3.1-8B.
 const GEMV_TARGET_ITEMS: usize = 32768;
 /// Shared memory the GEMV kernel may take for the normed rows and the norm's weights:
 /// without an opt-in, its static (640 bytes) and dynamic shared memory together must fit
@@ -35,7 +35,7 @@ const GEMV_NORM_MAX_INP: usize = 8192;
 /// norm kernel it replaces costs about one launch. Measured on the H100 (batch-1 decode,
 /// same call, norm kernel / in the GEMV): SmolLM2-135M's 576 0.64 / 0.59 ms per token,
 /// Llama-3.2-1B's 2,048 1.18 / 1.19, Llama-3.1-8B's 4,096 5.86 / 5.96. Again with the norm
-/// weights read before the wait (twenty-seventh pass): the 1B 1.12 / 1.20 ms, its gate_up
+/// weights read before the wait: the 1B 1.12 / 1.20 ms, its gate_up
 /// (4,096 blocks in about 4 waves) paying the norm once a wave, 35.2 µs against 25.7 plus
 /// the norm kernel's 3.8 (kernel timeline).
 const GEMV_NORM_MAX_AUTO: usize = 1024;
@@ -295,8 +295,8 @@ fn groups(out: usize, split: usize) -> usize {
 /// (`timed`: each with its time): the fastest pipelined one whose groups fit the pipelined
 /// kernel's `grid`, so that each block takes one group, where there is one. Timed alone
 /// (unnormed), that plan and the plain kernel's best come out about even, either winning
-/// from run to run; in the decode step it is the faster. Measured on the H100 (docs/perf.md,
-/// thirty-third pass; steps of one sequence at 256 positions, each run tuned afresh):
+/// from run to run; in the decode step it is the faster. Measured on the H100
+/// (steps of one sequence at 256 positions, each run tuned afresh):
 /// SmolLM2-135M 0.465-0.475 ms with its down on that plan (18 runs), 0.479-0.493 with down
 /// plain (12), and 0.433-0.435 with its normed qkv and gate_up on it too (4 runs, against
 /// 0.465-0.467 in the same call); Llama-3.2-1B 1.012-1.018 with its o on it (13),
