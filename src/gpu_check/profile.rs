@@ -12,8 +12,8 @@ use crate::kernels::cuda::attention::{flash_budget, flash_kernel, flash_smem, pr
 use crate::kernels::cuda::gemm::Path;
 use crate::model::backend::ForwardPass;
 use crate::model::gpu::forward::CudaForward;
-use crate::model::gpu::stage_timer::stage;
 use crate::model::gpu::{heads, CudaModel};
+use crate::model::stage::Stage;
 use crate::model::SeqChunk;
 use crate::sampling::RowPlan;
 
@@ -305,14 +305,23 @@ fn print_batch(
     };
     // Keys each query row attends to, summed over the batch.
     let keys: f64 = (0..b.new).map(|i| (b.past + i + 1) as f64).sum::<f64>() * rows;
+    let stages_with_work = [
+        Stage::Qkv,
+        Stage::O,
+        Stage::GateUp,
+        Stage::Down,
+        Stage::LmHead,
+        Stage::Attention,
+    ];
     let work = |name: &str| -> Option<(f64, f64)> {
-        Some(match name {
-            stage::QKV => gemm(h, qd + 2.0 * kvd, n, layers),
-            stage::O => gemm(qd, h, n, layers),
-            stage::GATE_UP => gemm(h, 2.0 * f, n, layers),
-            stage::DOWN => gemm(f, h, n, layers),
-            stage::LM_HEAD => gemm(h, cfg.vocab_size as f64, rows, 1.0),
-            stage::ATTENTION => (
+        let stage = stages_with_work.into_iter().find(|s| s.name() == name)?;
+        Some(match stage {
+            Stage::Qkv => gemm(h, qd + 2.0 * kvd, n, layers),
+            Stage::O => gemm(qd, h, n, layers),
+            Stage::GateUp => gemm(h, 2.0 * f, n, layers),
+            Stage::Down => gemm(f, h, n, layers),
+            Stage::LmHead => gemm(h, cfg.vocab_size as f64, rows, 1.0),
+            Stage::Attention => (
                 4.0 * qd * keys * layers,
                 // K and V of every attended position once per sequence (16-bit).
                 (b.past + b.new) as f64 * rows * kvd * 4.0 * layers,

@@ -9,10 +9,12 @@ pub mod gguf_writer;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod kv_cache;
+mod layers;
 pub mod llama;
 pub mod loader;
 pub mod quant;
 pub mod safetensors;
+pub mod stage;
 pub mod tiny;
 pub mod weights;
 

@@ -5,7 +5,12 @@
 
 pub mod forward;
 pub mod graphs;
-pub mod stage_timer;
+mod layers;
+mod layout;
+pub mod profile;
+mod sample;
+mod scratch;
+mod swap;
 pub mod tune;
 pub mod weights;
 
@@ -80,7 +85,7 @@ impl CudaModel {
         max_batch: usize,
     ) -> Result<usize> {
         let (free, _) = self.gpu.mem_info()?;
-        let reserve = forward::scratch_bytes(&self.config, max_num_tokens, max_batch) + (512 << 20);
+        let reserve = scratch::scratch_bytes(&self.config, max_num_tokens, max_batch) + (512 << 20);
         let budget = (free.saturating_sub(reserve) as f64 * fraction) as usize;
         Ok(budget / self.kv_bytes_per_token().max(1))
     }

@@ -1,0 +1,387 @@
+//! The GPU forward pass's stages ([`crate::model::stage`]) launched on an uploaded
+//! [`Layout`]: the same stages, in the same order, as the CPU engine's `model/layers.rs`.
+//! Each stage is one method; the loop over them reports each to the profiling hook
+//! ([`profile::mark`]) and knows nothing else of profiling.
+
+use super::layout::Layout;
+use super::profile::{self, StageTimer};
+use super::scratch::{DeviceKv, Scratch};
+use super::swap::HostCache;
+use super::weights::GpuWeights;
+use super::{heads, CudaModel};
+use crate::error::Result;
+use crate::kernels::cuda::attention::{self, Attention};
+use crate::kernels::cuda::gemm::{Blas, Input, Norm, Out, Path};
+use crate::kernels::cuda::{launch, Gpu};
+use crate::model::config::ModelConfig;
+use crate::model::stage::{self, Stage};
+
+/// One pass's view of the engine: what its kernels read and write.
+pub(super) struct Pass<'a> {
+    pub g: &'a Gpu,
+    pub cfg: &'a ModelConfig,
+    pub w: &'a GpuWeights,
+    pub s: &'a Scratch,
+    pub kv: &'a DeviceKv,
+    pub blas: &'a Blas,
+    pub path: Path,
+    pub lay: &'a Layout,
+    pub copies: &'a HostCache,
+    /// The last step's choices on the device, where pending tokens are read (0: none).
+    pub fed: u64,
+    pub timer: &'a mut Option<StageTimer>,
+    /// Whether the gate_up GEMV applied SwiGLU itself (set by [`Stage::GateUp`]).
+    swiglu_done: bool,
+}
+
+impl<'a> Pass<'a> {
+    /// Collects the pass's view of `model` and the engine's buffers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        model: &'a CudaModel,
+        s: &'a Scratch,
+        kv: &'a DeviceKv,
+        blas: &'a Blas,
+        path: Path,
+        lay: &'a Layout,
+        copies: &'a HostCache,
+        fed: u64,
+        timer: &'a mut Option<StageTimer>,
+    ) -> Self {
+        Pass {
+            g: &model.gpu,
+            cfg: &model.config,
+            w: &model.weights,
+            s,
+            kv,
+            blas,
+            path,
+            lay,
+            copies,
+            fed,
+            timer,
+            swiglu_done: false,
+        }
+    }
+
+    /// Launches every stage of the forward pass, leaving each selected row's fp32 logits
+    /// in the scratch's `logits` (`lay.m` rows).
+    pub fn launch(mut self) -> Result<()> {
+        profile::mark(self.timer, profile::stage::HOST_AND_UPLOAD)?;
+        self.run(Stage::Embed, 0)?;
+        let layers = self.w.layers.len();
+        for l in 0..layers {
+            for &stage in stage::layer_stages(l, layers, self.lay.m == 0) {
+                self.run(stage, l)?;
+            }
+        }
+        if self.lay.m == 0 {
+            return Ok(());
+        }
+        for stage in stage::HEAD {
+            self.run(stage, layers)?;
+        }
+        Ok(())
+    }
+
+    /// Launches `stage` (of layer `l`, for a layer's stages) and reports it to the hook.
+    fn run(&mut self, stage: Stage, l: usize) -> Result<()> {
+        match stage {
+            Stage::Embed => self.embed(),
+            Stage::Qkv => self.qkv(l),
+            Stage::Rope => self.rope(l),
+            Stage::Attention => self.attention(l),
+            Stage::O => self.o(l),
+            Stage::GateUp => self.gate_up(l),
+            Stage::Swiglu => self.swiglu(l),
+            Stage::Down => self.down(l),
+            Stage::FinalNorm => self.final_norm(),
+            Stage::LmHead => self.lm_head(),
+        }?;
+        profile::mark(self.timer, stage.name())
+    }
+
+    /// The last layer's tiles where only some rows get logits: its attention and all
+    /// after it run on those rows (every row's K/V is written, the rest gathered).
+    fn tail(&self, l: usize) -> Option<(usize, (usize, usize))> {
+        if l + 1 == self.w.layers.len() {
+            self.lay.tail
+        } else {
+            None
+        }
+    }
+
+    /// The residual, the attention rows and their count that layer `l` runs on after its
+    /// attention.
+    fn rows(&self, l: usize) -> (u64, u64, usize) {
+        match self.tail(l) {
+            Some(_) => (self.s.x_rows.ptr(), self.s.attn_rows.ptr(), self.lay.m),
+            None => (self.s.x.ptr(), self.s.attn.ptr(), self.lay.n),
+        }
+    }
+
+    /// Where the layout's rows and block tables are in the upload.
+    fn meta(&self) -> Meta {
+        let (n, m, meta) = (self.lay.n, self.lay.m, &self.s.meta);
+        Meta {
+            ids: meta.at(0),
+            pos: meta.at(n),
+            slots: meta.at(2 * n),
+            row_seq: meta.at(3 * n),
+            rows: meta.at(4 * n),
+            tables: meta.at(4 * n + m),
+        }
+    }
+
+    fn embed(&mut self) -> Result<()> {
+        let (w, s, h) = (self.w, self.s, self.cfg.hidden_size);
+        let ids = self.meta().ids;
+        launch::embed(
+            self.g,
+            w.half,
+            w.embed.ptr(),
+            ids,
+            self.fed,
+            s.x.ptr(),
+            self.lay.n,
+            h,
+        )
+    }
+
+    fn qkv(&mut self, l: usize) -> Result<()> {
+        let (cfg, s, lw) = (self.cfg, self.s, &self.w.layers[l]);
+        // The norms run inside the GEMV kernel where it runs the layer after them. Where
+        // rms_norm runs the norm before qkv, it lets the qkv GEMV launch during the kernel
+        // before it, down's last wave (steps: 1B -0.9%, 8B -0.6%). Not before gate_up,
+        // where the GEMV's early requests delay the norm's read of x more than they save
+        // (8B +2.2%), nor before the lm_head (1B +0.7%).
+        let norm = Norm {
+            x: s.x.ptr(),
+            w: lw.attn_norm.ptr(),
+            eps: cfg.rms_norm_eps,
+            xn: s.xn.ptr(),
+            early: true,
+        };
+        self.blas.linear(
+            self.path,
+            self.w.half,
+            Input::Normed(norm),
+            lw.qkv.w.ptr(),
+            s.qkv.ptr(),
+            Out::Half,
+            self.lay.n,
+            cfg.hidden_size,
+            cfg.q_dim() + 2 * cfg.kv_dim(),
+        )
+    }
+
+    fn rope(&mut self, l: usize) -> Result<()> {
+        let (cfg, s, w) = (self.cfg, self.s, self.w);
+        let bias = w.layers[l].qkv.b.as_ref().map_or(0, |b| b.ptr());
+        // This layer's block copies are done before its cache is written or read.
+        self.copies.wait_layer(self.g, l)?;
+        let (kc, vc) = self.kv.layer(l);
+        let meta = self.meta();
+        launch::rope_kv_write(
+            self.g,
+            w.half,
+            s.qkv.ptr(),
+            bias,
+            meta.pos,
+            meta.slots,
+            w.inv_freq.ptr(),
+            (s.q.ptr(), attention::query_scale(&heads(cfg))),
+            kc,
+            vc,
+            self.lay.n,
+            heads(cfg),
+        )
+    }
+
+    fn attention(&mut self, l: usize) -> Result<()> {
+        let (g, cfg, s, lay) = (self.g, self.cfg, self.s, self.lay);
+        let tail = self.tail(l);
+        let meta = self.meta();
+        let (tiles_at, (rows_tiles, keys_tiles)) = tail.unwrap_or((lay.tiles_at, lay.tiles));
+        if tail.is_some() {
+            // Between the KV write and the attention on purpose: a decode tile loads the
+            // keys before its first row's position ahead of its wait on the previous
+            // kernel (flash_decode.cu), as keys earlier steps wrote, but a prompt's last
+            // row comes after keys this step writes. This kernel waits for the KV write
+            // before it lets the attention launch.
+            let h = cfg.hidden_size;
+            launch::gather_rows(
+                g,
+                self.w.half,
+                s.x.ptr(),
+                meta.rows,
+                s.x_rows.ptr(),
+                lay.m,
+                h,
+            )?;
+        }
+        let (kc, vc) = self.kv.layer(l);
+        attention::paged_attention(
+            g,
+            &Attention {
+                q: s.q.ptr(),
+                k_cache: kc,
+                v_cache: vc,
+                tables: meta.tables,
+                table_stride: lay.stride,
+                row_seq: meta.row_seq,
+                row_pos: meta.pos,
+                tiles: s.meta.at(tiles_at),
+                rows_tiles,
+                keys_tiles,
+                decode_len: lay.decode_len,
+                out: s.attn.ptr(),
+                part_acc: s.part_acc.ptr(),
+                part_ml: s.part_ml.ptr(),
+                acc_cap: s.part_acc.len(),
+                n: lay.n,
+                max_len: lay.plan_len,
+                block_size: self.kv.block_size,
+                heads: heads(cfg),
+                half: self.w.half,
+                clusters: g.clusters,
+            },
+        )
+    }
+
+    fn o(&mut self, l: usize) -> Result<()> {
+        let (cfg, s, half) = (self.cfg, self.s, self.w.half);
+        if self.tail(l).is_some() {
+            // 16-bit attention rows as 32-bit words: q_dim is even (RoPE pairs).
+            let rows = self.meta().rows;
+            let (m, qd) = (self.lay.m, cfg.q_dim());
+            launch::gather_rows(
+                self.g,
+                half,
+                s.attn.ptr(),
+                rows,
+                s.attn_rows.ptr(),
+                m,
+                qd / 2,
+            )?;
+        }
+        let (x, attn, rows) = self.rows(l);
+        let o = self.w.layers[l].o.w.ptr();
+        let (qd, h) = (cfg.q_dim(), cfg.hidden_size);
+        self.blas
+            .linear(self.path, half, attn, o, x, Out::F32Add, rows, qd, h)
+    }
+
+    fn gate_up(&mut self, l: usize) -> Result<()> {
+        let (cfg, s, lw) = (self.cfg, self.s, &self.w.layers[l]);
+        let (x, _, rows) = self.rows(l);
+        let norm = Norm {
+            x,
+            w: lw.ffn_norm.ptr(),
+            eps: cfg.rms_norm_eps,
+            xn: s.xn.ptr(),
+            early: false,
+        };
+        self.swiglu_done = self.blas.gate_up(
+            self.path,
+            self.w.half,
+            Input::Normed(norm),
+            lw.gate_up.w.ptr(),
+            (s.gu.ptr(), s.act.ptr()),
+            rows,
+            cfg.hidden_size,
+            cfg.intermediate_size,
+        )?;
+        Ok(())
+    }
+
+    fn swiglu(&mut self, l: usize) -> Result<()> {
+        if self.swiglu_done {
+            return Ok(());
+        }
+        let (_, _, rows) = self.rows(l);
+        let (s, f) = (self.s, self.cfg.intermediate_size);
+        launch::silu_mul(self.g, self.w.half, s.gu.ptr(), s.act.ptr(), rows, f)
+    }
+
+    fn down(&mut self, l: usize) -> Result<()> {
+        let (cfg, s) = (self.cfg, self.s);
+        let (x, _, rows) = self.rows(l);
+        let down = self.w.layers[l].down.w.ptr();
+        let (f, h) = (cfg.intermediate_size, cfg.hidden_size);
+        self.blas.linear(
+            self.path,
+            self.w.half,
+            s.act.ptr(),
+            down,
+            x,
+            Out::F32Add,
+            rows,
+            f,
+            h,
+        )
+    }
+
+    /// The o and down layers added themselves into the residual: the rows that get logits
+    /// are normed on the way into the lm_head where that runs on the GEMV kernel (gathered
+    /// already where the last layer ran on them alone; every row where every row gets
+    /// logits). A model without layers gathers and norms them here.
+    fn final_norm(&mut self) -> Result<()> {
+        if self.lay.tail.is_none() || !self.w.layers.is_empty() {
+            return Ok(());
+        }
+        let (cfg, s, w) = (self.cfg, self.s, self.w);
+        let rows = self.meta().rows;
+        launch::rms_norm_rows(
+            self.g,
+            w.half,
+            s.x.ptr(),
+            rows,
+            w.final_norm.ptr(),
+            s.head_in.ptr(),
+            self.lay.m,
+            cfg.hidden_size,
+            cfg.rms_norm_eps,
+        )
+    }
+
+    fn lm_head(&mut self) -> Result<()> {
+        let (cfg, s, w) = (self.cfg, self.s, self.w);
+        let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
+        let normed = |x| {
+            Input::Normed(Norm {
+                x,
+                w: w.final_norm.ptr(),
+                eps: cfg.rms_norm_eps,
+                xn: s.head_in.ptr(),
+                early: false,
+            })
+        };
+        let input = match (&self.lay.tail, w.layers.is_empty()) {
+            (Some(_), false) => normed(s.x_rows.ptr()),
+            (None, _) => normed(s.x.ptr()),
+            (Some(_), true) => Input::Rows(s.head_in.ptr()),
+        };
+        self.blas.linear(
+            self.path,
+            w.half,
+            input,
+            head,
+            s.logits.ptr(),
+            Out::F32,
+            self.lay.m,
+            cfg.hidden_size,
+            cfg.vocab_size,
+        )
+    }
+}
+
+/// Device addresses of the layout's parts in the step's upload.
+struct Meta {
+    ids: u64,
+    pos: u64,
+    slots: u64,
+    row_seq: u64,
+    rows: u64,
+    tables: u64,
+}
