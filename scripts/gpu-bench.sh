@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 6's performance table in one command, on the GPU machine, with the release binary
-# built with `--features cuda` (no cargo needed there; PyTorch + transformers are).
+# built with `--features gpu-tools` (no cargo needed there; PyTorch + transformers are).
 #   1. Ceilings of this GPU, measured with PyTorch: device-to-device copy GB/s and bf16
 #      GEMM TFLOP/s on 8192^3 (scripts/gpu_bench.py ceilings).
 #   2. Random-weight checkpoints (scripts/random_llama.py: Llama-3.1-8B and Llama-3.2-1B
@@ -325,7 +325,7 @@ prepare_model() {
 }
 
 if [ ! -x "$BIN" ]; then
-  echo "no inflight binary at $BIN (build with --features cuda; set INFLIGHT_BIN)" >&2
+  echo "no inflight binary at $BIN (build with --features gpu-tools; set INFLIGHT_BIN)" >&2
   exit 1
 fi
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true

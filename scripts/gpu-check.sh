@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU correctness check in one command, on the GPU machine, with the release binary
-# built with `--features cuda` (no cargo needed there). Prints one table per step and a
+# built with `--features gpu-tools` (no cargo needed there). Prints one table per step and a
 # summary table; exits 1 when any step failed.
 #   1. inflight gpu-check: each kernel against its CPU twin (random inputs, odd shapes,
 #      block boundaries, NaN-poisoned outputs) and SmolLM2 greedy GPU (batched) vs CPU.

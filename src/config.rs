@@ -58,10 +58,10 @@ impl SpeculativeSection {
         load_draft: impl FnOnce(&Path) -> Result<DraftSource>,
     ) -> Result<SpeculativeOptions> {
         let bad = |m: String| Err(Error::Config(format!("[speculative] {m}")));
-        if self.num_draft_tokens > crate::actors::preprocess::MAX_DRAFT_TOKENS {
+        if self.num_draft_tokens > crate::speculative::MAX_DRAFT_TOKENS {
             return bad(format!(
                 "num_draft_tokens must be at most {}, got {}",
-                crate::actors::preprocess::MAX_DRAFT_TOKENS,
+                crate::speculative::MAX_DRAFT_TOKENS,
                 self.num_draft_tokens
             ));
         }
@@ -164,6 +164,9 @@ pub struct ModelSection {
     /// The GPU engine's 16-bit type for weights, GEMM inputs and the KV cache: `auto`
     /// (f16, or bf16 when a weight is beyond f16's range), `bf16` or `f16`.
     pub gpu_dtype: String,
+    /// Plan each iteration while the device runs the one before it (an engine that samples
+    /// on its device, no draft source). `INFLIGHT_OVERLAP=0` overrides it at start.
+    pub overlap_scheduling: bool,
 }
 
 impl Default for ModelSection {
@@ -184,6 +187,7 @@ impl Default for ModelSection {
             preprocess_instances: 2,
             postprocess_instances: 2,
             gpu_dtype: "auto".into(),
+            overlap_scheduling: true,
         }
     }
 }
@@ -194,6 +198,15 @@ const CPU_KV_CAP_BYTES: usize = 2 << 30;
 impl ServeConfig {
     pub fn from_toml(text: &str) -> Result<Self> {
         toml::from_str(text).map_err(|e| Error::Config(e.to_string()))
+    }
+
+    /// Applies the documented environment overrides, read once at start:
+    /// `INFLIGHT_OVERLAP=0` turns `overlap_scheduling` off (to compare).
+    pub fn with_env_overrides(mut self) -> Self {
+        if std::env::var("INFLIGHT_OVERLAP").is_ok_and(|v| v == "0") {
+            self.model.overlap_scheduling = false;
+        }
+        self
     }
 
     /// Reads a file; a relative model path is resolved against its folder.
@@ -285,6 +298,7 @@ impl ServeConfig {
             num_blocks: (kv_tokens / block).max(1),
             num_host_blocks: usize::try_from(host_blocks).unwrap_or(usize::MAX),
             max_seq_len,
+            overlap: m.overlap_scheduling,
         };
         cfg.validate().map_err(|e| Error::Config(e.to_string()))?;
         Ok(cfg)

@@ -18,11 +18,15 @@
 pub mod actors;
 pub mod bench;
 pub mod config;
+pub mod engines;
 pub mod error;
 pub mod fdlimit;
 pub mod fetch;
 pub mod generate;
-#[cfg(feature = "cuda")]
+/// Developer GPU checks and profiles (`inflight gpu-check`, `gpu-logits`, `gpu-profile`),
+/// built only with the `gpu-tools` feature: not part of the embedding API.
+#[cfg(feature = "gpu-tools")]
+#[doc(hidden)]
 pub mod gpu_check;
 pub mod handle;
 pub mod http;

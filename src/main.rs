@@ -11,10 +11,11 @@ use clap::{Parser, Subcommand};
 use std::time::Duration;
 
 use inflight::config::ServeConfig;
+use inflight::engines::EngineChoice;
 use inflight::generate::{generate, GenerateOptions};
 use inflight::http::{serve, AppState};
-use inflight::model::device::{Device, EngineChoice};
-#[cfg(feature = "cuda")]
+use inflight::model::device::Device;
+#[cfg(feature = "gpu-tools")]
 use inflight::model::Llama;
 use inflight::model::LoadedModel;
 use inflight::request::GenerationParams;
@@ -42,7 +43,7 @@ enum Command {
     /// Benchmark a running server (ours or any OpenAI-compatible one) with seeded traffic.
     Bench(Box<inflight::bench::BenchArgs>),
     /// GPU self-check: every CUDA kernel against its CPU twin, then the model checks.
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "gpu-tools")]
     #[command(hide = true)]
     GpuCheck {
         /// A model for the greedy GPU-vs-CPU check (skipped when absent).
@@ -61,7 +62,7 @@ enum Command {
         arch: String,
     },
     /// Writes the GPU engine's logits for random prompts (for scripts/hf_compare.py).
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "gpu-tools")]
     #[command(hide = true)]
     GpuLogits {
         #[arg(long)]
@@ -80,7 +81,7 @@ enum Command {
         dtype: Option<String>,
     },
     /// GPU time per stage of the forward pass for a prefill and decode batches.
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "gpu-tools")]
     #[command(hide = true)]
     GpuProfile {
         #[arg(long)]
@@ -172,7 +173,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => run_serve(args),
         Command::Generate(args) => run_generate(args),
         Command::Bench(args) => return inflight::bench::main(*args),
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "gpu-tools")]
         Command::GpuCheck { model, steps, seed } => gpu_check(model, steps, seed),
         #[cfg(feature = "cuda")]
         Command::GpuCompile { arch } => {
@@ -189,7 +190,7 @@ fn main() -> ExitCode {
                 })
             })
         }
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "gpu-tools")]
         Command::GpuLogits {
             model,
             out,
@@ -208,7 +209,7 @@ fn main() -> ExitCode {
                     }),
             }
         }
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "gpu-tools")]
         Command::GpuProfile {
             model,
             prefill,
@@ -231,7 +232,7 @@ fn main() -> ExitCode {
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "gpu-tools")]
 fn gpu_profile(
     model: &std::path::Path,
     prefill: &[usize],
@@ -300,7 +301,8 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
     let mut cfg = match &args.config {
         Some(path) => ServeConfig::load(path)?,
         None => ServeConfig::from_toml("")?,
-    };
+    }
+    .with_env_overrides();
     if let Some(m) = args.model {
         cfg.model.path = m.to_string_lossy().into_owned();
     }
@@ -380,7 +382,7 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
 
 /// Runs the kernel checks, then (with a model) the greedy GPU-vs-CPU check; prints the
 /// table and fails when any row fails.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "gpu-tools")]
 fn gpu_check(model: Option<PathBuf>, steps: usize, seed: u64) -> inflight::Result<()> {
     use inflight::gpu_check::{kernels, model as mcheck, print_table};
     let gpu = inflight::kernels::cuda::Gpu::open(0)?;

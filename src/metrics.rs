@@ -11,8 +11,8 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-use crate::actors::messages::SchedulerStats;
 use crate::request::FinishReason;
+use crate::scheduler::SchedulerStats;
 
 static META: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 

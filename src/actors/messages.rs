@@ -4,16 +4,13 @@
 //! Scheduler itself. Fan-out to per-request streams happens only in Postprocess.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ractor::{ActorRef, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::request::{Chunk, GenerationParams, Prompt, RequestId};
-use crate::scheduler::{AddError, BlockCopy, FinishReason as SeqFinish, StepOutput, PENDING_TOKEN};
-
-/// The scheduler's id of one prompt's sequence.
-pub type SeqId = u64;
+use crate::scheduler::{AddError, BlockCopy, FinishReason as SeqFinish, StepOutput};
+pub use crate::scheduler::{Draft, EngineTime, SchedulerStats, SeqId, StepSeq, StepTiming};
 
 /// One sequence as the pipeline first learns of it.
 #[derive(Debug, Clone)]
@@ -77,55 +74,6 @@ impl From<AddError> for SubmitError {
     }
 }
 
-/// What the scheduler reports about itself.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SchedulerStats {
-    pub waiting: usize,
-    pub running: usize,
-    pub free_blocks: usize,
-    pub total_blocks: usize,
-    pub block_size: usize,
-    pub iteration: u64,
-    pub max_batch_size: usize,
-    pub context_requests: usize,
-    pub context_tokens: usize,
-    pub generation_requests: usize,
-    pub active_requests: usize,
-    /// Preemptions by recompute since start.
-    pub preemptions: u64,
-    /// Computed tokens those preemptions discarded, to be computed again.
-    pub preempted_tokens: u64,
-    /// Preemptions by swapping since start, and the KV blocks copied out to the host
-    /// cache and back in.
-    pub swap_outs: u64,
-    pub blocks_swapped_out: u64,
-    pub blocks_swapped_in: u64,
-    /// Iterations planned while the one before them ran (overlap), since start.
-    pub planned_ahead: u64,
-    pub ready: bool,
-    /// Engine time since start.
-    pub engine_time: EngineTime,
-}
-
-/// Engine time summed over every iteration (see `StepTiming`).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EngineTime {
-    pub compute: Duration,
-    /// Waits between back-to-back iterations, and how many there were.
-    pub wait: Duration,
-    pub waits: u64,
-}
-
-impl EngineTime {
-    pub fn add(&mut self, t: StepTiming) {
-        self.compute += t.compute;
-        if let Some(w) = t.wait {
-            self.wait += w;
-            self.waits += 1;
-        }
-    }
-}
-
 pub enum SchedulerMsg {
     /// Queue every sequence of one request, or none of them.
     Enqueue {
@@ -159,65 +107,6 @@ pub enum SchedulerMsg {
     Drain(RpcReplyPort<()>),
 }
 
-/// New tokens of one sequence for one engine iteration (a delta: blocks appended since
-/// the last step; `reset` replaces the engine's table, for a new or recomputed sequence).
-#[derive(Debug, Clone)]
-pub struct StepSeq {
-    pub seq: SeqId,
-    /// Its prompt's length (the tokens before it are prompt, those after generated).
-    pub prompt_len: usize,
-    pub start_pos: usize,
-    /// Known tokens to compute, followed by the draft's tokens when there is a draft.
-    pub tokens: Vec<u32>,
-    pub reset: bool,
-    /// The block table is replaced by `new_blocks` (set with `reset`, and for the first
-    /// chunk after the sequence's blocks were swapped back in, whose other state stays).
-    pub new_table: bool,
-    pub new_blocks: Vec<u32>,
-    /// The chunk reaches the last known token: the engine returns logits for it (and
-    /// for every draft token after it).
-    pub sample: bool,
-    pub params: Arc<GenerationParams>,
-    /// How many draft tokens may follow the known ones (the blocks cover them); 0 when
-    /// the sequence does not speculate this iteration.
-    pub max_draft: usize,
-    /// Draft tokens appended to `tokens` by the speculative orchestrator.
-    pub draft: Option<Draft>,
-}
-
-impl StepSeq {
-    /// The chunk is the one token its previous iteration samples ([`PENDING_TOKEN`]),
-    /// planned before that token is known.
-    pub fn is_pending(&self) -> bool {
-        self.tokens == [PENDING_TOKEN]
-    }
-
-    /// The chunk's known tokens (without the draft's).
-    pub fn known_tokens(&self) -> &[u32] {
-        let draft = self.draft.as_ref().map_or(0, |d| d.tokens.len());
-        &self.tokens[..self.tokens.len().saturating_sub(draft)]
-    }
-
-    /// Rows of logits the engine returns for this chunk.
-    pub fn logit_rows(&self) -> usize {
-        if self.sample {
-            1 + self.draft.as_ref().map_or(0, |d| d.tokens.len())
-        } else {
-            0
-        }
-    }
-}
-
-/// Tokens a draft source proposes after a sequence's last known token.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Draft {
-    pub tokens: Vec<u32>,
-    /// The draft model's sampling distribution at each draft token, `[tokens, vocab]`,
-    /// when the acceptance rule uses it (`use_draft_logits`); None means each token is
-    /// taken as certain (prompt lookup, greedy drafts).
-    pub probs: Option<Vec<f32>>,
-}
-
 /// One sampling sequence of an engine step: its logits rows are the last known token's,
 /// then one per draft token.
 #[derive(Debug, Clone)]
@@ -234,18 +123,6 @@ pub struct SeqSampled {
     /// Draft tokens proposed and accepted in this step.
     pub drafted: usize,
     pub accepted: usize,
-}
-
-/// Where one engine iteration's time went, for the pipeline metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct StepTiming {
-    /// The forward pass (with sampling, on a device that samples), start to results.
-    pub compute: Duration,
-    /// For an iteration the Scheduler sent in reply to the previous one's results: the
-    /// time since the engine finished that one, during which the device had nothing to
-    /// do but wait for the rest of the pipeline (sampling on the host, scheduling,
-    /// drafting, messages).
-    pub wait: Option<Duration>,
 }
 
 pub enum EngineMsg {

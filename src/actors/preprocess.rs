@@ -181,8 +181,7 @@ impl PreprocessState {
     }
 }
 
-/// Most draft tokens a request may ask the target to verify per step.
-pub const MAX_DRAFT_TOKENS: usize = 32;
+pub use crate::speculative::MAX_DRAFT_TOKENS;
 
 /// Checks every parameter against what the sampler and model can do.
 pub fn validate(

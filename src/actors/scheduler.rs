@@ -5,17 +5,16 @@
 //! resulting outputs to the Postprocess workers (`PostprocessMsg::Emit`).
 //!
 //! Overlap: with an engine that samples on its device, the next iteration is planned
-//! while the last one runs (`Scheduler::schedule_ahead`): decodes continue with the token
-//! that iteration samples, which the engine takes on the device; the step goes out with
-//! `hold`, and when nothing can be planned ahead `EngineMsg::Finish` lets the engine
-//! answer. At most two iterations are in flight. `INFLIGHT_OVERLAP=0` turns it off.
+//! while the last one runs; the pure [`Overlap`] decides what goes out (steps with
+//! `hold`, or `EngineMsg::Finish` when nothing can be planned ahead) and what each step
+//! carries as a delta. The `overlap_scheduling` config key turns it off.
 //!
 //! Cancels (`Cancel`, `EndSeq`) free blocks at once and are reported to the engine with
 //! the next step. When the engine dies (`EngineFailed`, from the supervisor) every
 //! sequence whose KV state it held gets an error; queued ones wait for `EngineReady`.
 //! Supervised by ModelSupervisor.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,11 +22,12 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::messages::{
     CancelReason, EngineMsg, EngineTime, PostprocessMsg, SamplerMsg, SchedulerMsg, SchedulerStats,
-    SeqId, SeqInit, SeqOutput, SeqSampled, StepSeq, SubmitError,
+    SeqId, SeqInit, SeqOutput, SeqSampled, SubmitError,
 };
 use crate::request::{GenerationParams, RequestId};
 use crate::sampling::SeqSampler;
-use crate::scheduler::{Batch, BlockCopy, SchedulerConfig, SeqEvent, SeqSpec, StepOutput};
+use crate::scheduler::overlap::{Overlap, SeqInfo, Step};
+use crate::scheduler::{SchedulerConfig, SeqEvent, SeqSpec, StepOutput};
 
 pub struct SchedulerActor;
 
@@ -47,10 +47,6 @@ struct SeqMeta {
     request: RequestId,
     params: Arc<GenerationParams>,
     prompt_len: usize,
-    /// Blocks of its table the engine already has.
-    sent_blocks: usize,
-    /// It has been in a batch, so the engine holds KV state for it.
-    started: bool,
     enqueued: Instant,
     /// Wait before its first batch; reported with its first token, then None.
     queued: Option<Duration>,
@@ -64,21 +60,10 @@ pub struct SchedulerState {
     engine: Option<ActorRef<EngineMsg>>,
     sampler: ActorRef<SamplerMsg>,
     postprocess: Vec<ActorRef<PostprocessMsg>>,
-    /// Iterations sent to the engine and not yet answered, oldest first (two at most).
-    in_flight: VecDeque<Batch>,
-    /// The engine was told to answer for the iteration in flight (`Finish`): nothing is
-    /// planned ahead of it.
-    finishing: bool,
-    overlap: bool,
-    /// Iterations planned ahead since start.
-    planned_ahead: u64,
+    /// In-flight iterations and the deltas the engine gets.
+    overlap: Overlap,
     seqs: HashMap<SeqId, SeqMeta>,
     requests: HashMap<RequestId, Vec<SeqId>>,
-    /// Sequences whose engine state can go, sent with the next step.
-    dropped: Vec<SeqId>,
-    /// Block copies of batches not sent yet (one that computed nothing), for the next
-    /// step sent: in order, before its forward pass.
-    swaps: Vec<BlockCopy>,
     drains: Vec<RpcReplyPort<()>>,
     default_draft_tokens: Option<usize>,
     timing: EngineTime,
@@ -101,14 +86,9 @@ impl Actor for SchedulerActor {
             engine: None,
             sampler: args.sampler,
             postprocess: args.postprocess,
-            in_flight: VecDeque::new(),
-            finishing: false,
-            overlap: args.overlap,
-            planned_ahead: 0,
+            overlap: Overlap::new(args.overlap),
             seqs: HashMap::new(),
             requests: HashMap::new(),
-            dropped: Vec::new(),
-            swaps: Vec::new(),
             drains: Vec::new(),
             default_draft_tokens: args.default_draft_tokens,
             timing: EngineTime::default(),
@@ -191,8 +171,6 @@ impl SchedulerState {
                 request: request.clone(),
                 params: s.params.clone(),
                 prompt_len: s.prompt.len(),
-                sent_blocks: 0,
-                started: false,
                 enqueued: Instant::now(),
                 queued: None,
                 first_scheduled: false,
@@ -242,19 +220,15 @@ impl SchedulerState {
 
     /// Drops a sequence's bookkeeping here, in the sampler and (next step) in the engine.
     fn forget(&mut self, seq: SeqId) {
-        if self.seqs.remove(&seq).is_some_and(|m| m.started) {
-            self.dropped.push(seq);
-        }
+        self.seqs.remove(&seq);
+        self.overlap.forget(seq);
         let _ = self.sampler.cast(SamplerMsg::Drop(vec![seq]));
     }
 
     fn step_done(&mut self, iteration: u64, output: StepOutput, sampled: Vec<SeqSampled>) {
-        let Some(batch) = self.in_flight.pop_front_if(|b| b.iteration == iteration) else {
+        let Some(batch) = self.overlap.answered(iteration) else {
             return;
         };
-        if self.in_flight.is_empty() {
-            self.finishing = false;
-        }
         // Per sequence: what the sampler said, and how many of its tokens went out.
         let mut per_seq: HashMap<SeqId, (SeqSampled, usize)> = output
             .tokens
@@ -313,29 +287,15 @@ impl SchedulerState {
         self.emit(outs);
     }
 
-    /// The engine must forget a preempted sequence and get its whole table again.
-    fn reset(&mut self, seq: SeqId) {
-        if let Some(meta) = self.seqs.get_mut(&seq) {
-            if meta.started {
-                self.dropped.push(seq);
-            }
-            meta.sent_blocks = 0;
-            meta.started = false;
-        }
-    }
-
     fn engine_failed(&mut self, error: &str) {
         self.engine = None;
-        self.in_flight.clear();
-        self.finishing = false;
-        self.dropped.clear();
-        self.swaps.clear();
         let held: Vec<SeqId> = self
             .seqs
-            .iter()
-            .filter(|(_, m)| m.started)
-            .map(|(&s, _)| s)
+            .keys()
+            .copied()
+            .filter(|&s| self.overlap.engine_holds(s))
             .collect();
+        self.overlap.engine_failed();
         let mut failed_requests = Vec::new();
         for seq in &held {
             if let Some(m) = self.seqs.get(seq) {
@@ -357,9 +317,9 @@ impl SchedulerState {
         self.emit(outs);
     }
 
-    /// Plans and sends the next iteration when the engine is idle; `follows` when this is
-    /// the reply to the previous iteration's results. With overlap, then plans the one
-    /// after it ahead, or tells the engine to answer when there is none.
+    /// Plans and sends what [`Overlap::kick`] decides: the next iteration when the engine
+    /// is idle (`follows`: this is the reply to the previous one's results), the one after
+    /// it planned ahead, or `Finish`.
     fn kick(
         &mut self,
         myself: &ActorRef<SchedulerMsg>,
@@ -368,88 +328,46 @@ impl SchedulerState {
         let Some(engine) = self.engine.clone() else {
             return Ok(());
         };
-        if self.in_flight.is_empty() {
-            if !self.core.has_work() {
-                return Ok(());
-            }
-            let batch = self.core.schedule();
-            if !self.send(&engine, myself, batch, follows)? {
-                return Ok(());
-            }
-        }
-        if !self.overlap || self.in_flight.len() != 1 || self.finishing {
-            return Ok(());
-        }
         let seqs = &self.seqs;
-        let batch = self
-            .core
-            .schedule_ahead(|id| seqs.get(&id).is_some_and(|m| m.continues));
-        if self.send(&engine, myself, batch, true)? {
-            self.planned_ahead += 1;
-        } else {
+        let kick = self.overlap.kick(
+            &mut self.core,
+            follows,
+            |id| seqs.get(&id).is_some_and(|m| m.continues),
+            |id| {
+                seqs.get(&id).map(|m| SeqInfo {
+                    prompt_len: m.prompt_len,
+                    params: m.params.clone(),
+                })
+            },
+        )?;
+        for step in kick.steps {
+            self.first_scheduled(&step);
+            engine.cast(EngineMsg::Step {
+                iteration: step.iteration,
+                seqs: step.seqs,
+                dropped: step.dropped,
+                swaps: step.swaps,
+                follows: step.follows,
+                reply_to: myself.clone(),
+                hold: step.hold,
+            })?;
+        }
+        if kick.finish {
             engine.cast(EngineMsg::Finish)?;
-            self.finishing = true;
         }
         Ok(())
     }
 
-    /// Sends a planned iteration to the engine; false (nothing sent) when it computes
-    /// nothing.
-    fn send(
-        &mut self,
-        engine: &ActorRef<EngineMsg>,
-        myself: &ActorRef<SchedulerMsg>,
-        batch: Batch,
-        follows: bool,
-    ) -> Result<bool, ActorProcessingErr> {
-        for &id in &batch.preempted {
-            self.reset(id);
-        }
-        self.swaps.extend_from_slice(&batch.swaps);
-        if batch.seqs.is_empty() {
-            return Ok(false);
-        }
-        let mut seqs = Vec::with_capacity(batch.seqs.len());
-        for s in &batch.seqs {
-            let meta = self
-                .seqs
-                .get_mut(&s.id)
-                .ok_or("scheduled a sequence with no metadata")?;
-            let reset = !meta.started;
-            let new_table = reset || s.swapped_in;
-            let from = if new_table { 0 } else { meta.sent_blocks };
-            if !meta.first_scheduled {
-                meta.first_scheduled = true;
-                meta.queued = Some(meta.enqueued.elapsed());
+    /// Notes how long each sequence in its first step waited since it was queued.
+    fn first_scheduled(&mut self, step: &Step) {
+        for s in &step.seqs {
+            if let Some(meta) = self.seqs.get_mut(&s.seq) {
+                if !meta.first_scheduled {
+                    meta.first_scheduled = true;
+                    meta.queued = Some(meta.enqueued.elapsed());
+                }
             }
-            meta.started = true;
-            meta.sent_blocks = s.block_table.len();
-            seqs.push(StepSeq {
-                seq: s.id,
-                prompt_len: meta.prompt_len,
-                start_pos: s.start_pos,
-                tokens: s.tokens.clone(),
-                reset,
-                new_table,
-                new_blocks: s.block_table[from..].to_vec(),
-                sample: s.sample,
-                params: meta.params.clone(),
-                max_draft: s.max_draft,
-                draft: None,
-            });
         }
-        let dropped = std::mem::take(&mut self.dropped);
-        engine.cast(EngineMsg::Step {
-            iteration: batch.iteration,
-            seqs,
-            dropped,
-            swaps: std::mem::take(&mut self.swaps),
-            follows,
-            reply_to: myself.clone(),
-            hold: self.overlap,
-        })?;
-        self.in_flight.push_back(batch);
-        Ok(true)
     }
 
     /// The request key of a live sequence (0 for unknown ones, whose outputs the
@@ -493,7 +411,7 @@ impl SchedulerState {
             swap_outs: self.core.num_swap_outs(),
             blocks_swapped_out,
             blocks_swapped_in,
-            planned_ahead: self.planned_ahead,
+            planned_ahead: self.overlap.planned_ahead(),
             ready: self.engine.is_some(),
             engine_time: self.timing,
         }

@@ -114,16 +114,16 @@ impl Actor for ModelSupervisor {
             vocab_size: cfg.vocab_size,
             eos_ids: args.tokenizer.eos_token_ids().to_vec(),
         };
+        // Iterations are planned ahead when the engine samples on its device and no draft
+        // source stands in front of it, unless the config turns it off.
+        let overlap =
+            engines.backend.samples() && engines.speculative.is_none() && args.scheduler.overlap;
         let sa = SchedulerArgs {
             default_draft_tokens: engines.speculative.as_ref().map(|s| s.num_draft_tokens),
             config: args.scheduler,
             sampler: sampler.clone(),
             postprocess: postprocess.clone(),
-            // Iterations are planned ahead when the engine samples on its device and no
-            // draft source stands in front of it; INFLIGHT_OVERLAP=0 turns it off (A/B).
-            overlap: engines.backend.samples()
-                && engines.speculative.is_none()
-                && std::env::var("INFLIGHT_OVERLAP").map_or(true, |v| v != "0"),
+            overlap,
         };
         let (scheduler, _) = Actor::spawn_linked(None, SchedulerActor, sa, cell.clone()).await?;
         let engine = engines.spawn(&myself, &sampler).await?;

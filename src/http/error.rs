@@ -1,6 +1,9 @@
-//! The HTTP error type: every failure is a status plus `{"error": "..."}`, mapped here
-//! and nowhere else. Client mistakes are 4xx and not logged as server errors; internal
-//! causes are logged, not shown.
+//! The HTTP error type of every front end (Triton, KServe, OpenAI): every failure is a
+//! status plus `{"error": "..."}`, mapped to its status here and nowhere else. Client
+//! mistakes are 4xx and not logged as server errors; internal causes are logged, not shown.
+//! A failure in mid-stream (after the headers went out) is an event of the stream, whose
+//! body each front end shapes as its clients expect; [`ApiError::EngineFailed`] gives its
+//! message.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -19,12 +22,19 @@ pub enum ApiError {
     /// A path we do not serve (404).
     #[error("{0}")]
     NotFound(String),
+    /// A route we serve, asked with another method (405).
+    #[error("Method Not Allowed")]
+    MethodNotAllowed,
     /// A feature we do not implement (400, with what is supported).
     #[error("{0}")]
     Unsupported(String),
     /// The queue is full or the model is not ready (503).
     #[error("{0}")]
     Unavailable(String),
+    /// The engine failed while it held the request (a device fault; the supervisor
+    /// restarts it): 503, with the failure's message, which names no internals.
+    #[error("generation failed: {0}")]
+    EngineFailed(String),
     /// Our fault; the detail goes to the log only (500).
     #[error("internal error")]
     Internal(String),
@@ -37,7 +47,8 @@ impl ApiError {
                 StatusCode::BAD_REQUEST
             }
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Unavailable(_) | ApiError::EngineFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

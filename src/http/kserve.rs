@@ -383,7 +383,7 @@ async fn infer(
     let prompts = request.prompts.len();
     let chunks: Vec<Chunk> = state.submit(model, request).await?.collect().await;
     if let Some(err) = chunks.iter().find_map(|c| c.error.clone()) {
-        return Err(ApiError::Unavailable(err));
+        return Err(ApiError::EngineFailed(err));
     }
     let answers = crate::request::answers(chunks, prompts);
     let outputs = wanted

@@ -19,7 +19,6 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -201,12 +200,8 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::NotFound(format!("no route for {}", uri.path()))
 }
 
-async fn method_not_allowed() -> Response {
-    (
-        StatusCode::METHOD_NOT_ALLOWED,
-        axum::Json(serde_json::json!({"error": "Method Not Allowed"})),
-    )
-        .into_response()
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
 }
 
 /// Registers a POST route and its `/versions/{version}` twin.

@@ -99,9 +99,12 @@ fn data<T: Serialize>(v: &T) -> Event {
     Event::default().data(text)
 }
 
-/// The event that reports a failure in mid-stream (the official client raises on it).
+/// The event that reports an engine failure in mid-stream (the official client raises on
+/// it), with the status [`ApiError`] gives it.
 fn error_event(message: &str) -> Event {
-    data(&json!({"error": {"message": message, "type": "server_error", "code": 500}}))
+    let e = ApiError::EngineFailed(message.to_string());
+    let code = e.status().as_u16();
+    data(&json!({"error": {"message": e.to_string(), "type": "server_error", "code": code}}))
 }
 
 fn sse(events: impl Stream<Item = Event> + Send + 'static) -> Response {
@@ -116,7 +119,7 @@ async fn collect(stream: TrackedStream, prompts: usize) -> ApiResult<Vec<Chunk>>
     let chunks: Vec<Chunk> = stream.collect().await;
     for c in chunks {
         if let Some(e) = c.error {
-            return Err(ApiError::Unavailable(format!("generation failed: {e}")));
+            return Err(ApiError::EngineFailed(e));
         }
         let slot = &mut merged[c.batch_index.min(prompts - 1)];
         slot.text.push_str(&c.text);

@@ -67,7 +67,7 @@ async fn generate(
     let stream = state.submit(&p.model, request).await?;
     let chunks: Vec<Chunk> = stream.collect().await;
     if let Some(err) = chunks.iter().find_map(|c| c.error.clone()) {
-        return Err(ApiError::Internal(err).with_public());
+        return Err(ApiError::EngineFailed(err));
     }
     let per_prompt = crate::request::answers(chunks, prompts);
     let objects: Vec<Map<String, Value>> = per_prompt
@@ -103,7 +103,7 @@ async fn generate_stream(
     let stream = state.submit(&p.model, request).await?;
     let events = stream.map(move |c| {
         let body = match &c.error {
-            Some(e) => json!({ "error": e }),
+            Some(e) => json!({ "error": ApiError::EngineFailed(e.clone()).to_string() }),
             None => Value::Object(response(&model, id.as_deref(), kind, &c, want_logprobs)),
         };
         Ok::<_, Infallible>(Event::default().data(body.to_string()))
@@ -180,14 +180,4 @@ fn merge_batch(mut objects: Vec<Map<String, Value>>) -> Value {
         }
     }
     Value::Object(out)
-}
-
-impl ApiError {
-    /// An engine failure's message is ours to show (it names no internals): a 500 with it.
-    fn with_public(self) -> ApiError {
-        match self {
-            ApiError::Internal(m) => ApiError::Unavailable(m),
-            other => other,
-        }
-    }
 }

@@ -20,6 +20,7 @@ pub mod weights;
 
 pub use backend::{Backend, CpuBackend, ForwardPass, RowsOut};
 pub use config::ModelConfig;
+pub use device::Device;
 pub use kv_cache::KvCache;
 pub use llama::{Llama, SeqChunk};
 pub use loader::LoadedModel;

@@ -53,9 +53,12 @@ mod batch;
 mod block_manager;
 #[cfg(test)]
 mod checks;
+pub mod overlap;
 mod policy;
 mod schedule;
 mod sequence;
+mod stats;
+mod step;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -70,6 +73,8 @@ pub use batch::{
 pub use block_manager::BlockManager;
 pub use policy::{AddError, ConfigError, Limit, SchedulerConfig, SchedulerPolicy};
 pub use sequence::SeqSpec;
+pub use stats::{EngineTime, SchedulerStats, StepTiming};
+pub use step::{Draft, SeqId, StepSeq};
 
 use sequence::Sequence;
 

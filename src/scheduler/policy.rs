@@ -42,6 +42,9 @@ pub struct SchedulerConfig {
     pub num_host_blocks: usize,
     /// Longest sequence, prompt plus generated tokens.
     pub max_seq_len: usize,
+    /// Plan each iteration while the one before it runs, where the engine samples on its
+    /// device and no draft source stands in front of it ([`super::overlap`]).
+    pub overlap: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -56,6 +59,7 @@ impl Default for SchedulerConfig {
             num_blocks: 4096,
             num_host_blocks: 0,
             max_seq_len: 8192,
+            overlap: true,
         }
     }
 }

@@ -129,6 +129,7 @@ fn random_config(rng: &mut StdRng, policy: SchedulerPolicy, chunked: bool) -> Sc
         num_blocks: rng.gen_range(4..=64),
         num_host_blocks: [0, 2, 8, 64][rng.gen_range(0..4)],
         max_seq_len: rng.gen_range(2..=96),
+        overlap: true,
     }
 }
 
@@ -385,6 +386,7 @@ fn max_utilization_random_runs_do_preempt_and_swap() {
             max_queue_size: 64,
             // Every other run swaps, into a host cache that sometimes runs out.
             num_host_blocks: [0, 6, 24][seed as usize % 3],
+            overlap: true,
         };
         let mut s = Scheduler::new(config.clone()).unwrap();
         let mut engine = Engine::new(&config);

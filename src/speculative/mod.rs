@@ -12,6 +12,9 @@ pub use track::SeqTrack;
 
 use crate::model::Backend;
 
+/// Most draft tokens a request may ask the target to verify per step.
+pub const MAX_DRAFT_TOKENS: usize = 32;
+
 /// Where draft tokens come from.
 #[derive(Clone)]
 pub enum DraftSource {

@@ -9,7 +9,7 @@
 //! sequence's recent luck: after a step that kept all its drafts it doubles (up to what
 //! the scheduler allows), after one that did not it becomes the number kept plus one.
 
-use crate::actors::messages::StepSeq;
+use crate::scheduler::StepSeq;
 
 #[derive(Debug, Clone, Default)]
 pub struct SeqTrack {

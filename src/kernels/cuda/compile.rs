@@ -46,18 +46,14 @@ pub fn arch_for(major: i32, minor: i32) -> String {
 }
 
 fn cache_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("INFLIGHT_KERNEL_CACHE") {
-        return PathBuf::from(d);
-    }
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/tmp".into());
-    PathBuf::from(home).join(".cache/inflight/kernels")
+    super::switches::switches().kernel_cache.clone()
 }
 
 /// The source of `file` (`<module>.cu` or `common.cuh`): from `$INFLIGHT_KERNEL_DIR` where
 /// that folder has it, else the embedded one.
 fn source(file: &str, embedded: &str) -> String {
-    if let Some(dir) = std::env::var_os("INFLIGHT_KERNEL_DIR") {
-        let path = PathBuf::from(dir).join(file);
+    if let Some(dir) = &super::switches::switches().kernel_dir {
+        let path = dir.join(file);
         if let Ok(text) = std::fs::read_to_string(&path) {
             tracing::warn!("kernel source {file} from {}", path.display());
             return text;

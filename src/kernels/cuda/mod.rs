@@ -11,6 +11,7 @@ pub mod gemv;
 pub mod launch;
 pub mod lt;
 pub mod swap;
+pub mod switches;
 pub mod timeline;
 
 use std::collections::HashMap;
@@ -253,11 +254,10 @@ impl Gpu {
                 }
             }
         }
-        let pdl = major >= 9 && std::env::var("INFLIGHT_PDL").map_or(true, |v| v != "0");
-        let wgmma = major == 9 && std::env::var("INFLIGHT_WGMMA").map_or(true, |v| v != "0");
-        let clusters = major >= 9
-            && std::env::var("INFLIGHT_DECODE_CLUSTERS").map_or(true, |v| v != "0")
-            && largest_cluster_fits(&funcs, &stream);
+        let on = switches::switches();
+        let pdl = major >= 9 && on.pdl;
+        let wgmma = major == 9 && on.wgmma;
+        let clusters = major >= 9 && on.decode_clusters && largest_cluster_fits(&funcs, &stream);
         Ok(Arc::new(Gpu {
             ctx,
             stream,

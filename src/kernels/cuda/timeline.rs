@@ -18,7 +18,7 @@ pub const SLOTS: usize = 1 << 20;
 
 /// Whether kernels are built with timeline marks (`INFLIGHT_TIMELINE=1`).
 pub fn on() -> bool {
-    std::env::var("INFLIGHT_TIMELINE").is_ok_and(|v| v == "1")
+    super::switches::switches().timeline
 }
 
 /// One kernel's mark: when its predecessor had completed (device timer, ns) and the kernel
