@@ -15,6 +15,7 @@
 //! - [`scheduler`]: the pure inflight-batching scheduler and KV block manager.
 //! - [`request`], [`output`]: what clients send and receive, and how output is built.
 
+
 pub mod actors;
 pub mod bench;
 pub mod config;

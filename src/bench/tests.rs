@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use super::*;
-use crate::http::{serve::serve_on, AppState};
+use crate::http::{serve_on, AppState};
 use crate::model::tiny::{write_tiny_checkpoint, TinySpec};
 use crate::model::LoadedModel;
 use crate::{ModelHandle, ModelOptions};

@@ -3,15 +3,15 @@
 //! [`app`] and [`metrics_app`] build the routers apart from `main` so tests can serve
 //! them on ephemeral ports; [`serve()`] runs both with graceful shutdown.
 
-pub mod error;
-pub mod fields;
-pub mod kserve;
-pub mod openai;
-pub mod openai_types;
-pub mod serve;
-pub mod tensors;
-pub mod tracked;
-pub mod triton;
+mod error;
+mod fields;
+mod kserve;
+mod openai;
+mod openai_types;
+mod serve;
+mod tensors;
+mod tracked;
+mod triton;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,7 +24,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 pub use error::{ApiError, ApiResult};
-pub use serve::serve;
+pub use serve::{serve, serve_on};
 
 use crate::handle::ModelHandle;
 use crate::metrics::{Metrics, Outcome, RequestTiming};

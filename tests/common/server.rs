@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use inflight::http::{serve::serve_on, AppState};
+use inflight::http::{serve_on, AppState};
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
 use inflight::model::LoadedModel;
 use inflight::{ModelHandle, ModelOptions};
