@@ -123,10 +123,6 @@ impl Data {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Element `i` as JSON (BYTES as a UTF-8 string).
     pub fn json(&self, i: usize) -> Result<Value, String> {
         Ok(match self {
