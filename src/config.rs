@@ -15,8 +15,10 @@ use crate::speculative::{DraftSource, SpeculativeOptions};
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ServeConfig {
+    /// `[server]`: addresses, device, shutdown.
     #[serde(default)]
     pub server: ServerSection,
+    /// `[model]`: the model and its scheduler.
     #[serde(default)]
     pub model: ModelSection,
     /// Speculative decoding; absent means none.
@@ -34,8 +36,9 @@ pub struct SpeculativeSection {
     pub draft_model: String,
     /// Draft tokens per step for requests that do not set `num_draft_tokens`.
     pub num_draft_tokens: usize,
-    /// N-gram lengths prompt lookup tries, longest first.
+    /// Shortest n-gram prompt lookup tries (it tries the longest first).
     pub prompt_lookup_min_ngram: usize,
+    /// Longest n-gram prompt lookup tries.
     pub prompt_lookup_max_ngram: usize,
 }
 
@@ -97,11 +100,15 @@ impl SpeculativeSection {
     }
 }
 
+/// `[server]`: where the server listens and what it runs on.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerSection {
+    /// Address both ports bind to.
     pub host: String,
+    /// Port of the inference APIs (Triton, KServe v2, OpenAI) and health.
     pub http_port: u16,
+    /// Port of the Prometheus metrics.
     pub metrics_port: u16,
     /// `cpu`, or `cuda` / `cuda:N` (builds with feature `cuda`).
     pub device: String,
@@ -123,13 +130,14 @@ impl Default for ServerSection {
 
 /// Sequences per iteration on the CPU engine unless configured: each one costs the 2
 /// cores a share of every step, so more only lengthens the steps.
-pub const CPU_MAX_BATCH: usize = 64;
+pub(crate) const CPU_MAX_BATCH: usize = 64;
 /// Sequences per iteration on a GPU unless configured. Measured with Llama-3.1-8B shapes,
 /// 1,024 requests of 128/128 (docs/perf.md): on an H100, 4,897 output tok/s at 64 and 9,037
 /// at 256 (an earlier build); on an H200, one machine, 14,137 at 256, 15,290 at 512 (30 ms
 /// iterations) and 15,594 at 1,024 (53 ms iterations, which double the time between tokens
 /// for 2% more).
-pub const GPU_MAX_BATCH: usize = 512;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) const GPU_MAX_BATCH: usize = 512;
 
 /// The model and its scheduler: names follow TensorRT-LLM's model config.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -138,8 +146,8 @@ pub struct ModelSection {
     /// A .gguf file or an HF checkpoint folder; empty means the default model (fetched).
     /// A relative path is taken from the config file's folder.
     pub path: String,
-    /// Sequences per iteration; unset: [`CPU_MAX_BATCH`] on the CPU, [`GPU_MAX_BATCH`] on a
-    /// GPU.
+    /// Sequences per iteration; unset: 64 on the CPU, 512 on a GPU (`CPU_MAX_BATCH`,
+    /// `GPU_MAX_BATCH`).
     pub max_batch_size: Option<usize>,
     /// `guaranteed_no_evict` or `max_utilization`.
     pub batch_scheduler_policy: String,
@@ -150,16 +158,22 @@ pub struct ModelSection {
     /// Bytes of page-locked host memory that `max_utilization` swaps preempted sequences'
     /// KV blocks out to instead of recomputing them (0: recompute only).
     pub kv_cache_host_memory_bytes: u64,
+    /// Tokens per KV block.
     pub tokens_per_block: usize,
+    /// Split prompts longer than an iteration's remaining token budget.
     pub enable_chunked_context: bool,
+    /// Tokens computed per iteration, prefill chunks and decodes together.
     pub max_num_tokens: usize,
+    /// Sequences waiting for admission before new requests are refused.
     pub max_queue_size: usize,
     /// Accepted for compatibility; the scheduler batches every iteration, so it waits for
     /// nothing.
     pub max_queue_delay_microseconds: u64,
     /// Longest sequence (prompt + output); 0 means the model's context length.
     pub max_seq_len: usize,
+    /// Preprocess actors (tokenizing and validating requests).
     pub preprocess_instances: usize,
+    /// Postprocess actors (detokenizing and streaming outputs).
     pub postprocess_instances: usize,
     /// The GPU engine's 16-bit type for weights, GEMM inputs and the KV cache: `auto`
     /// (f16, or bf16 when a weight is beyond f16's range), `bf16` or `f16`.
@@ -196,6 +210,7 @@ impl Default for ModelSection {
 const CPU_KV_CAP_BYTES: usize = 2 << 30;
 
 impl ServeConfig {
+    /// Parses a config file's text; the empty text gives every default.
     pub fn from_toml(text: &str) -> Result<Self> {
         toml::from_str(text).map_err(|e| Error::Config(e.to_string()))
     }
@@ -235,7 +250,7 @@ impl ServeConfig {
 
     /// Scheduler limits for `model` on the CPU engine, with the KV cache sized from the
     /// config (a fraction of the host's available memory, capped).
-    pub fn scheduler(&self, model: &ModelConfig) -> Result<SchedulerConfig> {
+    pub(crate) fn scheduler(&self, model: &ModelConfig) -> Result<SchedulerConfig> {
         let per_token = crate::model::KvCache::bytes_per_token(model);
         self.scheduler_with(model, CPU_MAX_BATCH, per_token, |fraction| {
             let budget = (available_memory() as f64 * fraction) as usize;
@@ -247,7 +262,7 @@ impl ServeConfig {
     /// config says; `kv_tokens(kv_cache_free_gpu_mem_fraction)` sizes the KV cache (in
     /// tokens) when max_tokens_in_paged_kv_cache does not, and the host cache holds
     /// `kv_cache_host_memory_bytes` of tokens of `kv_bytes_per_token`.
-    pub fn scheduler_with(
+    pub(crate) fn scheduler_with(
         &self,
         model: &ModelConfig,
         default_batch: usize,
@@ -270,10 +285,17 @@ impl ServeConfig {
                 m.kv_cache_free_gpu_mem_fraction
             )));
         }
-        let max_seq_len = if m.max_seq_len == 0 {
-            model.max_position_embeddings
-        } else {
-            m.max_seq_len
+        let max_seq_len = match m.max_seq_len {
+            0 => model.max_position_embeddings,
+            n if n > model.max_position_embeddings => {
+                // Positions past the model's context are refused by the forward pass: a
+                // sequence allowed to reach them would fail the engine mid-request.
+                return Err(Error::Config(format!(
+                    "max_seq_len {n} exceeds the model's context of {} positions",
+                    model.max_position_embeddings
+                )));
+            }
+            n => n,
         };
         let kv_tokens = match m.max_tokens_in_paged_kv_cache {
             Some(t) => t,
@@ -363,6 +385,27 @@ max_batch_size = 5
             .scheduler_with(&model, GPU_MAX_BATCH, 1024, |_| Ok(4096))
             .unwrap();
         assert_eq!(gpu.max_batch_size, 5);
+    }
+
+    #[test]
+    fn max_seq_len_past_the_models_context_is_refused_at_start() {
+        let model = ModelConfig::from_hf_json(
+            r#"{"vocab_size":100,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+                "num_attention_heads":4,"max_position_embeddings":2048}"#,
+        )
+        .unwrap();
+        let cfg = |n| {
+            ServeConfig::from_toml(&format!(
+                "[model]\nmax_tokens_in_paged_kv_cache = 4096\nmax_seq_len = {n}\n"
+            ))
+            .unwrap()
+        };
+        let e = cfg(4096).scheduler(&model).unwrap_err().to_string();
+        assert!(e.contains("max_seq_len 4096") && e.contains("2048"), "{e}");
+        assert_eq!(cfg(2048).scheduler(&model).unwrap().max_seq_len, 2048);
+        assert_eq!(cfg(0).scheduler(&model).unwrap().max_seq_len, 2048);
+        // Planning ahead is on unless the file (or INFLIGHT_OVERLAP=0) turns it off.
+        assert!(cfg(0).model.overlap_scheduling);
     }
 
     #[test]

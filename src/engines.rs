@@ -12,8 +12,11 @@ use crate::scheduler::SchedulerConfig;
 
 /// A model's engine and the scheduler limits that fit its KV cache.
 pub struct EngineChoice {
+    /// Starts the model's engines on the device.
     pub backend: Arc<dyn Backend>,
+    /// The scheduler's limits, `num_blocks` sized to the KV cache.
     pub scheduler: SchedulerConfig,
+    /// Bytes the KV cache takes on the device.
     pub kv_cache_bytes: usize,
 }
 

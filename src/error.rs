@@ -5,9 +5,12 @@ use std::path::PathBuf;
 /// Everything that can go wrong below the HTTP layer.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Reading or writing a file failed.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// What the operating system said.
         #[source]
         source: std::io::Error,
     },
@@ -20,8 +23,10 @@ pub enum Error {
     /// A model whose configuration or tensors do not fit what we can run.
     #[error("model: {0}")]
     Model(String),
+    /// A tokenizer that cannot be built, or text it cannot encode.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// A chat template that does not parse or fails to render.
     #[error("chat template: {0}")]
     ChatTemplate(String),
     /// A configuration file or flag that cannot be used.
@@ -38,9 +43,11 @@ pub enum Error {
     InvalidRequest(String),
 }
 
+/// The crate's result type, [`Error`] by default.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// An [`Error::Io`] on `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),

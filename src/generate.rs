@@ -12,8 +12,10 @@ use crate::tokenizer::Tokenizer;
 
 const BLOCK_SIZE: usize = 32;
 
+/// How [`generate`] runs.
 #[derive(Debug, Clone)]
 pub struct GenerateOptions {
+    /// Most tokens to generate.
     pub max_tokens: usize,
     /// Sampling, end tokens and stop words (its `max_tokens` is not read).
     pub sampling: GenerationParams,
@@ -22,9 +24,14 @@ pub struct GenerateOptions {
 /// What one generation did, for reporting speed.
 #[derive(Debug, Clone, Default)]
 pub struct GenerateStats {
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
+    /// The generated token ids, in order (an end token that stopped generation excluded).
     pub generated: Vec<u32>,
+    /// Time of the prompt's forward pass.
     pub prefill: Duration,
+    /// Time from the end of prefill to the last token: sampling, detokenizing and every
+    /// decode step.
     pub decode: Duration,
 }
 

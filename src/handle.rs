@@ -30,7 +30,9 @@ use crate::tokenizer::Tokenizer;
 pub struct ModelOptions {
     /// Scheduler limits; `num_blocks` is the KV cache size in blocks.
     pub scheduler: SchedulerConfig,
+    /// Preprocess actors (tokenizing and validating requests); 0 runs one.
     pub preprocess_workers: usize,
+    /// Postprocess actors (detokenizing and streaming outputs); 0 runs one.
     pub postprocess_workers: usize,
     /// Speculative decoding (a draft source and its default draft length), or None.
     pub speculative: Option<SpeculativeOptions>,
@@ -192,14 +194,17 @@ impl ModelHandle {
         })
     }
 
+    /// The name the model is served under.
     pub fn name(&self) -> &str {
         &self.inner.name
     }
 
+    /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.inner.config
     }
 
+    /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.inner.tokenizer
     }
@@ -314,6 +319,7 @@ pub struct ResponseStream {
 }
 
 impl ResponseStream {
+    /// The request's id: its own, or the `req-N` one it was given.
     pub fn id(&self) -> &str {
         &self.id
     }

@@ -15,6 +15,8 @@
 //! - [`scheduler`]: the pure inflight-batching scheduler and KV block manager.
 //! - [`request`], [`output`]: what clients send and receive, and how output is built.
 
+#![warn(missing_docs)]
+#![warn(unsafe_op_in_unsafe_fn)]
 
 pub mod actors;
 pub mod bench;
@@ -32,7 +34,7 @@ pub mod gpu_check;
 pub mod handle;
 pub mod http;
 pub mod kernels;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod model;
 pub mod output;
 pub mod request;

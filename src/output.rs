@@ -91,6 +91,7 @@ impl SeqOutputState {
         self.accepted_draft_tokens += accepted;
     }
 
+    /// `finish` (or `fail`) has produced the last chunk; later tokens are ignored.
     pub fn is_done(&self) -> bool {
         self.done
     }

@@ -23,11 +23,14 @@ pub enum Prompt {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct GenerationParams {
+    /// Most tokens to generate per prompt.
     pub max_tokens: usize,
     /// 0 is greedy.
     pub temperature: f32,
     /// 0 keeps every token.
     pub top_k: usize,
+    /// Nucleus sampling: the smallest set of likeliest tokens whose probability reaches
+    /// it; 1 keeps every token.
     pub top_p: f32,
     /// Divides positive logits (multiplies negative ones) of tokens already present; 1 is off.
     pub repetition_penalty: f32,
@@ -41,6 +44,8 @@ pub struct GenerationParams {
     pub random_seed: Option<u64>,
     /// Token that ends generation (default: the model's end-of-sequence tokens).
     pub end_id: Option<u32>,
+    /// Token that pads the shorter outputs of a batch where outputs are tensors (KServe);
+    /// default `end_id`, else 0.
     pub pad_id: Option<u32>,
     /// Sequences of tokens that are never generated.
     pub bad_words: Vec<Vec<u32>>,
@@ -97,12 +102,16 @@ impl Default for GenerationParams {
 /// A generation request: one prompt, or several (a batch, answered with `batch_index`).
 #[derive(Debug, Clone)]
 pub struct Request {
+    /// The client's id; None gets `req-N`.
     pub id: Option<RequestId>,
+    /// The prompts, answered by index (`Chunk::batch_index`).
     pub prompts: Vec<Prompt>,
+    /// How to generate, for every prompt.
     pub params: GenerationParams,
 }
 
 impl Request {
+    /// A request for one text prompt.
     pub fn text(prompt: impl Into<String>, params: GenerationParams) -> Self {
         Request {
             id: None,
@@ -164,14 +173,17 @@ pub struct Chunk {
     /// When the first token of this chunk was produced, for a chunk that accumulates
     /// several (a non-streamed answer), so latency metrics stay server-side.
     pub first_token_at: Option<std::time::Instant>,
-    /// Speculative decoding of this prompt so far: verification steps, and draft tokens
-    /// proposed and accepted in them (on the last chunk).
+    /// Speculative decoding of this prompt so far: verification steps (on the last
+    /// chunk).
     pub draft_steps: usize,
+    /// Draft tokens proposed in them.
     pub draft_tokens: usize,
+    /// Draft tokens accepted in them.
     pub accepted_draft_tokens: usize,
 }
 
 impl Chunk {
+    /// The last chunk of its prompt (`finish_reason` is set).
     pub fn is_final(&self) -> bool {
         self.finish_reason.is_some()
     }

@@ -280,6 +280,51 @@ async fn an_old_timer_does_not_cancel_a_request_that_reuses_its_id() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_keeps_failing_stops_the_model_and_leaves_no_request_waiting() {
+    // One sequence at a time: the second request waits in the queue, its KV state nowhere.
+    let handle = spawn("giveup", |o| o.scheduler.max_batch_size = 1).await;
+    let wait_ready = || async {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !handle.is_ready() {
+            assert!(Instant::now() < deadline, "not ready again after a restart");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let submit = |seed| {
+        handle.submit(Request {
+            id: None,
+            prompts: vec![prompt(seed, 8)],
+            params: greedy(1000),
+        })
+    };
+    // Five failures (each on the next step after the fault is armed) are restarted from.
+    for i in 0..5 {
+        wait_ready().await;
+        handle.inject_engine_fault();
+        let failed: Vec<Chunk> = submit(10 + i).await.unwrap().collect().await;
+        assert_eq!(
+            failed.last().unwrap().finish_reason,
+            Some(FinishReason::Error)
+        );
+    }
+    wait_ready().await;
+    let (running, queued) = (submit(1).await.unwrap(), submit(2).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The sixth within the window stops the model: both requests end with an error.
+    handle.inject_engine_fault();
+    for s in [running, queued] {
+        let chunks: Vec<Chunk> = tokio::time::timeout(Duration::from_secs(10), s.collect())
+            .await
+            .expect("no request waits for an engine that will not come");
+        assert_eq!(
+            chunks.last().unwrap().finish_reason,
+            Some(FinishReason::Error)
+        );
+    }
+    assert!(!handle.is_ready());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_panic_fails_held_requests_and_recovers() {
     let handle = spawn("panic", |_| {}).await;
     let mut streams = Vec::new();

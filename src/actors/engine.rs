@@ -31,7 +31,7 @@ use super::messages::{EngineMsg, SampleRow, SamplerMsg, SchedulerMsg, SeqId, Ste
 use crate::model::{Backend, ForwardPass, RowsOut, SeqChunk};
 use crate::scheduler::BlockCopy;
 
-pub struct Engine;
+pub(crate) struct Engine;
 
 pub struct EngineArgs {
     pub backend: Arc<dyn Backend>,

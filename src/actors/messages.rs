@@ -9,12 +9,13 @@ use ractor::{ActorRef, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::request::{Chunk, GenerationParams, Prompt, RequestId};
+pub use crate::scheduler::SchedulerStats;
 use crate::scheduler::{AddError, BlockCopy, FinishReason as SeqFinish, StepOutput};
-pub use crate::scheduler::{Draft, EngineTime, SchedulerStats, SeqId, StepSeq, StepTiming};
+pub(crate) use crate::scheduler::{Draft, EngineTime, SeqId, StepSeq, StepTiming};
 
 /// One sequence as the pipeline first learns of it.
 #[derive(Debug, Clone)]
-pub struct SeqInit {
+pub(crate) struct SeqInit {
     pub seq: SeqId,
     /// Its request's numeric key (routes it to one Postprocess worker).
     pub rid: u64,
@@ -26,7 +27,7 @@ pub struct SeqInit {
 
 /// Why a request is being cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CancelReason {
+pub(crate) enum CancelReason {
     /// A stop request or an explicit cancel from the library.
     Stopped,
     /// `stop_after_ms` elapsed.
@@ -35,7 +36,7 @@ pub enum CancelReason {
     Disconnected,
 }
 
-pub enum PreprocessMsg {
+pub(crate) enum PreprocessMsg {
     /// Tokenize and validate a request, open its output stream, queue its sequences.
     Submit {
         rid: u64,
@@ -74,7 +75,7 @@ impl From<AddError> for SubmitError {
     }
 }
 
-pub enum SchedulerMsg {
+pub(crate) enum SchedulerMsg {
     /// Queue every sequence of one request, or none of them.
     Enqueue {
         seqs: Vec<SeqInit>,
@@ -110,14 +111,14 @@ pub enum SchedulerMsg {
 /// One sampling sequence of an engine step: its logits rows are the last known token's,
 /// then one per draft token.
 #[derive(Debug, Clone)]
-pub struct SampleRow {
+pub(crate) struct SampleRow {
     pub seq: SeqId,
     pub draft: Option<Draft>,
 }
 
 /// What the sampler chose for one sequence in one step.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct SeqSampled {
+pub(crate) struct SeqSampled {
     /// Log-probability of each emitted token (accepted drafts, then the sampled one).
     pub log_probs: Vec<Option<f32>>,
     /// Draft tokens proposed and accepted in this step.
@@ -125,7 +126,7 @@ pub struct SeqSampled {
     pub accepted: usize,
 }
 
-pub enum EngineMsg {
+pub(crate) enum EngineMsg {
     /// Run one forward pass over a batch.
     Step {
         iteration: u64,
@@ -158,7 +159,7 @@ pub enum EngineMsg {
     InjectFault,
 }
 
-pub enum SamplerMsg {
+pub(crate) enum SamplerMsg {
     /// Create per-sequence sampling state.
     Register(Vec<SeqInit>),
     /// Sample each row's next token (verifying its draft first, when it has one):
@@ -176,7 +177,7 @@ pub enum SamplerMsg {
 
 /// What happened to one sequence in an iteration, for Postprocess.
 #[derive(Debug, Clone)]
-pub enum SeqOutput {
+pub(crate) enum SeqOutput {
     Token {
         seq: SeqId,
         token: u32,
@@ -194,6 +195,9 @@ pub enum SeqOutput {
     },
     Cancelled {
         seq: SeqId,
+        // Postprocess answers every cancel with `FinishReason::Cancelled`; the reason is
+        // carried for debugging only.
+        #[allow(dead_code)]
         reason: CancelReason,
     },
     Failed {
@@ -202,7 +206,7 @@ pub enum SeqOutput {
     },
 }
 
-pub enum PostprocessMsg {
+pub(crate) enum PostprocessMsg {
     /// A request's stream and its sequences; sent before any of them is queued.
     Open {
         rid: u64,

@@ -20,7 +20,7 @@ use crate::request::{Chunk, FinishReason, RequestId};
 use crate::scheduler::FinishReason as SeqFinish;
 use crate::tokenizer::Tokenizer;
 
-pub struct Postprocess;
+pub(crate) struct Postprocess;
 
 pub struct PostprocessArgs {
     pub tokenizer: Arc<Tokenizer>,

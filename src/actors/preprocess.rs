@@ -18,7 +18,7 @@ use crate::request::{GenerationParams, Prompt};
 use crate::tokenizer::chat::ChatTemplate;
 use crate::tokenizer::Tokenizer;
 
-pub struct Preprocess;
+pub(crate) struct Preprocess;
 
 pub struct PreprocessArgs {
     pub tokenizer: Arc<Tokenizer>,
@@ -181,7 +181,7 @@ impl PreprocessState {
     }
 }
 
-pub use crate::speculative::MAX_DRAFT_TOKENS;
+pub(crate) use crate::speculative::MAX_DRAFT_TOKENS;
 
 /// Checks every parameter against what the sampler and model can do.
 pub fn validate(

@@ -20,7 +20,7 @@ use super::messages::{SampleRow, SamplerMsg, SchedulerMsg, SeqId, SeqSampled};
 use crate::sampling::{SeqSampler, Verdict};
 use crate::scheduler::{SampledToken, StepOutput};
 
-pub struct Sampler;
+pub(crate) struct Sampler;
 
 pub struct SamplerArgs {
     pub vocab_size: usize,

@@ -29,7 +29,7 @@ use crate::sampling::SeqSampler;
 use crate::scheduler::overlap::{Overlap, SeqInfo, Step};
 use crate::scheduler::{SchedulerConfig, SeqEvent, SeqSpec, StepOutput};
 
-pub struct SchedulerActor;
+pub(crate) struct SchedulerActor;
 
 pub struct SchedulerArgs {
     pub config: SchedulerConfig,

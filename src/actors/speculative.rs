@@ -27,7 +27,7 @@ use crate::request::GenerationParams;
 use crate::sampling::DraftSampler;
 use crate::speculative::{prompt_lookup, SeqTrack};
 
-pub struct Speculative;
+pub(crate) struct Speculative;
 
 /// How the orchestrator gets its drafts.
 pub enum Drafter {

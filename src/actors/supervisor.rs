@@ -7,7 +7,9 @@
 //!   (`EngineFailed`) and sends an error chunk to every request whose KV state the engine
 //!   held, a fresh Engine with an empty KV cache is spawned, and the Scheduler gets it
 //!   (`EngineReady`): queued requests are then served. More than `MAX_RESTARTS` failures
-//!   within `RESTART_WINDOW` leave the model not ready for good.
+//!   within `RESTART_WINDOW` stop the whole tree as below (queued requests too get their
+//!   error instead of waiting for an engine that will not come), and the model stays not
+//!   ready.
 //! - Any other actor holds request state that a restart would lose, so its failure stops
 //!   the whole tree: every open stream closes, which clients see as an error (never a
 //!   hang), and the model stays not ready.
@@ -214,7 +216,9 @@ impl Actor for ModelSupervisor {
                 .map(|m| m.get_id())
                 .filter(|&id| id != who.get_id()),
         );
-        state.scheduler.cast(SchedulerMsg::EngineFailed { error })?;
+        state.scheduler.cast(SchedulerMsg::EngineFailed {
+            error: error.clone(),
+        })?;
         let now = Instant::now();
         state
             .restarts
@@ -226,6 +230,7 @@ impl Actor for ModelSupervisor {
                 state.restarts.len(),
                 RESTART_WINDOW
             );
+            myself.stop(Some(format!("the engine failed too often: {error}")));
             return Ok(());
         }
         state.engine = state.engines.spawn(&myself, &state.sampler).await?;

@@ -12,7 +12,7 @@ use serde::Serialize;
 /// How requests arrive in an open loop.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Arrivals {
+pub(crate) enum Arrivals {
     /// A Poisson process of `rate` requests per second: exponential gaps of mean 1/rate.
     Poisson { rate: f64 },
     /// One request every 1/rate seconds.
@@ -43,7 +43,7 @@ impl Arrivals {
 
 /// A normal distribution of token counts, rounded and clamped to `1..=max`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct NormalLengths {
+pub(crate) struct NormalLengths {
     pub mean: f64,
     pub stdev: f64,
     /// Upper clamp (a model's context); `usize::MAX` for none.
@@ -86,7 +86,7 @@ pub fn rng_for(seed: u64, stream: u64) -> StdRng {
 }
 
 /// Seeds of the independent draws of a run.
-pub mod streams {
+pub(crate) mod streams {
     pub const ARRIVALS: u64 = 1;
     pub const INPUT_LENGTHS: u64 = 2;
     pub const OUTPUT_LENGTHS: u64 = 3;

@@ -19,7 +19,7 @@ use super::BenchError;
 
 /// One request of a run: what to send and how long its answer must be.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct BenchRequest {
+pub(crate) struct BenchRequest {
     pub prompt: String,
     /// Tokens of `prompt` under the model's tokenizer (BOS and templates not counted).
     pub input_tokens: usize,
@@ -71,6 +71,7 @@ pub struct PromptSynth<'a> {
 }
 
 impl<'a> PromptSynth<'a> {
+    /// Collects `tok`'s plain word tokens; fails when there are fewer than 16.
     pub fn new(tok: &'a Tokenizer) -> Result<Self, BenchError> {
         let word = |id: u32| -> Option<String> {
             let b = tok.token_bytes(id)?;
@@ -138,13 +139,13 @@ impl<'a> PromptSynth<'a> {
 
 /// One dataset entry: a prompt and, when the file has one, the reference answer.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub prompt: String,
     pub reference: Option<String>,
 }
 
 /// Reads a dataset: a JSON array or JSON lines; entries without a prompt are skipped.
-pub fn read_dataset(path: &Path) -> Result<Vec<Entry>, BenchError> {
+pub(crate) fn read_dataset(path: &Path) -> Result<Vec<Entry>, BenchError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| BenchError::Setup(format!("dataset {}: {e}", path.display())))?;
     let items: Vec<Value> = match serde_json::from_str::<Value>(&text) {
@@ -235,7 +236,7 @@ fn conversation(turns: &[Value]) -> Option<Entry> {
 
 /// How a dataset becomes requests.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DatasetOptions {
+pub(crate) struct DatasetOptions {
     /// Every request generates this many tokens, whatever the reference says.
     pub output_len: Option<usize>,
     /// Prompts longer than this are skipped (the seed's `--max-input-len`).
@@ -245,7 +246,7 @@ pub struct DatasetOptions {
 }
 
 /// Up to `n` requests, in a seeded random order (the seed takes `min(dataset, n)`).
-pub fn dataset_requests(
+pub(crate) fn dataset_requests(
     entries: &[Entry],
     n: usize,
     tok: &Tokenizer,

@@ -5,24 +5,24 @@
 //! # Layout
 //! - [`arrivals`]: arrival gaps (Poisson, constant, immediate) and length distributions.
 //! - [`dataset`]: the prompts: `token-norm-dist` synthesis and dataset files.
-//! - [`sse`]: server-sent-events framing.
-//! - [`client`]: URLs and request bodies per endpoint; sending and timing one request.
-//! - [`events`]: what each endpoint's events say; token timings and output lengths.
-//! - [`runner`]: warm-up, open/closed-loop sending, the progress bar.
-//! - [`stats`]: per-request records, percentiles, the summary and goodput.
-//! - [`report`]: the table, the `--json` report, side-by-side comparisons.
+//! - `sse`: server-sent-events framing.
+//! - `client`: URLs and request bodies per endpoint; sending and timing one request.
+//! - `events`: what each endpoint's events say; token timings and output lengths.
+//! - `runner`: warm-up, open/closed-loop sending, the progress bar.
+//! - `stats`: per-request records, percentiles, the summary and goodput.
+//! - `report`: the table, the `--json` report, side-by-side comparisons.
 //!
 //! The same `--seed` sends the same prompts, lengths and arrival gaps; warm-up requests
 //! come from their own draws, so their number does not change the measured traffic.
 
 pub mod arrivals;
-pub mod client;
+pub(crate) mod client;
 pub mod dataset;
-pub mod events;
-pub mod report;
-pub mod runner;
-pub mod sse;
-pub mod stats;
+pub(crate) mod events;
+pub(crate) mod report;
+pub(crate) mod runner;
+pub(crate) mod sse;
+pub(crate) mod stats;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,12 +47,22 @@ pub enum BenchError {
     /// Bad options, an unreadable dataset or tokenizer.
     #[error("{0}")]
     Setup(String),
+    /// The server did not answer the probe sent before the run.
     #[error("cannot reach the server at {url}: {reason}")]
-    Unreachable { url: String, reason: String },
+    Unreachable {
+        /// The server's URL.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// No measured request completed, or more than half failed.
     #[error("{failed} of {total} requests failed; first failure: {first}")]
     MostFailed {
+        /// Requests that failed.
         failed: usize,
+        /// Requests measured.
         total: usize,
+        /// The first failure's message.
         first: String,
     },
 }
@@ -61,74 +71,74 @@ pub enum BenchError {
 #[derive(clap::Args, Debug, Clone, Serialize)]
 pub struct BenchArgs {
     #[command(subcommand)]
-    pub source: Source,
+    pub(crate) source: Source,
     /// The server: scheme, host and port.
     #[arg(long, global = true, default_value = "http://localhost:8000")]
-    pub url: String,
+    pub(crate) url: String,
     #[arg(long, global = true, value_enum, default_value_t = Endpoint::GenerateStream)]
-    pub endpoint: Endpoint,
+    pub(crate) endpoint: Endpoint,
     /// Triton model (default `ensemble`), or the OpenAI `model` field (default: the first
     /// model `GET /v1/models` lists).
     #[arg(long, global = true)]
-    pub model: Option<String>,
+    pub(crate) model: Option<String>,
     /// Tokenizer for random prompts and token counts: a .gguf, a tokenizer.json or an HF
     /// checkpoint folder (default: SmolLM2-135M-Instruct's, fetched on first use).
     #[arg(long, global = true)]
-    pub tokenizer: Option<PathBuf>,
+    pub(crate) tokenizer: Option<PathBuf>,
     /// Measured requests (a dataset gives at most its size).
     #[arg(long, global = true, default_value_t = 128)]
-    pub num_requests: usize,
+    pub(crate) num_requests: usize,
     /// Requests sent before the measured ones and left out of every figure.
     #[arg(long, global = true, default_value_t = 2)]
-    pub warmup: usize,
+    pub(crate) warmup: usize,
     /// Requests per second (open loop). Without it every request is due at once, so
     /// --concurrency alone makes a closed loop.
     #[arg(long, global = true)]
-    pub request_rate: Option<f64>,
+    pub(crate) request_rate: Option<f64>,
     /// Gaps between arrivals under --request-rate.
     #[arg(long, global = true, value_enum, default_value_t = ArrivalKind::Poisson)]
-    pub arrival: ArrivalKind,
+    pub(crate) arrival: ArrivalKind,
     /// Requests in flight at most (no cap by default).
     #[arg(long, global = true)]
-    pub concurrency: Option<usize>,
+    pub(crate) concurrency: Option<usize>,
     /// Seeds prompts, lengths and arrivals: the same seed sends the same traffic.
     #[arg(long, global = true, default_value_t = 0)]
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// Sampling temperature sent with each request (0 is greedy).
     #[arg(long, global = true, default_value_t = 0.0)]
-    pub temperature: f32,
+    pub(crate) temperature: f32,
     /// Leave out `ignore_eos` and `min_tokens`, so answers may stop before max_tokens.
     #[arg(long, global = true)]
-    pub no_ignore_eos: bool,
+    pub(crate) no_ignore_eos: bool,
     /// A JSON object merged into every request body (server-specific options).
     #[arg(long, global = true)]
-    pub extra_body: Option<String>,
+    pub(crate) extra_body: Option<String>,
     /// Goodput SLO: time to first token at most this many ms.
     #[arg(long, global = true)]
-    pub slo_ttft_ms: Option<f64>,
+    pub(crate) slo_ttft_ms: Option<f64>,
     /// Goodput SLO: mean time per output token after the first at most this many ms.
     #[arg(long, global = true)]
-    pub slo_tpot_ms: Option<f64>,
+    pub(crate) slo_tpot_ms: Option<f64>,
     /// Goodput SLO: end-to-end latency at most this many ms.
     #[arg(long, global = true)]
-    pub slo_latency_ms: Option<f64>,
+    pub(crate) slo_latency_ms: Option<f64>,
     /// Write the configuration, every figure and every request here.
     #[arg(long, global = true)]
-    pub json: Option<PathBuf>,
+    pub(crate) json: Option<PathBuf>,
     /// The run's name in the table, the JSON and comparisons (default: URL and endpoint).
     #[arg(long, global = true)]
-    pub label: Option<String>,
+    pub(crate) label: Option<String>,
     /// Give up on one request after this many seconds.
     #[arg(long, global = true, default_value_t = 600.0)]
-    pub timeout_s: f64,
+    pub(crate) timeout_s: f64,
     /// No progress bar (it is drawn only on a terminal anyway).
     #[arg(long, global = true)]
-    pub no_progress: bool,
+    pub(crate) no_progress: bool,
 }
 
 #[derive(Subcommand, Debug, Clone, Serialize)]
 #[serde(tag = "source", rename_all = "kebab-case")]
-pub enum Source {
+pub(crate) enum Source {
     /// Random token text; input and output lengths drawn from normal distributions.
     TokenNormDist(TokenNormDist),
     /// Prompts from a JSON (or JSON-lines) file, with optional reference outputs.
@@ -138,7 +148,7 @@ pub enum Source {
 }
 
 #[derive(clap::Args, Debug, Clone, Serialize)]
-pub struct TokenNormDist {
+pub(crate) struct TokenNormDist {
     /// Mean prompt length in tokens.
     #[arg(long)]
     pub input_mean: f64,
@@ -154,7 +164,7 @@ pub struct TokenNormDist {
 }
 
 #[derive(clap::Args, Debug, Clone, Serialize)]
-pub struct DatasetArgs {
+pub(crate) struct DatasetArgs {
     /// The file: a list of strings, of {prompt, output}, of the seed's {input,
     /// instruction, output}, or ShareGPT {conversations: [...]}.
     #[arg(long)]
@@ -171,7 +181,7 @@ pub struct DatasetArgs {
 }
 
 #[derive(clap::Args, Debug, Clone, Serialize)]
-pub struct CompareArgs {
+pub(crate) struct CompareArgs {
     /// Reports written with --json.
     #[arg(required = true)]
     pub reports: Vec<PathBuf>,
@@ -182,7 +192,7 @@ pub struct CompareArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ArrivalKind {
+pub(crate) enum ArrivalKind {
     /// Exponential gaps (a Poisson process).
     #[value(alias = "exponential")]
     Poisson,
@@ -204,7 +214,7 @@ pub fn main(args: BenchArgs) -> ExitCode {
     }
 }
 
-pub fn run(args: BenchArgs) -> Result<(), BenchError> {
+pub(crate) fn run(args: BenchArgs) -> Result<(), BenchError> {
     if let Source::Compare(c) = &args.source {
         return compare(c);
     }

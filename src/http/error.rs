@@ -11,6 +11,7 @@ use axum::Json;
 
 use crate::actors::messages::SubmitError;
 
+/// Why an HTTP request failed; each variant has one status ([`ApiError::status`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// Malformed JSON, missing or wrong-typed fields, impossible values (400).
@@ -41,6 +42,7 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// The HTTP status this error is answered with.
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) | ApiError::UnknownModel(_) | ApiError::Unsupported(_) => {
@@ -77,4 +79,5 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The result of a handler step: an [`ApiError`] on failure.
 pub type ApiResult<T> = Result<T, ApiError>;

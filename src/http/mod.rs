@@ -6,6 +6,7 @@
 mod error;
 mod fields;
 mod kserve;
+mod kserve_stats;
 mod openai;
 mod openai_types;
 mod serve;
@@ -34,7 +35,9 @@ use tracked::TrackedStream;
 /// The names the model is served under: TRT-LLM's ensemble (text in, text out), its BLS
 /// model (same), and the core model (token ids in and out).
 pub const ENSEMBLE: &str = "ensemble";
+/// The BLS model's name (text in, text out).
 pub const BLS: &str = "tensorrt_llm_bls";
+/// The core model's name (token ids in and out).
 pub const CORE: &str = "tensorrt_llm";
 
 /// How a served name takes its input.
@@ -60,6 +63,7 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The state for serving `model`, with fresh metrics.
     pub fn new(model: ModelHandle) -> Self {
         AppState {
             inner: Arc::new(AppInner {
@@ -71,14 +75,17 @@ impl AppState {
         }
     }
 
+    /// The served model.
     pub fn model(&self) -> &ModelHandle {
         &self.inner.model
     }
 
+    /// The request and engine metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
     }
 
+    /// Time since the state was built.
     pub fn uptime(&self) -> std::time::Duration {
         self.inner.started.elapsed()
     }

@@ -1,8 +1,8 @@
 //! Running the server: both listeners (inference and metrics) on their ports, and the
-//! orderly stop on SIGTERM or Ctrl-C: stop accepting connections, stop admitting
-//! requests, let running requests finish (bounded wait), stop the actors, exit.
+//! orderly stop on SIGTERM or Ctrl-C: stop admitting requests (new ones get 503 while the
+//! listeners still answer), let running requests finish (bounded wait), stop the actors,
+//! then close the listeners (bounded wait for open connections) and exit.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
@@ -67,11 +67,10 @@ pub async fn serve(
     metrics_port: u16,
     drain_timeout: Duration,
 ) -> Result<()> {
+    // A host name (`localhost`) is resolved; an IP address (IPv6 in brackets) is taken as is.
     let bind = |port: u16| async move {
-        let addr: SocketAddr = format!("{host}:{port}")
-            .parse()
-            .map_err(|e| Error::Config(format!("bad listen address {host}:{port}: {e}")))?;
-        TcpListener::bind(addr)
+        let addr = format!("{host}:{port}");
+        TcpListener::bind(&addr)
             .await
             .map_err(|e| Error::Config(format!("cannot listen on {addr}: {e}")))
     };

@@ -12,27 +12,17 @@ use half::f16;
 
 /// A weight matrix's storage.
 pub enum Matrix {
+    /// Row-major f32 values.
     F32(Vec<f32>),
+    /// Row-major f16 values, widened to f32 as they are multiplied.
     F16(Vec<f16>),
     /// Block-quantized (from GGUF Q4_0, Q4_1, Q8_0), multiplied with int8 activations.
     Quant(QMatrix),
 }
 
 impl Matrix {
-    pub fn len(&self) -> usize {
-        match self {
-            Matrix::F32(v) => v.len(),
-            Matrix::F16(v) => v.len(),
-            Matrix::Quant(q) => q.rows * q.cols,
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Copies row `r` (of width `cols`) out as f32.
-    pub fn row_into(&self, r: usize, cols: usize, out: &mut [f32]) {
+    pub(crate) fn row_into(&self, r: usize, cols: usize, out: &mut [f32]) {
         match self {
             Matrix::F32(v) => out.copy_from_slice(&v[r * cols..(r + 1) * cols]),
             Matrix::F16(v) => {
@@ -43,21 +33,17 @@ impl Matrix {
             Matrix::Quant(q) => q.row_into(r, out),
         }
     }
-
-    pub fn bytes(&self) -> usize {
-        match self {
-            Matrix::F32(v) => v.len() * 4,
-            Matrix::F16(v) => v.len() * 2,
-            Matrix::Quant(q) => q.bytes(),
-        }
-    }
 }
 
 /// An element type weights can be stored in.
 trait Elem: Copy + Send + Sync {
     /// Eight consecutive values as f32, portably.
+    ///
+    /// Safety: `p` points at `LANES` readable values (no alignment needed).
     unsafe fn load8(p: *const Self) -> [f32; LANES];
-    /// Eight consecutive values as f32 in an AVX register (needs AVX2 and F16C).
+    /// Eight consecutive values as f32 in an AVX register.
+    ///
+    /// Safety: as `load8`, and the CPU has AVX2 and F16C.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8_avx(p: *const Self) -> std::arch::x86_64::__m256;
     fn to_f32(self) -> f32;
@@ -66,12 +52,15 @@ trait Elem: Copy + Send + Sync {
 impl Elem for f32 {
     #[inline(always)]
     unsafe fn load8(p: *const Self) -> [f32; LANES] {
-        std::ptr::read_unaligned(p as *const [f32; LANES])
+        // SAFETY: the caller guarantees `p` points at LANES readable values.
+        unsafe { std::ptr::read_unaligned(p as *const [f32; LANES]) }
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8_avx(p: *const Self) -> std::arch::x86_64::__m256 {
-        std::arch::x86_64::_mm256_loadu_ps(p)
+        // SAFETY: the caller guarantees `p` points at LANES readable values and that the
+        // CPU has AVX2 (an unaligned load).
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -82,14 +71,17 @@ impl Elem for f32 {
 impl Elem for f16 {
     #[inline(always)]
     unsafe fn load8(p: *const Self) -> [f32; LANES] {
-        let v = std::ptr::read_unaligned(p as *const [f16; LANES]);
+        // SAFETY: the caller guarantees `p` points at LANES readable values.
+        let v = unsafe { std::ptr::read_unaligned(p as *const [f16; LANES]) };
         v.map(|x| x.to_f32())
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8_avx(p: *const Self) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64::{_mm256_cvtph_ps, _mm_loadu_si128};
-        _mm256_cvtph_ps(_mm_loadu_si128(p as *const _))
+        // SAFETY: the caller guarantees `p` points at LANES readable values (16 bytes, an
+        // unaligned load) and that the CPU has AVX2 and F16C.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const _)) }
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -190,13 +182,19 @@ fn has_fma() -> bool {
     }
 }
 
+/// [`rows`] on the AVX2 tiles.
+///
+/// Safety: as [`rows`], and the CPU has AVX2, FMA and F16C ([`has_fma`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_fma<W: Elem>(g: Gemm<'_, W>, o0: usize, o1: usize) {
-    rows::<W, true>(g, o0, o1)
+    // SAFETY: the caller's guarantees are `rows`'s, and the features FMA needs.
+    unsafe { rows::<W, true>(g, o0, o1) }
 }
 
 /// The AVX2 tile: the same sums as [`tile`], one `__m256` accumulator per (row, weight).
+///
+/// Safety: as [`tile`], and the CPU has AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn tile_avx<W: Elem, const RX: usize, const RW: usize>(
@@ -209,43 +207,68 @@ unsafe fn tile_avx<W: Elem, const RX: usize, const RW: usize>(
     y: *mut f32,
 ) {
     use std::arch::x86_64::*;
-    let mut acc = [[_mm256_setzero_ps(); RW]; RX];
-    let xp: [*const f32; RX] = std::array::from_fn(|i| x.as_ptr().add((t + i) * k));
-    let wp: [*const W; RW] = std::array::from_fn(|j| w.as_ptr().add((o + j) * k));
+    // SAFETY: the caller guarantees AVX2, FMA and F16C (`has_fma`, checked before
+    // dispatch), which every intrinsic below needs.
+    let mut acc = [[unsafe { _mm256_setzero_ps() }; RW]; RX];
+    // SAFETY: the caller guarantees rows t..t + RX of x and o..o + RW of w exist, k
+    // values each: each row's start is inside its slice.
+    let xp: [*const f32; RX] = std::array::from_fn(|i| unsafe { x.as_ptr().add((t + i) * k) });
+    let wp: [*const W; RW] = std::array::from_fn(|j| unsafe { w.as_ptr().add((o + j) * k) });
     let full = k / LANES * LANES;
     let mut c = 0;
     while c < full {
-        let wv: [__m256; RW] = std::array::from_fn(|j| W::load8_avx(wp[j].add(c)));
-        for i in 0..RX {
-            let xv = _mm256_loadu_ps(xp[i].add(c));
-            for j in 0..RW {
-                acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+        // SAFETY: c + LANES <= full <= k, so each load reads within its row; the
+        // features are present (above).
+        unsafe {
+            let wv: [__m256; RW] = std::array::from_fn(|j| W::load8_avx(wp[j].add(c)));
+            for i in 0..RX {
+                let xv = _mm256_loadu_ps(xp[i].add(c));
+                for j in 0..RW {
+                    acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+                }
             }
         }
         c += LANES;
     }
     for i in 0..RX {
         for j in 0..RW {
-            let lanes: [f32; LANES] = std::mem::transmute(acc[i][j]);
+            // SAFETY: an `__m256` is eight f32 lanes, and every bit pattern is an f32.
+            let lanes: [f32; LANES] = unsafe { std::mem::transmute(acc[i][j]) };
             let mut s: f32 = lanes.iter().sum();
             for cc in full..k {
-                s += *xp[i].add(cc) * (*wp[j].add(cc)).to_f32();
+                // SAFETY: cc < k: within row t + i of x and row o + j of w.
+                s += unsafe { *xp[i].add(cc) * (*wp[j].add(cc)).to_f32() };
             }
-            *y.add((t + i) * m + o + j) = s;
+            // SAFETY: the caller guarantees (t + i) < n and (o + j) < m, so the index is
+            // inside y ([n, m]), and that no one else writes these columns meanwhile.
+            unsafe { *y.add((t + i) * m + o + j) = s };
         }
     }
 }
 
+/// [`rows`] on the portable tiles (no AVX2 build off x86-64).
+///
+/// Safety: as [`rows`].
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn rows_fma<W: Elem>(g: Gemm<'_, W>, o0: usize, o1: usize) {
-    rows::<W, false>(g, o0, o1)
+    // SAFETY: the caller's guarantees are `rows`'s.
+    unsafe { rows::<W, false>(g, o0, o1) }
 }
 
+/// [`rows`] on the portable tiles.
+///
+/// Safety: as [`rows`].
 unsafe fn rows_generic<W: Elem>(g: Gemm<'_, W>, o0: usize, o1: usize) {
-    rows::<W, false>(g, o0, o1)
+    // SAFETY: the caller's guarantees are `rows`'s.
+    unsafe { rows::<W, false>(g, o0, o1) }
 }
 
 /// Computes output columns `o0..o1` for every token row, tile by tile.
+///
+/// Safety: `g`'s slices have the shapes `linear_t` checks (x `[n, k]`, w `[m, k]`), its
+/// `y` points at `[n, m]` f32s that outlive the call, `o0 <= o1 <= m`, nothing else
+/// reads or writes columns `o0..o1` of y meanwhile, and with `FMA` the CPU has AVX2, FMA
+/// and F16C.
 #[inline(always)]
 unsafe fn rows<W: Elem, const FMA: bool>(g: Gemm<'_, W>, o0: usize, o1: usize) {
     let Gemm { x, w, n, k, m, y } = g;
@@ -256,19 +279,24 @@ unsafe fn rows<W: Elem, const FMA: bool>(g: Gemm<'_, W>, o0: usize, o1: usize) {
         let mut o = o0;
         while o < o1 {
             let tw = (o1 - o).min(TW);
-            match (tx, tw) {
-                (4, 3) => tile::<W, 4, 3, FMA>(x, w, k, m, t, o, y),
-                (4, 2) => tile::<W, 4, 2, FMA>(x, w, k, m, t, o, y),
-                (4, 1) => tile::<W, 4, 1, FMA>(x, w, k, m, t, o, y),
-                (3, 3) => tile::<W, 3, 3, FMA>(x, w, k, m, t, o, y),
-                (3, 2) => tile::<W, 3, 2, FMA>(x, w, k, m, t, o, y),
-                (3, 1) => tile::<W, 3, 1, FMA>(x, w, k, m, t, o, y),
-                (2, 3) => tile::<W, 2, 3, FMA>(x, w, k, m, t, o, y),
-                (2, 2) => tile::<W, 2, 2, FMA>(x, w, k, m, t, o, y),
-                (2, 1) => tile::<W, 2, 1, FMA>(x, w, k, m, t, o, y),
-                (1, 3) => tile::<W, 1, 3, FMA>(x, w, k, m, t, o, y),
-                (1, 2) => tile::<W, 1, 2, FMA>(x, w, k, m, t, o, y),
-                _ => tile::<W, 1, 1, FMA>(x, w, k, m, t, o, y),
+            // SAFETY: the tile's rows t..t + tx < n and columns o..o + tw <= o1 lie within
+            // the shapes and the columns the caller gave this job; FMA's features are the
+            // caller's to guarantee.
+            unsafe {
+                match (tx, tw) {
+                    (4, 3) => tile::<W, 4, 3, FMA>(x, w, k, m, t, o, y),
+                    (4, 2) => tile::<W, 4, 2, FMA>(x, w, k, m, t, o, y),
+                    (4, 1) => tile::<W, 4, 1, FMA>(x, w, k, m, t, o, y),
+                    (3, 3) => tile::<W, 3, 3, FMA>(x, w, k, m, t, o, y),
+                    (3, 2) => tile::<W, 3, 2, FMA>(x, w, k, m, t, o, y),
+                    (3, 1) => tile::<W, 3, 1, FMA>(x, w, k, m, t, o, y),
+                    (2, 3) => tile::<W, 2, 3, FMA>(x, w, k, m, t, o, y),
+                    (2, 2) => tile::<W, 2, 2, FMA>(x, w, k, m, t, o, y),
+                    (2, 1) => tile::<W, 2, 1, FMA>(x, w, k, m, t, o, y),
+                    (1, 3) => tile::<W, 1, 3, FMA>(x, w, k, m, t, o, y),
+                    (1, 2) => tile::<W, 1, 2, FMA>(x, w, k, m, t, o, y),
+                    _ => tile::<W, 1, 1, FMA>(x, w, k, m, t, o, y),
+                }
             }
             o += tw;
         }
@@ -277,6 +305,10 @@ unsafe fn rows<W: Elem, const FMA: bool>(g: Gemm<'_, W>, o0: usize, o1: usize) {
 }
 
 /// One register tile: RX token rows against RW weight rows, full dot products over k.
+///
+/// Safety: rows `t..t + RX` of x (`[n, k]`) and `o..o + RW` of w (`[m, k]`) exist, `y`
+/// points at `[n, m]` f32s of which nothing else touches these rows' columns
+/// `o..o + RW` meanwhile, and with `FMA` the CPU has AVX2, FMA and F16C.
 #[inline(always)]
 unsafe fn tile<W: Elem, const RX: usize, const RW: usize, const FMA: bool>(
     x: &[f32],
@@ -289,7 +321,8 @@ unsafe fn tile<W: Elem, const RX: usize, const RW: usize, const FMA: bool>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if FMA {
-        return tile_avx::<W, RX, RW>(x, w, k, m, t, o, y);
+        // SAFETY: the caller's guarantees, AVX2, FMA and F16C included.
+        return unsafe { tile_avx::<W, RX, RW>(x, w, k, m, t, o, y) };
     }
     let mut acc = [[[0f32; LANES]; RW]; RX];
     let xs: [&[f32]; RX] = std::array::from_fn(|i| &x[(t + i) * k..(t + i + 1) * k]);
@@ -298,7 +331,8 @@ unsafe fn tile<W: Elem, const RX: usize, const RW: usize, const FMA: bool>(
     let mut c = 0;
     while c < full {
         // SAFETY: c + LANES <= k, the length of each weight row.
-        let wv: [[f32; LANES]; RW] = std::array::from_fn(|j| W::load8(ws[j].as_ptr().add(c)));
+        let wv: [[f32; LANES]; RW] =
+            std::array::from_fn(|j| unsafe { W::load8(ws[j].as_ptr().add(c)) });
         for i in 0..RX {
             let xv: &[f32; LANES] = xs[i][c..c + LANES].try_into().unwrap();
             for j in 0..RW {
@@ -316,7 +350,7 @@ unsafe fn tile<W: Elem, const RX: usize, const RW: usize, const FMA: bool>(
                 s += xs[i][cc] * ws[j][cc].to_f32();
             }
             // SAFETY: (t + i) < n and (o + j) < m, so the index is inside y ([n, m]).
-            *y.add((t + i) * m + o + j) = s;
+            unsafe { *y.add((t + i) * m + o + j) = s };
         }
     }
 }

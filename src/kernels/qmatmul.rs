@@ -13,7 +13,7 @@ use crate::model::quant::{GgmlType, QK};
 
 /// How a weight block's 32 values are coded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QFormat {
+pub(crate) enum QFormat {
     /// 4-bit codes `q` in 0..=15, value `d·q + m` (ggml's Q4_1; Q4_0 is `m = -8d`).
     Q4,
     /// 8-bit signed codes, value `d·q` (ggml's Q8_0).
@@ -22,9 +22,9 @@ pub enum QFormat {
 
 /// A `[rows, cols]` weight matrix quantized in blocks of 32 along each row.
 pub struct QMatrix {
-    pub format: QFormat,
-    pub rows: usize,
-    pub cols: usize,
+    pub(crate) format: QFormat,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
     /// Per block: scale.
     d: Vec<f32>,
     /// Per block: offset (Q4 only).
@@ -84,7 +84,7 @@ impl QMatrix {
     }
 
     /// Reorders rows: row `r` of the result is row `order[r]` of `self`.
-    pub fn permute_rows(&mut self, order: &[usize]) {
+    pub(crate) fn permute_rows(&mut self, order: &[usize]) {
         let bpr = self.cols / QK;
         let bb = self.block_bytes();
         let take = |v: &[f32]| -> Vec<f32> {
@@ -104,7 +104,7 @@ impl QMatrix {
     }
 
     /// Stacks matrices of the same format and width (fused QKV, gate‖up).
-    pub fn concat(parts: Vec<QMatrix>) -> Option<QMatrix> {
+    pub(crate) fn concat(parts: Vec<QMatrix>) -> Option<QMatrix> {
         let mut it = parts.into_iter();
         let mut out = it.next()?;
         for p in it {
@@ -120,7 +120,7 @@ impl QMatrix {
     }
 
     /// Dequantizes row `r` into `out` (`cols` values).
-    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+    pub(crate) fn row_into(&self, r: usize, out: &mut [f32]) {
         let bpr = self.cols / QK;
         let bb = self.block_bytes();
         for (b, o) in out.chunks_exact_mut(QK).enumerate() {
@@ -142,10 +142,6 @@ impl QMatrix {
                 }
             }
         }
-    }
-
-    pub fn bytes(&self) -> usize {
-        self.qs.len() + 4 * (self.d.len() + self.m.len())
     }
 }
 
@@ -184,7 +180,7 @@ const ROWS_PER_JOB: usize = 32;
 const TOKENS: usize = 4;
 
 /// `y[t, o] = Σ_i x[t, i] · w[o, i] (+ bias[o])` with `x` `[n, w.cols]`, `y` `[n, w.rows]`.
-pub fn qlinear(x: &[f32], w: &QMatrix, bias: Option<&[f32]>, n: usize, y: &mut [f32]) {
+pub(crate) fn qlinear(x: &[f32], w: &QMatrix, bias: Option<&[f32]>, n: usize, y: &mut [f32]) {
     let (k, m) = (w.cols, w.rows);
     assert_eq!(x.len(), n * k, "x is not [n, k]");
     assert_eq!(y.len(), n * m, "y is not [n, m]");
@@ -293,6 +289,9 @@ fn dot_row(w: &QMatrix, o: usize, a: &QActs, t: usize, avx: bool) -> f32 {
 
 /// The AVX2 kernel for `R` activation rows: per block, the weights are unpacked once and
 /// met with each row's int8 values. Each row accumulates exactly as a single row would.
+///
+/// Safety: the CPU has AVX2 and FMA, `o < w.rows`, `bpr == w.cols / QK`, and `a` holds
+/// activation rows `t..t + R` of `bpr` blocks each.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_rows_avx2<const R: usize>(
@@ -307,21 +306,27 @@ unsafe fn dot_rows_avx2<const R: usize>(
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); R];
     let mut offset = [0f32; R];
-    let qx: [*const i8; R] = std::array::from_fn(|r| a.q.as_ptr().add((t + r) * bpr * QK));
+    // SAFETY: rows t..t + R of `a` exist (the caller's guarantee): each start is inside a.q.
+    let qx: [*const i8; R] =
+        std::array::from_fn(|r| unsafe { a.q.as_ptr().add((t + r) * bpr * QK) });
     let ad: [&[f32]; R] = std::array::from_fn(|r| &a.d[(t + r) * bpr..(t + r + 1) * bpr]);
     let wd = &w.d[o * bpr..(o + 1) * bpr];
     match w.format {
         QFormat::Q4 => {
-            let qs = w.qs.as_ptr().add(o * bpr * QK / 2);
+            // SAFETY: o < w.rows: the row's QK / 2 bytes per block are inside w.qs.
+            let qs = unsafe { w.qs.as_ptr().add(o * bpr * QK / 2) };
             let wm = &w.m[o * bpr..(o + 1) * bpr];
             let low = _mm_set1_epi8(0x0f);
             for b in 0..bpr {
-                let packed = _mm_loadu_si128(qs.add(b * QK / 2) as *const __m128i);
+                // SAFETY: b < bpr: block b's 16 bytes are within the row (unaligned load).
+                let packed = unsafe { _mm_loadu_si128(qs.add(b * QK / 2) as *const __m128i) };
                 let lo = _mm_and_si128(packed, low);
                 let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
                 let wq = _mm256_set_m128i(hi, lo);
                 for r in 0..R {
-                    let xq = _mm256_loadu_si256(qx[r].add(b * QK) as *const __m256i);
+                    // SAFETY: b < bpr: block b's QK int8 values are within activation row
+                    // t + r (unaligned load).
+                    let xq = unsafe { _mm256_loadu_si256(qx[r].add(b * QK) as *const __m256i) };
                     let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);
                     let scale = _mm256_set1_ps(wd[b] * ad[r][b]);
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r]);
@@ -330,13 +335,16 @@ unsafe fn dot_rows_avx2<const R: usize>(
             }
         }
         QFormat::Q8 => {
-            let qs = w.qs.as_ptr().add(o * bpr * QK);
+            // SAFETY: o < w.rows: the row's QK bytes per block are inside w.qs.
+            let qs = unsafe { w.qs.as_ptr().add(o * bpr * QK) };
             for b in 0..bpr {
-                let wq = _mm256_loadu_si256(qs.add(b * QK) as *const __m256i);
+                // SAFETY: b < bpr: block b's 32 bytes are within the row (unaligned load).
+                let wq = unsafe { _mm256_loadu_si256(qs.add(b * QK) as *const __m256i) };
                 // maddubs takes unsigned × signed: move w's sign onto x.
                 let wabs = _mm256_sign_epi8(wq, wq);
                 for r in 0..R {
-                    let xq = _mm256_loadu_si256(qx[r].add(b * QK) as *const __m256i);
+                    // SAFETY: as for Q4: block b of activation row t + r.
+                    let xq = unsafe { _mm256_loadu_si256(qx[r].add(b * QK) as *const __m256i) };
                     let sums = _mm256_madd_epi16(
                         _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq)),
                         ones,
@@ -348,7 +356,8 @@ unsafe fn dot_rows_avx2<const R: usize>(
         }
     }
     for r in 0..R {
-        let lanes: [f32; 8] = std::mem::transmute(acc[r]);
+        // SAFETY: an `__m256` is eight f32 lanes, and every bit pattern is an f32.
+        let lanes: [f32; 8] = unsafe { std::mem::transmute(acc[r]) };
         out[r] = lanes.iter().sum::<f32>() + offset[r];
     }
 }

@@ -157,7 +157,7 @@ impl HostSteps {
 }
 
 /// A chunk's rows chosen with their plans on the host (its logits when it has none).
-pub fn choose_on_host(rows: &mut Vec<f32>, plans: &[RowPlan]) -> RowsOut {
+pub(crate) fn choose_on_host(rows: &mut Vec<f32>, plans: &[RowPlan]) -> RowsOut {
     if plans.is_empty() {
         return RowsOut::Logits(std::mem::take(rows));
     }
@@ -174,6 +174,7 @@ pub fn choose_on_host(rows: &mut Vec<f32>, plans: &[RowPlan]) -> RowsOut {
 /// Builds a [`ForwardPass`] with an empty cache of `num_blocks` blocks of `block_size`
 /// tokens, and a host cache of `num_host_blocks` such blocks.
 pub trait Backend: Send + Sync + 'static {
+    /// A new forward pass with empty device and host caches of these sizes.
     fn start(
         &self,
         block_size: usize,
@@ -189,7 +190,7 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 /// The CPU engine: the shared model and a KV cache of its own.
-pub struct CpuForward {
+pub(crate) struct CpuForward {
     model: Arc<Llama>,
     cache: KvCache,
     /// Where preempted sequences' blocks are swapped out to.

@@ -8,15 +8,22 @@ use crate::error::{Error, Result};
 /// Llama 3.1's frequency-dependent RoPE scaling (`rope_scaling.rope_type == "llama3"`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Llama3RopeScaling {
+    /// Divisor of the low frequencies.
     pub factor: f32,
+    /// Wavelengths above `original_max_position_embeddings / low_freq_factor` are scaled
+    /// by `1 / factor`.
     pub low_freq_factor: f32,
+    /// Wavelengths below `original_max_position_embeddings / high_freq_factor` are kept;
+    /// those in between are interpolated.
     pub high_freq_factor: f32,
+    /// The context length the model was trained at before scaling.
     pub original_max_position_embeddings: usize,
 }
 
 /// The element type of the CPU engine's KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvDtype {
+    /// 32-bit floats.
     F32,
     /// Half the memory; attention scores are then computed at the keys' precision.
     F16,
@@ -25,22 +32,38 @@ pub enum KvDtype {
 /// Shapes and constants of a Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
+    /// A GGUF file's `general.architecture` (`llama`, `mistral`, `qwen2`), or an HF
+    /// checkpoint's class (`LlamaForCausalLM`, ...).
     pub architecture: String,
+    /// Tokens in the vocabulary (rows of the embedding and the lm_head).
     pub vocab_size: usize,
+    /// Width of the residual stream.
     pub hidden_size: usize,
+    /// Width of the MLP's gate and up projections.
     pub intermediate_size: usize,
+    /// Decoder layers.
     pub num_layers: usize,
+    /// Query heads.
     pub num_heads: usize,
+    /// Key/value heads (grouped-query attention); divides `num_heads`.
     pub num_kv_heads: usize,
+    /// Width of one head; even.
     pub head_dim: usize,
+    /// RoPE base frequency.
     pub rope_theta: f32,
+    /// Llama 3 RoPE scaling, when the model uses it.
     pub rope_scaling: Option<Llama3RopeScaling>,
+    /// Epsilon of every RMSNorm.
     pub rms_norm_eps: f32,
+    /// Context length: the positions the model serves.
     pub max_position_embeddings: usize,
+    /// The lm_head reuses the token embedding (a GGUF file without `output.weight`).
     pub tie_word_embeddings: bool,
     /// Qwen2 has biases on the q, k and v projections.
     pub attention_bias: bool,
+    /// The beginning-of-sequence token, when the model names one.
     pub bos_token_id: Option<u32>,
+    /// End-of-sequence tokens: generation stops at any of them.
     pub eos_token_ids: Vec<u32>,
     /// GGUF models use an f16 cache (llama.cpp's convention for the format); HF
     /// checkpoints use f32 on the CPU.
@@ -72,10 +95,12 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// Width of the queries of one token, all heads: `num_heads * head_dim`.
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
     }
 
+    /// Width of the keys (or values) of one token, all heads: `num_kv_heads * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
     }

@@ -9,8 +9,10 @@ use super::backend::{Backend, CpuBackend};
 use super::{KvCache, Llama};
 use crate::error::{Error, Result};
 
+/// Where a model's engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
+    /// The host's cores.
     Cpu,
     /// A CUDA device by ordinal.
     Cuda(usize),

@@ -19,22 +19,36 @@ const DEFAULT_ALIGNMENT: usize = 32;
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MetaValue {
+    /// Type 0.
     U8(u8),
+    /// Type 1.
     I8(i8),
+    /// Type 2.
     U16(u16),
+    /// Type 3.
     I16(i16),
+    /// Type 4.
     U32(u32),
+    /// Type 5.
     I32(i32),
+    /// Type 6.
     F32(f32),
+    /// Type 7.
     Bool(bool),
+    /// Type 8: UTF-8 text.
     String(String),
+    /// Type 9: values of one type.
     Array(Vec<MetaValue>),
+    /// Type 10.
     U64(u64),
+    /// Type 11.
     I64(i64),
+    /// Type 12.
     F64(f64),
 }
 
 impl MetaValue {
+    /// The text of a string value.
     pub fn as_str(&self) -> Option<&str> {
         match self {
             MetaValue::String(s) => Some(s),
@@ -57,10 +71,12 @@ impl MetaValue {
         }
     }
 
+    /// Any integer value that fits a u32.
     pub fn as_u32(&self) -> Option<u32> {
         self.as_u64().and_then(|v| u32::try_from(v).ok())
     }
 
+    /// Any integer value that fits an i64.
     pub fn as_i64(&self) -> Option<i64> {
         match *self {
             MetaValue::I8(v) => Some(v as i64),
@@ -71,6 +87,7 @@ impl MetaValue {
         }
     }
 
+    /// A float value, or any integer that fits an i64, as f32.
     pub fn as_f32(&self) -> Option<f32> {
         match *self {
             MetaValue::F32(v) => Some(v),
@@ -79,6 +96,7 @@ impl MetaValue {
         }
     }
 
+    /// A bool value.
     pub fn as_bool(&self) -> Option<bool> {
         match *self {
             MetaValue::Bool(v) => Some(v),
@@ -86,6 +104,7 @@ impl MetaValue {
         }
     }
 
+    /// The elements of an array value.
     pub fn as_array(&self) -> Option<&[MetaValue]> {
         match self {
             MetaValue::Array(v) => Some(v),
@@ -98,15 +117,20 @@ impl MetaValue {
 /// is the innermost (contiguous) dimension, so a `[rows, cols]` matrix has dims `[cols, rows]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorInfo {
+    /// The tensor's name (`blk.0.attn_q.weight`, ...).
     pub name: String,
+    /// Its dimensions, innermost first.
     pub dims: Vec<usize>,
+    /// Its element (or block) type.
     pub ty: GgmlType,
     /// Byte offset from the start of the data section.
     pub offset: usize,
+    /// Bytes of its data.
     pub n_bytes: usize,
 }
 
 impl TensorInfo {
+    /// Values in the tensor: the product of `dims`.
     pub fn n_elements(&self) -> usize {
         self.dims.iter().product()
     }
@@ -134,9 +158,13 @@ impl Storage {
 /// An opened GGUF file: parsed header and metadata, tensors read on demand.
 pub struct GgufFile {
     storage: Storage,
+    /// The format version (2 or 3).
     pub version: u32,
+    /// Every metadata entry, by key.
     pub metadata: BTreeMap<String, MetaValue>,
+    /// Every tensor, in file order; each lies within the file.
     pub tensors: Vec<TensorInfo>,
+    /// Alignment of tensor data in bytes (`general.alignment`, else 32); a power of two.
     pub alignment: usize,
     data_start: usize,
 }
@@ -236,6 +264,7 @@ impl GgufFile {
         })
     }
 
+    /// Metadata value `key`.
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
         self.metadata.get(key)
     }
@@ -246,6 +275,7 @@ impl GgufFile {
             .ok_or_else(|| Error::Gguf(format!("missing metadata key {key:?}")))
     }
 
+    /// The tensor named `name`.
     pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)
     }

@@ -14,10 +14,12 @@ pub struct GgufWriter {
 }
 
 impl GgufWriter {
+    /// An empty file.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Adds the metadata entry `key` (entries are written in the order added).
     pub fn meta(&mut self, key: &str, value: MetaValue) -> &mut Self {
         self.metadata.push((key.to_string(), value));
         self

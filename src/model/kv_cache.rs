@@ -9,7 +9,7 @@ use super::config::{KvDtype, ModelConfig};
 use crate::kernels::cpu::KvElem;
 
 /// One layer's K or V storage.
-pub enum KvStore {
+pub(crate) enum KvStore {
     F32(Vec<f32>),
     F16(Vec<f16>),
 }
@@ -38,13 +38,14 @@ impl KvStore {
     }
 }
 
+/// The CPU engine's KV cache: every layer's K and V for `num_blocks` blocks of
+/// `block_size` token positions each.
 pub struct KvCache {
-    pub block_size: usize,
-    pub num_blocks: usize,
-    pub kv_dim: usize,
-    pub dtype: KvDtype,
+    pub(crate) block_size: usize,
+    pub(crate) num_blocks: usize,
+    pub(crate) kv_dim: usize,
     /// One `(k, v)` pair per layer.
-    pub layers: Vec<(KvStore, KvStore)>,
+    pub(crate) layers: Vec<(KvStore, KvStore)>,
 }
 
 impl KvCache {
@@ -57,7 +58,6 @@ impl KvCache {
             block_size,
             num_blocks,
             kv_dim,
-            dtype: cfg.kv_dtype,
             layers: (0..cfg.num_layers)
                 .map(|_| {
                     (
@@ -70,7 +70,7 @@ impl KvCache {
     }
 
     /// Bytes one token takes across all layers.
-    pub fn bytes_per_token(cfg: &ModelConfig) -> usize {
+    pub(crate) fn bytes_per_token(cfg: &ModelConfig) -> usize {
         let elem = match cfg.kv_dtype {
             KvDtype::F32 => 4,
             KvDtype::F16 => 2,
@@ -79,7 +79,7 @@ impl KvCache {
     }
 
     /// Writes K and V rows of `layer` into the given slots.
-    pub fn write(&mut self, layer: usize, slots: &[usize], k: &[f32], v: &[f32]) {
+    pub(crate) fn write(&mut self, layer: usize, slots: &[usize], k: &[f32], v: &[f32]) {
         let d = self.kv_dim;
         let (kc, vc) = &mut self.layers[layer];
         for (i, &slot) in slots.iter().enumerate() {
@@ -91,7 +91,7 @@ impl KvCache {
     /// Copies block `from` of `src` (every layer's K and V rows) into block `to` of
     /// `self`, a cache of the same model and block size: the CPU's swap between its
     /// cache and the host cache that preempted sequences swap out to.
-    pub fn copy_block(
+    pub(crate) fn copy_block(
         &mut self,
         to: usize,
         src: &KvCache,
@@ -128,7 +128,7 @@ impl KvCache {
     }
 
     /// The flat slot index of position `pos` in a sequence with `block_table`.
-    pub fn slot(&self, block_table: &[u32], pos: usize) -> usize {
+    pub(crate) fn slot(&self, block_table: &[u32], pos: usize) -> usize {
         block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size
     }
 }

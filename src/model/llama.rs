@@ -47,13 +47,14 @@ impl Llama {
         }
     }
 
+    /// The model a GGUF file holds (weights kept quantized where the CPU engine can).
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let config = ModelConfig::from_gguf(file)?;
         let weights = LlamaWeights::from_gguf(file, &config)?;
         Ok(Self::new(config, weights))
     }
 
-    pub fn new(config: ModelConfig, weights: LlamaWeights) -> Self {
+    pub(crate) fn new(config: ModelConfig, weights: LlamaWeights) -> Self {
         let inv_freq = config.rope_inv_freq();
         Llama {
             config,
@@ -62,22 +63,23 @@ impl Llama {
         }
     }
 
+    /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
 
-    pub fn weights(&self) -> &LlamaWeights {
+    pub(crate) fn weights(&self) -> &LlamaWeights {
         &self.weights
     }
 
     /// RoPE inverse frequencies (Llama 3 scaling applied).
-    pub fn inv_freq(&self) -> &[f32] {
+    pub(crate) fn inv_freq(&self) -> &[f32] {
         &self.inv_freq
     }
 
     /// Runs every chunk's new tokens through the model, writing their K/V into `cache`.
     /// Returns, per chunk, row-major logits `[rows, vocab]` for its last `logits` new
-    /// tokens. The stages are [`stage`](super::stage)'s, in its order, as on the GPU.
+    /// tokens. The stages are `model::stage`'s, in its order, as on the GPU.
     pub fn forward(&self, seqs: &[SeqChunk<'_>], cache: &mut KvCache) -> Result<Vec<Vec<f32>>> {
         self.check(seqs, cache)?;
         let empty = || seqs.iter().map(|_| Vec::new()).collect();
@@ -121,7 +123,7 @@ impl Llama {
 
 /// Rejects chunks a model with `cfg` and a cache of `num_blocks` blocks of `block_size`
 /// tokens cannot take (shared by every engine, so bad input fails alike everywhere).
-pub fn check_chunks(
+pub(crate) fn check_chunks(
     cfg: &ModelConfig,
     seqs: &[SeqChunk<'_>],
     block_size: usize,

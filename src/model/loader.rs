@@ -9,8 +9,11 @@ use crate::tokenizer::{GgufVocab, Tokenizer};
 
 /// A runnable model: weights, tokenizer, and the name it is served under.
 pub struct LoadedModel {
+    /// The weights, on the host.
     pub model: Llama,
+    /// The tokenizer.
     pub tokenizer: Tokenizer,
+    /// The file or folder name without its extension.
     pub name: String,
 }
 

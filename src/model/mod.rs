@@ -1,22 +1,22 @@
 //! Model definitions and weight loading: config, GGUF and safetensors readers, the Llama
 //! forward pass and its paged KV cache.
 
-pub mod backend;
+pub(crate) mod backend;
 pub mod config;
 pub mod device;
 pub mod gguf;
 pub mod gguf_writer;
 #[cfg(feature = "cuda")]
 pub mod gpu;
-pub mod kv_cache;
+pub(crate) mod kv_cache;
 mod layers;
-pub mod llama;
-pub mod loader;
+pub(crate) mod llama;
+pub(crate) mod loader;
 pub mod quant;
 pub mod safetensors;
-pub mod stage;
+pub(crate) mod stage;
 pub mod tiny;
-pub mod weights;
+pub(crate) mod weights;
 
 pub use backend::{Backend, CpuBackend, ForwardPass, RowsOut};
 pub use config::ModelConfig;

@@ -14,11 +14,17 @@ pub const QK: usize = 32;
 /// The tensor types of the GGUF format that we can load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GgmlType {
+    /// 32-bit floats.
     F32,
+    /// IEEE half precision.
     F16,
+    /// Blocks of 32 4-bit codes and an f16 scale: value `d·(q - 8)`.
     Q4_0,
+    /// Blocks of 32 4-bit codes, an f16 scale and an f16 minimum: value `d·q + m`.
     Q4_1,
+    /// Blocks of 32 signed 8-bit codes and an f16 scale: value `d·q`.
     Q8_0,
+    /// bfloat16.
     BF16,
 }
 

@@ -151,6 +151,7 @@ impl HfCheckpoint {
         &self.dir
     }
 
+    /// The model's configuration, from config.json.
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
@@ -160,6 +161,7 @@ impl HfCheckpoint {
         self.tensors.keys().cloned().collect()
     }
 
+    /// Whether the checkpoint has tensor `name`.
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }

@@ -54,6 +54,7 @@ pub fn layer_stages(l: usize, layers: usize, no_logits: bool) -> &'static [Stage
 
 impl Stage {
     /// The stage's name in a profile.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub fn name(self) -> &'static str {
         match self {
             Stage::Embed => "embed",

@@ -23,28 +23,43 @@ use crate::error::{Error, Result};
 /// Storage dtype of the tiny checkpoint's weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TinyDtype {
+    /// 32-bit floats.
     F32,
+    /// bfloat16.
     BF16,
+    /// IEEE half precision.
     F16,
 }
 
 /// Shape and options of the tiny random model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TinySpec {
+    /// Tokens in the vocabulary: 256 bytes, merges, then the three special tokens (at
+    /// least 259).
     pub vocab_size: usize,
+    /// Width of the residual stream.
     pub hidden_size: usize,
+    /// Width of the MLP.
     pub intermediate_size: usize,
+    /// Decoder layers.
     pub num_layers: usize,
+    /// Query heads.
     pub num_heads: usize,
+    /// Key/value heads.
     pub num_kv_heads: usize,
+    /// No `lm_head.weight`: the lm_head is the embedding.
     pub tie_word_embeddings: bool,
     /// Biases on q, k and v; the checkpoint is then a Qwen2ForCausalLM.
     pub attention_bias: bool,
+    /// Storage type of the weights.
     pub dtype: TinyDtype,
     /// Number of safetensors files; more than one adds `model.safetensors.index.json`.
     pub shards: usize,
+    /// Seeds every tensor's values.
     pub seed: u64,
+    /// RoPE base frequency.
     pub rope_theta: f32,
+    /// Context length written to config.json.
     pub max_position_embeddings: usize,
 }
 
@@ -69,9 +84,9 @@ impl Default for TinySpec {
 }
 
 /// RMSNorm epsilon written to config.json.
-pub const TINY_RMS_NORM_EPS: f32 = 1e-5;
+pub(crate) const TINY_RMS_NORM_EPS: f32 = 1e-5;
 /// The special tokens, in id order, occupying the last three ids of the vocabulary.
-pub const TINY_SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+pub(crate) const TINY_SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
 const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 

@@ -1,10 +1,10 @@
 //! Turning a sequence's row of logits into its next token, TensorRT-LLM style: penalties,
 //! bad words, `min_length`, greedy or temperature/top-k/top-p from a per-sequence seeded
 //! generator, log-probabilities, end tokens and stop words. Pure logic: the Sampler actor
-//! holds one [`SeqSampler`] per running sequence and calls [`SeqSampler::sample`].
+//! holds one `SeqSampler` per running sequence and calls `SeqSampler::sample`.
 //!
 //! # Layout
-//! - [`seq`](SeqSampler): the per-sequence state and the order of the steps;
+//! - `seq` (`SeqSampler`): the per-sequence state and the order of the steps;
 //! - `penalties`: repetition, presence and frequency penalties;
 //! - `words`: end tokens, `min_length`, bad words, stop words;
 //! - `plan`: one row's choice as plain data ([`RowPlan`]) for a device, and its CPU twin;
@@ -24,12 +24,13 @@ mod speculative;
 mod tests;
 mod words;
 
-pub use plan::{
-    pack, step_uniform, Edit, PackedPlans, RowChoice, RowPlan, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT,
-    PLAN_WORDS,
-};
-pub use seq::{Sampled, SeqSampler};
-pub use speculative::{standard_rule, DraftSampler, Verdict};
+#[cfg(feature = "cuda")]
+pub(crate) use plan::{pack, PLAN_WORDS};
+pub use plan::{Edit, RowChoice, RowPlan, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT};
+#[cfg(test)]
+use seq::Sampled;
+pub(crate) use seq::SeqSampler;
+pub(crate) use speculative::{DraftSampler, Verdict};
 
 /// The index of the largest logit (the first one on ties); NaN counts as -inf, and a row
 /// with nothing above -inf (or empty) gives 0.

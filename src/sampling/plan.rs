@@ -24,6 +24,7 @@ pub const EDIT_COUNT: u32 = EDIT_REPEAT - 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub struct Edit {
+    /// The token whose logit changes.
     pub token: u32,
     /// Generated count (`EDIT_COUNT` bits) | `EDIT_REPEAT` | `EDIT_BAN`.
     pub info: u32,
@@ -40,12 +41,18 @@ pub struct RowPlan {
     pub top_k: usize,
     /// Not NaN; 1 or more keeps every token.
     pub top_p: f32,
+    /// The sequence's seed: with `step`, picks the draw.
     pub seed: u64,
     /// Tokens generated before this one: with `seed`, picks the draw.
     pub step: u64,
+    /// Compute the chosen token's log-probability.
     pub want_log_prob: bool,
+    /// Repetition penalty for tokens with `EDIT_REPEAT` (divides positive logits,
+    /// multiplies negative ones); 1 is off.
     pub repetition: f32,
+    /// Subtracted once from tokens with a generated count.
     pub presence: f32,
+    /// Subtracted per generated occurrence.
     pub frequency: f32,
     /// At most one per token, sorted by token.
     pub edits: Vec<Edit>,
@@ -142,6 +149,7 @@ impl RowPlan {
 }
 
 /// Words per row in [`pack`]'s parameter layout.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub const PLAN_WORDS: usize = 16;
 
 /// Plans laid out for the `sample_rows` kernel: per row [`PLAN_WORDS`] words (flags: 1
@@ -149,12 +157,14 @@ pub const PLAN_WORDS: usize = 16;
 /// repetition; presence; frequency; first edit; end of edits; three spare), and every
 /// row's edits as (token, info) pairs.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub struct PackedPlans {
     pub params: Vec<u32>,
     pub edits: Vec<u32>,
 }
 
 /// Packs one plan per row, in row order.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn pack<'a>(plans: impl IntoIterator<Item = &'a RowPlan>) -> PackedPlans {
     let mut out = PackedPlans::default();
     for p in plans {

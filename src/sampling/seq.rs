@@ -234,6 +234,7 @@ impl SeqSampler {
     }
 
     /// The tokens chosen so far, in order (every one, the stopping token included).
+    #[cfg(test)]
     pub fn generated(&self) -> &[u32] {
         &self.history[self.prompt_tail..]
     }
@@ -245,6 +246,7 @@ impl SeqSampler {
     }
 
     /// The seed of this sequence's generator: `random_seed`, or the one drawn for it.
+    #[cfg(test)]
     pub fn seed(&self) -> u64 {
         self.seed
     }

@@ -8,6 +8,7 @@
 pub struct Batch {
     /// Increases by one with every `schedule()` call.
     pub iteration: u64,
+    /// The sequences to compute, each with its chunk of tokens.
     pub seqs: Vec<ScheduledSeq>,
     /// Sequences preempted by recompute in this iteration: their blocks are freed
     /// and they will come back with `new` set.
@@ -39,7 +40,9 @@ impl Batch {
 /// V rows of the block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockCopy {
+    /// The block's id in the device cache.
     pub device: u32,
+    /// The block's id in the host cache.
     pub host: u32,
     /// Device to host (a swap out); else host to device (a swap in).
     pub to_host: bool,
@@ -54,7 +57,9 @@ pub const PENDING_TOKEN: u32 = u32::MAX;
 /// `start_pos..start_pos + tokens.len()`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScheduledSeq {
+    /// The sequence's id (its `SeqSpec::id`).
     pub id: u64,
+    /// Position of the first token of `tokens` (tokens before it are computed).
     pub start_pos: usize,
     /// Tokens to compute in this iteration.
     pub tokens: Vec<u32>,
@@ -78,9 +83,11 @@ pub struct ScheduledSeq {
 /// tokens it accepted (speculative decoding).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SampledToken {
+    /// The sequence's id.
     pub id: u64,
     /// Draft tokens accepted, in order, before `token` (at most the chunk's `max_draft`).
     pub accepted: Vec<u32>,
+    /// The sampled token.
     pub token: u32,
     /// The sampler saw the end id or a stop word: the sequence ends with this token.
     pub stop: bool,
@@ -89,6 +96,8 @@ pub struct SampledToken {
 /// The result of computing a `Batch`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepOutput {
+    /// One entry per sequence that sampled; a sequence scheduled with `sample` that has
+    /// none is scheduled again.
     pub tokens: Vec<SampledToken>,
 }
 
@@ -105,23 +114,40 @@ pub enum FinishReason {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeqEvent {
     /// A generated token (the stopping token included; postprocessing strips it).
-    Token { id: u64, token: u32 },
+    Token {
+        /// The sequence.
+        id: u64,
+        /// The token.
+        token: u32,
+    },
     /// The sequence is done; its blocks are already freed.
-    Finished { id: u64, reason: FinishReason },
+    Finished {
+        /// The sequence.
+        id: u64,
+        /// Why it ended.
+        reason: FinishReason,
+    },
     /// The sequence was preempted by recompute; it keeps its tokens and resumes later.
     /// (A sequence preempted by swapping reports nothing: engines keep its state.)
-    Preempted { id: u64 },
+    Preempted {
+        /// The sequence.
+        id: u64,
+    },
 }
 
 /// Counts for the inflight-batcher metrics of one iteration.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IterationStats {
+    /// The iteration ([`Batch::iteration`]).
     pub iteration: u64,
-    /// Sequences computing prompt (or recomputed) tokens, and their token count.
+    /// Sequences computing prompt (or recomputed) tokens.
     pub num_context_requests: usize,
+    /// Tokens those sequences compute.
     pub num_context_tokens: usize,
     /// Sequences computing a generated token.
     pub num_generation_requests: usize,
+    /// Tokens those sequences compute.
     pub num_generation_tokens: usize,
+    /// Sequences preempted in this iteration, by recompute or by swapping.
     pub num_preempted: usize,
 }

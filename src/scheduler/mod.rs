@@ -53,7 +53,7 @@ mod batch;
 mod block_manager;
 #[cfg(test)]
 mod checks;
-pub mod overlap;
+pub(crate) mod overlap;
 mod policy;
 mod schedule;
 mod sequence;
@@ -73,8 +73,9 @@ pub use batch::{
 pub use block_manager::BlockManager;
 pub use policy::{AddError, ConfigError, Limit, SchedulerConfig, SchedulerPolicy};
 pub use sequence::SeqSpec;
-pub use stats::{EngineTime, SchedulerStats, StepTiming};
-pub use step::{Draft, SeqId, StepSeq};
+pub(crate) use stats::StepTiming;
+pub use stats::{EngineTime, SchedulerStats};
+pub(crate) use step::{Draft, SeqId, StepSeq};
 
 use sequence::Sequence;
 
@@ -112,6 +113,7 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
+    /// An empty scheduler with `config`'s limits, or why they cannot work.
     pub fn new(config: SchedulerConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Scheduler {
@@ -274,18 +276,22 @@ impl Scheduler {
         self.swapped.len()
     }
 
+    /// Sequences admitted and not finished (holding device blocks).
     pub fn num_running(&self) -> usize {
         self.running.len()
     }
 
+    /// Free blocks of the device KV cache.
     pub fn num_free_blocks(&self) -> usize {
         self.blocks.num_free()
     }
 
+    /// Blocks of the device KV cache.
     pub fn num_total_blocks(&self) -> usize {
         self.blocks.num_total()
     }
 
+    /// Blocks of the device KV cache held by sequences.
     pub fn num_used_blocks(&self) -> usize {
         self.blocks.num_total() - self.blocks.num_free()
     }
@@ -329,6 +335,7 @@ impl Scheduler {
             || !self.cancelled.is_empty()
     }
 
+    /// The limits it runs with.
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
     }

@@ -43,7 +43,7 @@ pub struct SchedulerConfig {
     /// Longest sequence, prompt plus generated tokens.
     pub max_seq_len: usize,
     /// Plan each iteration while the one before it runs, where the engine samples on its
-    /// device and no draft source stands in front of it ([`super::overlap`]).
+    /// device and no draft source stands in front of it (`scheduler::overlap`).
     pub overlap: bool,
 }
 
@@ -67,13 +67,17 @@ impl Default for SchedulerConfig {
 /// A configuration the scheduler cannot run with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// A limit (named) is below its minimum (given).
     #[error("scheduler config: {0} must be at least {1}")]
     TooSmall(&'static str, usize),
+    /// A cache has more blocks than u32 block ids can name.
     #[error("scheduler config: {0} blocks do not fit u32 block ids")]
     TooManyBlocks(usize),
 }
 
 impl SchedulerConfig {
+    /// Checks the limits a scheduler needs: at least one sequence, token and block, room
+    /// for two tokens per sequence, block counts that fit u32 ids.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let minimums = [
             ("max_batch_size", self.max_batch_size, 1),
@@ -163,18 +167,29 @@ impl std::fmt::Display for Limit {
 /// Why `add` refused a request; the messages are meant for the client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AddError {
+    /// `max_queue_size` sequences are waiting already.
     #[error("the request queue is full ({max} waiting requests); retry later")]
-    QueueFull { max: usize },
+    QueueFull {
+        /// The queue's size.
+        max: usize,
+    },
+    /// The request needs more tokens than a limit allows.
     #[error("the request needs {tokens} tokens, more than {limit} ({max} tokens)")]
     TooLong {
+        /// Tokens it needs under that limit.
         tokens: usize,
+        /// Tokens the limit allows.
         max: usize,
+        /// The limit.
         limit: Limit,
     },
+    /// The prompt has no tokens.
     #[error("the prompt is empty")]
     Empty,
+    /// `max_new_tokens` is 0.
     #[error("max_tokens must be at least 1")]
     NoNewTokens,
+    /// A waiting or running sequence has this id.
     #[error("a request with this id is already in progress")]
     DuplicateId,
 }

@@ -6,8 +6,11 @@ use super::policy::kv_tokens_needed;
 /// A request as the scheduler sees it: token ids in, a cap on tokens out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeqSpec {
+    /// The sequence's id, unique among waiting and running ones.
     pub id: u64,
+    /// The prompt's token ids.
     pub prompt: Vec<u32>,
+    /// Most tokens to generate (`max_seq_len` may stop it sooner).
     pub max_new_tokens: usize,
     /// Draft tokens the target may verify per decode step (0: no speculation).
     pub num_draft_tokens: usize,

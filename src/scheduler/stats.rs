@@ -18,14 +18,16 @@ pub struct StepTiming {
 /// Engine time summed over every iteration (see `StepTiming`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EngineTime {
+    /// Forward passes (with sampling, on a device that samples), summed.
     pub compute: Duration,
-    /// Waits between back-to-back iterations, and how many there were.
+    /// Waits between back-to-back iterations, summed.
     pub wait: Duration,
+    /// How many such waits there were.
     pub waits: u64,
 }
 
 impl EngineTime {
-    pub fn add(&mut self, t: StepTiming) {
+    pub(crate) fn add(&mut self, t: StepTiming) {
         self.compute += t.compute;
         if let Some(w) = t.wait {
             self.wait += w;
@@ -37,16 +39,27 @@ impl EngineTime {
 /// What the scheduler reports about itself.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SchedulerStats {
+    /// Sequences waiting to run (new, preempted or swapped out).
     pub waiting: usize,
+    /// Sequences running.
     pub running: usize,
+    /// Free blocks of the device KV cache.
     pub free_blocks: usize,
+    /// Blocks of the device KV cache.
     pub total_blocks: usize,
+    /// Tokens per KV block.
     pub block_size: usize,
+    /// The last iteration's number.
     pub iteration: u64,
+    /// The configured `max_batch_size`.
     pub max_batch_size: usize,
+    /// Sequences computing prompt (or recomputed) tokens in the last iteration.
     pub context_requests: usize,
+    /// Tokens they computed.
     pub context_tokens: usize,
+    /// Sequences computing a generated token in the last iteration.
     pub generation_requests: usize,
+    /// Requests with a sequence waiting or running.
     pub active_requests: usize,
     /// Preemptions by recompute since start.
     pub preemptions: u64,
@@ -55,10 +68,13 @@ pub struct SchedulerStats {
     /// Preemptions by swapping since start, and the KV blocks copied out to the host
     /// cache and back in.
     pub swap_outs: u64,
+    /// KV blocks copied out to the host cache since start.
     pub blocks_swapped_out: u64,
+    /// KV blocks copied back in since start.
     pub blocks_swapped_in: u64,
     /// Iterations planned while the one before them ran (overlap), since start.
     pub planned_ahead: u64,
+    /// The scheduler has a running engine.
     pub ready: bool,
     /// Engine time since start.
     pub engine_time: EngineTime,

@@ -1,30 +1,38 @@
 //! Speculative decoding's pure parts, used by the orchestrator actor
 //! (`actors::speculative`): where drafts come from ([`DraftSource`], prompt lookup) and
-//! what the orchestrator knows of each sequence ([`SeqTrack`]), rebuilt from the steps
+//! what the orchestrator knows of each sequence (`SeqTrack`), rebuilt from the steps
 //! it forwards. Verification is the sampler's (`sampling::speculative`).
 
-pub mod prompt_lookup;
+pub(crate) mod prompt_lookup;
 mod track;
 
 use std::sync::Arc;
 
-pub use track::SeqTrack;
+pub(crate) use track::SeqTrack;
 
 use crate::model::Backend;
 
 /// Most draft tokens a request may ask the target to verify per step.
-pub const MAX_DRAFT_TOKENS: usize = 32;
+pub(crate) const MAX_DRAFT_TOKENS: usize = 32;
 
 /// Where draft tokens come from.
 #[derive(Clone)]
 pub enum DraftSource {
     /// A smaller model with the target's vocabulary, run by its own engine.
     Model {
+        /// Starts the draft model's engines.
         backend: Arc<dyn Backend>,
+        /// The draft model's vocabulary size; must equal the target's.
         vocab_size: usize,
     },
-    /// N-gram lookup in the sequence's own tokens (see [`prompt_lookup`]).
-    PromptLookup { min_ngram: usize, max_ngram: usize },
+    /// N-gram lookup in the sequence's own tokens: the latest earlier occurrence of its
+    /// last n tokens, n from `max_ngram` down to `min_ngram`, and what followed it.
+    PromptLookup {
+        /// Shortest n-gram tried; 0 proposes nothing.
+        min_ngram: usize,
+        /// Longest n-gram tried (first).
+        max_ngram: usize,
+    },
 }
 
 impl std::fmt::Debug for DraftSource {
@@ -47,6 +55,7 @@ impl std::fmt::Debug for DraftSource {
 /// Speculative decoding for one model.
 #[derive(Debug, Clone)]
 pub struct SpeculativeOptions {
+    /// Where draft tokens come from.
     pub draft: DraftSource,
     /// Draft tokens per step for requests that do not set `num_draft_tokens`.
     pub num_draft_tokens: usize,

@@ -25,11 +25,14 @@ const TEMPLATE_NAME: &str = "chat";
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
+    /// Who speaks: `system`, `user`, `assistant`, ...
     pub role: String,
+    /// What they say.
     pub content: String,
 }
 
 impl ChatMessage {
+    /// A message of `role` saying `content`.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
         ChatMessage {
             role: role.into(),

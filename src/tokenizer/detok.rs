@@ -9,6 +9,7 @@ pub struct Detokenizer {
 }
 
 impl Detokenizer {
+    /// A detokenizer with nothing pending.
     pub fn new() -> Self {
         Self::default()
     }

@@ -53,16 +53,30 @@ const EOG_TEXTS: &[&str] = &[
 /// The tokenizer as a GGUF file describes it (`tokenizer.ggml.*` keys); plain data.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GgufVocab {
+    /// `tokenizer.ggml.model`: the tokenizer kind (`gpt2`, byte-level BPE, is the one
+    /// [`Tokenizer::from_gguf_vocab`] builds).
     pub model: String,
+    /// `tokenizer.ggml.pre`: the pre-tokenizer's name (`llama-bpe`, `smollm`, ...).
     pub pre: Option<String>,
+    /// `tokenizer.ggml.tokens`: every token's text, by id.
     pub tokens: Vec<String>,
+    /// `tokenizer.ggml.token_type`: every token's ggml type (normal, control, ...); all
+    /// normal when absent.
     pub token_types: Vec<i32>,
+    /// `tokenizer.ggml.merges`: BPE merges, `"a b"`, highest priority first.
     pub merges: Vec<String>,
+    /// `tokenizer.ggml.bos_token_id`.
     pub bos_token_id: Option<u32>,
+    /// `tokenizer.ggml.eos_token_id`.
     pub eos_token_id: Option<u32>,
+    /// `tokenizer.ggml.unknown_token_id`.
     pub unknown_token_id: Option<u32>,
+    /// `tokenizer.ggml.padding_token_id`.
     pub padding_token_id: Option<u32>,
+    /// Encoding prepends bos: `tokenizer.ggml.add_bos_token`, else llama.cpp's default
+    /// for the pre-tokenizer.
     pub add_bos: bool,
+    /// `tokenizer.chat_template`: the model's jinja chat template.
     pub chat_template: Option<String>,
 }
 
@@ -481,6 +495,7 @@ impl Tokenizer {
         self.bytes.len()
     }
 
+    /// The beginning-of-sequence id, when the tokenizer has one.
     pub fn bos_token_id(&self) -> Option<u32> {
         self.bos
     }

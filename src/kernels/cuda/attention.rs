@@ -279,6 +279,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Flash => "flash",

@@ -40,7 +40,7 @@ pub const MODULES: &[(&str, &str)] = &[
 ];
 
 /// The virtual architecture to compile for: the `a` variant where the chip has one.
-pub fn arch_for(major: i32, minor: i32) -> String {
+pub(crate) fn arch_for(major: i32, minor: i32) -> String {
     let suffix = if major >= 9 { "a" } else { "" };
     format!("compute_{major}{minor}{suffix}")
 }

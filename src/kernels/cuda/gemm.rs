@@ -1,9 +1,9 @@
 //! Linear layers: bf16 or f16 operands, fp32 accumulation, fp32 or 16-bit output, or fp32
 //! added to what y holds (the residual stream). cuBLAS (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`)
-//! in general; up to [`GEMV_MAX_ROWS`] token rows either cuBLAS or the weight-streaming
+//! in general; up to `GEMV_MAX_ROWS` token rows either cuBLAS or the weight-streaming
 //! kernels of kernels/gemv.cu (at one row also its pipelined form), whichever
-//! [`Blas::tune`] timed faster for that shape on this GPU; above that, the cuBLASLt
-//! algorithm [`Blas::tune_lt`] timed fastest for the shape's row bucket, where one beat
+//! `Blas::tune` timed faster for that shape on this GPU; above that, the cuBLASLt
+//! algorithm `Blas::tune_lt` timed fastest for the shape's row bucket, where one beat
 //! `cublasGemmEx` (lt.rs).
 
 use cudarc::cublas::sys::{
@@ -28,7 +28,7 @@ const CUBLAS_WORKSPACE: usize = 32 << 20;
 
 /// What a linear layer writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Out {
+pub(crate) enum Out {
     F32,
     /// The operands' 16-bit type.
     Half,
@@ -62,7 +62,7 @@ impl Out {
 /// itself (`Blas::prepare`); otherwise rms_norm writes them into the 16-bit rows `xn`
 /// first.
 #[derive(Clone, Copy, Debug)]
-pub struct Norm {
+pub(crate) struct Norm {
     pub x: u64,
     pub w: u64,
     pub eps: f32,
@@ -75,7 +75,7 @@ pub struct Norm {
 
 /// What a linear layer reads.
 #[derive(Clone, Copy, Debug)]
-pub enum Input {
+pub(crate) enum Input {
     /// 16-bit rows.
     Rows(u64),
     Normed(Norm),
@@ -89,6 +89,8 @@ pub enum Path {
     Auto,
     /// cublasGemmEx only (the baseline to compare with).
     Cublas,
+    /// The GEMV kernel only, norming its input inside where it can (checks); an error for
+    /// a shape it cannot run.
     Gemv,
     /// The row bucket's fastest cuBLASLt algorithm even where cublasGemmEx was faster
     /// (checks); cublasGemmEx where none was timed.
@@ -113,7 +115,7 @@ impl Input {
 
 /// A linear layer's shape, as [`Blas::tune`] keys its choices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Shape {
+pub(crate) struct Shape {
     pub half: Half,
     pub n: usize,
     pub inp: usize,
@@ -125,7 +127,7 @@ pub struct Shape {
 /// model and device to take ([`Blas::adopt`]): engines on one model then run the same
 /// kernels, in the same summation order, without timing again.
 #[derive(Clone, Debug)]
-pub struct Tuning {
+pub(crate) struct Tuning {
     by_shape: HashMap<Shape, Timed>,
     timed: Vec<Timed>,
     lt: LtTuning,
@@ -134,7 +136,7 @@ pub struct Tuning {
 /// One shape's timing: milliseconds per call on the GEMV kernels (at their fastest plan)
 /// and on cuBLAS; [`Timed::run`] says which plan a layer runs.
 #[derive(Clone, Copy, Debug)]
-pub struct Timed {
+pub(crate) struct Timed {
     pub shape: Shape,
     pub gemv_ms: f64,
     pub cublas_ms: f64,
@@ -176,7 +178,7 @@ impl Timed {
 }
 
 /// A cuBLAS handle and the GEMV kernels, on the device's stream.
-pub struct Blas {
+pub(crate) struct Blas {
     blas: CudaBlas,
     pub(super) gpu: Arc<Gpu>,
     /// The GEMV kernel built for bf16 and for f16.
@@ -342,6 +344,7 @@ impl Blas {
     }
 
     /// Every (shape, row bucket) [`Blas::tune_lt`] timed, in order.
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub fn timed_lt(&self) -> Vec<Tuned> {
         self.lt.tuned()
     }
@@ -363,6 +366,7 @@ impl Blas {
     }
 
     /// Every shape [`Blas::tune`] timed, in order.
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub fn timed(&self) -> &[Timed] {
         &self.timed
     }

@@ -104,6 +104,7 @@ impl Blas {
     /// gets SwiGLU's `f` 16-bit values a row. With `norm`, x is the rows it norms inside the
     /// kernel (x itself unread), which must fit its shared memory ([`Blas::gemv_can_norm`]).
     #[allow(clippy::too_many_arguments)]
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub fn gemv_at(
         &self,
         half: Half,

@@ -134,9 +134,11 @@ impl Drop for Descs {
 /// whether it beat `cublasGemmEx`.
 #[derive(Clone, Copy, Debug)]
 pub struct Tuned {
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub shape: Shape,
     pub gemm_ex_ms: f64,
     pub lt_ms: f64,
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub candidates: usize,
     algo: Option<cublasLtMatmulAlgo_t>,
 }
@@ -319,6 +321,7 @@ impl Lt {
     }
 
     /// Every tuned (shape, bucket), in order.
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub fn tuned(&self) -> Vec<Tuned> {
         self.tuning
             .order

@@ -1,18 +1,18 @@
 //! The CUDA side of the kernels (feature `cuda`): [`Gpu`] owns one device's context,
-//! stream and loaded kernel modules; [`DevBuf`] is a typed device allocation; `launch`
+//! stream and loaded kernel modules; `DevBuf` is a typed device allocation; `launch`
 //! holds one small launcher per kernel, `gemm` the cuBLAS bf16 products, `compile` the
 //! NVRTC build and its disk cache. Every CUDA call returns a checked [`Result`]; nothing
 //! here panics on a CUDA failure.
 
-pub mod attention;
+pub(crate) mod attention;
 pub mod compile;
 pub mod gemm;
-pub mod gemv;
-pub mod launch;
-pub mod lt;
-pub mod swap;
-pub mod switches;
-pub mod timeline;
+pub(crate) mod gemv;
+pub(crate) mod launch;
+pub(crate) mod lt;
+pub(crate) mod swap;
+pub(crate) mod switches;
+pub(crate) mod timeline;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,11 +34,14 @@ pub(crate) fn cuda_err<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> Erro
 /// engine and llama.cpp keep them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Half {
+    /// bfloat16.
     Bf16,
+    /// IEEE half precision.
     F16,
 }
 
 impl Half {
+    /// Both types.
     pub const ALL: [Half; 2] = [Half::Bf16, Half::F16];
 
     /// `bf16` or `f16`.
@@ -55,14 +58,14 @@ impl Half {
     }
 
     /// `v` rounded to this type, as raw bits.
-    pub fn bits(self, v: f32) -> u16 {
+    pub(crate) fn bits(self, v: f32) -> u16 {
         match self {
             Half::Bf16 => half::bf16::from_f32(v).to_bits(),
             Half::F16 => half::f16::from_f32(v).to_bits(),
         }
     }
 
-    pub fn value(self, bits: u16) -> f32 {
+    pub(crate) fn value(self, bits: u16) -> f32 {
         match self {
             Half::Bf16 => half::bf16::from_bits(bits).to_f32(),
             Half::F16 => half::f16::from_bits(bits).to_f32(),
@@ -70,7 +73,8 @@ impl Half {
     }
 
     /// A quiet NaN, to poison buffers.
-    pub fn nan(self) -> u16 {
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
+    pub(crate) fn nan(self) -> u16 {
         match self {
             Half::Bf16 => 0x7fc0,
             Half::F16 => 0x7e00,
@@ -80,29 +84,32 @@ impl Half {
 
 /// One device: context, the stream every launch goes on, and the kernels.
 pub struct Gpu {
-    pub ctx: Arc<CudaContext>,
-    pub stream: Arc<CudaStream>,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
     /// A second stream for the KV-cache block copies of preemption by swapping (the copy
     /// engine's), so that they run beside the forward pass, which waits by event for each
     /// group of layers' copies before it uses that group's cache.
-    pub copy_stream: Arc<CudaStream>,
+    pub(crate) copy_stream: Arc<CudaStream>,
+    /// The virtual architecture the kernels are compiled for (`compute_90a`, ...).
     pub arch: String,
+    /// The device's name, as the driver reports it.
     pub name: String,
     funcs: HashMap<String, CudaFunction>,
     /// Launches are programmatic dependent launches (`launch::launch_kernel`): on sm_90
     /// and later, unless the environment sets `INFLIGHT_PDL=0`.
-    pub pdl: bool,
+    pub(crate) pdl: bool,
     /// Prefill attention runs on the warpgroup tensor cores (flash_prefill_sm90.cu): on
     /// sm_90 (Hopper; its wgmma is not in later architectures), unless the environment sets
     /// `INFLIGHT_WGMMA=0`.
-    pub wgmma: bool,
+    pub(crate) wgmma: bool,
     /// Short decodes split into a thread-block cluster that merges its splits itself
     /// (`flash_decode_cl`): on sm_90 and later where a cluster of the largest blocks fits,
     /// unless the environment sets `INFLIGHT_DECODE_CLUSTERS=0`.
-    pub clusters: bool,
+    pub(crate) clusters: bool,
     /// Where kernels write their timeline marks, in a build with them
     /// (`INFLIGHT_TIMELINE=1`, profiling only).
-    pub timeline: Option<timeline::Timeline>,
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
+    pub(crate) timeline: Option<timeline::Timeline>,
 }
 
 /// The kernel entry points of each module (each gets a `_bf16` and an `_f16` build).
@@ -314,7 +321,8 @@ impl Gpu {
     /// A kernel's resources: (registers per thread, local bytes per thread, static shared
     /// bytes, resident blocks per multiprocessor at `threads` threads and `dynamic_smem`
     /// bytes of dynamic shared memory).
-    pub fn resources(
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
+    pub(crate) fn resources(
         &self,
         op: &str,
         half: Half,
@@ -334,21 +342,21 @@ impl Gpu {
 
     /// Makes this device's context current on the calling thread (actors move between
     /// threads).
-    pub fn bind(&self) -> Result<()> {
+    pub(crate) fn bind(&self) -> Result<()> {
         self.ctx
             .bind_to_thread()
             .map_err(cuda_err("binding the context"))
     }
 
     /// Uninitialised device memory for `len` elements.
-    pub fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<DevBuf<T>> {
+    pub(crate) fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<DevBuf<T>> {
         // SAFETY: every user writes a buffer before reading it (the checks poison them).
         let s = unsafe { self.stream.alloc::<T>(len.max(1)) }
             .map_err(cuda_err("allocating device memory"))?;
         Ok(DevBuf { s, len })
     }
 
-    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<DevBuf<T>> {
+    pub(crate) fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<DevBuf<T>> {
         let s = self
             .stream
             .alloc_zeros::<T>(len.max(1))
@@ -356,14 +364,14 @@ impl Gpu {
         Ok(DevBuf { s, len })
     }
 
-    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<DevBuf<T>> {
+    pub(crate) fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<DevBuf<T>> {
         let mut b = self.alloc::<T>(host.len())?;
         self.write(&mut b, host)?;
         Ok(b)
     }
 
     /// Copies `host` to the start of `buf`.
-    pub fn write<T: DeviceRepr>(&self, buf: &mut DevBuf<T>, host: &[T]) -> Result<()> {
+    pub(crate) fn write<T: DeviceRepr>(&self, buf: &mut DevBuf<T>, host: &[T]) -> Result<()> {
         if host.len() > buf.len {
             return Err(Error::Cuda(format!(
                 "copy of {} elements into a buffer of {}",
@@ -381,7 +389,7 @@ impl Gpu {
     }
 
     /// The first `len` elements of `buf`, after everything queued so far.
-    pub fn read<T: DeviceRepr + Default + Clone>(
+    pub(crate) fn read<T: DeviceRepr + Default + Clone>(
         &self,
         buf: &DevBuf<T>,
         len: usize,
@@ -405,7 +413,7 @@ impl Gpu {
     /// Page-locked host memory for `len` elements that kernels write directly: mapped into
     /// the device's address space, so that a kernel's results reach the host with no copy
     /// after it. The host reads it once an event recorded after that kernel has completed.
-    pub fn mapped<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<Mapped<T>> {
+    pub(crate) fn mapped<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<Mapped<T>> {
         // SAFETY: the contents are read only after a kernel writing them completed.
         let host = unsafe {
             self.ctx.alloc_pinned_with_flags::<T>(
@@ -429,7 +437,7 @@ impl Gpu {
     /// Page-locked host memory for `len` elements, which the copy engine reads and writes
     /// asynchronously (the host cache preempted sequences swap out to; the host never
     /// reads it).
-    pub fn pinned_host<T: DeviceRepr>(&self, len: usize) -> Result<PinnedHostSlice<T>> {
+    pub(crate) fn pinned_host<T: DeviceRepr>(&self, len: usize) -> Result<PinnedHostSlice<T>> {
         // SAFETY: block copies write it before anything reads it.
         unsafe { self.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
             .map_err(cuda_err("allocating page-locked memory for the host cache"))
@@ -437,26 +445,26 @@ impl Gpu {
 
     /// An event recorded now on this device's stream, with timing (its `synchronize`
     /// spins, for the lowest latency).
-    pub fn event(&self) -> Result<CudaEvent> {
+    pub(crate) fn event(&self) -> Result<CudaEvent> {
         self.stream
             .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(cuda_err("recording an event"))
     }
 
-    pub fn sync(&self) -> Result<()> {
+    pub(crate) fn sync(&self) -> Result<()> {
         self.stream
             .synchronize()
             .map_err(cuda_err("synchronising the stream"))
     }
 
     /// (free, total) device memory in bytes.
-    pub fn mem_info(&self) -> Result<(usize, usize)> {
+    pub(crate) fn mem_info(&self) -> Result<(usize, usize)> {
         self.ctx.mem_get_info().map_err(cuda_err("memory info"))
     }
 }
 
 /// Page-locked host memory mapped for the device ([`Gpu::mapped`]).
-pub struct Mapped<T> {
+pub(crate) struct Mapped<T> {
     host: PinnedHostSlice<T>,
     dev: u64,
 }
@@ -471,11 +479,8 @@ impl<T: ValidAsZeroBits> Mapped<T> {
         self.host.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.host.is_empty()
-    }
-
     /// Sets every element to `v` (from the host; no kernel may be writing it).
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub fn fill(&mut self, v: T) -> Result<()>
     where
         T: Copy,
@@ -497,7 +502,7 @@ impl<T: ValidAsZeroBits> Mapped<T> {
 }
 
 /// A device allocation of `len` elements of `T`.
-pub struct DevBuf<T> {
+pub(crate) struct DevBuf<T> {
     s: CudaSlice<T>,
     len: usize,
 }
@@ -505,10 +510,6 @@ pub struct DevBuf<T> {
 impl<T> DevBuf<T> {
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The raw device address, for kernel arguments and cuBLAS.

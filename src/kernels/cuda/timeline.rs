@@ -24,6 +24,7 @@ pub fn on() -> bool {
 /// One kernel's mark: when its predecessor had completed (device timer, ns) and the kernel
 /// module and source line of its `grid_dep_enter`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
 pub struct Mark {
     pub ns: u64,
     pub module: &'static str,
@@ -32,6 +33,7 @@ pub struct Mark {
 
 impl Mark {
     /// `module.cu:line`.
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub fn label(&self) -> String {
         format!("{}.cu:{}", self.module, self.line)
     }
@@ -71,6 +73,7 @@ impl Timeline {
     }
 
     /// Forgets every mark, after the work queued so far.
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub fn clear(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let mut buf = self
             .buf
@@ -83,6 +86,7 @@ impl Timeline {
 
     /// The marks written since [`Timeline::clear`], in time order, once the work queued so
     /// far is done.
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub fn marks(&self, stream: &Arc<CudaStream>) -> Result<Vec<Mark>> {
         let buf = self
             .buf
@@ -101,6 +105,7 @@ impl Timeline {
 
 /// The marks of a buffer's contents (slot pairs of time and tag; a zero time is an empty
 /// slot), in time order.
+#[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
 pub fn decode(slots: &[u64]) -> Vec<Mark> {
     let mut marks: Vec<Mark> = slots
         .chunks_exact(2)

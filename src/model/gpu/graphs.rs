@@ -99,11 +99,13 @@ impl Graphs {
             && chunks.iter().all(|c| c.tokens.len() == 1 && c.logits == 1)
     }
 
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub fn set_on(&mut self, on: bool) {
         self.on = on;
     }
 
     /// Passes captured and kept now.
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub fn count(&self) -> usize {
         self.captured.len()
     }

@@ -1,18 +1,18 @@
 //! The GPU engine (feature `cuda`): [`CudaModel`] is a model's 16-bit weights on one device,
-//! shared between engine restarts; [`CudaBackend`] starts a [`forward::CudaForward`] (a
+//! shared between engine restarts; `CudaBackend` starts a `forward::CudaForward` (a
 //! 16-bit paged KV cache, a cuBLAS handle and scratch buffers) behind the same
 //! [`Backend`]/[`ForwardPass`] seam as the CPU engine, so the actor pipeline is unchanged.
 
-pub mod forward;
-pub mod graphs;
+pub(crate) mod forward;
+pub(crate) mod graphs;
 mod layers;
 mod layout;
-pub mod profile;
+pub(crate) mod profile;
 mod sample;
 mod scratch;
 mod swap;
-pub mod tune;
-pub mod weights;
+pub(crate) mod tune;
+pub(crate) mod weights;
 
 use std::sync::{Arc, OnceLock};
 
@@ -27,12 +27,12 @@ use weights::GpuWeights;
 
 /// A model's weights on one GPU.
 pub struct CudaModel {
-    pub gpu: Arc<Gpu>,
-    pub config: ModelConfig,
-    pub weights: GpuWeights,
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) config: ModelConfig,
+    pub(crate) weights: GpuWeights,
     /// The linear layers' kernel choices, timed by the first engine on this model and taken
     /// by every later one (an engine restart, a second forward pass).
-    pub tuning: OnceLock<Tuning>,
+    pub(crate) tuning: OnceLock<Tuning>,
 }
 
 impl CudaModel {
@@ -78,7 +78,7 @@ impl CudaModel {
 
     /// KV cache tokens that fit in `fraction` of the free device memory, after keeping
     /// room for the activations of `max_num_tokens` tokens and `max_batch` logit rows.
-    pub fn kv_tokens_for(
+    pub(crate) fn kv_tokens_for(
         &self,
         fraction: f64,
         max_num_tokens: usize,
@@ -91,7 +91,7 @@ impl CudaModel {
     }
 }
 
-pub fn kv_bytes_per_token(cfg: &ModelConfig) -> usize {
+pub(crate) fn kv_bytes_per_token(cfg: &ModelConfig) -> usize {
     cfg.num_layers * 2 * cfg.kv_dim() * 2
 }
 
@@ -105,7 +105,7 @@ pub(crate) fn heads(cfg: &ModelConfig) -> Heads {
 
 /// Starts GPU engines for one model (weights shared between restarts; each start gets a
 /// fresh KV cache).
-pub struct CudaBackend(pub Arc<CudaModel>);
+pub(crate) struct CudaBackend(pub(crate) Arc<CudaModel>);
 
 impl Backend for CudaBackend {
     fn start(

@@ -20,6 +20,7 @@ pub struct StageTimer {
 
 impl StageTimer {
     /// Starts timing: the first stage begins with the work queued from now on.
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
         let mut t = StageTimer {
             gpu: gpu.clone(),
@@ -44,6 +45,7 @@ impl StageTimer {
 
     /// Waits for the work and returns each stage's milliseconds, summed by name, in the
     /// order the stages first ran.
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub fn finish(self) -> Result<Vec<(&'static str, f64)>> {
         let mut out: Vec<(&'static str, f64)> = Vec::new();
         for w in self.marks.windows(2) {
@@ -75,6 +77,7 @@ pub fn mark(timer: &mut Option<StageTimer>, name: &'static str) -> Result<()> {
     timer.as_mut().map_or(Ok(()), |t| t.mark(name))
 }
 
+#[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
 impl CudaForward {
     /// Runs the linear layers on `path` from now on (to compare implementations).
     pub fn set_linear_path(&mut self, path: Path) {

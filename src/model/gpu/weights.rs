@@ -15,8 +15,6 @@ use crate::model::Llama;
 pub struct GpuLinear {
     pub w: DevBuf<u16>,
     pub b: Option<DevBuf<f32>>,
-    pub rows: usize,
-    pub cols: usize,
 }
 
 pub struct GpuLayer {
@@ -122,8 +120,6 @@ fn linear(gpu: &Gpu, l: &Linear, half: Half, order: Rows) -> Result<GpuLinear> {
             .as_deref()
             .map(|b| gpu.upload(&arranged(b.to_vec(), l.rows, 1, order)))
             .transpose()?,
-        rows: l.rows,
-        cols: l.cols,
     })
 }
 
