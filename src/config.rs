@@ -344,6 +344,15 @@ fn available_memory() -> usize {
 mod tests {
     use super::*;
 
+    /// A model of 2,048 positions.
+    fn small_model() -> ModelConfig {
+        ModelConfig::from_hf_json(
+            r#"{"vocab_size":100,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+                "num_attention_heads":4,"max_position_embeddings":2048}"#,
+        )
+        .unwrap()
+    }
+
     #[test]
     fn unknown_keys_are_named() {
         let e = ServeConfig::from_toml("[model]\nmax_batch_sise = 8\n")
@@ -356,11 +365,7 @@ mod tests {
 
     #[test]
     fn the_batch_size_defaults_by_device_unless_set() {
-        let model = ModelConfig::from_hf_json(
-            r#"{"vocab_size":100,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
-                "num_attention_heads":4,"max_position_embeddings":2048}"#,
-        )
-        .unwrap();
+        let model = small_model();
         let unset = ServeConfig::from_toml(
             "[model]
 max_tokens_in_paged_kv_cache = 4096
@@ -389,11 +394,7 @@ max_batch_size = 5
 
     #[test]
     fn max_seq_len_past_the_models_context_is_refused_at_start() {
-        let model = ModelConfig::from_hf_json(
-            r#"{"vocab_size":100,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
-                "num_attention_heads":4,"max_position_embeddings":2048}"#,
-        )
-        .unwrap();
+        let model = small_model();
         let cfg = |n| {
             ServeConfig::from_toml(&format!(
                 "[model]\nmax_tokens_in_paged_kv_cache = 4096\nmax_seq_len = {n}\n"
@@ -416,11 +417,7 @@ max_batch_size = 5
              max_num_tokens = 512\nmax_queue_size = 3\n",
         )
         .unwrap();
-        let model = ModelConfig::from_hf_json(
-            r#"{"vocab_size":100,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
-                "num_attention_heads":4,"max_position_embeddings":2048}"#,
-        )
-        .unwrap();
+        let model = small_model();
         let s = c.scheduler(&model).unwrap();
         assert_eq!((s.max_batch_size, s.block_size, s.num_blocks), (8, 16, 256));
         assert_eq!(s.policy, SchedulerPolicy::MaxUtilization);
