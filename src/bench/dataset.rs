@@ -137,6 +137,49 @@ impl<'a> PromptSynth<'a> {
     }
 }
 
+/// The shape of a shared-prefix run: `groups` random prefixes of `prefix_len` tokens,
+/// each request one of them (in turn) followed by its own random question of
+/// `question_len` tokens; every answer `output_len` tokens. The workload of KV cache
+/// reuse (a system prompt, few-shot examples or a document that many requests share).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SharedPrefix {
+    pub groups: usize,
+    pub prefix_len: usize,
+    pub question_len: usize,
+    pub output_len: usize,
+}
+
+/// `n` requests of a shared-prefix run. The prefixes' tokens are the same at the start of
+/// every prompt of their group (words are space-led tokens, so the question does not merge
+/// into the prefix); `input_tokens` is the whole prompt's true count.
+pub(crate) fn shared_prefix_requests(
+    shape: SharedPrefix,
+    synth: &PromptSynth<'_>,
+    n: usize,
+    rng: &mut StdRng,
+) -> Result<Vec<BenchRequest>, BenchError> {
+    if shape.groups == 0 || shape.prefix_len == 0 || shape.question_len == 0 {
+        return Err(BenchError::Setup(
+            "shared-prefix: --num-groups, --prefix-len and --question-len must be at least 1"
+                .into(),
+        ));
+    }
+    let prefixes = (0..shape.groups.min(n))
+        .map(|_| synth.prompt(shape.prefix_len, rng).map(|(text, _)| text))
+        .collect::<Result<Vec<_>, _>>()?;
+    (0..n)
+        .map(|i| {
+            let (question, _) = synth.prompt(shape.question_len, rng)?;
+            let prompt = format!("{} {question}", prefixes[i % prefixes.len()]);
+            Ok(BenchRequest {
+                input_tokens: count_tokens(synth.tok, &prompt)?,
+                prompt,
+                output_tokens: shape.output_len,
+            })
+        })
+        .collect()
+}
+
 /// One dataset entry: a prompt and, when the file has one, the reference answer.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Entry {
@@ -313,6 +356,42 @@ mod tests {
             .prompt(128, &mut rng_for(11, streams::PROMPT_TOKENS))
             .unwrap();
         assert_eq!(again, first, "same seed, same prompt");
+    }
+
+    #[test]
+    fn shared_prefix_prompts_share_their_groups_prefix_tokens() {
+        let tok = smollm();
+        let synth = PromptSynth::new(tok).unwrap();
+        let shape = SharedPrefix {
+            groups: 3,
+            prefix_len: 100,
+            question_len: 20,
+            output_len: 7,
+        };
+        let reqs =
+            shared_prefix_requests(shape, &synth, 8, &mut rng_for(3, streams::PROMPT_TOKENS))
+                .unwrap();
+        assert_eq!(reqs.len(), 8);
+        let ids: Vec<Vec<u32>> = reqs
+            .iter()
+            .map(|r| encode(tok, &r.prompt).unwrap())
+            .collect();
+        let common = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        for (i, r) in reqs.iter().enumerate() {
+            assert_eq!((r.input_tokens, r.output_tokens), (ids[i].len(), 7));
+            // Random text lands within a few tokens of its asked length.
+            assert!(r.input_tokens.abs_diff(120) <= 4, "{}", r.input_tokens);
+            // Same group (i, i + 3): the prefix's tokens lead both prompts, and only they.
+            if i + 3 < reqs.len() {
+                let shared = common(&ids[i], &ids[i + 3]);
+                assert!((96..=104).contains(&shared), "{shared}");
+            }
+            if i + 1 < reqs.len() {
+                assert!(common(&ids[i], &ids[i + 1]) < 10);
+            }
+        }
+        let zero = SharedPrefix { groups: 0, ..shape };
+        assert!(shared_prefix_requests(zero, &synth, 8, &mut rng_for(3, 4)).is_err());
     }
 
     /// `read_dataset` of a file holding `text` (removed after).

@@ -143,6 +143,9 @@ pub(crate) enum Source {
     TokenNormDist(TokenNormDist),
     /// Prompts from a JSON (or JSON-lines) file, with optional reference outputs.
     Dataset(DatasetArgs),
+    /// Groups of requests sharing a random prefix, each with its own question (the
+    /// workload of KV cache reuse).
+    SharedPrefix(SharedPrefixArgs),
     /// Print saved --json reports side by side.
     Compare(CompareArgs),
 }
@@ -161,6 +164,22 @@ pub(crate) struct TokenNormDist {
     /// Standard deviation of output lengths.
     #[arg(long, default_value_t = 0.0)]
     pub output_stdev: f64,
+}
+
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub(crate) struct SharedPrefixArgs {
+    /// Groups: distinct prefixes, taken in turn by the requests.
+    #[arg(long)]
+    pub num_groups: usize,
+    /// Tokens of each group's prefix.
+    #[arg(long)]
+    pub prefix_len: usize,
+    /// Tokens of each request's own question after the prefix.
+    #[arg(long)]
+    pub question_len: usize,
+    /// Output tokens of every request.
+    #[arg(long)]
+    pub output_len: usize,
 }
 
 #[derive(clap::Args, Debug, Clone, Serialize)]
@@ -387,7 +406,7 @@ fn prepare(args: &BenchArgs) -> Result<(Target, runner::Plan), BenchError> {
         tokenizer: Some(tok.clone()),
     };
     let synth = match args.source {
-        Source::TokenNormDist(_) => Some(PromptSynth::new(&tok)?),
+        Source::TokenNormDist(_) | Source::SharedPrefix(_) => Some(PromptSynth::new(&tok)?),
         _ => None,
     };
     let requests = traffic(args, &tok, synth.as_ref(), args.num_requests, args.seed)?;
@@ -476,6 +495,21 @@ fn traffic(
                 )));
             }
             Ok(reqs)
+        }
+        Source::SharedPrefix(p) => {
+            let synth = synth.expect("built for shared-prefix");
+            let shape = dataset::SharedPrefix {
+                groups: p.num_groups,
+                prefix_len: p.prefix_len,
+                question_len: p.question_len,
+                output_len: p.output_len,
+            };
+            dataset::shared_prefix_requests(
+                shape,
+                synth,
+                n,
+                &mut rng_for(seed, streams::PROMPT_TOKENS),
+            )
         }
         Source::Compare(_) => unreachable!("compare sends no traffic"),
     }
