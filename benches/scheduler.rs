@@ -22,6 +22,7 @@ fn spec(id: u64) -> SeqSpec {
         prompt: (0..PROMPT as u32).map(|t| t + id as u32).collect(),
         max_new_tokens: MAX_NEW,
         num_draft_tokens: 0,
+        cache_salt: 0,
     }
 }
 

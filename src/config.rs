@@ -181,6 +181,8 @@ pub struct ModelSection {
     /// Plan each iteration while the device runs the one before it (an engine that samples
     /// on its device, no draft source). `INFLIGHT_OVERLAP=0` overrides it at start.
     pub overlap_scheduling: bool,
+    /// Reuse the KV blocks of prompt prefixes that earlier requests computed.
+    pub enable_kv_cache_reuse: bool,
 }
 
 impl Default for ModelSection {
@@ -202,6 +204,7 @@ impl Default for ModelSection {
             postprocess_instances: 2,
             gpu_dtype: "auto".into(),
             overlap_scheduling: true,
+            enable_kv_cache_reuse: true,
         }
     }
 }
@@ -320,6 +323,7 @@ impl ServeConfig {
             num_blocks: (kv_tokens / block).max(1),
             num_host_blocks: usize::try_from(host_blocks).unwrap_or(usize::MAX),
             max_seq_len,
+            enable_kv_cache_reuse: m.enable_kv_cache_reuse,
             overlap: m.overlap_scheduling,
         };
         cfg.validate().map_err(|e| Error::Config(e.to_string()))?;

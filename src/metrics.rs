@@ -204,6 +204,23 @@ impl Metrics {
             "KV cache blocks copied back from the host cache when a swapped sequence resumed",
         );
         c(
+            "inflight_prefix_cache_queries_total",
+            "Prompt (and recomputed) tokens of sequences admitted, each looked up in the \
+             prefix cache",
+        );
+        c(
+            "inflight_prefix_cache_hits_total",
+            "Of those, tokens whose KV cache blocks were found in the prefix cache and \
+             reused instead of computed",
+        );
+        r.describe_gauge(
+            "inflight_kv_cache_reusable_blocks".into(),
+            None,
+            "KV cache blocks holding a full computed prefix that later requests may reuse \
+             (held by sequences, or reclaimable when memory is needed)"
+                .into(),
+        );
+        c(
             "inflight_spec_decode_steps_total",
             "Target steps that verified draft tokens (speculative decoding)",
         );
@@ -400,6 +417,11 @@ impl Metrics {
         kv_on_gpu: bool,
     ) {
         let used = s.total_blocks - s.free_blocks;
+        let hit_rate = if s.prefix_queried_tokens == 0 {
+            0.0
+        } else {
+            s.prefix_hit_tokens as f64 / s.prefix_queried_tokens as f64
+        };
         let fraction = if s.total_blocks == 0 {
             0.0
         } else {
@@ -439,6 +461,13 @@ impl Metrics {
             (blocks, kv, "used", used as f64),
             (blocks, kv, "tokens_per", s.block_size as f64),
             (blocks, kv, "fraction", fraction),
+            (
+                blocks,
+                kv,
+                "reused",
+                (s.prefix_hit_tokens / s.block_size.max(1) as u64) as f64,
+            ),
+            (blocks, kv, "cache_hit_rate", hit_rate),
             (batcher, ib, "micro_batch_id", 0.0),
             (
                 batcher,
@@ -461,6 +490,14 @@ impl Metrics {
             ];
             self.gauge(name, &labels, value);
         }
+        self.gauge(
+            "inflight_kv_cache_reusable_blocks",
+            &[
+                ("model", "tensorrt_llm".to_string()),
+                ("version", "1".to_string()),
+            ],
+            s.cached_blocks as f64,
+        );
         for model in models {
             let labels = [("model", model.to_string()), ("version", "1".to_string())];
             self.gauge(
@@ -492,6 +529,11 @@ impl Metrics {
             ("inflight_kv_blocks_swapped_out_total", s.blocks_swapped_out),
             ("inflight_kv_blocks_swapped_in_total", s.blocks_swapped_in),
             ("inflight_iterations_planned_ahead_total", s.planned_ahead),
+            (
+                "inflight_prefix_cache_queries_total",
+                s.prefix_queried_tokens,
+            ),
+            ("inflight_prefix_cache_hits_total", s.prefix_hit_tokens),
         ];
         for (name, value) in counters {
             let key = Self::key(name, &exec);

@@ -20,6 +20,8 @@ pub struct SeqOutputState {
     /// The answer so far when not streaming.
     pending: Chunk,
     prompt_tokens: usize,
+    /// Prompt tokens found in the prefix cache.
+    cached_tokens: usize,
     output_tokens: usize,
     cum_log_prob: f32,
     first_token_at: Option<std::time::Instant>,
@@ -80,6 +82,7 @@ impl SeqOutputState {
             draft_steps: 0,
             draft_tokens: 0,
             accepted_draft_tokens: 0,
+            cached_tokens: 0,
         }
     }
 
@@ -89,6 +92,11 @@ impl SeqOutputState {
         self.draft_steps += usize::from(proposed > 0);
         self.draft_tokens += proposed;
         self.accepted_draft_tokens += accepted;
+    }
+
+    /// Notes the prompt tokens the prefix cache held (reported on every token chunk).
+    pub fn note_cached(&mut self, tokens: usize) {
+        self.cached_tokens = tokens;
     }
 
     /// `finish` (or `fail`) has produced the last chunk; later tokens are ignored.
@@ -114,6 +122,7 @@ impl SeqOutputState {
             batch_index: self.batch_index,
             queue_time: queued,
             prompt_tokens: self.prompt_tokens,
+            cached_tokens: self.cached_tokens,
             ..Chunk::default()
         };
         // End tokens close the sequence; they are not part of the answer.
@@ -212,6 +221,7 @@ impl SeqOutputState {
         chunk.batch_index = self.batch_index;
         chunk.finish_reason = Some(reason);
         chunk.prompt_tokens = self.prompt_tokens;
+        chunk.cached_tokens = self.cached_tokens;
         chunk.output_tokens = self.output_tokens;
         chunk.draft_steps = self.draft_steps;
         chunk.draft_tokens = self.draft_tokens;

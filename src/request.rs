@@ -69,6 +69,10 @@ pub struct GenerationParams {
     /// Accept draft tokens by the standard speculative sampling rule on the draft model's
     /// probabilities, rather than by matching the target's own draws.
     pub use_draft_logits: bool,
+    /// Prefix caching shares KV cache blocks only between requests with the same salt
+    /// (vLLM's `cache_salt`): a tenant's prompts stay apart from others'. None: the
+    /// common pool.
+    pub cache_salt: Option<String>,
 }
 
 impl Default for GenerationParams {
@@ -95,6 +99,7 @@ impl Default for GenerationParams {
             ignore_eos: false,
             num_draft_tokens: None,
             use_draft_logits: false,
+            cache_salt: None,
         }
     }
 }
@@ -170,6 +175,9 @@ pub struct Chunk {
     pub output_tokens: usize,
     /// Time this prompt waited before it was first scheduled (on its first chunk).
     pub queue_time: Option<std::time::Duration>,
+    /// Prompt tokens found in the KV cache (prefix caching), not computed again (on its
+    /// token chunks and its last).
+    pub cached_tokens: usize,
     /// When the first token of this chunk was produced, for a chunk that accumulates
     /// several (a non-streamed answer), so latency metrics stay server-side.
     pub first_token_at: Option<std::time::Instant>,

@@ -134,6 +134,110 @@ async fn sixty_four_concurrent_requests_match_their_solo_runs() {
     batching_matches_alone(handle).await;
 }
 
+/// 64 prompts over four shared prefixes (8, 20, 33 and 64 tokens: inside a block, past
+/// one, and whole blocks), each with its own tail, or none (the prompt is the prefix).
+fn shared_prefix_prompts() -> Vec<Vec<u32>> {
+    let prefixes: Vec<Vec<u32>> = [8usize, 20, 33, 64]
+        .iter()
+        .enumerate()
+        .map(|(g, &n)| (0..n).map(|i| (g * 97 + i * 13) as u32 % 500).collect())
+        .collect();
+    (0..64)
+        .map(|i| {
+            let mut p = prefixes[i % 4].clone();
+            p.extend((0..i % 13).map(|j| ((i * 31 + j * 7) % 500) as u32));
+            p
+        })
+        .collect()
+}
+
+/// Each prompt's greedy tokens, every request at once (after one of each group alone
+/// when `warm`, so that the rest find its prefix cached), and every final chunk's
+/// cached-token count.
+async fn shared_prefix_tokens(handle: &ModelHandle, warm: bool) -> (Vec<Vec<u32>>, usize) {
+    let prompts = shared_prefix_prompts();
+    let request = |p: &Vec<u32>| Request {
+        id: None,
+        prompts: vec![Prompt::Tokens(p.clone())],
+        params: greedy(12),
+    };
+    if warm {
+        for p in &prompts[..4] {
+            collect(handle, request(p)).await;
+        }
+    }
+    let mut streams = Vec::new();
+    for p in &prompts {
+        streams.push(handle.submit(request(p)).await.unwrap());
+    }
+    let (mut out, mut cached) = (Vec::new(), 0);
+    for s in streams {
+        let chunks: Vec<Chunk> = s.collect().await;
+        cached += chunks.last().unwrap().cached_tokens;
+        out.push(tokens(&chunks));
+    }
+    (out, cached)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_prefixes_give_the_same_tokens_with_reuse_on_and_off() {
+    let off = spawn("reuse-off", |o| {
+        o.scheduler.max_batch_size = 64;
+        o.scheduler.enable_kv_cache_reuse = false;
+    })
+    .await;
+    let (want, none) = shared_prefix_tokens(&off, true).await;
+    assert_eq!(none, 0, "nothing is reused with reuse off");
+    assert_eq!(off.stats().await.unwrap().prefix_hit_tokens, 0);
+    let on = spawn("reuse-on", |o| o.scheduler.max_batch_size = 64).await;
+    let (got, cached) = shared_prefix_tokens(&on, true).await;
+    assert_eq!(got, want, "greedy tokens with reuse on and off");
+    // Every warm group's whole blocks but one position: 60 prompts hit 0, 16, 32 or 56+.
+    assert!(
+        cached >= 15 * (16 + 32 + 56),
+        "{cached} prompt tokens reused"
+    );
+    let stats = on.stats().await.unwrap();
+    assert!(stats.prefix_hit_tokens as usize >= cached);
+    assert!(stats.cached_blocks > 0);
+    // Chunked prefills over cached prefixes, under max_utilization, agree too.
+    let chunked = spawn("reuse-chunked", |o| {
+        o.scheduler.max_batch_size = 64;
+        o.scheduler.enable_chunked_context = true;
+        o.scheduler.max_num_tokens = 24;
+        o.scheduler.policy = SchedulerPolicy::MaxUtilization;
+    })
+    .await;
+    assert_eq!(shared_prefix_tokens(&chunked, true).await.0, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_salt_keeps_requests_from_sharing_blocks() {
+    let handle = spawn("salt", |_| {}).await;
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 11) % 500).collect();
+    let run = |salt: Option<&str>| {
+        let request = Request {
+            id: None,
+            prompts: vec![Prompt::Tokens(prompt.clone())],
+            params: GenerationParams {
+                cache_salt: salt.map(str::to_owned),
+                ..greedy(4)
+            },
+        };
+        let handle = &handle;
+        async move {
+            let chunks = collect(handle, request).await;
+            (tokens(&chunks), chunks.last().unwrap().cached_tokens)
+        }
+    };
+    let (first, none) = run(Some("tenant-a")).await;
+    assert_eq!(none, 0);
+    // Another tenant, and the common pool, find nothing; the same tenant finds its blocks.
+    assert_eq!(run(Some("tenant-b")).await, (first.clone(), 0));
+    assert_eq!(run(None).await.1, 0);
+    assert_eq!(run(Some("tenant-a")).await, (first, 32));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_context_gives_the_same_results() {
     let handle = spawn("chunked", |o| {

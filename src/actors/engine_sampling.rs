@@ -53,6 +53,8 @@ impl EngineSampling {
         let st = self.seqs.entry(s.seq).or_default();
         if s.reset {
             *st = SeqState::default();
+            // A prefix found in the cache: its tokens come before the chunk's.
+            st.fed.extend_from_slice(&s.cached);
         }
         if st.sampler.is_none() {
             st.fed.extend_from_slice(s.known_tokens());

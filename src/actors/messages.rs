@@ -184,6 +184,8 @@ pub(crate) enum SeqOutput {
         log_prob: Option<f32>,
         /// Set on a sequence's first token: how long it waited to be scheduled.
         queued: Option<std::time::Duration>,
+        /// Prompt tokens its first admission found in the prefix cache (on every token).
+        cached: usize,
         /// Draft tokens proposed and accepted in the step that produced this token (set on
         /// the first token of the step).
         drafted: usize,

@@ -124,11 +124,13 @@ fn emit(state: &mut PostprocessState, output: SeqOutput) {
             token,
             log_prob,
             queued,
+            cached,
             drafted,
             accepted,
             ..
         } => {
             out.note_draft(drafted, accepted);
+            out.note_cached(cached);
             let pushed = out.push(&state.tokenizer, token, log_prob, queued);
             if pushed.stop_string {
                 // The token's chunk (text before the stop string) and the final one, as one.

@@ -50,6 +50,8 @@ struct SeqMeta {
     enqueued: Instant,
     /// Wait before its first batch; reported with its first token, then None.
     queued: Option<Duration>,
+    /// Prompt tokens its first batch found in the prefix cache.
+    cached: usize,
     first_scheduled: bool,
     /// Its sampling does not depend on a token not yet known: it may be planned ahead.
     continues: bool,
@@ -157,6 +159,7 @@ impl SchedulerState {
                 prompt: s.prompt.clone(),
                 max_new_tokens: s.params.max_tokens,
                 num_draft_tokens,
+                cache_salt: s.params.cache_salt.as_deref().map_or(0, salt_of),
             };
             if let Err(e) = self.core.add(spec) {
                 for added in &seqs[..i] {
@@ -173,6 +176,7 @@ impl SchedulerState {
                 prompt_len: s.prompt.len(),
                 enqueued: Instant::now(),
                 queued: None,
+                cached: 0,
                 first_scheduled: false,
                 continues: SeqSampler::plans_ahead(&s.params),
             };
@@ -254,6 +258,7 @@ impl SchedulerState {
                         None => (None, 0, 0),
                     };
                     let queued = self.seqs.get_mut(&id).and_then(|m| m.queued.take());
+                    let cached = self.seqs.get(&id).map_or(0, |m| m.cached);
                     outs.push((
                         self.rid(id),
                         SeqOutput::Token {
@@ -261,6 +266,7 @@ impl SchedulerState {
                             token,
                             log_prob,
                             queued,
+                            cached,
                             drafted,
                             accepted,
                         },
@@ -314,6 +320,8 @@ impl SchedulerState {
                 let _ = self.sampler.cast(SamplerMsg::Drop(vec![seq]));
             }
         }
+        // The new engine's cache holds none of the cached prefixes.
+        self.core.clear_prefix_cache();
         self.emit(outs);
     }
 
@@ -358,13 +366,15 @@ impl SchedulerState {
         Ok(())
     }
 
-    /// Notes how long each sequence in its first step waited since it was queued.
+    /// Notes how long each sequence in its first step waited since it was queued, and how
+    /// much of its prompt the prefix cache held.
     fn first_scheduled(&mut self, step: &Step) {
         for s in &step.seqs {
             if let Some(meta) = self.seqs.get_mut(&s.seq) {
                 if !meta.first_scheduled {
                     meta.first_scheduled = true;
                     meta.queued = Some(meta.enqueued.elapsed());
+                    meta.cached = s.cached.len();
                 }
             }
         }
@@ -412,8 +422,19 @@ impl SchedulerState {
             blocks_swapped_out,
             blocks_swapped_in,
             planned_ahead: self.overlap.planned_ahead(),
+            prefix_queried_tokens: self.core.prefix_cache_tokens().0,
+            prefix_hit_tokens: self.core.prefix_cache_tokens().1,
+            cached_blocks: self.core.num_cached_blocks(),
             ready: self.engine.is_some(),
             engine_time: self.timing,
         }
     }
+}
+
+/// The prefix cache's salt of a request's `cache_salt` (never 0, the common pool's).
+fn salt_of(salt: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    salt.hash(&mut h);
+    h.finish() | 1
 }

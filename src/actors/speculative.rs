@@ -236,6 +236,7 @@ impl SpeculativeState {
                     params: s.params.clone(),
                     max_draft: 0,
                     draft: None,
+                    cached: Vec::new(),
                 });
                 who.push(w);
             }

@@ -129,6 +129,7 @@ async fn collect(stream: TrackedStream, prompts: usize) -> ApiResult<Vec<Chunk>>
         if c.finish_reason.is_some() {
             slot.prompt_tokens = c.prompt_tokens;
             slot.output_tokens = c.output_tokens;
+            slot.cached_tokens = c.cached_tokens;
         }
     }
     Ok(merged)
@@ -213,7 +214,7 @@ async fn completions(State(state): State<AppState>, body: Bytes) -> ApiResult<Re
         .zip(echoes)
         .enumerate()
         .map(|(index, (c, echo))| {
-            usage.add(c.prompt_tokens, c.output_tokens);
+            usage.add(&c);
             let logprobs = req.logprobs.map(|_| completion_logprobs(tok, &c, &mut 0));
             let finish_reason = c.finish_reason.map(finish_reason);
             CompletionChoice {
@@ -295,7 +296,7 @@ fn stream_completion(
                 return;
             }
             if c.finish_reason.is_some() {
-                usage.add(c.prompt_tokens, c.output_tokens);
+                usage.add(&c);
             }
             if !worth_sending(&c, logprobs) {
                 continue;
@@ -343,7 +344,7 @@ async fn chat_completions(State(state): State<AppState>, body: Bytes) -> ApiResu
     }
     let c = collect(stream, 1).await?.remove(0);
     let mut usage = Usage::default();
-    usage.add(c.prompt_tokens, c.output_tokens);
+    usage.add(&c);
     let logprobs = req
         .logprobs
         .then(|| chat_logprobs(state.model().tokenizer(), &c));
@@ -398,7 +399,7 @@ fn stream_chat(
                 yield meta.chat_chunk(vec![choice(delta, lp, None)], usage_field);
             }
             if let Some(r) = c.finish_reason {
-                usage.add(c.prompt_tokens, c.output_tokens);
+                usage.add(&c);
                 yield meta.chat_chunk(vec![choice(ChatDelta::default(), None, Some(finish_reason(r)))], usage_field);
             }
         }

@@ -250,6 +250,7 @@ impl<'a> Body<'a> {
                 .int_in("num_draft_tokens", 0, i64::MAX)?
                 .map(|n| n as usize),
             use_draft_logits: self.boolean("use_draft_logits")?.unwrap_or(false),
+            cache_salt: self.string("cache_salt")?.map(str::to_owned),
             stop_strings: self.stop()?,
             stream,
             exclude_input_in_output: true,
@@ -480,13 +481,22 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details`: prompt tokens the prefix cache held.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
 }
 
 impl Usage {
-    pub fn add(&mut self, prompt: usize, completion: usize) {
-        self.prompt_tokens += prompt;
-        self.completion_tokens += completion;
+    /// Adds one prompt's final chunk.
+    pub fn add(&mut self, c: &crate::request::Chunk) {
+        self.prompt_tokens += c.prompt_tokens;
+        self.completion_tokens += c.output_tokens;
         self.total_tokens = self.prompt_tokens + self.completion_tokens;
+        self.prompt_tokens_details.cached_tokens += c.cached_tokens;
     }
 }
 

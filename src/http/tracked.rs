@@ -27,6 +27,8 @@ pub struct TrackedStream {
     reason: Option<FinishReason>,
     /// The longest time one of its prompts waited to be scheduled; `None` until one was.
     queue: Option<Duration>,
+    /// Prompt tokens found in the prefix cache, summed over its prompts (their last chunks).
+    cached: usize,
     done: bool,
 }
 
@@ -49,6 +51,7 @@ impl TrackedStream {
             open: prompts,
             reason: None,
             queue: None,
+            cached: 0,
             done: false,
         }
     }
@@ -64,6 +67,7 @@ impl TrackedStream {
         }
         if let Some(r) = c.finish_reason {
             self.open = self.open.saturating_sub(1);
+            self.cached += c.cached_tokens;
             self.state.metrics().speculative(
                 &self.model,
                 c.draft_steps,
@@ -106,6 +110,7 @@ impl TrackedStream {
             model = %self.model,
             prompts = self.prompts,
             tokens_in = self.tokens_in,
+            cached_tokens = self.cached,
             tokens_out = t.output_tokens,
             ttft_ms = t.ttft().map(millis),
             queue_ms = self.queue.map(millis),

@@ -77,6 +77,10 @@ pub struct ScheduledSeq {
     /// Draft tokens that may follow `tokens` in this iteration (speculative decoding):
     /// `block_table` covers them too. 0 unless `sample`.
     pub max_draft: usize,
+    /// On the first chunk after an admission that found a prefix in the cache: the known
+    /// tokens before `start_pos`, whose KV the cached blocks hold (engines that keep
+    /// per-sequence state see them here); empty otherwise.
+    pub cached: Vec<u32>,
 }
 
 /// A token the sampler produced for a sequence scheduled with `sample`, after the draft

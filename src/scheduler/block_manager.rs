@@ -2,19 +2,36 @@
 //! reference each one. It owns no memory (the engines own the KV tensors); the
 //! scheduler is its only caller and the only one that frees.
 //!
-//! Blocks are reference counted from the start so that prefix sharing and
-//! copy-on-write forks (beam search, n > 1) need no change here: `fork` adds a
-//! reference, `free` drops one, and a block returns to the free list when its count
-//! reaches zero. Invariant: a block is on the free list exactly when its count is 0.
+//! Blocks are reference counted so that sequences can share them: `fork` adds a
+//! reference, `free` drops one. Prefix caching keeps what a block holds: a full block
+//! whose tokens are computed is registered under the hash of its tokens and every token
+//! before them (`register`); a new sequence takes the registered blocks of its longest
+//! cached prefix (`cached_prefix`, `take_cached`). A registered block whose count reaches
+//! zero is not free but cached: it stays findable until `allocate` needs its memory and
+//! reclaims it, least recently freed first.
+//!
+//! Invariant: a block with no references is either on the free list (and registered
+//! under no hash) or cached (registered, in the LRU order), never both; a registered
+//! block is never written again (its tokens are computed and it is full).
 
-/// Reference-counted pool of fixed-size KV blocks.
+use std::collections::{BTreeMap, HashMap};
+
+/// Reference-counted pool of fixed-size KV blocks, with the prefix cache's index.
 #[derive(Debug, Clone)]
 pub struct BlockManager {
     block_size: usize,
-    /// Reference count per block id; 0 means free.
+    /// Reference count per block id; 0 means free or cached.
     refs: Vec<u32>,
     /// Free block ids; allocation pops from the end.
     free: Vec<u32>,
+    /// The hash each registered block is found under, and the block of each hash.
+    hash_of: HashMap<u32, u64>,
+    by_hash: HashMap<u64, u32>,
+    /// Registered blocks with no references, by the tick they were freed at: the first
+    /// is reclaimed first.
+    lru: BTreeMap<u64, u32>,
+    lru_tick: HashMap<u32, u64>,
+    tick: u64,
 }
 
 impl BlockManager {
@@ -34,14 +51,28 @@ impl BlockManager {
             block_size,
             refs: vec![0; num_blocks],
             free,
+            hash_of: HashMap::new(),
+            by_hash: HashMap::new(),
+            lru: BTreeMap::new(),
+            lru_tick: HashMap::new(),
+            tick: 0,
         }
     }
 
-    /// Takes `n` free blocks, each with one reference. `None` means there is no room;
+    /// Takes `n` free blocks, each with one reference, reclaiming cached blocks (least
+    /// recently freed first) when the free list is short. `None` means there is no room;
     /// nothing is taken then, so the caller can wait or preempt.
     pub fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
-        if n > self.free.len() {
+        if n > self.num_free() {
             return None;
+        }
+        while self.free.len() < n {
+            let Some((_, b)) = self.lru.pop_first() else {
+                break;
+            };
+            self.lru_tick.remove(&b);
+            self.unregister(b);
+            self.free.push(b);
         }
         let mut blocks = self.free.split_off(self.free.len() - n);
         blocks.reverse(); // in pop order
@@ -67,8 +98,82 @@ impl BlockManager {
             }
             *count -= 1;
             if *count == 0 {
-                self.free.push(b);
+                if self.hash_of.contains_key(&b) {
+                    self.tick += 1;
+                    self.lru.insert(self.tick, b);
+                    self.lru_tick.insert(b, self.tick);
+                } else {
+                    self.free.push(b);
+                }
             }
+        }
+    }
+
+    /// Registers `block` (referenced, full, its tokens computed) under `hash`, the hash of
+    /// its tokens and every token before them. False when another block already holds
+    /// that hash (the same tokens computed twice: the first stays the one found) or the
+    /// block is already registered.
+    pub fn register(&mut self, block: u32, hash: u64) -> bool {
+        if self.ref_count(block) == 0
+            || self.by_hash.contains_key(&hash)
+            || self.hash_of.contains_key(&block)
+        {
+            return false;
+        }
+        self.by_hash.insert(hash, block);
+        self.hash_of.insert(block, hash);
+        true
+    }
+
+    /// The registered blocks of the longest prefix of `hashes` (a sequence's block hashes
+    /// in order), without taking them.
+    pub fn cached_prefix(&self, hashes: &[u64]) -> Vec<u32> {
+        hashes
+            .iter()
+            .map_while(|h| self.by_hash.get(h).copied())
+            .collect()
+    }
+
+    /// How many of `blocks` (cached ones) no sequence references now: taking them uses up
+    /// that many of [`num_free`](Self::num_free).
+    pub fn num_unreferenced(&self, blocks: &[u32]) -> usize {
+        blocks.iter().filter(|&&b| self.ref_count(b) == 0).count()
+    }
+
+    /// Adds one reference to each of `blocks` (from [`cached_prefix`](Self::cached_prefix)),
+    /// taking those no sequence referenced out of the cache's reclaim order.
+    pub fn take_cached(&mut self, blocks: &[u32]) {
+        for &b in blocks {
+            debug_assert!(self.hash_of.contains_key(&b), "block {b} is not cached");
+            if self.ref_count(b) == 0 {
+                if let Some(t) = self.lru_tick.remove(&b) {
+                    self.lru.remove(&t);
+                }
+            }
+            if let Some(count) = self.refs.get_mut(b as usize) {
+                *count += 1;
+            }
+        }
+    }
+
+    /// Forgets every cached block (their contents are gone: a new engine's cache):
+    /// unreferenced ones become free.
+    pub fn clear_cache(&mut self) {
+        self.hash_of.clear();
+        self.by_hash.clear();
+        self.lru_tick.clear();
+        let lru = std::mem::take(&mut self.lru);
+        self.free.extend(lru.into_values());
+    }
+
+    /// Blocks registered in the prefix cache (referenced or not).
+    pub fn num_cached(&self) -> usize {
+        self.hash_of.len()
+    }
+
+    fn unregister(&mut self, block: u32) {
+        if let Some(h) = self.hash_of.remove(&block) {
+            self.by_hash.remove(&h);
         }
     }
 
@@ -83,9 +188,9 @@ impl BlockManager {
         }
     }
 
-    /// Blocks on the free list.
+    /// Blocks an allocation may take: the free list and the unreferenced cached blocks.
     pub fn num_free(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.lru.len()
     }
 
     /// Blocks in the pool.
@@ -108,6 +213,12 @@ impl BlockManager {
         self.refs.get(block as usize).copied().unwrap_or(0)
     }
 
+    /// Whether `block` is registered in the prefix cache.
+    #[cfg(test)]
+    pub(crate) fn is_cached(&self, block: u32) -> bool {
+        self.hash_of.contains_key(&block)
+    }
+
     /// Checks the free-list invariant; used by tests after every step.
     #[cfg(test)]
     pub(crate) fn check_consistent(&self) {
@@ -117,11 +228,35 @@ impl BlockManager {
             seen[b as usize] = true;
             assert_eq!(self.refs[b as usize], 0, "free block {b} has references");
         }
+        for (&t, &b) in &self.lru {
+            assert!(!seen[b as usize], "block {b} both free and cached");
+            seen[b as usize] = true;
+            assert_eq!(
+                self.refs[b as usize], 0,
+                "cached block {b} in the reclaim order has references"
+            );
+            assert_eq!(self.lru_tick.get(&b), Some(&t));
+            assert!(
+                self.hash_of.contains_key(&b),
+                "block {b} in the reclaim order is not registered"
+            );
+        }
+        assert_eq!(self.lru.len(), self.lru_tick.len());
+        for &b in &self.free {
+            assert!(
+                !self.hash_of.contains_key(&b),
+                "free block {b} is registered"
+            );
+        }
+        assert_eq!(self.hash_of.len(), self.by_hash.len());
+        for (&b, &h) in &self.hash_of {
+            assert_eq!(self.by_hash.get(&h), Some(&b));
+        }
         let zero = self.refs.iter().filter(|&&r| r == 0).count();
         assert_eq!(
             zero,
-            self.free.len(),
-            "a block with no references is not free"
+            self.free.len() + self.lru.len(),
+            "a block with no references is neither free nor cached"
         );
     }
 }
@@ -169,6 +304,39 @@ mod tests {
         assert_eq!(bm.ref_count(a[0]), 1);
         bm.free(&a[..1]);
         assert_eq!(bm.num_free(), 3);
+        bm.check_consistent();
+    }
+
+    #[test]
+    fn cached_blocks_are_found_shared_and_reclaimed_last_freed_last() {
+        let mut bm = BlockManager::new(4, 8);
+        let a = bm.allocate(3).unwrap();
+        assert!(bm.register(a[0], 10) && bm.register(a[1], 11));
+        assert!(!bm.register(a[2], 10), "a hash maps to one block");
+        assert!(!bm.register(a[0], 12), "a block has one hash");
+        assert_eq!(bm.cached_prefix(&[10, 11, 99]), vec![a[0], a[1]]);
+        assert_eq!(bm.cached_prefix(&[11]), vec![a[1]]);
+        // Shared while referenced.
+        bm.take_cached(&[a[0]]);
+        assert_eq!(bm.ref_count(a[0]), 2);
+        bm.free(&a);
+        bm.check_consistent();
+        // a[1] is cached and unreferenced, a[2] free, a[0] still held once.
+        assert_eq!((bm.num_free(), bm.num_cached()), (3, 2));
+        assert_eq!(bm.num_unreferenced(&[a[0], a[1]]), 1);
+        bm.take_cached(&[a[1]]);
+        assert_eq!(bm.ref_count(a[1]), 1);
+        bm.free(&[a[0], a[1]]);
+        bm.check_consistent();
+        // Four blocks: the free ones first, then the cached ones, least recently freed
+        // first (a[1] was freed after a[0]); a reclaimed block is found no more.
+        let got = bm.allocate(3).unwrap();
+        assert!(got.contains(&a[0]) && !got.contains(&a[1]));
+        assert_eq!(bm.cached_prefix(&[10, 11]), Vec::<u32>::new());
+        assert_eq!(bm.cached_prefix(&[11]), vec![a[1]]);
+        bm.check_consistent();
+        bm.clear_cache();
+        assert_eq!((bm.num_cached(), bm.num_free()), (0, 1));
         bm.check_consistent();
     }
 

@@ -3,6 +3,7 @@
 //! double-freed; sequence lengths and id sets consistent; the NoEvict guarantee).
 
 use super::*;
+use std::collections::HashMap;
 
 /// The batch respects the configured limits and each chunk is well formed.
 pub(super) fn check_batch(s: &Scheduler, batch: &Batch) {
@@ -36,6 +37,16 @@ pub(super) fn check_batch(s: &Scheduler, batch: &Batch) {
             assert_eq!(seq.ahead, Some(batch.iteration));
             assert!(seq.in_flight.is_some_and(|it| it < batch.iteration));
             continue;
+        }
+        // A chunk writes only blocks of its own that no later sequence may find.
+        for b in
+            &x.block_table[x.start_pos / c.block_size..(end + x.max_draft).div_ceil(c.block_size)]
+        {
+            assert_eq!(s.blocks.ref_count(*b), 1, "a chunk writes shared block {b}");
+            assert!(!s.blocks.is_cached(*b), "a chunk writes cached block {b}");
+        }
+        if !x.cached.is_empty() {
+            assert_eq!(x.cached[..], seq.tokens[..x.start_pos], "the cached prefix");
         }
         assert_eq!(x.tokens[..], seq.tokens[x.start_pos..end]);
         assert_eq!(x.sample, end == seq.num_known());
@@ -74,15 +85,31 @@ pub(super) fn check_invariants(s: &Scheduler) {
         assert!(seq.ahead.is_none() || seq.in_flight.is_some());
         owned.extend(&seq.blocks);
     }
+    // Each block's references are its owners; a block owned by several sequences is a
+    // cached one, inside every owner's computed tokens (never written again).
+    let mut owners: HashMap<u32, usize> = HashMap::new();
     for &b in &owned {
-        assert_eq!(s.blocks.ref_count(b), 1, "block {b} refcount");
+        *owners.entry(b).or_default() += 1;
     }
-    let n = owned.len();
-    owned.sort_unstable();
-    owned.dedup();
-    assert_eq!(owned.len(), n, "a block owned by two sequences");
+    for (&b, &n) in &owners {
+        assert_eq!(s.blocks.ref_count(b) as usize, n, "block {b} refcount");
+        if n > 1 {
+            assert!(s.blocks.is_cached(b), "shared block {b} is not cached");
+        }
+    }
+    for seq in &s.running {
+        for (j, &b) in seq.blocks.iter().enumerate() {
+            if owners[&b] > 1 {
+                assert!(
+                    (j + 1) * bs <= seq.num_computed,
+                    "shared block {b} not computed for {}",
+                    seq.id
+                );
+            }
+        }
+    }
     assert_eq!(
-        s.blocks.num_free() + n,
+        s.blocks.num_free() + owners.len(),
         s.blocks.num_total(),
         "blocks leaked"
     );

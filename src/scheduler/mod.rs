@@ -110,6 +110,10 @@ pub struct Scheduler {
     /// Blocks copied to the host cache and back since start.
     blocks_swapped_out: u64,
     blocks_swapped_in: u64,
+    /// Known tokens of admitted sequences since start, and those found in the prefix
+    /// cache (not computed again).
+    prefix_queried: u64,
+    prefix_hits: u64,
 }
 
 impl Scheduler {
@@ -133,6 +137,8 @@ impl Scheduler {
             swap_outs: 0,
             blocks_swapped_out: 0,
             blocks_swapped_in: 0,
+            prefix_queried: 0,
+            prefix_hits: 0,
         })
     }
 
@@ -186,6 +192,7 @@ impl Scheduler {
             seq.in_flight = None;
             if !chunk.sample {
                 seq.num_computed += chunk.tokens.len();
+                self.register_blocks(idx);
                 continue;
             }
             let Some(sampled) = out.tokens.iter().find(|t| t.id == chunk.id) else {
@@ -213,6 +220,7 @@ impl Scheduler {
                 // The continuation computes the token just pushed and samples after it.
                 seq.flight_end = seq.num_known();
             }
+            self.register_blocks(idx);
             let Some(reason) = reason else {
                 continue;
             };
@@ -230,6 +238,46 @@ impl Scheduler {
             }
         }
         events
+    }
+
+    /// Registers running sequence `idx`'s blocks that its computed tokens now fill, so
+    /// that later sequences with the same prefix find them.
+    fn register_blocks(&mut self, idx: usize) {
+        if !self.config.enable_kv_cache_reuse {
+            return;
+        }
+        let bs = self.config.block_size;
+        let seq = &mut self.running[idx];
+        let full = seq.num_computed / bs;
+        if full <= seq.registered {
+            return;
+        }
+        seq.block_hashes(bs);
+        let end = full.min(seq.hashes.len());
+        for j in seq.registered..end {
+            self.blocks.register(seq.blocks[j], seq.hashes[j]);
+        }
+        seq.registered = end;
+    }
+
+    /// Forgets every cached prefix (the engine's cache was lost with it): blocks no
+    /// sequence holds become free.
+    pub fn clear_prefix_cache(&mut self) {
+        self.blocks.clear_cache();
+        for seq in &mut self.running {
+            seq.registered = 0;
+        }
+    }
+
+    /// Known tokens of admitted sequences since start, and those found in the prefix
+    /// cache (computed by an earlier sequence, not again).
+    pub fn prefix_cache_tokens(&self) -> (u64, u64) {
+        (self.prefix_queried, self.prefix_hits)
+    }
+
+    /// Blocks registered in the prefix cache now (held by sequences or reclaimable).
+    pub fn num_cached_blocks(&self) -> usize {
+        self.blocks.num_cached()
     }
 
     /// Forgets running sequence `idx`'s chunk planned ahead (stale: the token it computes

@@ -155,6 +155,7 @@ impl Overlap {
                 params: seq.params,
                 max_draft: s.max_draft,
                 draft: None,
+                cached: if reset { s.cached.clone() } else { Vec::new() },
             });
         }
         let step = Step {
@@ -233,6 +234,7 @@ mod tests {
             prompt: (1..=prompt as u32).collect(),
             max_new_tokens,
             num_draft_tokens: 0,
+            cache_salt: 0,
         })
         .unwrap();
     }

@@ -42,6 +42,9 @@ pub struct SchedulerConfig {
     pub num_host_blocks: usize,
     /// Longest sequence, prompt plus generated tokens.
     pub max_seq_len: usize,
+    /// Reuse the KV blocks of prompt prefixes other sequences computed (prefix caching,
+    /// TensorRT-LLM's `enable_kv_cache_reuse`).
+    pub enable_kv_cache_reuse: bool,
     /// Plan each iteration while the one before it runs, where the engine samples on its
     /// device and no draft source stands in front of it (`scheduler::overlap`).
     pub overlap: bool,
@@ -59,6 +62,7 @@ impl Default for SchedulerConfig {
             num_blocks: 4096,
             num_host_blocks: 0,
             max_seq_len: 8192,
+            enable_kv_cache_reuse: true,
             overlap: true,
         }
     }
@@ -204,6 +208,7 @@ mod tests {
             prompt: vec![1; prompt],
             max_new_tokens: max_new,
             num_draft_tokens: 0,
+            cache_salt: 0,
         }
     }
 

@@ -140,6 +140,7 @@ impl Scheduler {
                 new: false,
                 swapped_in: false,
                 max_draft: 0,
+                cached: Vec::new(),
             });
         }
     }
@@ -224,6 +225,7 @@ impl Scheduler {
         }
         seq.in_flight = None;
         seq.ahead = None;
+        seq.registered = 0;
         let keep = self.blocks.blocks_for(seq.num_computed);
         let host = (keep > 0)
             .then(|| self.host_blocks.allocate(keep))
@@ -283,6 +285,7 @@ impl Scheduler {
             self.host_blocks.free(&seq.blocks);
             self.blocks_swapped_in += seq.blocks.len() as u64;
             seq.blocks = device;
+            seq.registered = 0;
             self.running.push(seq);
             self.push_chunk(self.running.len() - 1, n, draft, step);
             if let Some(chunk) = step.seqs.last_mut() {
@@ -298,31 +301,70 @@ impl Scheduler {
             .iter()
             .map(|s| self.reserve_of(s.max_kv_tokens(), s.blocks.len()))
             .sum();
-        while let Some(seq) = self.waiting.front() {
+        while !self.waiting.is_empty() {
             if self.batch_full(step) {
                 break;
             }
-            let Some(n) = self.chunk_len(seq.num_uncomputed(), step.budget) else {
+            // Blocks of its prefix another sequence computed: taken, not computed again.
+            let cached = self.cached_prefix_of_next();
+            let skip = cached.len() * self.config.block_size;
+            let seq = &self.waiting[0];
+            let Some(n) = self.chunk_len(seq.num_uncomputed() - skip, step.budget) else {
                 break;
             };
-            let first = self.blocks.blocks_for(n);
+            let held = self.blocks.blocks_for(skip + n);
+            let first = held - cached.len();
             let whole = self.reserve_of(seq.max_kv_tokens(), 0);
+            // Cached blocks no one references count as free: taking them uses that room.
+            let unreferenced = self.blocks.num_unreferenced(&cached);
             let fits = match self.config.policy {
-                SchedulerPolicy::GuaranteedNoEvict => reserved + whole <= self.blocks.num_free(),
-                SchedulerPolicy::MaxUtilization => first <= self.blocks.num_free(),
+                SchedulerPolicy::GuaranteedNoEvict => {
+                    reserved + whole + unreferenced <= self.blocks.num_free() + cached.len()
+                }
+                SchedulerPolicy::MaxUtilization => first + unreferenced <= self.blocks.num_free(),
             };
             if !fits {
                 break;
             }
+            self.blocks.take_cached(&cached);
             let Some(blocks) = self.blocks.allocate(first) else {
+                self.blocks.free(&cached);
                 break;
             };
-            let mut seq = self.waiting.pop_front().expect("front exists");
-            seq.blocks = blocks;
+            let mut seq = self.waiting.pop_front().expect("not empty");
+            self.prefix_queried += seq.num_known() as u64;
+            self.prefix_hits += skip as u64;
+            if seq.admitted_len == 0 {
+                seq.cached_tokens = skip;
+            }
+            seq.registered = cached.len();
+            seq.blocks = cached;
+            seq.blocks.extend(blocks);
+            seq.num_computed = skip;
             seq.admitted_len = seq.num_known();
-            reserved += whole.saturating_sub(first);
+            reserved += whole.saturating_sub(held);
+            let prefix = seq.tokens[..skip].to_vec();
             self.running.push(seq);
             self.push_chunk(self.running.len() - 1, n, 0, step);
+            if let Some(chunk) = step.seqs.last_mut() {
+                chunk.cached = prefix;
+            }
+        }
+    }
+
+    /// The cached blocks of the next waiting sequence's longest cached prefix, leaving at
+    /// least its last known token to compute (its logits are needed, and it is written
+    /// into a block of its own: a cached block is never written).
+    fn cached_prefix_of_next(&mut self) -> Vec<u32> {
+        let bs = self.config.block_size;
+        match self.waiting.front_mut() {
+            Some(seq) if self.config.enable_kv_cache_reuse => {
+                let usable = (seq.num_known() - 1) / bs;
+                let hashes = seq.block_hashes(bs);
+                self.blocks
+                    .cached_prefix(&hashes[..usable.min(hashes.len())])
+            }
+            _ => Vec::new(),
         }
     }
 
@@ -375,6 +417,7 @@ impl Scheduler {
             new: start == 0,
             swapped_in: false,
             max_draft: draft,
+            cached: Vec::new(),
         });
     }
 

@@ -14,6 +14,9 @@ pub struct SeqSpec {
     pub max_new_tokens: usize,
     /// Draft tokens the target may verify per decode step (0: no speculation).
     pub num_draft_tokens: usize,
+    /// Mixed into its blocks' prefix-cache hashes: only sequences with the same salt share
+    /// cached blocks (0: the common pool).
+    pub cache_salt: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -42,6 +45,14 @@ pub(crate) struct Sequence {
     pub(crate) ahead: Option<u64>,
     /// Most draft tokens a decode step of this sequence verifies.
     pub(crate) num_draft: usize,
+    pub(crate) cache_salt: u64,
+    /// Prefix-cache hash of each full block of known tokens so far (chained over every
+    /// token before it and the salt).
+    pub(crate) hashes: Vec<u64>,
+    /// Leading blocks of `blocks` registered in the prefix cache (or found there).
+    pub(crate) registered: usize,
+    /// Prompt tokens found in the prefix cache at its first admission.
+    pub(crate) cached_tokens: usize,
 }
 
 impl Sequence {
@@ -59,7 +70,24 @@ impl Sequence {
             flight_end: 0,
             ahead: None,
             num_draft: spec.num_draft_tokens,
+            cache_salt: spec.cache_salt,
+            hashes: Vec::new(),
+            registered: 0,
+            cached_tokens: 0,
         }
+    }
+
+    /// The hashes of its full blocks of known tokens (`block_size` tokens each), computed
+    /// as far as they go.
+    pub(crate) fn block_hashes(&mut self, block_size: usize) -> &[u64] {
+        let full = self.tokens.len() / block_size;
+        while self.hashes.len() < full {
+            let j = self.hashes.len();
+            let parent = self.hashes.last().copied().unwrap_or(self.cache_salt);
+            let block = &self.tokens[j * block_size..(j + 1) * block_size];
+            self.hashes.push(block_hash(parent, block));
+        }
+        &self.hashes
     }
 
     pub(crate) fn num_known(&self) -> usize {
@@ -93,6 +121,16 @@ impl Sequence {
     }
 }
 
+/// The prefix-cache hash of a block of `tokens` after the blocks whose chain ends in
+/// `parent` (SipHash with fixed keys: the same in every run).
+fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,6 +142,7 @@ mod tests {
             prompt: vec![5, 6, 7],
             max_new_tokens: 10,
             num_draft_tokens: 4,
+            cache_salt: 0,
         };
         let mut s = Sequence::new(spec.clone(), 8);
         assert_eq!(s.max_len, 8, "capped by max_seq_len");
@@ -120,5 +159,33 @@ mod tests {
         );
         let s = Sequence::new(spec, 100);
         assert_eq!((s.max_len, s.max_kv_tokens()), (13, 12));
+    }
+
+    #[test]
+    fn block_hashes_chain_over_the_prefix_and_the_salt() {
+        let seq = |prompt: Vec<u32>, cache_salt| {
+            Sequence::new(
+                SeqSpec {
+                    id: 1,
+                    prompt,
+                    max_new_tokens: 4,
+                    num_draft_tokens: 0,
+                    cache_salt,
+                },
+                100,
+            )
+        };
+        let mut a = seq(vec![1, 2, 3, 4, 5, 6, 7], 0);
+        let mut b = seq(vec![1, 2, 3, 4, 5, 6, 9, 9], 0);
+        let mut c = seq(vec![9, 2, 3, 4, 5, 6], 0);
+        let mut d = seq(vec![1, 2, 3, 4, 5, 6], 7);
+        let ha = a.block_hashes(3).to_vec();
+        assert_eq!(ha.len(), 2, "only full blocks");
+        assert_eq!(b.block_hashes(3)[..2], ha[..]);
+        // The same second block after another first one hashes apart, as after a salt.
+        assert_ne!(c.block_hashes(3)[1], ha[1]);
+        assert_ne!(d.block_hashes(3)[0], ha[0]);
+        a.tokens.extend([8, 9]);
+        assert_eq!(a.block_hashes(3).len(), 3, "extended as tokens come");
     }
 }

@@ -74,6 +74,13 @@ pub struct SchedulerStats {
     pub blocks_swapped_in: u64,
     /// Iterations planned while the one before them ran (overlap), since start.
     pub planned_ahead: u64,
+    /// Known tokens of admitted sequences since start, and those found in the prefix
+    /// cache instead of computed.
+    pub prefix_queried_tokens: u64,
+    /// See `prefix_queried_tokens`.
+    pub prefix_hit_tokens: u64,
+    /// Blocks registered in the prefix cache now (held by sequences or reclaimable).
+    pub cached_blocks: usize,
     /// The scheduler has a running engine.
     pub ready: bool,
     /// Engine time since start.

@@ -34,6 +34,9 @@ pub struct StepSeq {
     pub max_draft: usize,
     /// Draft tokens appended to `tokens` by the speculative orchestrator.
     pub draft: Option<Draft>,
+    /// With `reset` after a prefix-cache hit: the known tokens before `start_pos`, whose
+    /// KV the shared blocks hold (state kept per sequence starts from them); else empty.
+    pub cached: Vec<u32>,
 }
 
 impl StepSeq {

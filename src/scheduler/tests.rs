@@ -12,6 +12,7 @@ fn spec(id: u64, prompt_len: usize, max_new_tokens: usize) -> SeqSpec {
             .collect(),
         max_new_tokens,
         num_draft_tokens: 0,
+        cache_salt: 0,
     }
 }
 
@@ -539,6 +540,7 @@ fn speculative_decode_steps() {
     let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 16, 4));
     s.add(SeqSpec {
         num_draft_tokens: 3,
+        cache_salt: 0,
         ..spec(1, 5, 20)
     })
     .unwrap();
@@ -590,11 +592,13 @@ fn speculative_limits_and_stop() {
     let mut s = scheduler(small(SchedulerPolicy::MaxUtilization, 16, 4));
     s.add(SeqSpec {
         num_draft_tokens: 4,
+        cache_salt: 0,
         ..spec(1, 3, 4)
     })
     .unwrap();
     s.add(SeqSpec {
         num_draft_tokens: 4,
+        cache_salt: 0,
         ..spec(2, 3, 20)
     })
     .unwrap();

@@ -23,14 +23,33 @@ struct Oracle {
     limits: HashMap<u64, (usize, usize)>,
     accepted: HashSet<u64>,
     ended: HashSet<u64>,
+    /// Cache salt per accepted request.
+    salts: HashMap<u64, u64>,
 }
 
-/// A fake engine over a simulated KV pool: slot -> (sequence id, token), and a host pool
-/// that preempted sequences' blocks are swapped to.
+/// A fake engine over a simulated KV pool: slot -> what a real K/V there would stand for
+/// (a hash of the sequence's cache salt and every token up to that position: prefix
+/// caching may share it between sequences of the same salt, never others), and a host
+/// pool that preempted sequences' blocks are swapped to.
 struct Engine {
-    pool: Vec<Option<(u64, u32)>>,
-    host: Vec<Option<(u64, u32)>>,
+    pool: Vec<Option<u64>>,
+    host: Vec<Option<u64>>,
     block_size: usize,
+}
+
+/// The content of each position of `tokens` for a sequence with `salt`.
+fn contents(salt: u64, tokens: &[u32]) -> Vec<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = salt;
+    tokens
+        .iter()
+        .map(|t| {
+            let mut s = std::hash::DefaultHasher::new();
+            (h, t).hash(&mut s);
+            h = s.finish();
+            h
+        })
+        .collect()
 }
 
 impl Engine {
@@ -88,20 +107,27 @@ impl Engine {
                 tokens = vec![sampled.token];
                 known.push(sampled.token);
             }
-            for (i, &t) in tokens.iter().enumerate() {
-                self.pool[slot(&c.block_table, c.start_pos + i)] = Some((c.id, t));
+            let salt = oracle.salts[&c.id];
+            let end = c.start_pos + tokens.len();
+            let mut written = known[..c.start_pos].to_vec();
+            written.extend(&tokens);
+            let content = contents(salt, &written);
+            for (pos, &k) in content.iter().enumerate().skip(c.start_pos) {
+                self.pool[slot(&c.block_table, pos)] = Some(k);
             }
             if !c.sample {
                 continue;
             }
-            let end = c.start_pos + c.tokens.len();
-            for (pos, &t) in known.iter().enumerate().take(end) {
+            let want = contents(salt, &known[..end]);
+            for (pos, &w) in want.iter().enumerate() {
                 let got = self.pool[slot(&c.block_table, pos)];
-                assert_eq!(got, Some((c.id, t)), "seq {} KV at {pos} corrupted", c.id);
+                assert_eq!(got, Some(w), "seq {} KV at {pos} corrupted", c.id);
             }
             let draft: Vec<u32> = (0..c.max_draft).map(|_| rng.gen_range(0..50_000)).collect();
-            for (i, &t) in draft.iter().enumerate() {
-                self.pool[slot(&c.block_table, end + i)] = Some((c.id, t));
+            written.extend(&draft);
+            let content = contents(salt, &written);
+            for i in 0..draft.len() {
+                self.pool[slot(&c.block_table, end + i)] = Some(content[end + i]);
             }
             if rng.gen_bool(0.02) {
                 continue;
@@ -129,6 +155,7 @@ fn random_config(rng: &mut StdRng, policy: SchedulerPolicy, chunked: bool) -> Sc
         num_blocks: rng.gen_range(4..=64),
         num_host_blocks: [0, 2, 8, 64][rng.gen_range(0..4)],
         max_seq_len: rng.gen_range(2..=96),
+        enable_kv_cache_reuse: true,
         overlap: true,
     }
 }
@@ -237,13 +264,21 @@ fn end(oracle: &mut Oracle, id: u64) {
 }
 
 fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
-    let prompt: Vec<u32> = (0..rng.gen_range(0..40))
-        .map(|_| rng.gen_range(0..50_000))
-        .collect();
+    // Half the prompts start with one of three shared prefixes, under one of two salts (drawn
+    // apart from `rng`, whose stream the rest of the run follows).
+    let mut side = StdRng::seed_from_u64(id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let group = side.gen_range(0..6u32);
+    let cache_salt = side.gen_range(0..2);
+    let mut prompt: Vec<u32> = match group {
+        g @ 0..3 => (0..2 + 3 * g).map(|i| 60_000 + 100 * g + i).collect(),
+        _ => Vec::new(),
+    };
+    prompt.extend((0..rng.gen_range(0..40)).map(|_| rng.gen_range(0..50_000)));
     let spec = SeqSpec {
         id,
         max_new_tokens: rng.gen_range(0..30),
         num_draft_tokens: [0, 0, 1, 3, 5][rng.gen_range(0..5)],
+        cache_salt,
         prompt,
     };
     let full = s.num_waiting() >= s.config.max_queue_size;
@@ -254,6 +289,7 @@ fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
                 .limits
                 .insert(id, (spec.prompt.len(), spec.max_new_tokens));
             oracle.known.insert(id, spec.prompt);
+            oracle.salts.insert(id, spec.cache_salt);
             oracle.accepted.insert(id);
         }
         Err(AddError::QueueFull { max }) => assert!(full && max == s.config.max_queue_size),
@@ -264,10 +300,13 @@ fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
     }
 }
 
-/// Returns how many chunks were planned ahead (continued with a pending token).
-fn run(seed: u64, policy: SchedulerPolicy, chunked: bool, ahead: bool, ops: usize) -> usize {
+/// Returns how many chunks were planned ahead (continued with a pending token) and how
+/// many prompt tokens were found in the prefix cache.
+fn run(seed: u64, policy: SchedulerPolicy, chunked: bool, ahead: bool, ops: usize) -> (usize, u64) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let config = random_config(&mut rng, policy, chunked);
+    let mut config = random_config(&mut rng, policy, chunked);
+    // Prefix caching on in two runs of three.
+    config.enable_kv_cache_reuse = !seed.is_multiple_of(3);
     let mut s = Scheduler::new(config.clone()).unwrap();
     let mut engine = Engine::new(&config);
     let mut oracle = Oracle::default();
@@ -334,8 +373,13 @@ fn run(seed: u64, policy: SchedulerPolicy, chunked: bool, ahead: bool, ops: usiz
         "a request neither finished nor cancelled"
     );
     assert_eq!(s.num_free_blocks(), s.num_total_blocks());
-    assert!(oracle.accepted.len() > 10, "the test exercised too little");
-    continued
+    assert!(
+        oracle.accepted.len() > 10,
+        "seed {seed}: the test exercised too little"
+    );
+    let (_, hits) = s.prefix_cache_tokens();
+    assert!(config.enable_kv_cache_reuse || hits == 0);
+    (continued, hits)
 }
 
 /// Runs until every request is done; bounded so that a livelock fails the test.
@@ -358,13 +402,16 @@ fn random_operations_keep_every_invariant() {
     ];
     for policy in policies {
         for chunked in [false, true] {
-            let mut continued = 0;
+            let (mut continued, mut hits) = (0, 0);
             for ahead in [false, true] {
                 for seed in 0..12 {
-                    continued += run(seed * 7919 + chunked as u64, policy, chunked, ahead, 3000);
+                    let (c, h) = run(seed * 7919 + chunked as u64, policy, chunked, ahead, 3000);
+                    continued += c;
+                    hits += h;
                 }
             }
             assert!(continued > 100, "overlap planned {continued} chunks ahead");
+            assert!(hits > 100, "{hits} prompt tokens found in the prefix cache");
         }
     }
 }
@@ -386,6 +433,7 @@ fn max_utilization_random_runs_do_preempt_and_swap() {
             max_queue_size: 64,
             // Every other run swaps, into a host cache that sometimes runs out.
             num_host_blocks: [0, 6, 24][seed as usize % 3],
+            enable_kv_cache_reuse: seed % 4 < 2,
             overlap: true,
         };
         let mut s = Scheduler::new(config.clone()).unwrap();

@@ -33,7 +33,11 @@ impl SeqTrack {
     /// not drafted for meanwhile).
     pub fn advance(&mut self, step: &StepSeq) -> bool {
         if step.reset {
-            *self = SeqTrack::default();
+            // A prefix found in the cache is known, and its KV the target's.
+            *self = SeqTrack {
+                tokens: step.cached.clone(),
+                ..SeqTrack::default()
+            };
         }
         self.table.extend_from_slice(&step.new_blocks);
         let start = step.start_pos;
@@ -87,6 +91,7 @@ mod tests {
             params: Arc::new(GenerationParams::default()),
             max_draft: 3,
             draft: None,
+            cached: Vec::new(),
         }
     }
 
