@@ -307,6 +307,11 @@ impl Scheduler {
             }
             // Blocks of its prefix another sequence computed: taken, not computed again.
             let cached = self.cached_prefix_of_next();
+            if self.next_prefix_in_flight(cached.len()) {
+                // A running sequence is computing its next prefix block: admitted after,
+                // it finds that block instead of computing it again (FCFS: the queue waits).
+                break;
+            }
             let skip = cached.len() * self.config.block_size;
             let seq = &self.waiting[0];
             let Some(n) = self.chunk_len(seq.num_uncomputed() - skip, step.budget) else {
@@ -350,6 +355,26 @@ impl Scheduler {
                 chunk.cached = prefix;
             }
         }
+    }
+
+    /// Whether the next waiting sequence's first uncached prefix block (after `cached`
+    /// blocks, one it could reuse) is one a running sequence has yet to compute.
+    fn next_prefix_in_flight(&self, cached: usize) -> bool {
+        let Some(seq) = self.waiting.front() else {
+            return false;
+        };
+        let usable = (seq.num_known() - 1) / self.config.block_size;
+        if !self.config.enable_kv_cache_reuse || cached >= usable {
+            return false;
+        }
+        let Some(h) = seq.hashes.get(cached) else {
+            return false;
+        };
+        self.running.iter().any(|r| {
+            r.hashes
+                .get(r.registered..)
+                .is_some_and(|hs| hs.contains(h))
+        })
     }
 
     /// The cached blocks of the next waiting sequence's longest cached prefix, leaving at

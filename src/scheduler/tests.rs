@@ -754,3 +754,62 @@ fn a_continuation_that_needs_a_block_waits_when_there_is_none() {
     assert_eq!(s.update(&b1, &o1).len(), 2);
     check_invariants(&s);
 }
+
+/// A sequence whose prompt starts with `prefix` (as `spec`'s, then its own tokens).
+fn spec_with_prefix(id: u64, prefix: &[u32], own: usize) -> SeqSpec {
+    let mut s = spec(id, own, 4);
+    s.prompt.splice(0..0, prefix.iter().copied());
+    s
+}
+
+#[test]
+fn a_shared_prefix_is_computed_once_and_its_blocks_shared() {
+    // Blocks of 4; a 10-token prefix is two whole blocks and two tokens of a third.
+    let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 32, 4));
+    let prefix: Vec<u32> = (500..510).collect();
+    s.add(spec_with_prefix(1, &prefix, 3)).unwrap();
+    s.add(spec_with_prefix(2, &prefix, 5)).unwrap();
+    // The second waits while the first computes the blocks it would reuse.
+    let (b, _) = step(&mut s, &[]);
+    assert!(chunk(&b, 1).is_some() && chunk(&b, 2).is_none());
+    let (b, _) = step(&mut s, &[]);
+    let c = chunk(&b, 2).unwrap();
+    // It starts after the two cached blocks, which it shares; the rest is its own.
+    assert_eq!((c.start_pos, c.tokens.len(), c.new), (8, 7, false));
+    assert_eq!(c.cached, prefix[..8]);
+    let first = &s.running.iter().find(|q| q.id == 1).unwrap().blocks;
+    assert_eq!(c.block_table[..2], first[..2]);
+    assert_ne!(c.block_table[2], first[2]);
+    assert_eq!(s.prefix_cache_tokens(), (13 + 15, 8));
+    // Finished, the blocks stay cached (counted free); a third sequence finds them.
+    while s.num_running() > 0 {
+        step(&mut s, &[1, 2]);
+    }
+    assert_eq!(s.num_free_blocks(), s.num_total_blocks());
+    assert!(s.num_cached_blocks() >= 2);
+    s.add(spec_with_prefix(3, &prefix, 1)).unwrap();
+    let (b, _) = step(&mut s, &[]);
+    assert_eq!(chunk(&b, 3).unwrap().start_pos, 8);
+    // A prompt that is all cached blocks still computes its last token, in a block of its
+    // own: the last cached block is left out.
+    let mut whole = spec(4, 0, 4);
+    whole.prompt = prefix[..8].to_vec();
+    s.add(whole).unwrap();
+    let (b, _) = step(&mut s, &[]);
+    let c = chunk(&b, 4).unwrap();
+    assert_eq!((c.start_pos, c.tokens.len()), (4, 4));
+}
+
+#[test]
+fn reuse_off_computes_every_prompt_whole() {
+    let mut config = small(SchedulerPolicy::GuaranteedNoEvict, 32, 4);
+    config.enable_kv_cache_reuse = false;
+    let mut s = scheduler(config);
+    let prefix: Vec<u32> = (500..510).collect();
+    s.add(spec_with_prefix(1, &prefix, 3)).unwrap();
+    s.add(spec_with_prefix(2, &prefix, 5)).unwrap();
+    let (b, _) = step(&mut s, &[]);
+    assert_eq!(chunk(&b, 2).unwrap().start_pos, 0);
+    assert_eq!(s.num_cached_blocks(), 0);
+    assert_eq!(s.prefix_cache_tokens().1, 0);
+}
