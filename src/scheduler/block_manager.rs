@@ -87,6 +87,9 @@ impl BlockManager {
     /// again. Freeing a free (or unknown) block is a caller bug: it trips a
     /// `debug_assert` and is otherwise ignored, so the free list is never corrupted.
     pub fn free(&mut self, blocks: &[u32]) {
+        // Cached blocks become reclaimable last block first: a table's tail goes before its
+        // head, so a chain is cut from its end and what is left of it is still found.
+        let mut cached = Vec::new();
         for &b in blocks {
             let Some(count) = self.refs.get_mut(b as usize) else {
                 debug_assert!(false, "free of unknown block {b}");
@@ -99,13 +102,16 @@ impl BlockManager {
             *count -= 1;
             if *count == 0 {
                 if self.hash_of.contains_key(&b) {
-                    self.tick += 1;
-                    self.lru.insert(self.tick, b);
-                    self.lru_tick.insert(b, self.tick);
+                    cached.push(b);
                 } else {
                     self.free.push(b);
                 }
             }
+        }
+        for b in cached.into_iter().rev() {
+            self.tick += 1;
+            self.lru.insert(self.tick, b);
+            self.lru_tick.insert(b, self.tick);
         }
     }
 
@@ -326,7 +332,8 @@ mod tests {
         assert_eq!(bm.num_unreferenced(&[a[0], a[1]]), 1);
         bm.take_cached(&[a[1]]);
         assert_eq!(bm.ref_count(a[1]), 1);
-        bm.free(&[a[0], a[1]]);
+        bm.free(&[a[0]]);
+        bm.free(&[a[1]]);
         bm.check_consistent();
         // Four blocks: the free ones first, then the cached ones, least recently freed
         // first (a[1] was freed after a[0]); a reclaimed block is found no more.
@@ -337,6 +344,20 @@ mod tests {
         bm.check_consistent();
         bm.clear_cache();
         assert_eq!((bm.num_cached(), bm.num_free()), (0, 1));
+        bm.check_consistent();
+    }
+
+    #[test]
+    fn a_freed_chain_is_reclaimed_from_its_end() {
+        let mut bm = BlockManager::new(3, 8);
+        let a = bm.allocate(3).unwrap();
+        for (i, &b) in a.iter().enumerate() {
+            assert!(bm.register(b, 10 + i as u64));
+        }
+        bm.free(&a);
+        bm.allocate(1).unwrap();
+        // The chain's last block went; its first two are still found.
+        assert_eq!(bm.cached_prefix(&[10, 11, 12]), vec![a[0], a[1]]);
         bm.check_consistent();
     }
 

@@ -178,7 +178,10 @@ fn no_evict_admits_when_blocks_return_and_never_preempts() {
 
 #[test]
 fn max_utilization_preempts_newest_and_resumes_with_outputs_kept() {
-    let mut s = scheduler(small(SchedulerPolicy::MaxUtilization, 4, 4));
+    // Recompute from the start: without prefix caching it would find its own blocks.
+    let mut config = small(SchedulerPolicy::MaxUtilization, 4, 4);
+    config.enable_kv_cache_reuse = false;
+    let mut s = scheduler(config);
     s.add(spec(1, 4, 8)).unwrap();
     s.add(spec(2, 4, 8)).unwrap();
     let mut tokens: HashMap<u64, Vec<u32>> = HashMap::new();
