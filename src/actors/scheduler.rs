@@ -225,7 +225,7 @@ impl SchedulerState {
     /// Drops a sequence's bookkeeping here, in the sampler and (next step) in the engine.
     fn forget(&mut self, seq: SeqId) {
         self.seqs.remove(&seq);
-        self.overlap.forget(seq);
+        self.overlap.reset(seq);
         let _ = self.sampler.cast(SamplerMsg::Drop(vec![seq]));
     }
 
@@ -404,6 +404,7 @@ impl SchedulerState {
     fn stats(&self) -> SchedulerStats {
         let it = self.core.last_stats();
         let (blocks_swapped_out, blocks_swapped_in) = self.core.num_blocks_swapped();
+        let (prefix_queried_tokens, prefix_hit_tokens) = self.core.prefix_cache_tokens();
         SchedulerStats {
             waiting: self.core.num_waiting(),
             running: self.core.num_running(),
@@ -422,8 +423,8 @@ impl SchedulerState {
             blocks_swapped_out,
             blocks_swapped_in,
             planned_ahead: self.overlap.planned_ahead(),
-            prefix_queried_tokens: self.core.prefix_cache_tokens().0,
-            prefix_hit_tokens: self.core.prefix_cache_tokens().1,
+            prefix_queried_tokens,
+            prefix_hit_tokens,
             cached_blocks: self.core.num_cached_blocks(),
             ready: self.engine.is_some(),
             engine_time: self.timing,

@@ -122,10 +122,11 @@ impl Overlap {
     }
 
     /// The step of a planned batch, now in flight; None (nothing in flight) when it
-    /// computes nothing, whose block copies then go with the next step.
+    /// computes nothing, whose block copies then go with the next step. Each chunk's cached
+    /// prefix moves into its step (the batch kept in flight does not need it).
     fn step(
         &mut self,
-        batch: Batch,
+        mut batch: Batch,
         follows: bool,
         info: &impl Fn(SeqId) -> Option<SeqInfo>,
     ) -> Result<Option<Step>, String> {
@@ -137,7 +138,7 @@ impl Overlap {
             return Ok(None);
         }
         let mut seqs = Vec::with_capacity(batch.seqs.len());
-        for s in &batch.seqs {
+        for s in &mut batch.seqs {
             let seq = info(s.id).ok_or("scheduled a sequence with no metadata")?;
             let sent = self.sent_blocks.insert(s.id, s.block_table.len());
             let reset = sent.is_none();
@@ -155,7 +156,11 @@ impl Overlap {
                 params: seq.params,
                 max_draft: s.max_draft,
                 draft: None,
-                cached: if reset { s.cached.clone() } else { Vec::new() },
+                cached: if reset {
+                    std::mem::take(&mut s.cached)
+                } else {
+                    Vec::new()
+                },
             });
         }
         let step = Step {
@@ -180,16 +185,12 @@ impl Overlap {
         Some(batch)
     }
 
-    /// The engine must forget a preempted sequence and get its whole table again.
+    /// The engine forgets `seq` with the next step (preempted, finished or cancelled); if
+    /// it runs again it gets its whole table.
     pub fn reset(&mut self, seq: SeqId) {
         if self.sent_blocks.remove(&seq).is_some() {
             self.dropped.push(seq);
         }
-    }
-
-    /// A sequence is gone (finished, cancelled): the engine forgets it with the next step.
-    pub fn forget(&mut self, seq: SeqId) {
-        self.reset(seq);
     }
 
     /// Whether the engine holds KV state for `seq` (it has been in a batch).
@@ -334,7 +335,7 @@ mod tests {
         assert!(!s[2].reset && s[2].new_blocks.len() == 1);
         assert!(o.engine_holds(1));
         // Once gone, the engine is told to forget it with the next step.
-        o.forget(1);
+        o.reset(1);
         assert!(!o.engine_holds(1));
         add(&mut core, 2, 3, 8);
         core.cancel(1);

@@ -339,9 +339,6 @@ impl Scheduler {
             let mut seq = self.waiting.pop_front().expect("not empty");
             self.prefix_queried += seq.num_known() as u64;
             self.prefix_hits += skip as u64;
-            if seq.admitted_len == 0 {
-                seq.cached_tokens = skip;
-            }
             seq.registered = cached.len();
             seq.blocks = cached;
             seq.blocks.extend(blocks);

@@ -51,8 +51,6 @@ pub(crate) struct Sequence {
     pub(crate) hashes: Vec<u64>,
     /// Leading blocks of `blocks` registered in the prefix cache (or found there).
     pub(crate) registered: usize,
-    /// Prompt tokens found in the prefix cache at its first admission.
-    pub(crate) cached_tokens: usize,
 }
 
 impl Sequence {
@@ -73,7 +71,6 @@ impl Sequence {
             cache_salt: spec.cache_salt,
             hashes: Vec::new(),
             registered: 0,
-            cached_tokens: 0,
         }
     }
 

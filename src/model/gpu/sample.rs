@@ -75,10 +75,7 @@ impl CudaForward {
             .sample_bufs
             .as_ref()
             .ok_or_else(|| Error::Cuda("no sampling buffers".into()))?;
-        let s = self
-            .scratch
-            .as_ref()
-            .ok_or_else(|| Error::Cuda("no scratch".into()))?;
+        let s = self.scratch()?;
         let chosen: Vec<bool> = lay
             .counts
             .iter()
