@@ -204,6 +204,16 @@ impl Metrics {
             "KV cache blocks copied back from the host cache when a swapped sequence resumed",
         );
         c(
+            "inflight_kv_blocks_offloaded_total",
+            "Cached KV cache blocks evicted from the device cache and copied to the prefix \
+             cache's host tier (kv_cache_host_memory_bytes)",
+        );
+        c(
+            "inflight_kv_blocks_onloaded_total",
+            "KV cache blocks of a prompt's prefix found in the host tier and copied back \
+             instead of computed",
+        );
+        c(
             "inflight_prefix_cache_queries_total",
             "Prompt (and recomputed) tokens of sequences admitted, each looked up in the \
              prefix cache",
@@ -218,6 +228,13 @@ impl Metrics {
             None,
             "KV cache blocks holding a full computed prefix that later requests may reuse \
              (held by sequences, or reclaimable when memory is needed)"
+                .into(),
+        );
+        r.describe_gauge(
+            "inflight_kv_cache_host_reusable_blocks".into(),
+            None,
+            "Blocks of the prefix cache's host tier: prefixes evicted from the device cache \
+             that a hit copies back instead of computing"
                 .into(),
         );
         c(
@@ -498,6 +515,14 @@ impl Metrics {
             ],
             s.cached_blocks as f64,
         );
+        self.gauge(
+            "inflight_kv_cache_host_reusable_blocks",
+            &[
+                ("model", "tensorrt_llm".to_string()),
+                ("version", "1".to_string()),
+            ],
+            s.host_cached_blocks as f64,
+        );
         for model in models {
             let labels = [("model", model.to_string()), ("version", "1".to_string())];
             self.gauge(
@@ -534,6 +559,8 @@ impl Metrics {
                 s.prefix_queried_tokens,
             ),
             ("inflight_prefix_cache_hits_total", s.prefix_hit_tokens),
+            ("inflight_kv_blocks_offloaded_total", s.blocks_offloaded),
+            ("inflight_kv_blocks_onloaded_total", s.blocks_onloaded),
         ];
         for (name, value) in counters {
             let key = Self::key(name, &exec);

@@ -209,6 +209,28 @@ async fn shared_prefixes_give_the_same_tokens_with_reuse_on_and_off() {
     })
     .await;
     assert_eq!(shared_prefix_tokens(&chunked, true).await.0, want);
+    // A device cache too small to keep the prefixes (two sequences at a time fill it)
+    // over a host tier: evicted prefix blocks come back from the host, and agree too.
+    let tiered = spawn("reuse-host-tier", |o| {
+        o.scheduler.max_batch_size = 2;
+        o.scheduler.num_blocks = 24;
+        o.scheduler.num_host_blocks = 256;
+    })
+    .await;
+    let (got, cached) = shared_prefix_tokens(&tiered, true).await;
+    assert_eq!(got, want, "greedy tokens through the host tier");
+    let stats = tiered.stats().await.unwrap();
+    assert!(
+        stats.blocks_offloaded > 0 && stats.blocks_onloaded > 0,
+        "{} blocks offloaded, {} back",
+        stats.blocks_offloaded,
+        stats.blocks_onloaded
+    );
+    assert!(stats.host_cached_blocks > 0);
+    assert!(
+        cached >= 15 * (16 + 32 + 56),
+        "{cached} prompt tokens reused"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

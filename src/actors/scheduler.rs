@@ -405,6 +405,7 @@ impl SchedulerState {
         let it = self.core.last_stats();
         let (blocks_swapped_out, blocks_swapped_in) = self.core.num_blocks_swapped();
         let (prefix_queried_tokens, prefix_hit_tokens) = self.core.prefix_cache_tokens();
+        let (blocks_offloaded, blocks_onloaded) = self.core.num_blocks_offloaded();
         SchedulerStats {
             waiting: self.core.num_waiting(),
             running: self.core.num_running(),
@@ -426,6 +427,9 @@ impl SchedulerState {
             prefix_queried_tokens,
             prefix_hit_tokens,
             cached_blocks: self.core.num_cached_blocks(),
+            host_cached_blocks: self.core.num_host_cached_blocks(),
+            blocks_offloaded,
+            blocks_onloaded,
             ready: self.engine.is_some(),
             engine_time: self.timing,
         }

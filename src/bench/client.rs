@@ -76,9 +76,18 @@ impl Target {
             Endpoint::OpenaiCompletions => {
                 json!({ "model": self.model, "prompt": req.prompt, "max_tokens": n })
             }
-            Endpoint::OpenaiChat => json!({
+            Endpoint::OpenaiChat if req.messages.is_empty() => json!({
                 "model": self.model,
                 "messages": [{ "role": "user", "content": req.prompt }],
+                "max_tokens": n,
+            }),
+            Endpoint::OpenaiChat => json!({
+                "model": self.model,
+                "messages": req
+                    .messages
+                    .iter()
+                    .map(|(role, content)| json!({ "role": role, "content": content }))
+                    .collect::<Vec<_>>(),
                 "max_tokens": n,
             }),
         };
@@ -139,6 +148,17 @@ impl Target {
         req: &BenchRequest,
         t0: Instant,
     ) -> RequestRecord {
+        self.send_for_text(http, index, req, t0).await.0
+    }
+
+    /// [`send`](Self::send), also returning the answer's text (as far as it came).
+    pub async fn send_for_text(
+        &self,
+        http: &reqwest::Client,
+        index: usize,
+        req: &BenchRequest,
+        t0: Instant,
+    ) -> (RequestRecord, String) {
         let start = Instant::now();
         let mut rec = RequestRecord {
             index,
@@ -149,14 +169,21 @@ impl Target {
         };
         let outcome = self.stream(http, req, start, &mut rec).await;
         rec.latency_s = start.elapsed().as_secs_f64();
-        match outcome {
-            Err(e) => rec.error = Some(e),
-            Ok(()) if rec.output_tokens == 0 => {
-                rec.error = Some("the answer carried no tokens".into())
+        let text = match outcome {
+            Err(e) => {
+                rec.error = Some(e);
+                String::new()
             }
-            Ok(()) => rec.ok = true,
-        }
-        rec
+            Ok(_) if rec.output_tokens == 0 => {
+                rec.error = Some("the answer carried no tokens".into());
+                String::new()
+            }
+            Ok(text) => {
+                rec.ok = true;
+                text
+            }
+        };
+        (rec, text)
     }
 
     async fn stream(
@@ -165,7 +192,7 @@ impl Target {
         req: &BenchRequest,
         start: Instant,
         rec: &mut RequestRecord,
-    ) -> Result<(), String> {
+    ) -> Result<String, String> {
         let resp = http
             .post(self.url())
             .json(&self.body(req))
@@ -196,8 +223,7 @@ impl Target {
         if let Some(data) = decoder.finish() {
             timing.event(parse_event(self.endpoint, &data)?, Instant::now());
         }
-        timing.close(self.tokenizer.as_deref());
-        Ok(())
+        Ok(timing.close(self.tokenizer.as_deref()))
     }
 }
 
@@ -237,6 +263,7 @@ mod tests {
             prompt: "Hello there".into(),
             input_tokens: 2,
             output_tokens: 16,
+            messages: Vec::new(),
         }
     }
 

@@ -25,6 +25,11 @@ pub(crate) struct BenchRequest {
     pub input_tokens: usize,
     /// Tokens to generate (`max_tokens`, forced with ignore-eos options).
     pub output_tokens: usize,
+    /// A chat replay's turns so far, (role, content), which the chat endpoint sends as
+    /// its messages (`prompt` is their text for the others); empty: `prompt` is one user
+    /// message.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<(String, String)>,
 }
 
 /// Loads a tokenizer from a `.gguf` file, a `tokenizer.json`, or a checkpoint folder
@@ -175,6 +180,7 @@ pub(crate) fn shared_prefix_requests(
                 input_tokens: count_tokens(synth.tok, &prompt)?,
                 prompt,
                 output_tokens: shape.output_len,
+                messages: Vec::new(),
             })
         })
         .collect()
@@ -320,6 +326,7 @@ pub(crate) fn dataset_requests(
             prompt: e.prompt.clone(),
             input_tokens,
             output_tokens,
+            messages: Vec::new(),
         });
     }
     Ok(out)

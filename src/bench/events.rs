@@ -85,8 +85,9 @@ impl<'a> TokenTimer<'a> {
         e.done
     }
 
-    /// The stream ended: settles the token counts (see the module's note).
-    pub fn close(self, tokenizer: Option<&Tokenizer>) {
+    /// The stream ended: settles the token counts (see the module's note) and returns the
+    /// answer's text.
+    pub fn close(self, tokenizer: Option<&Tokenizer>) -> String {
         if let Some((prompt, completion)) = self.usage {
             self.rec.input_tokens = prompt;
             self.rec.output_tokens = completion;
@@ -95,6 +96,7 @@ impl<'a> TokenTimer<'a> {
                 self.rec.output_tokens = self.rec.output_tokens.max(n);
             }
         }
+        self.text
     }
 }
 

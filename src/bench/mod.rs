@@ -4,7 +4,10 @@
 //!
 //! # Layout
 //! - [`arrivals`]: arrival gaps (Poisson, constant, immediate) and length distributions.
-//! - [`dataset`]: the prompts: `token-norm-dist` synthesis and dataset files.
+//! - [`dataset`]: the prompts: `token-norm-dist` synthesis, shared prefixes and dataset
+//!   files.
+//! - `conversation`: the multi-turn chat replay, its conversations and how their turns
+//!   are sent.
 //! - `sse`: server-sent-events framing.
 //! - `client`: URLs and request bodies per endpoint; sending and timing one request.
 //! - `events`: what each endpoint's events say; token timings and output lengths.
@@ -17,6 +20,7 @@
 
 pub mod arrivals;
 pub(crate) mod client;
+pub(crate) mod conversation;
 pub mod dataset;
 pub(crate) mod events;
 pub(crate) mod report;
@@ -146,6 +150,9 @@ pub(crate) enum Source {
     /// Groups of requests sharing a random prefix, each with its own question (the
     /// workload of KV cache reuse).
     SharedPrefix(SharedPrefixArgs),
+    /// Conversations replayed turn by turn, each turn sending the whole history (the
+    /// model's own answers included) and a new user message. --num-requests counts turns.
+    MultiTurn(MultiTurnArgs),
     /// Print saved --json reports side by side.
     Compare(CompareArgs),
 }
@@ -178,6 +185,22 @@ pub(crate) struct SharedPrefixArgs {
     #[arg(long)]
     pub question_len: usize,
     /// Output tokens of every request.
+    #[arg(long)]
+    pub output_len: usize,
+}
+
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub(crate) struct MultiTurnArgs {
+    /// Turns of each conversation: ceil(--num-requests / turns) conversations are replayed.
+    #[arg(long)]
+    pub turns: usize,
+    /// Tokens of each conversation's system prompt (its own).
+    #[arg(long)]
+    pub system_len: usize,
+    /// Tokens of each user message.
+    #[arg(long)]
+    pub user_len: usize,
+    /// Output tokens of every answer.
     #[arg(long)]
     pub output_len: usize,
 }
@@ -250,9 +273,10 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), BenchError> {
         .map_err(|e| BenchError::Setup(format!("HTTP client: {e}")))?;
     let outcome = runtime.block_on(async {
         target.probe(&http, args.model.is_some()).await?;
+        let turns: usize = plan.conversations.iter().map(|c| c.users.len()).sum();
         eprintln!(
             "inflight bench: {} requests (+{} warm-up) to {} ({}), model {:?}",
-            plan.requests.len(),
+            plan.requests.len() + turns,
             plan.warmup.len(),
             target.url(),
             target.endpoint,
@@ -282,6 +306,18 @@ fn conclude(
         .unwrap_or_else(|| format!("{} {}", args.url, args.endpoint));
     println!("{label}");
     print!("{}", report::table(&summary));
+    if let Source::MultiTurn(m) = &args.source {
+        let by_turn = conversation::ttft_by_turn(&outcome.records, m.turns);
+        let cells: Vec<String> = by_turn
+            .iter()
+            .enumerate()
+            .map(|(t, d)| match d {
+                Some(d) => format!("{}: {:.1}", t + 1, d.p50),
+                None => format!("{}: -", t + 1),
+            })
+            .collect();
+        println!("TTFT p50 by turn (ms)  {}", cells.join("  "));
+    }
     if outcome.warmup_failures > 0 {
         eprintln!(
             "warning: {} of {} warm-up requests failed",
@@ -406,18 +442,38 @@ fn prepare(args: &BenchArgs) -> Result<(Target, runner::Plan), BenchError> {
         tokenizer: Some(tok.clone()),
     };
     let synth = match args.source {
-        Source::TokenNormDist(_) | Source::SharedPrefix(_) => Some(PromptSynth::new(&tok)?),
+        Source::TokenNormDist(_) | Source::SharedPrefix(_) | Source::MultiTurn(_) => {
+            Some(PromptSynth::new(&tok)?)
+        }
         _ => None,
     };
-    let requests = traffic(args, &tok, synth.as_ref(), args.num_requests, args.seed)?;
     let warmup_seed: u64 = rng_for(args.seed, streams::WARMUP).gen();
     let warmup = traffic(args, &tok, synth.as_ref(), args.warmup, warmup_seed)?;
-    let gaps = arrivals(args).gaps(requests.len(), &mut rng_for(args.seed, streams::ARRIVALS));
+    let (requests, conversations) = match &args.source {
+        Source::MultiTurn(m) => {
+            let synth = synth.as_ref().expect("built for multi-turn");
+            let n = args.num_requests.div_ceil(m.turns.max(1));
+            let convs = conversation::conversations(
+                multi_turn(m),
+                synth,
+                n,
+                &mut rng_for(args.seed, streams::PROMPT_TOKENS),
+            )?;
+            (Vec::new(), convs)
+        }
+        _ => {
+            let requests = traffic(args, &tok, synth.as_ref(), args.num_requests, args.seed)?;
+            (requests, Vec::new())
+        }
+    };
+    let starts = requests.len().max(conversations.len());
+    let gaps = arrivals(args).gaps(starts, &mut rng_for(args.seed, streams::ARRIVALS));
     Ok((
         target,
         runner::Plan {
             warmup,
             requests,
+            conversations,
             gaps,
             concurrency: args.concurrency,
         },
@@ -470,6 +526,7 @@ fn traffic(
                         prompt,
                         input_tokens,
                         output_tokens,
+                        messages: Vec::new(),
                     })
                 })
                 .collect()
@@ -511,7 +568,27 @@ fn traffic(
                 &mut rng_for(seed, streams::PROMPT_TOKENS),
             )
         }
+        Source::MultiTurn(m) => {
+            // Warm-up: the first turns of conversations of their own.
+            let synth = synth.expect("built for multi-turn");
+            let convs = conversation::conversations(
+                multi_turn(m),
+                synth,
+                n,
+                &mut rng_for(seed, streams::PROMPT_TOKENS),
+            )?;
+            Ok(convs.iter().map(|c| c.turn(0, &[])).collect())
+        }
         Source::Compare(_) => unreachable!("compare sends no traffic"),
+    }
+}
+
+fn multi_turn(m: &MultiTurnArgs) -> conversation::MultiTurn {
+    conversation::MultiTurn {
+        turns: m.turns,
+        system_len: m.system_len,
+        user_len: m.user_len,
+        output_len: m.output_len,
     }
 }
 

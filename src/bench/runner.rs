@@ -10,6 +10,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::client::Target;
+use super::conversation::{self, Conversation};
 use super::dataset::BenchRequest;
 use super::stats::RequestRecord;
 
@@ -18,7 +19,9 @@ use super::stats::RequestRecord;
 pub struct Plan {
     pub warmup: Vec<BenchRequest>,
     pub requests: Vec<BenchRequest>,
-    /// Gap before each request of `requests`.
+    /// A chat replay's conversations, sent instead of `requests` when there are any.
+    pub conversations: Vec<Conversation>,
+    /// Gap before each request of `requests` (each conversation's start).
     pub gaps: Vec<Duration>,
     /// Requests in flight at most; None for no cap.
     pub concurrency: Option<usize>,
@@ -51,16 +54,29 @@ pub async fn execute(
     )
     .await;
     let warmup_failures = warmup.0.iter().filter(|r| !r.ok).count();
-    let bar = progress(plan.requests.len(), show_progress);
-    let (records, duration) = run_batch(
-        &target,
-        &http,
-        &plan.requests,
-        &plan.gaps,
-        plan.concurrency,
-        Some(&bar),
-    )
-    .await;
+    let turns: usize = plan.conversations.iter().map(|c| c.users.len()).sum();
+    let bar = progress(plan.requests.len() + turns, show_progress);
+    let (records, duration) = if plan.conversations.is_empty() {
+        run_batch(
+            &target,
+            &http,
+            &plan.requests,
+            &plan.gaps,
+            plan.concurrency,
+            Some(&bar),
+        )
+        .await
+    } else {
+        conversation::replay(
+            &target,
+            &http,
+            &plan.conversations,
+            &plan.gaps,
+            plan.concurrency,
+            &bar,
+        )
+        .await
+    };
     bar.finish_and_clear();
     Outcome {
         records,

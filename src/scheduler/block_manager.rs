@@ -8,7 +8,9 @@
 //! before them (`register`); a new sequence takes the registered blocks of its longest
 //! cached prefix (`cached_prefix`, `take_cached`). A registered block whose count reaches
 //! zero is not free but cached: it stays findable until `allocate` needs its memory and
-//! reclaims it, least recently freed first.
+//! reclaims it, least recently freed first. A manager that logs evictions
+//! ([`with_eviction_log`](BlockManager::with_eviction_log)) records each reclaimed block
+//! and its hash, for a lower tier (the host cache) to keep a copy.
 //!
 //! Invariant: a block with no references is either on the free list (and registered
 //! under no hash) or cached (registered, in the LRU order), never both; a registered
@@ -32,6 +34,9 @@ pub struct BlockManager {
     lru: BTreeMap<u64, u32>,
     lru_tick: HashMap<u32, u64>,
     tick: u64,
+    /// Cached blocks reclaimed since the last `take_evicted`, with their hashes, when
+    /// evictions are logged.
+    evicted: Option<Vec<(u32, u64)>>,
 }
 
 impl BlockManager {
@@ -56,7 +61,25 @@ impl BlockManager {
             lru: BTreeMap::new(),
             lru_tick: HashMap::new(),
             tick: 0,
+            evicted: None,
         }
+    }
+
+    /// The same pool, recording every cached block `allocate` reclaims (see
+    /// [`take_evicted`](Self::take_evicted)).
+    pub fn with_eviction_log(mut self) -> Self {
+        self.evicted = Some(Vec::new());
+        self
+    }
+
+    /// The cached blocks reclaimed since the last call, in reclaim order, each with the
+    /// hash it was registered under: their contents are still there until the caller lets
+    /// anything write them.
+    pub fn take_evicted(&mut self) -> Vec<(u32, u64)> {
+        self.evicted
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Takes `n` free blocks, each with one reference, reclaiming cached blocks (least
@@ -71,6 +94,9 @@ impl BlockManager {
                 break;
             };
             self.lru_tick.remove(&b);
+            if let (Some(log), Some(&h)) = (self.evicted.as_mut(), self.hash_of.get(&b)) {
+                log.push((b, h));
+            }
             self.unregister(b);
             self.free.push(b);
         }
@@ -138,6 +164,26 @@ impl BlockManager {
             .iter()
             .map_while(|h| self.by_hash.get(h).copied())
             .collect()
+    }
+
+    /// The block registered under `hash`, if any.
+    pub fn lookup(&self, hash: u64) -> Option<u32> {
+        self.by_hash.get(&hash).copied()
+    }
+
+    /// Makes the unreferenced cached block under `hash` the most recently freed (the last
+    /// to be reclaimed). False when no block holds `hash`.
+    pub fn touch(&mut self, hash: u64) -> bool {
+        let Some(&b) = self.by_hash.get(&hash) else {
+            return false;
+        };
+        if let Some(t) = self.lru_tick.remove(&b) {
+            self.lru.remove(&t);
+            self.tick += 1;
+            self.lru.insert(self.tick, b);
+            self.lru_tick.insert(b, self.tick);
+        }
+        true
     }
 
     /// How many of `blocks` (cached ones) no sequence references now: taking them uses up
@@ -359,6 +405,34 @@ mod tests {
         // The chain's last block went; its first two are still found.
         assert_eq!(bm.cached_prefix(&[10, 11, 12]), vec![a[0], a[1]]);
         bm.check_consistent();
+    }
+
+    #[test]
+    fn a_logging_pool_reports_what_it_reclaims_and_touch_defers_reclaim() {
+        let mut bm = BlockManager::new(3, 8).with_eviction_log();
+        let a = bm.allocate(3).unwrap();
+        for (i, &b) in a.iter().enumerate() {
+            assert!(bm.register(b, 10 + i as u64));
+        }
+        bm.free(&a);
+        assert_eq!(bm.lookup(11), Some(a[1]));
+        // The tail would go first; touching it makes a[1] the oldest.
+        assert!(bm.touch(12) && !bm.touch(99));
+        assert!(bm.take_evicted().is_empty());
+        let got = bm.allocate(2).unwrap();
+        assert_eq!(bm.take_evicted(), vec![(a[1], 11), (a[0], 10)]);
+        assert!(bm.take_evicted().is_empty(), "taken once");
+        assert_eq!(got.len(), 2);
+        assert_eq!(bm.lookup(10), None);
+        assert_eq!(bm.cached_prefix(&[12]), vec![a[2]]);
+        bm.check_consistent();
+        // A pool without the log records nothing.
+        let mut plain = BlockManager::new(1, 8);
+        let b = plain.allocate(1).unwrap();
+        plain.register(b[0], 1);
+        plain.free(&b);
+        plain.allocate(1).unwrap();
+        assert!(plain.take_evicted().is_empty());
     }
 
     #[test]

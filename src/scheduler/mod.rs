@@ -30,6 +30,17 @@
 //!   engine's state kept. Swapped sequences resume first, most recently swapped first,
 //!   and no new sequence is admitted while one waits. Otherwise preemption is by
 //!   recompute: the victim's blocks and computed count are dropped.
+//! - The host cache is also the prefix cache's second tier (with reuse on and host blocks
+//!   configured): a cached device block reclaimed for its memory is copied to a host block
+//!   (`Batch::swaps`, before anything writes it) and registered there under the same hash,
+//!   unless the host tier holds that hash already. Admission looks a prompt's blocks up on
+//!   the device, then in the host tier: a host hit gets a new device block, copied back
+//!   before the forward pass and registered on the device, instead of being computed.
+//!   Host blocks of swapped sequences come first: a swap-out reclaims host-cached blocks.
+//!   Copies are listed in the order they were planned, so any order of reads and writes
+//!   of one block within a batch is the order the engines apply them in; the host blocks a
+//!   batch writes or reads for the tier stay referenced until its planning ends, so that
+//!   no copy in it overwrites another.
 //! - A sequence is "in flight" from the `schedule` that includes it to the `update`
 //!   of that batch; it is not scheduled again nor preempted meanwhile. So several
 //!   batches may be outstanding (pipeline micro-batches), and an update for a
@@ -114,14 +125,23 @@ pub struct Scheduler {
     /// cache (not computed again).
     prefix_queried: u64,
     prefix_hits: u64,
+    /// Cached blocks copied to the host tier, and back from it on a hit, since start.
+    blocks_offloaded: u64,
+    blocks_onloaded: u64,
 }
 
 impl Scheduler {
     /// An empty scheduler with `config`'s limits, or why they cannot work.
     pub fn new(config: SchedulerConfig) -> Result<Self, ConfigError> {
         config.validate()?;
+        let blocks = BlockManager::new(config.num_blocks, config.block_size);
+        let host_tier = config.enable_kv_cache_reuse && config.num_host_blocks > 0;
         Ok(Scheduler {
-            blocks: BlockManager::new(config.num_blocks, config.block_size),
+            blocks: if host_tier {
+                blocks.with_eviction_log()
+            } else {
+                blocks
+            },
             host_blocks: BlockManager::new(config.num_host_blocks, config.block_size),
             config,
             waiting: VecDeque::new(),
@@ -139,6 +159,8 @@ impl Scheduler {
             blocks_swapped_in: 0,
             prefix_queried: 0,
             prefix_hits: 0,
+            blocks_offloaded: 0,
+            blocks_onloaded: 0,
         })
     }
 
@@ -264,6 +286,8 @@ impl Scheduler {
     /// sequence holds become free.
     pub fn clear_prefix_cache(&mut self) {
         self.blocks.clear_cache();
+        self.blocks.take_evicted();
+        self.host_blocks.clear_cache();
         for seq in &mut self.running {
             seq.registered = 0;
         }
@@ -278,6 +302,16 @@ impl Scheduler {
     /// Blocks registered in the prefix cache now (held by sequences or reclaimable).
     pub fn num_cached_blocks(&self) -> usize {
         self.blocks.num_cached()
+    }
+
+    /// Blocks of the prefix cache's host tier now.
+    pub fn num_host_cached_blocks(&self) -> usize {
+        self.host_blocks.num_cached()
+    }
+
+    /// Cached blocks copied to the host tier, and back on a hit, since start.
+    pub fn num_blocks_offloaded(&self) -> (u64, u64) {
+        (self.blocks_offloaded, self.blocks_onloaded)
     }
 
     /// Forgets running sequence `idx`'s chunk planned ahead (stale: the token it computes

@@ -17,6 +17,18 @@ struct Step {
     /// Preempted by swapping (their copies are in `swaps`).
     swapped_out: usize,
     swaps: Vec<BlockCopy>,
+    /// Host blocks this step's copies write or read for the prefix cache's host tier:
+    /// referenced until planning ends, so that no later copy in the step reuses one.
+    host_pins: Vec<u32>,
+}
+
+/// Where admission finds one block of a prompt's cached prefix.
+#[derive(Clone, Copy, Debug)]
+enum Found {
+    /// A device block, shared as it is.
+    Device(u32),
+    /// A block of the host tier, copied into a new device block.
+    Host(u32),
 }
 
 impl Scheduler {
@@ -67,6 +79,7 @@ impl Scheduler {
             preempted: Vec::new(),
             swapped_out: 0,
             swaps: Vec::new(),
+            host_pins: Vec::new(),
         };
         if let Some(continues) = continues {
             self.schedule_continuations(continues, &mut step);
@@ -94,6 +107,11 @@ impl Scheduler {
             "token budget accounting"
         );
         self.last_stats = self.stats(&step);
+        // Unpinned one by one in the order pinned (the tail of a chain first): that order
+        // is the host tier's reclaim order.
+        for &h in &step.host_pins {
+            self.host_blocks.free(&[h]);
+        }
         Batch {
             iteration: step.iteration,
             seqs: step.seqs,
@@ -124,7 +142,7 @@ impl Scheduler {
             // Room for the pending token at position num_known.
             let needed = self.blocks.blocks_for(seq.num_known() + 1);
             let missing = needed.saturating_sub(seq.blocks.len());
-            let Some(new) = self.blocks.allocate(missing) else {
+            let Some(new) = self.allocate(missing, step) else {
                 continue;
             };
             let seq = &mut self.running[idx];
@@ -179,7 +197,7 @@ impl Scheduler {
             let Some(idx) = self.running.iter().position(|s| s.id == id) else {
                 return;
             };
-            if self.grow_blocks(idx, n + draft) {
+            if self.grow_blocks(idx, n + draft, step) {
                 self.push_chunk(idx, n, draft, step);
                 return;
             }
@@ -201,11 +219,11 @@ impl Scheduler {
 
     /// Gives running sequence `idx` blocks for `n` more computed tokens; false (and
     /// nothing taken) when the pool has too few.
-    fn grow_blocks(&mut self, idx: usize, n: usize) -> bool {
+    fn grow_blocks(&mut self, idx: usize, n: usize, step: &mut Step) -> bool {
         let seq = &self.running[idx];
         let needed = self.blocks.blocks_for(seq.num_computed + n);
         let missing = needed.saturating_sub(seq.blocks.len());
-        match self.blocks.allocate(missing) {
+        match self.allocate(missing, step) {
             Some(new) => {
                 self.running[idx].blocks.extend(new);
                 true
@@ -272,7 +290,7 @@ impl Scheduler {
             };
             let draft = draft_after(seq, n, step.budget);
             let needed = self.blocks.blocks_for(seq.num_computed + n + draft);
-            let Some(device) = self.blocks.allocate(needed) else {
+            let Some(device) = self.allocate(needed, step) else {
                 break;
             };
             let mut seq = self.swapped.pop_front().expect("front exists");
@@ -306,18 +324,33 @@ impl Scheduler {
                 break;
             }
             // Blocks of its prefix another sequence computed: taken, not computed again.
-            let cached = self.cached_prefix_of_next();
-            if self.next_prefix_in_flight(cached.len()) {
+            let found = self.cached_prefix_of_next();
+            if self.next_prefix_in_flight(found.len()) {
                 // A running sequence is computing its next prefix block: admitted after,
                 // it finds that block instead of computing it again (FCFS: the queue waits).
                 break;
             }
-            let skip = cached.len() * self.config.block_size;
+            let cached: Vec<u32> = found
+                .iter()
+                .filter_map(|f| match f {
+                    Found::Device(b) => Some(*b),
+                    Found::Host(_) => None,
+                })
+                .collect();
+            let from_host: Vec<u32> = found
+                .iter()
+                .filter_map(|f| match f {
+                    Found::Host(h) => Some(*h),
+                    Found::Device(_) => None,
+                })
+                .collect();
+            let skip = found.len() * self.config.block_size;
             let seq = &self.waiting[0];
             let Some(n) = self.chunk_len(seq.num_uncomputed() - skip, step.budget) else {
                 break;
             };
             let held = self.blocks.blocks_for(skip + n);
+            // New device blocks: those the host tier's blocks are copied into, and the rest.
             let first = held - cached.len();
             let whole = self.reserve_of(seq.max_kv_tokens(), 0);
             // Cached blocks no one references count as free: taking them uses that room.
@@ -332,16 +365,38 @@ impl Scheduler {
                 break;
             }
             self.blocks.take_cached(&cached);
-            let Some(blocks) = self.blocks.allocate(first) else {
+            // The host blocks read here are not reclaimed by this step's evictions.
+            self.host_blocks.take_cached(&from_host);
+            let Some(new) = self.allocate(first, step) else {
                 self.blocks.free(&cached);
+                self.host_blocks.free(&from_host);
                 break;
             };
             let mut seq = self.waiting.pop_front().expect("not empty");
+            let mut new = new.into_iter();
+            let mut table = Vec::with_capacity(held);
+            for (j, f) in found.iter().enumerate() {
+                match *f {
+                    Found::Device(b) => table.push(b),
+                    Found::Host(h) => {
+                        let d = new.next().expect("a new block per host block");
+                        step.swaps.push(BlockCopy {
+                            device: d,
+                            host: h,
+                            to_host: false,
+                        });
+                        self.blocks.register(d, seq.hashes[j]);
+                        table.push(d);
+                    }
+                }
+            }
+            table.extend(new);
+            step.host_pins.extend(from_host.iter().rev());
+            self.blocks_onloaded += from_host.len() as u64;
             self.prefix_queried += seq.num_known() as u64;
             self.prefix_hits += skip as u64;
-            seq.registered = cached.len();
-            seq.blocks = cached;
-            seq.blocks.extend(blocks);
+            seq.registered = found.len();
+            seq.blocks = table;
             seq.num_computed = skip;
             seq.admitted_len = seq.num_known();
             reserved += whole.saturating_sub(held);
@@ -352,6 +407,30 @@ impl Scheduler {
                 chunk.cached = prefix;
             }
         }
+    }
+
+    /// Takes `n` device blocks (as [`BlockManager::allocate`](super::BlockManager::allocate)
+    /// does), copying the cached blocks it reclaims to the host tier, if there is one.
+    fn allocate(&mut self, n: usize, step: &mut Step) -> Option<Vec<u32>> {
+        let blocks = self.blocks.allocate(n)?;
+        for (device, hash) in self.blocks.take_evicted() {
+            if self.host_blocks.touch(hash) {
+                continue; // the host tier holds these tokens already
+            }
+            // Only room the swapped sequences leave: a reclaimed host block's copy is lost.
+            let Some(host) = self.host_blocks.allocate(1) else {
+                break;
+            };
+            self.host_blocks.register(host[0], hash);
+            step.swaps.push(BlockCopy {
+                device,
+                host: host[0],
+                to_host: true,
+            });
+            step.host_pins.push(host[0]);
+            self.blocks_offloaded += 1;
+        }
+        Some(blocks)
     }
 
     /// Whether the next waiting sequence's first uncached prefix block (after `cached`
@@ -374,20 +453,30 @@ impl Scheduler {
         })
     }
 
-    /// The cached blocks of the next waiting sequence's longest cached prefix, leaving at
-    /// least its last known token to compute (its logits are needed, and it is written
-    /// into a block of its own: a cached block is never written).
-    fn cached_prefix_of_next(&mut self) -> Vec<u32> {
+    /// Where the blocks of the next waiting sequence's longest cached prefix are, on the
+    /// device or in the host tier, leaving at least its last known token to compute (its
+    /// logits are needed, and it is written into a block of its own: a cached block is
+    /// never written).
+    fn cached_prefix_of_next(&mut self) -> Vec<Found> {
         let bs = self.config.block_size;
-        match self.waiting.front_mut() {
-            Some(seq) if self.config.enable_kv_cache_reuse => {
-                let usable = (seq.num_known() - 1) / bs;
-                let hashes = seq.block_hashes(bs);
-                self.blocks
-                    .cached_prefix(&hashes[..usable.min(hashes.len())])
-            }
-            _ => Vec::new(),
+        let Some(seq) = self.waiting.front_mut() else {
+            return Vec::new();
+        };
+        if !self.config.enable_kv_cache_reuse {
+            return Vec::new();
         }
+        let usable = (seq.num_known() - 1) / bs;
+        let hashes = seq.block_hashes(bs);
+        let (blocks, host) = (&self.blocks, &self.host_blocks);
+        hashes[..usable.min(hashes.len())]
+            .iter()
+            .map_while(|&h| {
+                blocks
+                    .lookup(h)
+                    .map(Found::Device)
+                    .or_else(|| host.lookup(h).map(Found::Host))
+            })
+            .collect()
     }
 
     /// No more sequences fit this iteration (or the running set).

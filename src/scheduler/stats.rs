@@ -81,6 +81,12 @@ pub struct SchedulerStats {
     pub prefix_hit_tokens: u64,
     /// Blocks registered in the prefix cache now (held by sequences or reclaimable).
     pub cached_blocks: usize,
+    /// Blocks of the prefix cache's host tier now.
+    pub host_cached_blocks: usize,
+    /// Cached blocks copied to the host tier since start (evicted from the device).
+    pub blocks_offloaded: u64,
+    /// Blocks copied back from the host tier since start (prefix hits found there).
+    pub blocks_onloaded: u64,
     /// The scheduler has a running engine.
     pub ready: bool,
     /// Engine time since start.

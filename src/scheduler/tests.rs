@@ -297,6 +297,8 @@ fn max_utilization_swaps_the_newest_out_and_back_in_without_recompute() {
 fn a_full_host_cache_falls_back_to_recompute_and_cancel_frees_host_blocks() {
     let mut config = small(SchedulerPolicy::MaxUtilization, 4, 4);
     config.num_host_blocks = 1;
+    // Swap space only: no prefix blocks go to the host tier.
+    config.enable_kv_cache_reuse = false;
     let mut s = scheduler(config.clone());
     s.add(spec(1, 4, 8)).unwrap();
     s.add(spec(2, 4, 8)).unwrap();
@@ -801,6 +803,71 @@ fn a_shared_prefix_is_computed_once_and_its_blocks_shared() {
     let (b, _) = step(&mut s, &[]);
     let c = chunk(&b, 4).unwrap();
     assert_eq!((c.start_pos, c.tokens.len()), (4, 4));
+}
+
+#[test]
+fn evicted_prefix_blocks_go_to_the_host_tier_and_come_back_on_a_hit() {
+    let mut config = small(SchedulerPolicy::GuaranteedNoEvict, 6, 4);
+    config.num_host_blocks = 8;
+    let mut s = scheduler(config);
+    let prefix: Vec<u32> = (500..508).collect();
+    // Seq 1 computes the two prefix blocks and stops: they stay cached on the device.
+    s.add(spec_with_prefix(1, &prefix, 3)).unwrap();
+    let (b, _) = step(&mut s, &[1]);
+    let a = chunk(&b, 1).unwrap().block_table[..2].to_vec();
+    assert_eq!(s.num_cached_blocks(), 2);
+    // Seq 2 needs all six device blocks: the prefix blocks are reclaimed, tail first, and
+    // copied to the host tier before its forward pass writes them.
+    s.add(spec(2, 24, 1)).unwrap();
+    let (b, _) = step(&mut s, &[]);
+    assert!(chunk(&b, 2).is_some());
+    let outs: Vec<BlockCopy> = b.swaps.clone();
+    assert!(outs.iter().all(|c| c.to_host));
+    assert_eq!(
+        outs.iter().map(|c| c.device).collect::<Vec<_>>(),
+        vec![a[1], a[0]]
+    );
+    assert_eq!(s.num_host_cached_blocks(), 2);
+    assert_eq!(s.num_cached_blocks(), 6, "seq 2's own blocks");
+    // Seq 3 starts with the prefix: both blocks come back from the host tier into new
+    // device blocks (three of seq 2's cached blocks are reclaimed, and go out first).
+    s.add(spec_with_prefix(3, &prefix, 1)).unwrap();
+    let (b, _) = step(&mut s, &[]);
+    let c = chunk(&b, 3).unwrap();
+    assert_eq!((c.start_pos, c.tokens.len()), (8, 1));
+    assert_eq!(c.cached, prefix);
+    let first_in = b.swaps.iter().position(|c| !c.to_host).unwrap();
+    assert!(b.swaps[..first_in].iter().all(|c| c.to_host));
+    assert_eq!(first_in, 3, "seq 2's reclaimed blocks go out first");
+    let ins = &b.swaps[first_in..];
+    assert!(ins.iter().all(|c| !c.to_host));
+    assert_eq!(
+        ins.iter().map(|c| c.host).collect::<Vec<_>>(),
+        vec![outs[1].host, outs[0].host],
+        "the prefix's host blocks, in order"
+    );
+    assert_eq!(
+        ins.iter().map(|c| c.device).collect::<Vec<_>>(),
+        c.block_table[..2]
+    );
+    assert_eq!(s.num_blocks_offloaded(), (5, 2));
+    assert_eq!(s.prefix_cache_tokens().1, 8);
+    // Back on the device and registered: a fourth sequence shares them as they are.
+    s.add(spec_with_prefix(4, &prefix, 2)).unwrap();
+    let table3 = s.running.iter().find(|q| q.id == 3).unwrap().blocks.clone();
+    let (b, _) = step(&mut s, &[]);
+    let c = chunk(&b, 4).unwrap();
+    assert_eq!(c.start_pos, 8);
+    assert_eq!(c.block_table[..2], table3[..2]);
+    assert!(b.swaps.iter().all(|c| c.to_host), "nothing copied back");
+    assert_eq!(s.num_blocks_offloaded().1, 2);
+    // A lost engine takes both tiers with it.
+    while s.num_running() > 0 {
+        step(&mut s, &[3, 4]);
+    }
+    s.clear_prefix_cache();
+    assert_eq!((s.num_cached_blocks(), s.num_host_cached_blocks()), (0, 0));
+    check_invariants(&s);
 }
 
 #[test]

@@ -300,9 +300,16 @@ fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
     }
 }
 
-/// Returns how many chunks were planned ahead (continued with a pending token) and how
-/// many prompt tokens were found in the prefix cache.
-fn run(seed: u64, policy: SchedulerPolicy, chunked: bool, ahead: bool, ops: usize) -> (usize, u64) {
+/// Returns how many chunks were planned ahead (continued with a pending token), how
+/// many prompt tokens were found in the prefix cache, and how many blocks came back from
+/// its host tier.
+fn run(
+    seed: u64,
+    policy: SchedulerPolicy,
+    chunked: bool,
+    ahead: bool,
+    ops: usize,
+) -> (usize, u64, u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut config = random_config(&mut rng, policy, chunked);
     // Prefix caching on in two runs of three.
@@ -379,7 +386,11 @@ fn run(seed: u64, policy: SchedulerPolicy, chunked: bool, ahead: bool, ops: usiz
     );
     let (_, hits) = s.prefix_cache_tokens();
     assert!(config.enable_kv_cache_reuse || hits == 0);
-    (continued, hits)
+    let (offloaded, onloaded) = s.num_blocks_offloaded();
+    if !config.enable_kv_cache_reuse || config.num_host_blocks == 0 {
+        assert_eq!((offloaded, onloaded), (0, 0), "a host tier without one");
+    }
+    (continued, hits, onloaded)
 }
 
 /// Runs until every request is done; bounded so that a livelock fails the test.
@@ -402,16 +413,21 @@ fn random_operations_keep_every_invariant() {
     ];
     for policy in policies {
         for chunked in [false, true] {
-            let (mut continued, mut hits) = (0, 0);
+            let (mut continued, mut hits, mut onloaded) = (0, 0, 0);
             for ahead in [false, true] {
                 for seed in 0..12 {
-                    let (c, h) = run(seed * 7919 + chunked as u64, policy, chunked, ahead, 3000);
+                    let (c, h, o) = run(seed * 7919 + chunked as u64, policy, chunked, ahead, 3000);
                     continued += c;
                     hits += h;
+                    onloaded += o;
                 }
             }
             assert!(continued > 100, "overlap planned {continued} chunks ahead");
             assert!(hits > 100, "{hits} prompt tokens found in the prefix cache");
+            assert!(
+                onloaded > 20,
+                "{onloaded} blocks came back from the host tier"
+            );
         }
     }
 }
