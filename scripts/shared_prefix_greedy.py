@@ -49,8 +49,10 @@ def generate(url, prompt, max_tokens):
 
 
 def run(url, out_path, word_counts, n, max_tokens):
-    ps = prompts(word_counts, n)
     groups = len(word_counts)
+    if n < groups:
+        sys.exit(f"--n {n}: at least one prompt per group ({groups}) is needed")
+    ps = prompts(word_counts, n)
     answers = [None] * n
     for i in range(groups):
         answers[i] = generate(url, ps[i], max_tokens)
@@ -75,8 +77,12 @@ def run(url, out_path, word_counts, n, max_tokens):
 
 
 def compare(a_path, b_path):
-    a = json.load(open(a_path))["answers"]
-    b = json.load(open(b_path))["answers"]
+    ra, rb = json.load(open(a_path)), json.load(open(b_path))
+    for key in ("word_counts", "max_tokens"):
+        if ra[key] != rb[key]:
+            sys.exit(f"the runs differ in {key}: {ra[key]} against {rb[key]}")
+    a, b = ra["answers"], rb["answers"]
+    groups = len(ra["word_counts"])
     if len(a) != len(b):
         sys.exit(f"{len(a)} answers against {len(b)}")
     differ = []
@@ -86,7 +92,7 @@ def compare(a_path, b_path):
             differ.append((i, at))
     print(f"{len(a) - len(differ)} of {len(a)} answers identical")
     for i, at in differ:
-        print(f"  prompt {i} (group {i % 4}) differs from character {at}")
+        print(f"  prompt {i} (group {i % groups}) differs from character {at}")
     return 0 if not differ else 1
 
 
@@ -96,6 +102,9 @@ def main():
         sys.exit(compare(args[1], args[2]))
     if len(args) >= 3 and args[0] == "run":
         opts = dict(zip(args[3::2], args[4::2]))
+        unknown = set(opts) - {"--words", "--n", "--max-tokens"}
+        if unknown or len(args[3:]) % 2:
+            sys.exit(f"unknown or incomplete options: {sorted(unknown) or args[3:]}\n{__doc__}")
         words = [int(w) for w in opts.get("--words", "8,40,120,300").split(",")]
         run(args[1], args[2], words, int(opts.get("--n", 64)), int(opts.get("--max-tokens", 32)))
         return

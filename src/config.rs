@@ -155,8 +155,9 @@ pub struct ModelSection {
     pub max_tokens_in_paged_kv_cache: Option<usize>,
     /// Fraction of free (GPU, or on the CPU host) memory given to the KV cache.
     pub kv_cache_free_gpu_mem_fraction: f64,
-    /// Bytes of page-locked host memory that `max_utilization` swaps preempted sequences'
-    /// KV blocks out to instead of recomputing them (0: recompute only).
+    /// Bytes of host memory for KV blocks (page-locked on a GPU): `max_utilization` swaps
+    /// preempted sequences' blocks out to it instead of recomputing them, and with prefix
+    /// caching it is the cache's host tier for blocks evicted from the device (0: neither).
     pub kv_cache_host_memory_bytes: u64,
     /// Tokens per KV block.
     pub tokens_per_block: usize,

@@ -254,6 +254,30 @@ async fn malformed_requests_get_clear_errors_and_the_server_stays_healthy() {
         ),
         (
             "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 2, "end_id": 4294967297u64}).to_string(),
+            400,
+            "end_id",
+        ),
+        (
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "hi", "max_tokens": 2, "pad_id": 4294967296u64}).to_string(),
+            400,
+            "pad_id",
+        ),
+        (
+            "/v2/models/ensemble/versions/2/generate",
+            json!({"text_input": "hi", "max_tokens": 2}).to_string(),
+            404,
+            "version '2'",
+        ),
+        (
+            "/v2/models/ensemble/versions/abc/generate",
+            json!({"text_input": "hi", "max_tokens": 2}).to_string(),
+            404,
+            "version 'abc'",
+        ),
+        (
+            "/v2/models/ensemble/generate",
             json!({"text_input": "hi", "max_tokens": -3}).to_string(),
             400,
             "at least 1",
@@ -429,10 +453,17 @@ async fn malformed_requests_get_clear_errors_and_the_server_stays_healthy() {
     let r = client().get(s.url("/v3/nothing")).send().await.unwrap();
     assert_eq!(r.status(), 404);
     assert!(r.json::<Value>().await.unwrap()["error"].is_string());
-    // Still serving.
+    // Still serving, under its served version too.
     let (status, _) = post(
         &s,
         "/v2/models/ensemble/generate",
+        json!({"text_input": "hi", "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = post(
+        &s,
+        "/v2/models/ensemble/versions/1/generate",
         json!({"text_input": "hi", "max_tokens": 2}),
     )
     .await;

@@ -124,6 +124,8 @@ pub(crate) async fn replay(
         match done {
             Ok(r) => records.extend(r),
             Err(e) => records.push(RequestRecord {
+                // After every turn's index: a lost task's turns are not known.
+                index: usize::MAX,
                 error: Some(format!("conversation task failed: {e}")),
                 ..Default::default()
             }),

@@ -151,7 +151,9 @@ pub(crate) enum Source {
     /// workload of KV cache reuse).
     SharedPrefix(SharedPrefixArgs),
     /// Conversations replayed turn by turn, each turn sending the whole history (the
-    /// model's own answers included) and a new user message. --num-requests counts turns.
+    /// model's own answers included) and a new user message. --num-requests counts turns;
+    /// --request-rate and --concurrency count conversations (their starts, and how many
+    /// are under way).
     MultiTurn(MultiTurnArgs),
     /// Print saved --json reports side by side.
     Compare(CompareArgs),

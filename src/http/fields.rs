@@ -69,6 +69,20 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A token id: a non-negative integer that fits 32 bits (never wrapped).
+    pub fn token_id(&self, keys: &[&str]) -> ApiResult<Option<u32>> {
+        match self.uint(keys)? {
+            Some(v) => u32::try_from(v).map(Some).map_err(|_| {
+                ApiError::BadRequest(format!(
+                    "'{}' must be a token id of at most {}, got {v}",
+                    keys[0],
+                    u32::MAX
+                ))
+            }),
+            None => Ok(None),
+        }
+    }
+
     pub fn float(&self, keys: &[&str]) -> ApiResult<Option<f32>> {
         match self.scalar(keys) {
             None => Ok(None),
@@ -261,8 +275,8 @@ pub fn build_request(
             .uint(&["min_length", "min_tokens"])?
             .map_or(0, |v| v as usize),
         random_seed: fields.uint(&["random_seed", "seed"])?,
-        end_id: fields.uint(&["end_id"])?.map(|v| v as u32),
-        pad_id: fields.uint(&["pad_id"])?.map(|v| v as u32),
+        end_id: fields.token_id(&["end_id"])?,
+        pad_id: fields.token_id(&["pad_id"])?,
         bad_words: word_ids("bad_words")?,
         stop_words: Vec::new(),
         stop_strings: fields.strings("stop_words")?,

@@ -180,7 +180,27 @@ pub fn app(state: AppState) -> Router {
         .route("/health", get(kserve::ready))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(served_version_only))
         .with_state(state)
+}
+
+/// Version 1 is the only one served: `/v2/models/{model}/versions/{v}/...` with any other
+/// `v` is a 404, as Triton answers for a version it does not have.
+async fn served_version_only(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = request.uri().path();
+    let parts: Vec<&str> = path.split('/').collect();
+    if let ["", "v2", "models", model, "versions", version, ..] = parts[..] {
+        if version != "1" {
+            return ApiError::NotFound(format!(
+                "model '{model}' has no version '{version}' (version 1 is served)"
+            ))
+            .into_response();
+        }
+    }
+    next.run(request).await
 }
 
 /// The metrics port's routes (Triton serves Prometheus text on :8002/metrics).

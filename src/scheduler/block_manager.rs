@@ -223,6 +223,16 @@ impl BlockManager {
         self.hash_of.len()
     }
 
+    /// Unregisters a referenced `block` (its contents will not be what its hash says):
+    /// when its last reference goes it is free, not cached.
+    pub fn forget(&mut self, block: u32) {
+        debug_assert!(
+            self.ref_count(block) > 0,
+            "forget of unreferenced block {block}"
+        );
+        self.unregister(block);
+    }
+
     fn unregister(&mut self, block: u32) {
         if let Some(h) = self.hash_of.remove(&block) {
             self.by_hash.remove(&h);

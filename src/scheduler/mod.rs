@@ -36,11 +36,14 @@
 //!   unless the host tier holds that hash already. Admission looks a prompt's blocks up on
 //!   the device, then in the host tier: a host hit gets a new device block, copied back
 //!   before the forward pass and registered on the device, instead of being computed.
-//!   Host blocks of swapped sequences come first: a swap-out reclaims host-cached blocks.
-//!   Copies are listed in the order they were planned, so any order of reads and writes
-//!   of one block within a batch is the order the engines apply them in; the host blocks a
-//!   batch writes or reads for the tier stay referenced until its planning ends, so that
-//!   no copy in it overwrites another.
+//!   Swapped sequences come first: a swap-out reclaims the tier's blocks, and takes back
+//!   those its own step was copying to (their copies withdrawn).
+//! - Copies are listed in the order they were planned, and that order is the guarantee:
+//!   engines apply a batch's copies in list order (the GPU per group of layers, every
+//!   direction in turn), so a block read and then overwritten within a batch (a swapped
+//!   sequence's host block freed and reused, a reclaimed device block copied out and then
+//!   into) sees the copies as planned. The host blocks a batch copies to or from for the
+//!   tier stay referenced until its planning ends, so nothing else in it reuses them.
 //! - A sequence is "in flight" from the `schedule` that includes it to the `update`
 //!   of that batch; it is not scheduled again nor preempted meanwhile. So several
 //!   batches may be outstanding (pipeline micro-batches), and an update for a

@@ -17,9 +17,12 @@ struct Step {
     /// Preempted by swapping (their copies are in `swaps`).
     swapped_out: usize,
     swaps: Vec<BlockCopy>,
-    /// Host blocks this step's copies write or read for the prefix cache's host tier:
-    /// referenced until planning ends, so that no later copy in the step reuses one.
+    /// Host blocks this step's copies read for the prefix cache's host tier (onloads):
+    /// referenced until planning ends, so that no later copy in the step overwrites one.
     host_pins: Vec<u32>,
+    /// Host blocks this step's copies to the host tier write (offloads), referenced until
+    /// planning ends likewise; a swap-out that finds no room takes them back.
+    offloaded: Vec<u32>,
 }
 
 /// Where admission finds one block of a prompt's cached prefix.
@@ -80,6 +83,7 @@ impl Scheduler {
             swapped_out: 0,
             swaps: Vec::new(),
             host_pins: Vec::new(),
+            offloaded: Vec::new(),
         };
         if let Some(continues) = continues {
             self.schedule_continuations(continues, &mut step);
@@ -92,7 +96,13 @@ impl Scheduler {
                 self.admit_waiting(&mut step);
             }
         }
+        // Unpinned one by one in the order pinned (the tail of a chain first): that order
+        // is the host tier's reclaim order.
+        for &h in step.offloaded.iter().chain(&step.host_pins) {
+            self.host_blocks.free(&[h]);
+        }
         if continues.is_some() && step.seqs.is_empty() && !evicted {
+            debug_assert!(step.swaps.is_empty(), "copies of a plan that is dropped");
             self.iteration -= 1;
             return self.nothing_ahead();
         }
@@ -107,11 +117,6 @@ impl Scheduler {
             "token budget accounting"
         );
         self.last_stats = self.stats(&step);
-        // Unpinned one by one in the order pinned (the tail of a chain first): that order
-        // is the host tier's reclaim order.
-        for &h in &step.host_pins {
-            self.host_blocks.free(&[h]);
-        }
         Batch {
             iteration: step.iteration,
             seqs: step.seqs,
@@ -245,9 +250,7 @@ impl Scheduler {
         seq.ahead = None;
         seq.registered = 0;
         let keep = self.blocks.blocks_for(seq.num_computed);
-        let host = (keep > 0)
-            .then(|| self.host_blocks.allocate(keep))
-            .flatten();
+        let host = (keep > 0).then(|| self.swap_space(keep, step)).flatten();
         self.blocks.free(&seq.blocks);
         match host {
             Some(host) => {
@@ -419,7 +422,7 @@ impl Scheduler {
             }
             // Only room the swapped sequences leave: a reclaimed host block's copy is lost.
             let Some(host) = self.host_blocks.allocate(1) else {
-                break;
+                continue;
             };
             self.host_blocks.register(host[0], hash);
             step.swaps.push(BlockCopy {
@@ -427,10 +430,36 @@ impl Scheduler {
                 host: host[0],
                 to_host: true,
             });
-            step.host_pins.push(host[0]);
+            step.offloaded.push(host[0]);
             self.blocks_offloaded += 1;
         }
         Some(blocks)
+    }
+
+    /// `n` host blocks for a sequence swapped out in this step. Swapped sequences come
+    /// before the host tier: when the host cache is short, this step's copies to the tier
+    /// give their blocks back (their copies are withdrawn; a preemption happens before any
+    /// admission, so no copy of this step reads them yet).
+    fn swap_space(&mut self, n: usize, step: &mut Step) -> Option<Vec<u32>> {
+        if let Some(host) = self.host_blocks.allocate(n) {
+            return Some(host);
+        }
+        if step.offloaded.is_empty() {
+            return None;
+        }
+        debug_assert!(
+            step.host_pins.is_empty(),
+            "an admission before a preemption"
+        );
+        let taken: std::collections::HashSet<u32> = step.offloaded.drain(..).collect();
+        step.swaps
+            .retain(|c| !(c.to_host && taken.contains(&c.host)));
+        for &h in &taken {
+            self.host_blocks.forget(h);
+            self.host_blocks.free(&[h]);
+        }
+        self.blocks_offloaded -= taken.len() as u64;
+        self.host_blocks.allocate(n)
     }
 
     /// Whether the next waiting sequence's first uncached prefix block (after `cached`

@@ -871,6 +871,41 @@ fn evicted_prefix_blocks_go_to_the_host_tier_and_come_back_on_a_hit() {
 }
 
 #[test]
+fn a_swap_out_takes_the_host_blocks_of_its_steps_offloads() {
+    // Five device blocks of 4 tokens, two host blocks.
+    let mut config = small(SchedulerPolicy::MaxUtilization, 5, 4);
+    config.num_host_blocks = 2;
+    let mut s = scheduler(config);
+    // Seq 1 leaves one cached block; seqs 2 and 3 take the four free ones.
+    s.add(spec(1, 4, 4)).unwrap();
+    step(&mut s, &[1]);
+    assert_eq!((s.num_cached_blocks(), s.num_free_blocks()), (1, 5));
+    s.add(spec(2, 7, 10)).unwrap();
+    s.add(spec(3, 7, 10)).unwrap();
+    // At position 8 both need a third block: seq 2 reclaims the cached one (its copy to the
+    // host tier takes one host block), seq 3 finds none and is preempted, with two computed
+    // blocks to swap out: the tier's copy gives its host block back.
+    let mut swapped = false;
+    for _ in 0..6 {
+        let (b, _) = step(&mut s, &[]);
+        assert!(b.preempted.is_empty(), "swapped, not recomputed");
+        if s.num_swap_outs() == 1 && !swapped {
+            swapped = true;
+            assert_eq!(
+                b.swaps.len(),
+                2,
+                "the swap-out's copies only: {:?}",
+                b.swaps
+            );
+            assert!(b.swaps.iter().all(|c| c.to_host));
+            assert_eq!(s.num_blocks_offloaded(), (0, 0));
+            assert_eq!(s.num_host_cached_blocks(), 0);
+        }
+    }
+    assert!(swapped);
+}
+
+#[test]
 fn reuse_off_computes_every_prompt_whole() {
     let mut config = small(SchedulerPolicy::GuaranteedNoEvict, 32, 4);
     config.enable_kv_cache_reuse = false;

@@ -58,7 +58,9 @@ impl HostCache {
     /// queued so far on the compute stream, in groups of layers (1, 1, 2, 4, ...) with an
     /// event after each. The next forward pass waits for a group's event before it writes
     /// the group's first layer's cache, so the copies run beside the layers before it: a
-    /// swapped-out block may be reused in the same step, and a swapped-in one read.
+    /// swapped-out block may be reused in the same step, and a swapped-in one read. Within
+    /// each group the copies keep their list order (runs of one direction, in turn, on one
+    /// stream): the scheduler plans reads and writes of one block within a batch in order.
     pub fn queue(
         &mut self,
         g: &Gpu,
