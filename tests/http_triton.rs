@@ -267,14 +267,14 @@ async fn malformed_requests_get_clear_errors_and_the_server_stays_healthy() {
         (
             "/v2/models/ensemble/versions/2/generate",
             json!({"text_input": "hi", "max_tokens": 2}).to_string(),
-            404,
-            "version '2'",
+            400,
+            "version 2 is not found",
         ),
         (
             "/v2/models/ensemble/versions/abc/generate",
             json!({"text_input": "hi", "max_tokens": 2}).to_string(),
-            404,
-            "version 'abc'",
+            400,
+            "version abc is not found",
         ),
         (
             "/v2/models/ensemble/generate",

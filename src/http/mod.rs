@@ -185,7 +185,8 @@ pub fn app(state: AppState) -> Router {
 }
 
 /// Version 1 is the only one served: `/v2/models/{model}/versions/{v}/...` with any other
-/// `v` is a 404, as Triton answers for a version it does not have.
+/// `v` is refused on every route with Triton's answer for a version it does not have (the
+/// KServe handlers' own check says the same).
 async fn served_version_only(
     request: axum::extract::Request,
     next: axum::middleware::Next,
@@ -193,9 +194,9 @@ async fn served_version_only(
     let path = request.uri().path();
     let parts: Vec<&str> = path.split('/').collect();
     if let ["", "v2", "models", model, "versions", version, ..] = parts[..] {
-        if version != "1" {
-            return ApiError::NotFound(format!(
-                "model '{model}' has no version '{version}' (version 1 is served)"
+        if !matches!(version, "" | "1") {
+            return ApiError::BadRequest(format!(
+                "Request for unknown model: '{model}' version {version} is not found"
             ))
             .into_response();
         }
