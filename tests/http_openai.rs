@@ -102,10 +102,9 @@ async fn models_are_listed_and_looked_up() {
     assert_eq!(one["id"], "ensemble");
     let r = reqwest::get(s.url("/v1/models/gpt-4")).await.unwrap();
     assert_eq!(r.status(), 404);
-    assert_eq!(
-        r.json::<Value>().await.unwrap()["error"],
-        "The model `gpt-4` does not exist."
-    );
+    let e = r.json::<Value>().await.unwrap();
+    assert_eq!(e["error"]["message"], "The model `gpt-4` does not exist.");
+    assert_eq!(e["error"]["code"], "model_not_found");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,7 +435,8 @@ async fn malformed_requests_are_4xx_naming_the_field() {
     for (path, body, status, needle) in cases {
         let (got, answer) = post_raw(&s, path, body.clone()).await;
         assert_eq!(got, status, "{path} {body}: {answer}");
-        let message = answer["error"]
+        assert_eq!(answer["error"]["type"], "invalid_request_error", "{answer}");
+        let message = answer["error"]["message"]
             .as_str()
             .unwrap_or_else(|| panic!("{path} {body}: {answer}"));
         assert!(

@@ -453,6 +453,20 @@ async fn malformed_requests_get_clear_errors_and_the_server_stays_healthy() {
     let r = client().get(s.url("/v3/nothing")).send().await.unwrap();
     assert_eq!(r.status(), 404);
     assert!(r.json::<Value>().await.unwrap()["error"].is_string());
+    // A body past the limit is refused by a layer below the handlers: JSON all the same.
+    let huge = json!({"text_input": "x".repeat(3 << 20), "max_tokens": 1}).to_string();
+    let r = client()
+        .post(s.url("/v2/models/ensemble/generate"))
+        .body(huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let body: Value = r.json().await.expect("a JSON error body");
+    assert!(
+        body["error"].as_str().unwrap().contains("length limit"),
+        "{body}"
+    );
     // Still serving, under its served version too.
     let (status, _) = post(
         &s,
@@ -488,6 +502,7 @@ async fn a_full_queue_is_503_and_metrics_count_it() {
             .await
             .unwrap();
         if r.status() == 503 {
+            assert_eq!(r.headers()["retry-after"], "1", "told when to come back");
             refused = Some(r.json::<Value>().await.unwrap());
             break;
         }
@@ -502,6 +517,30 @@ async fn a_full_queue_is_503_and_metrics_count_it() {
         )
         .await,
         1.0
+    );
+    // OpenAI's clients get 429 and OpenAI's error object for the same refusal.
+    let r = client()
+        .post(s.url("/v1/completions"))
+        .body(json!({"model": "ensemble", "prompt": "x", "max_tokens": 2}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("queue"));
+    // A request with more prompts than the queue holds can never fit: 400, not 503.
+    let (status, body) = post(
+        &s,
+        "/v2/models/ensemble/generate",
+        json!({"text_input": ["a", "b"], "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("max_queue_size"),
+        "{body}"
     );
     drop(held);
     wait_idle(&s).await;

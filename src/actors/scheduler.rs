@@ -150,6 +150,14 @@ impl SchedulerState {
         if self.requests.contains_key(&request) {
             return Err(SubmitError::DuplicateId(request));
         }
+        let max_queue = self.core.config().max_queue_size;
+        if seqs.len() > max_queue {
+            // Never fits, however long the client waits: a client error, not "queue full".
+            return Err(SubmitError::Invalid(format!(
+                "the request has {} prompts; at most {max_queue} fit the queue (max_queue_size)",
+                seqs.len()
+            )));
+        }
         for (i, s) in seqs.iter().enumerate() {
             let num_draft_tokens = self
                 .default_draft_tokens

@@ -4,6 +4,7 @@
 //! them on ephemeral ports; [`serve()`] runs both with graceful shutdown.
 
 mod error;
+mod error_body;
 mod fields;
 mod kserve;
 mod kserve_stats;
@@ -181,6 +182,7 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(served_version_only))
+        .layer(axum::middleware::from_fn(error_body::shape_errors))
         .with_state(state)
 }
 
@@ -209,6 +211,7 @@ pub fn metrics_app(state: AppState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn(error_body::shape_errors))
         .with_state(state)
 }
 

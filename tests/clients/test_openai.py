@@ -150,9 +150,13 @@ def test_chat_stop_and_logprobs(oai):
 
 
 def test_errors(oai):
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as e:
         oai.completions.create(model="no-such-model", prompt="hi", max_tokens=2)
-    with pytest.raises(openai.BadRequestError):
+    # OpenAI's error object: the SDK finds its message and code.
+    assert e.value.code == "model_not_found", e.value.body
+    assert "no-such-model" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=0)
+    assert e.value.body["type"] == "invalid_request_error" and "max_tokens" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError):
         oai.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature="hot")
