@@ -132,16 +132,8 @@ pub(crate) async fn replay(
         }
     }
     records.sort_by_key(|r| r.index);
-    let first = records
-        .iter()
-        .filter(|r| r.latency_s > 0.0)
-        .map(|r| r.start_s)
-        .fold(f64::INFINITY, f64::min);
-    let last = records
-        .iter()
-        .map(|r| r.start_s + r.latency_s)
-        .fold(0.0, f64::max);
-    (records, Duration::from_secs_f64((last - first).max(0.0)))
+    let span = super::runner::span(&records);
+    (records, span)
 }
 
 /// One conversation's turns, in order.

@@ -142,15 +142,17 @@ async fn run_batch(
         records.push(tick(done, bar, &mut failed));
     }
     records.sort_by_key(|r| r.index);
-    let first = records
-        .iter()
-        .map(|r| r.start_s)
-        .fold(f64::INFINITY, f64::min);
-    let last = records
-        .iter()
-        .map(|r| r.start_s + r.latency_s)
-        .fold(0.0, f64::max);
-    (records, Duration::from_secs_f64((last - first).max(0.0)))
+    let span = span(&records);
+    (records, span)
+}
+
+/// Wall time from the first send to the last completion, over the records of requests
+/// that were sent (a lost task's record has no start).
+pub(super) fn span(records: &[RequestRecord]) -> Duration {
+    let sent = || records.iter().filter(|r| r.latency_s > 0.0);
+    let first = sent().map(|r| r.start_s).fold(f64::INFINITY, f64::min);
+    let last = sent().map(|r| r.start_s + r.latency_s).fold(0.0, f64::max);
+    Duration::from_secs_f64((last - first).max(0.0))
 }
 
 fn tick(
