@@ -114,6 +114,15 @@ pub struct ServerSection {
     pub device: String,
     /// Seconds to let running requests finish on SIGTERM.
     pub shutdown_timeout_s: u64,
+    /// Seconds a connection has to send a request's head, from when it opens or finishes
+    /// its previous request (so an idle kept-alive connection closes after it too).
+    pub header_read_timeout_s: f64,
+    /// Seconds a request's body has to arrive once its head has.
+    pub request_body_timeout_s: f64,
+    /// Longest request body in bytes (a longer one is a 413).
+    pub max_request_body_bytes: usize,
+    /// Open connections per port at most; one more gets a 503 and is closed.
+    pub max_connections: usize,
 }
 
 impl Default for ServerSection {
@@ -124,6 +133,10 @@ impl Default for ServerSection {
             metrics_port: 8002,
             device: "cpu".into(),
             shutdown_timeout_s: 30,
+            header_read_timeout_s: 30.0,
+            request_body_timeout_s: 60.0,
+            max_request_body_bytes: 16 << 20,
+            max_connections: 4096,
         }
     }
 }

@@ -8,8 +8,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use std::time::Duration;
-
 use inflight::config::ServeConfig;
 use inflight::engines::EngineChoice;
 use inflight::generate::{generate, GenerateOptions};
@@ -368,13 +366,12 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
         )
         .await?;
         let state = AppState::new(handle);
-        let drain = Duration::from_secs(cfg.server.shutdown_timeout_s);
         serve(
             state,
             &cfg.server.host,
             cfg.server.http_port,
             cfg.server.metrics_port,
-            drain,
+            inflight::http::ServeLimits::from(&cfg.server),
         )
         .await
     })

@@ -175,7 +175,11 @@ impl Server {
                 let shutdown = async move {
                     let _ = stopped.await;
                 };
-                serve_on(state, http, metrics, shutdown, Duration::from_secs(5))
+                let limits = crate::http::ServeLimits {
+                    drain_timeout: Duration::from_secs(5),
+                    ..Default::default()
+                };
+                serve_on(state, http, metrics, shutdown, limits)
                     .await
                     .unwrap();
             });

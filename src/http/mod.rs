@@ -8,8 +8,10 @@ mod error_body;
 mod fields;
 mod kserve;
 mod kserve_stats;
+mod listener;
 mod openai;
 mod openai_types;
+mod request_body;
 mod serve;
 mod tensors;
 mod tracked;
@@ -26,7 +28,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 pub use error::{ApiError, ApiResult};
-pub use serve::{serve, serve_on};
+pub use serve::{serve, serve_on, ServeLimits};
 
 use crate::handle::ModelHandle;
 use crate::metrics::{Metrics, Outcome, RequestTiming};
@@ -173,6 +175,14 @@ pub fn parse_json(body: &Bytes) -> ApiResult<serde_json::Value> {
 
 /// The inference port's routes.
 pub fn app(state: AppState) -> Router {
+    app_with(
+        state,
+        request_body::BodyLimits::from_limits(&ServeLimits::default()),
+    )
+}
+
+/// [`app`] with the request body limits `body`.
+pub(crate) fn app_with(state: AppState, body: request_body::BodyLimits) -> Router {
     Router::new()
         .merge(kserve::routes())
         .merge(triton::routes())
@@ -182,6 +192,10 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(served_version_only))
+        .layer(axum::middleware::from_fn(move |r, n| {
+            request_body::read_body(body, r, n)
+        }))
+        .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn(error_body::shape_errors))
         .with_state(state)
 }

@@ -1,61 +1,102 @@
 //! Running the server: both listeners (inference and metrics) on their ports, and the
 //! orderly stop on SIGTERM or Ctrl-C: stop admitting requests (new ones get 503 while the
 //! listeners still answer), let running requests finish (bounded wait), stop the actors,
-//! then close the listeners (bounded wait for open connections) and exit.
+//! then close the listeners (bounded wait for open connections) and exit. The limits every
+//! listener puts on its clients come from `[server]` ([`ServeLimits`]).
 
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
-use super::{app, metrics_app, AppState};
+use super::listener::{self, ConnLimits};
+use super::request_body::BodyLimits;
+use super::{app_with, metrics_app, AppState};
+use crate::config::ServerSection;
 use crate::error::{Error, Result};
 
-/// Serves `state` on the two listeners until `shutdown` resolves, then drains.
+/// How the listeners treat clients, and how long a stop waits (the `[server]` keys).
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLimits {
+    /// How long running requests may finish after a stop signal.
+    pub drain_timeout: Duration,
+    /// A request's head must arrive within this (also closes idle kept-alive connections).
+    pub header_read_timeout: Duration,
+    /// A request's body must arrive within this of its head.
+    pub request_body_timeout: Duration,
+    /// Longest request body, in bytes.
+    pub max_request_body_bytes: usize,
+    /// Open connections per listener at most.
+    pub max_connections: usize,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        ServeLimits::from(&ServerSection::default())
+    }
+}
+
+impl From<&ServerSection> for ServeLimits {
+    fn from(s: &ServerSection) -> Self {
+        ServeLimits {
+            drain_timeout: Duration::from_secs(s.shutdown_timeout_s),
+            header_read_timeout: Duration::from_secs_f64(s.header_read_timeout_s),
+            request_body_timeout: Duration::from_secs_f64(s.request_body_timeout_s),
+            max_request_body_bytes: s.max_request_body_bytes,
+            max_connections: s.max_connections,
+        }
+    }
+}
+
+/// Serves `state` on the two listeners until `shutdown` resolves, then drains: new
+/// requests get 503 while running ones finish (up to `drain_timeout`), the actors stop,
+/// then the listeners close (open connections get 5 s more).
 pub async fn serve_on(
     state: AppState,
     http: TcpListener,
     metrics: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    drain_timeout: Duration,
+    limits: ServeLimits,
 ) -> Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
     let model = state.model().clone();
-    // TCP_NODELAY on every connection: a streamed event is a small write, and with Nagle's
-    // algorithm it waits for the ACK of the one before, which the client may delay by up to
-    // 40 ms. Measured on an H200 with the 1B shape: 48 ms to the first token at the client
-    // against 15 ms in the server.
-    let nodelay = |tcp: &mut tokio::net::TcpStream| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
-        }
+    let conns = ConnLimits {
+        header_read_timeout: limits.header_read_timeout,
+        max_connections: limits.max_connections,
     };
-    let http = http.tap_io(nodelay);
-    let metrics = metrics.tap_io(nodelay);
-    let http_server =
-        axum::serve(http, app(state.clone())).with_graceful_shutdown(wait(stop_rx.clone()));
-    let metrics_server =
-        axum::serve(metrics, metrics_app(state)).with_graceful_shutdown(wait(stop_rx));
-    let http_task = tokio::spawn(async move { http_server.await });
-    let metrics_task = tokio::spawn(async move { metrics_server.await });
+    let body = BodyLimits {
+        max_bytes: limits.max_request_body_bytes,
+        timeout: limits.request_body_timeout,
+    };
+    let grace = Duration::from_secs(5);
+    let http_app = app_with(state.clone(), body);
+    let metrics_app = metrics_app(state);
+    let http_task = tokio::spawn(listener::run(
+        http,
+        http_app,
+        conns,
+        wait(stop_rx.clone()),
+        grace,
+    ));
+    let metrics_task = tokio::spawn(listener::run(
+        metrics,
+        metrics_app,
+        conns,
+        wait(stop_rx),
+        grace,
+    ));
     shutdown.await;
     tracing::info!(
-        "shutting down: no new requests; waiting up to {drain_timeout:?} for running ones"
+        "shutting down: no new requests; waiting up to {:?} for running ones",
+        limits.drain_timeout
     );
     // Stop admitting and let running requests finish before the connections close.
-    model.shutdown(drain_timeout).await;
+    model.shutdown(limits.drain_timeout).await;
     let _ = stop_tx.send(true);
-    let joined = tokio::time::timeout(Duration::from_secs(5), async {
-        let _ = http_task.await;
-        let _ = metrics_task.await;
-    })
-    .await;
-    if joined.is_err() {
-        tracing::warn!("connections still open after the drain; closing them");
-    }
+    let _ = http_task.await;
+    let _ = metrics_task.await;
     Ok(())
 }
 
@@ -65,7 +106,7 @@ pub async fn serve(
     host: &str,
     http_port: u16,
     metrics_port: u16,
-    drain_timeout: Duration,
+    limits: ServeLimits,
 ) -> Result<()> {
     // A host name (`localhost`) is resolved; an IP address (IPv6 in brackets) is taken as is.
     let bind = |port: u16| async move {
@@ -77,7 +118,7 @@ pub async fn serve(
     let http = bind(http_port).await?;
     let metrics = bind(metrics_port).await?;
     tracing::info!(model = %state.model().name(), "serving HTTP on {host}:{http_port}, metrics on {host}:{metrics_port}");
-    serve_on(state, http, metrics, shutdown_signal(), drain_timeout).await
+    serve_on(state, http, metrics, shutdown_signal(), limits).await
 }
 
 async fn shutdown_signal() {

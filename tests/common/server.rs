@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use inflight::http::{serve_on, AppState};
+use inflight::http::{serve_on, AppState, ServeLimits};
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
 use inflight::model::LoadedModel;
 use inflight::{ModelHandle, ModelOptions};
@@ -46,6 +46,15 @@ pub async fn start_tiny(tag: &str, tweak: impl FnOnce(&mut ModelOptions)) -> Tes
 
 /// Serves the model at `path`.
 pub async fn start(path: &Path, tweak: impl FnOnce(&mut ModelOptions)) -> TestServer {
+    start_limited(path, ServeLimits::default(), tweak).await
+}
+
+/// Serves the model at `path` with the listeners' `limits` (the drain takes at most 5 s).
+pub async fn start_limited(
+    path: &Path,
+    limits: ServeLimits,
+    tweak: impl FnOnce(&mut ModelOptions),
+) -> TestServer {
     let model = LoadedModel::load(path).expect("model loads");
     let mut options = ModelOptions::for_model(model.model.config(), 32 * 1024);
     options.scheduler.block_size = 16;
@@ -64,9 +73,11 @@ pub async fn start(path: &Path, tweak: impl FnOnce(&mut ModelOptions)) -> TestSe
         let shutdown = async move {
             let _ = stopped.await;
         };
-        serve_on(s, http, metrics, shutdown, Duration::from_secs(5))
-            .await
-            .unwrap();
+        let limits = ServeLimits {
+            drain_timeout: Duration::from_secs(5),
+            ..limits
+        };
+        serve_on(s, http, metrics, shutdown, limits).await.unwrap();
     });
     TestServer {
         base,
