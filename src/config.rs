@@ -123,6 +123,11 @@ pub struct ServerSection {
     pub max_request_body_bytes: usize,
     /// Open connections per port at most; one more gets a 503 and is closed.
     pub max_connections: usize,
+    /// When set, every request but those to `api_key_exempt_paths` needs
+    /// `Authorization: Bearer <api_key>`.
+    pub api_key: Option<String>,
+    /// Paths open without the key (exact): health and metrics by default.
+    pub api_key_exempt_paths: Vec<String>,
 }
 
 impl Default for ServerSection {
@@ -137,6 +142,10 @@ impl Default for ServerSection {
             request_body_timeout_s: 60.0,
             max_request_body_bytes: 16 << 20,
             max_connections: 4096,
+            api_key: None,
+            api_key_exempt_paths: ["/v2/health/live", "/v2/health/ready", "/health", "/metrics"]
+                .map(String::from)
+                .to_vec(),
         }
     }
 }

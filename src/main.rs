@@ -130,6 +130,9 @@ struct ServeArgs {
     /// cpu, or cuda / cuda:N (builds with feature `cuda`).
     #[arg(long)]
     device: Option<String>,
+    /// Requests must carry `Authorization: Bearer <key>` (health and metrics exempt).
+    #[arg(long, env = "INFLIGHT_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -309,6 +312,7 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
     server.http_port = args.http_port.unwrap_or(server.http_port);
     server.metrics_port = args.metrics_port.unwrap_or(server.metrics_port);
     server.device = args.device.unwrap_or(server.device.clone());
+    server.api_key = args.api_key.or(server.api_key.clone());
     let device: Device = server.device.parse()?;
     let path = match cfg.model_path() {
         Some(p) => p,

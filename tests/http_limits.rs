@@ -2,7 +2,7 @@
 //! heads are closed within `header_read_timeout`, stalled and trickled bodies get a 408
 //! within `request_body_timeout`, a body past `max_request_body_bytes` a JSON 413, and a
 //! connection past `max_connections` a JSON 503; descriptors come back to their baseline
-//! and the server keeps serving.
+//! and the server keeps serving. With `api_key`, only health and metrics answer without it.
 
 mod common;
 
@@ -201,4 +201,54 @@ async fn a_connection_past_the_cap_gets_a_json_503() {
     drop(held);
     tokio::time::sleep(Duration::from_millis(200)).await;
     still_serves(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_guards_everything_but_health_and_metrics() {
+    let s = server(
+        "limits-key",
+        ServeLimits {
+            api_key: Some("s3cret".into()),
+            ..ServeLimits::default()
+        },
+    )
+    .await;
+    let c = reqwest::Client::new();
+    let generate = |key: Option<&str>| {
+        let mut r = c
+            .post(s.url("/v2/models/ensemble/generate"))
+            .body(r#"{"text_input": "hi", "max_tokens": 2}"#);
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        r.send()
+    };
+    let r = generate(None).await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["www-authenticate"], "Bearer");
+    let e: Value = r.json().await.unwrap();
+    assert!(e["error"].as_str().unwrap().contains("API key"), "{e}");
+    assert_eq!(generate(Some("s3cre")).await.unwrap().status(), 401);
+    assert_eq!(generate(Some("s3cret")).await.unwrap().status(), 200);
+    // OpenAI's routes: its error object, which the SDKs raise as an authentication error.
+    let r = c.get(s.url("/v1/models")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["type"], "authentication_error", "{e}");
+    let r = c
+        .get(s.url("/v1/models"))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Health and metrics stay open for probes and scrapers.
+    let r = c.get(s.url("/v2/health/ready")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c
+        .get(format!("{}/metrics", s.metrics))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 }

@@ -453,8 +453,8 @@ async fn malformed_requests_get_clear_errors_and_the_server_stays_healthy() {
     let r = client().get(s.url("/v3/nothing")).send().await.unwrap();
     assert_eq!(r.status(), 404);
     assert!(r.json::<Value>().await.unwrap()["error"].is_string());
-    // A body past the limit is refused by a layer below the handlers: JSON all the same.
-    let huge = json!({"text_input": "x".repeat(3 << 20), "max_tokens": 1}).to_string();
+    // A body past the default limit (16 MiB) is refused before any handler: JSON all the same.
+    let huge = json!({"text_input": "x".repeat(17 << 20), "max_tokens": 1}).to_string();
     let r = client()
         .post(s.url("/v2/models/ensemble/generate"))
         .body(huge)
@@ -464,7 +464,10 @@ async fn malformed_requests_get_clear_errors_and_the_server_stays_healthy() {
     assert_eq!(r.status(), 413);
     let body: Value = r.json().await.expect("a JSON error body");
     assert!(
-        body["error"].as_str().unwrap().contains("length limit"),
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("max_request_body_bytes"),
         "{body}"
     );
     // Still serving, under its served version too.

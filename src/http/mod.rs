@@ -3,6 +3,7 @@
 //! [`app`] and [`metrics_app`] build the routers apart from `main` so tests can serve
 //! them on ephemeral ports; [`serve()`] runs both with graceful shutdown.
 
+mod auth;
 mod error;
 mod error_body;
 mod fields;
@@ -178,11 +179,16 @@ pub fn app(state: AppState) -> Router {
     app_with(
         state,
         request_body::BodyLimits::from_limits(&ServeLimits::default()),
+        None,
     )
 }
 
 /// [`app`] with the request body limits `body`.
-pub(crate) fn app_with(state: AppState, body: request_body::BodyLimits) -> Router {
+pub(crate) fn app_with(
+    state: AppState,
+    body: request_body::BodyLimits,
+    key: Option<auth::ApiKey>,
+) -> Router {
     Router::new()
         .merge(kserve::routes())
         .merge(triton::routes())
@@ -196,6 +202,9 @@ pub(crate) fn app_with(state: AppState, body: request_body::BodyLimits) -> Route
             request_body::read_body(body, r, n)
         }))
         .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(move |r, n| {
+            auth::check_key(key.clone(), r, n)
+        }))
         .layer(axum::middleware::from_fn(error_body::shape_errors))
         .with_state(state)
 }
@@ -222,9 +231,17 @@ async fn served_version_only(
 
 /// The metrics port's routes (Triton serves Prometheus text on :8002/metrics).
 pub fn metrics_app(state: AppState) -> Router {
+    metrics_app_with(state, None)
+}
+
+/// [`metrics_app`] behind the API key `key` (its exempt paths still open).
+pub(crate) fn metrics_app_with(state: AppState, key: Option<auth::ApiKey>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn(move |r, n| {
+            auth::check_key(key.clone(), r, n)
+        }))
         .layer(axum::middleware::from_fn(error_body::shape_errors))
         .with_state(state)
 }

@@ -8,14 +8,15 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+use super::auth::ApiKey;
 use super::listener::{self, ConnLimits};
 use super::request_body::BodyLimits;
-use super::{app_with, metrics_app, AppState};
+use super::{app_with, metrics_app_with, AppState};
 use crate::config::ServerSection;
 use crate::error::{Error, Result};
 
 /// How the listeners treat clients, and how long a stop waits (the `[server]` keys).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ServeLimits {
     /// How long running requests may finish after a stop signal.
     pub drain_timeout: Duration,
@@ -27,6 +28,10 @@ pub struct ServeLimits {
     pub max_request_body_bytes: usize,
     /// Open connections per listener at most.
     pub max_connections: usize,
+    /// The API key every request must carry, but those to `api_key_exempt_paths`.
+    pub api_key: Option<String>,
+    /// Paths open without the key.
+    pub api_key_exempt_paths: Vec<String>,
 }
 
 impl Default for ServeLimits {
@@ -43,6 +48,8 @@ impl From<&ServerSection> for ServeLimits {
             request_body_timeout: Duration::from_secs_f64(s.request_body_timeout_s),
             max_request_body_bytes: s.max_request_body_bytes,
             max_connections: s.max_connections,
+            api_key: s.api_key.clone(),
+            api_key_exempt_paths: s.api_key_exempt_paths.clone(),
         }
     }
 }
@@ -71,8 +78,12 @@ pub async fn serve_on(
         timeout: limits.request_body_timeout,
     };
     let grace = Duration::from_secs(5);
-    let http_app = app_with(state.clone(), body);
-    let metrics_app = metrics_app(state);
+    let key = limits
+        .api_key
+        .as_deref()
+        .map(|k| ApiKey::new(k, &limits.api_key_exempt_paths));
+    let http_app = app_with(state.clone(), body, key.clone());
+    let metrics_app = metrics_app_with(state, key);
     let http_task = tokio::spawn(listener::run(
         http,
         http_app,
