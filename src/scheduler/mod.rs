@@ -407,8 +407,15 @@ impl Scheduler {
         self.iteration
     }
 
-    /// Counts of the last batch: context vs generation requests and tokens.
+    /// Counts of the last batch: context vs generation requests and tokens; all 0 (but the
+    /// iteration) once nothing is waiting or running, so gauges read 0 when idle.
     pub fn last_stats(&self) -> IterationStats {
+        if self.running.is_empty() && self.waiting.is_empty() && self.swapped.is_empty() {
+            return IterationStats {
+                iteration: self.last_stats.iteration,
+                ..IterationStats::default()
+            };
+        }
         self.last_stats
     }
 

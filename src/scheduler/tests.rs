@@ -918,3 +918,25 @@ fn reuse_off_computes_every_prompt_whole() {
     assert_eq!(s.num_cached_blocks(), 0);
     assert_eq!(s.prefix_cache_tokens().1, 0);
 }
+
+#[test]
+fn last_step_counts_read_zero_once_idle() {
+    let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 8, 4));
+    s.add(spec(1, 6, 2)).unwrap();
+    step(&mut s, &[]);
+    let busy = s.last_stats();
+    assert_eq!((busy.num_context_requests, busy.num_context_tokens), (1, 6));
+    while s.has_work() {
+        step(&mut s, &[]);
+    }
+    let idle = s.last_stats();
+    assert_eq!(idle.iteration, busy.iteration + 1);
+    assert_eq!(
+        (
+            idle.num_context_requests,
+            idle.num_generation_requests,
+            idle.num_generation_tokens
+        ),
+        (0, 0, 0)
+    );
+}
