@@ -189,6 +189,8 @@ pub struct ModelSection {
     pub max_num_tokens: usize,
     /// Sequences waiting for admission before new requests are refused.
     pub max_queue_size: usize,
+    /// Prompt tokens waiting for admission before new requests are refused (0: no limit).
+    pub max_queued_tokens: usize,
     /// Accepted for compatibility; the scheduler batches every iteration, so it waits for
     /// nothing.
     pub max_queue_delay_microseconds: u64,
@@ -221,6 +223,7 @@ impl Default for ModelSection {
             enable_chunked_context: false,
             max_num_tokens: 8192,
             max_queue_size: 1024,
+            max_queued_tokens: 0,
             max_queue_delay_microseconds: 0,
             max_seq_len: 0,
             preprocess_instances: 2,
@@ -340,6 +343,7 @@ impl ServeConfig {
             max_batch_size: m.max_batch_size.unwrap_or(default_batch),
             max_num_tokens: m.max_num_tokens,
             max_queue_size: m.max_queue_size,
+            max_queued_tokens: m.max_queued_tokens,
             policy,
             enable_chunked_context: m.enable_chunked_context,
             block_size: block,

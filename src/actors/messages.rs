@@ -69,7 +69,9 @@ pub enum SubmitError {
 impl From<AddError> for SubmitError {
     fn from(e: AddError) -> Self {
         match e {
-            AddError::QueueFull { .. } => SubmitError::QueueFull(e.to_string()),
+            AddError::QueueFull { .. } | AddError::QueueTokensFull { .. } => {
+                SubmitError::QueueFull(e.to_string())
+            }
             other => SubmitError::Invalid(other.to_string()),
         }
     }

@@ -179,6 +179,18 @@ impl Scheduler {
                 max: self.config.max_queue_size,
             });
         }
+        let max = self.config.max_queued_tokens;
+        if max > 0 {
+            let queued: usize = self
+                .waiting
+                .iter()
+                .chain(&self.swapped)
+                .map(|s| s.num_known())
+                .sum();
+            if queued + spec.prompt.len() > max {
+                return Err(AddError::QueueTokensFull { queued, max });
+            }
+        }
         self.live.insert(spec.id);
         self.waiting
             .push_back(Sequence::new(spec, self.config.max_seq_len));

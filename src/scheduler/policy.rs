@@ -29,6 +29,9 @@ pub struct SchedulerConfig {
     pub max_num_tokens: usize,
     /// Sequences waiting for admission before `add` refuses with `QueueFull`.
     pub max_queue_size: usize,
+    /// Known tokens of the waiting sequences before `add` refuses with `QueueFull` (0: no
+    /// limit); a prompt longer than this alone can never be queued (`TooLong`).
+    pub max_queued_tokens: usize,
     /// How admission treats the KV cache.
     pub policy: SchedulerPolicy,
     /// Split prompts longer than the iteration's remaining token budget.
@@ -56,6 +59,7 @@ impl Default for SchedulerConfig {
             max_batch_size: 64,
             max_num_tokens: 8192,
             max_queue_size: 1024,
+            max_queued_tokens: 0,
             policy: SchedulerPolicy::GuaranteedNoEvict,
             enable_chunked_context: false,
             block_size: 32,
@@ -133,6 +137,9 @@ impl SchedulerConfig {
                 return too_long(recomputed, self.max_num_tokens, Limit::MaxNumTokens);
             }
         }
+        if self.max_queued_tokens > 0 && prompt > self.max_queued_tokens {
+            return too_long(prompt, self.max_queued_tokens, Limit::QueuedTokens);
+        }
         let capacity = self.num_blocks * self.block_size;
         if kv_tokens > capacity {
             return too_long(kv_tokens, capacity, Limit::KvCache);
@@ -156,6 +163,8 @@ pub enum Limit {
     MaxNumTokens,
     /// The whole KV cache.
     KvCache,
+    /// Tokens the queue holds (`max_queued_tokens`).
+    QueuedTokens,
 }
 
 impl std::fmt::Display for Limit {
@@ -164,6 +173,7 @@ impl std::fmt::Display for Limit {
             Limit::MaxSeqLen => "the maximum sequence length",
             Limit::MaxNumTokens => "the tokens one iteration can compute",
             Limit::KvCache => "the KV cache capacity",
+            Limit::QueuedTokens => "the tokens the queue holds (max_queued_tokens)",
         })
     }
 }
@@ -175,6 +185,15 @@ pub enum AddError {
     #[error("the request queue is full ({max} waiting requests); retry later")]
     QueueFull {
         /// The queue's size.
+        max: usize,
+    },
+    /// The waiting sequences hold so many tokens that this prompt would pass
+    /// `max_queued_tokens`.
+    #[error("the request queue is full ({queued} of {max} queued tokens); retry later")]
+    QueueTokensFull {
+        /// Tokens waiting now.
+        queued: usize,
+        /// The limit.
         max: usize,
     },
     /// The request needs more tokens than a limit allows.

@@ -940,3 +940,31 @@ fn last_step_counts_read_zero_once_idle() {
         (0, 0, 0)
     );
 }
+
+#[test]
+fn max_queued_tokens_refuses_past_the_limit_and_a_prompt_that_never_fits() {
+    let mut config = small(SchedulerPolicy::GuaranteedNoEvict, 8, 4);
+    config.max_queued_tokens = 20;
+    let mut s = scheduler(config);
+    s.add(spec(1, 12, 2)).unwrap();
+    assert_eq!(
+        s.add(spec(2, 9, 2)),
+        Err(AddError::QueueTokensFull {
+            queued: 12,
+            max: 20
+        })
+    );
+    s.add(spec(3, 8, 2)).unwrap();
+    assert!(matches!(
+        s.add(spec(4, 21, 2)),
+        Err(AddError::TooLong {
+            tokens: 21,
+            max: 20,
+            limit: Limit::QueuedTokens
+        })
+    ));
+    // Admitted sequences leave the queue: room again.
+    step(&mut s, &[]);
+    assert_eq!(s.num_waiting(), 0);
+    s.add(spec(2, 9, 2)).unwrap();
+}

@@ -149,6 +149,7 @@ fn random_config(rng: &mut StdRng, policy: SchedulerPolicy, chunked: bool) -> Sc
         max_batch_size: rng.gen_range(1..=8),
         max_num_tokens: rng.gen_range(4..=64),
         max_queue_size: rng.gen_range(1..=16),
+        max_queued_tokens: 0,
         policy,
         enable_chunked_context: chunked,
         block_size: [1, 2, 4, 8, 16][rng.gen_range(0..5)],
@@ -282,9 +283,17 @@ fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
         prompt,
     };
     let full = s.num_waiting() >= s.config.max_queue_size;
+    let queued: usize = s
+        .waiting
+        .iter()
+        .chain(&s.swapped)
+        .map(|q| q.num_known())
+        .sum();
+    let max_queued = s.config.max_queued_tokens;
+    let over = max_queued > 0 && queued + spec.prompt.len() > max_queued;
     match s.add(spec.clone()) {
         Ok(()) => {
-            assert!(!full && !spec.prompt.is_empty() && spec.max_new_tokens > 0);
+            assert!(!full && !over && !spec.prompt.is_empty() && spec.max_new_tokens > 0);
             oracle
                 .limits
                 .insert(id, (spec.prompt.len(), spec.max_new_tokens));
@@ -293,6 +302,9 @@ fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
             oracle.accepted.insert(id);
         }
         Err(AddError::QueueFull { max }) => assert!(full && max == s.config.max_queue_size),
+        Err(AddError::QueueTokensFull { queued: q, max }) => {
+            assert!(over && !full && q == queued && max == max_queued)
+        }
         Err(AddError::Empty) => assert!(spec.prompt.is_empty()),
         Err(AddError::NoNewTokens) => assert_eq!(spec.max_new_tokens, 0),
         Err(AddError::TooLong { tokens, max, .. }) => assert!(tokens > max),
@@ -314,6 +326,8 @@ fn run(
     let mut config = random_config(&mut rng, policy, chunked);
     // Prefix caching on in two runs of three.
     config.enable_kv_cache_reuse = !seed.is_multiple_of(3);
+    // A queued-token limit in half the runs (drawn apart from `rng`, as the salts are).
+    config.max_queued_tokens = [0, 300, 0, 100][(seed / 3 % 4) as usize];
     let mut s = Scheduler::new(config.clone()).unwrap();
     let mut engine = Engine::new(&config);
     let mut oracle = Oracle::default();
@@ -447,6 +461,7 @@ fn max_utilization_random_runs_do_preempt_and_swap() {
             max_num_tokens: 64,
             max_seq_len: 64,
             max_queue_size: 64,
+            max_queued_tokens: 0,
             // Every other run swaps, into a host cache that sometimes runs out.
             num_host_blocks: [0, 6, 24][seed as usize % 3],
             enable_kv_cache_reuse: seed % 4 < 2,
