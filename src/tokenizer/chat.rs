@@ -6,7 +6,9 @@
 //! writes like Python's `json.dumps` (no HTML escaping), Python string and dict methods
 //! (`.strip()`, `.startswith()`, `.items()`, ... via minijinja-contrib's pycompat), and
 //! the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`.
-//! Models without a template get ChatML.
+//! Models without a template get ChatML. A template is code from the model file: each
+//! render runs on a fuel budget ([`TEMPLATE_FUEL`] instructions) and minijinja's recursion
+//! limit, so a hostile or broken one fails a request instead of hanging the server.
 
 use std::io;
 
@@ -21,6 +23,10 @@ use crate::error::{Error, Result};
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 const TEMPLATE_NAME: &str = "chat";
+
+/// Instructions one render may run: real templates take thousands for long conversations;
+/// a loop without end stops here, within about a second.
+pub const TEMPLATE_FUEL: u64 = 10_000_000;
 
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +69,7 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -344,6 +351,29 @@ mod tests {
             .iter()
             .map(|(r, c)| ChatMessage::new(*r, *c))
             .collect()
+    }
+
+    #[test]
+    fn a_template_that_never_ends_runs_out_of_fuel_and_a_long_chat_does_not() {
+        let hostile =
+            "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(hostile, "", "").unwrap();
+        let t0 = std::time::Instant::now();
+        let e = t.apply(&msgs(&[("user", "hi")]), true).unwrap_err();
+        assert!(e.to_string().contains("fuel"), "{e}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+        let deep = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
+        let e = ChatTemplate::new(deep, "", "")
+            .unwrap()
+            .apply(&msgs(&[("user", "hi")]), true)
+            .unwrap_err();
+        assert!(e.to_string().contains("recursion"), "{e}");
+        // 2,000 turns through Llama-3's template fit the budget with room to spare.
+        let long: Vec<ChatMessage> = (0..2000)
+            .map(|i| ChatMessage::new(["user", "assistant"][i % 2], "some words here"))
+            .collect();
+        let t = ChatTemplate::new(LLAMA3, "<|begin_of_text|>", "<|eot_id|>").unwrap();
+        assert!(t.apply(&long, true).unwrap().len() > 2000 * 20);
     }
 
     #[test]
