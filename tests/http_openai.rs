@@ -449,3 +449,57 @@ async fn malformed_requests_are_4xx_naming_the_field() {
     let (status, _) = post(&s, "/v1/chat/completions", json!({"model": "ensemble", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})).await;
     assert_eq!(status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_requests_carry_an_id_that_a_stop_request_can_name() {
+    let s = start_tiny("oai-id", |_| {}).await;
+    let c = reqwest::Client::new();
+    // The client's X-Request-Id names the request: echoed, and the body's id built on it.
+    let r = c
+        .post(s.url("/v1/completions"))
+        .header("x-request-id", "mine-1")
+        .body(json!({"model": "ensemble", "prompt": "hi", "max_tokens": 2}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-request-id"], "mine-1");
+    assert_eq!(r.json::<Value>().await.unwrap()["id"], "cmpl-mine-1");
+    // Without one, the server's id comes back the same way.
+    let chat = json!({"model": "ensemble", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let r = c
+        .post(s.url("/v1/chat/completions"))
+        .body(chat.to_string())
+        .send()
+        .await
+        .unwrap();
+    let id = r.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["id"],
+        format!("chatcmpl-{id}")
+    );
+    // A long streamed completion, stopped by that id with Triton's stop request.
+    let long = json!({"model": "ensemble", "prompt": "a long one", "max_tokens": 1500, "ignore_eos": true, "stream": true});
+    let stream = c
+        .post(s.url("/v1/completions"))
+        .header("x-request-id", "long-1")
+        .body(long.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.headers()["x-request-id"], "long-1");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (status, _) = post(
+        &s,
+        "/v2/models/ensemble/generate",
+        json!({"id": "long-1", "stop": true}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let text = tokio::time::timeout(Duration::from_secs(30), stream.text())
+        .await
+        .expect("the stopped stream ends")
+        .unwrap();
+    let events = text.lines().filter(|l| l.starts_with("data: {")).count();
+    assert!(events < 1500, "{events} events: the stop did not act");
+}

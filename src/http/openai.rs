@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -173,7 +174,36 @@ fn prompt_text(tok: &Tokenizer, p: &Prompt) -> String {
     }
 }
 
-async fn completions(State(state): State<AppState>, body: Bytes) -> ApiResult<Response> {
+/// The header that names a request: taken from the client when it sends one (so it can
+/// stop the request by that id), returned on every answer.
+const REQUEST_ID: &str = "x-request-id";
+
+/// The client's request id, if it sent a usable one.
+fn request_id(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    match headers.get(REQUEST_ID) {
+        None => Ok(None),
+        Some(v) => match v.to_str().map(str::trim) {
+            Ok(id) if !id.is_empty() && id.len() <= 256 => Ok(Some(id.to_owned())),
+            _ => Err(ApiError::BadRequest(format!(
+                "the {REQUEST_ID} header must be 1-256 visible ASCII characters"
+            ))),
+        },
+    }
+}
+
+/// `response` with the request's id in its headers.
+fn with_request_id(mut response: Response, id: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        response.headers_mut().insert(REQUEST_ID, v);
+    }
+    response
+}
+
+async fn completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
     let body = parse_json(&body)?;
     let req = completion_request(&body, context(&state))?;
     check_model(&state, &req.model)?;
@@ -185,26 +215,28 @@ async fn completions(State(state): State<AppState>, body: Bytes) -> ApiResult<Re
     let prompts = req.prompts.len();
     let streamed = req.params.stream;
     let request = Request {
-        id: None,
+        id: request_id(&headers)?,
         prompts: req.prompts,
         params: req.params,
     };
     let stream = state.submit(&req.model, request).await?;
-    let id = format!("cmpl-{}", stream.id());
+    let rid = stream.id().to_owned();
+    let id = format!("cmpl-{rid}");
     let meta = Meta {
         id,
         model: req.model,
         created: unix_now(),
     };
     if streamed {
-        return Ok(sse(stream_completion(
+        let events = stream_completion(
             state,
             meta,
             stream,
             echoes,
             req.logprobs.is_some(),
             req.include_usage,
-        )));
+        );
+        return Ok(with_request_id(sse(events), &rid));
     }
     let answers = collect(stream, prompts).await?;
     let tok = state.model().tokenizer();
@@ -233,7 +265,7 @@ async fn completions(State(state): State<AppState>, body: Bytes) -> ApiResult<Re
         choices,
         usage: Some(Some(usage)),
     };
-    Ok(Json(answer).into_response())
+    Ok(with_request_id(Json(answer).into_response(), &rid))
 }
 
 /// What every chunk of one answer repeats.
@@ -317,30 +349,30 @@ fn stream_completion(
     }
 }
 
-async fn chat_completions(State(state): State<AppState>, body: Bytes) -> ApiResult<Response> {
+async fn chat_completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
     let body = parse_json(&body)?;
     let req = chat_request(&body, context(&state))?;
     check_model(&state, &req.model)?;
     let streamed = req.params.stream;
     let request = Request {
-        id: None,
+        id: request_id(&headers)?,
         prompts: vec![Prompt::Chat(req.messages)],
         params: req.params,
     };
     let stream = state.submit(&req.model, request).await?;
+    let rid = stream.id().to_owned();
     let meta = Meta {
         id: format!("chatcmpl-{}", stream.id()),
         model: req.model,
         created: unix_now(),
     };
     if streamed {
-        return Ok(sse(stream_chat(
-            state,
-            meta,
-            stream,
-            req.logprobs,
-            req.include_usage,
-        )));
+        let events = stream_chat(state, meta, stream, req.logprobs, req.include_usage);
+        return Ok(with_request_id(sse(events), &rid));
     }
     let c = collect(stream, 1).await?.remove(0);
     let mut usage = Usage::default();
@@ -365,7 +397,7 @@ async fn chat_completions(State(state): State<AppState>, body: Bytes) -> ApiResu
         choices: vec![choice],
         usage,
     };
-    Ok(Json(answer).into_response())
+    Ok(with_request_id(Json(answer).into_response(), &rid))
 }
 
 fn stream_chat(
