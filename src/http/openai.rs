@@ -366,7 +366,7 @@ async fn chat_completions(
     let stream = state.submit(&req.model, request).await?;
     let rid = stream.id().to_owned();
     let meta = Meta {
-        id: format!("chatcmpl-{}", stream.id()),
+        id: format!("chatcmpl-{rid}"),
         model: req.model,
         created: unix_now(),
     };

@@ -158,8 +158,10 @@ impl BlockManager {
     }
 
     /// The registered blocks of the longest prefix of `hashes` (a sequence's block hashes
-    /// in order), without taking them.
-    pub fn cached_prefix(&self, hashes: &[u64]) -> Vec<u32> {
+    /// in order), without taking them. (Admission walks both tiers block by block with
+    /// [`lookup`](Self::lookup) instead.)
+    #[cfg(test)]
+    pub(crate) fn cached_prefix(&self, hashes: &[u64]) -> Vec<u32> {
         hashes
             .iter()
             .map_while(|h| self.by_hash.get(h).copied())
