@@ -1,5 +1,7 @@
 // Paged causal attention with grouped KV heads, for prefill and decode rows alike: query
-// row r of sequence row_seq[r] at position row_pos[r] attends to positions 0..=row_pos[r],
+// row r of sequence row_seq[r] at position row_pos[r] attends to positions 0..=row_pos[r]
+// (only the last `window` of them where window > 0: a sliding-window layer), scores
+// scaled by `scale` and, where softcap > 0, soft-capped (cap * tanh(score / cap), Gemma 2),
 // read from the 16-bit cache through the sequence's block table. One block of 4 warps per
 // (row, KV head, split): the split covers positions [split * chunk, (split + 1) * chunk);
 // each warp takes every 4th position with an online softmax for all the group's query
@@ -10,7 +12,7 @@
 // for long contexts).
 #define ATT_WARPS 4
 #define ATT_MAX_GROUP 8
-#define ATT_MAX_DPL 4  // ceil(head_dim / 32), so head_dim <= 128
+#define ATT_MAX_DPL 8  // ceil(head_dim / 32), so head_dim <= 256
 
 extern "C" __global__ void KERNEL(paged_attention)(
     const float* __restrict__ q,          // [n, heads * hd]
@@ -23,7 +25,7 @@ extern "C" __global__ void KERNEL(paged_attention)(
     float* __restrict__ part_acc,         // [n, heads, splits, hd] (several splits)
     float* __restrict__ part_ml,          // [n, heads, splits, 2]
     int heads, int kv_heads, int hd, int block_size, int table_stride,
-    int chunk, int splits, float scale) {
+    int chunk, int splits, float scale, int window, float softcap) {
     grid_dep_enter();
     __shared__ float s_acc[ATT_WARPS][ATT_MAX_GROUP][ATT_MAX_DPL * 32];
     __shared__ float s_m[ATT_WARPS][ATT_MAX_GROUP];
@@ -35,10 +37,11 @@ extern "C" __global__ void KERNEL(paged_attention)(
     const int dpl = (hd + 31) / 32;
     const int kvd = kv_heads * hd;
     const int len = row_pos[r] + 1;
-    const int start = split * chunk;
-    const int end = min(start + chunk, len);
+    const int lo = window > 0 ? max(len - window, 0) : 0;
+    const int start = max(split * chunk, lo);
+    const int end = min(split * chunk + chunk, len);
 
-    if (start >= len) {
+    if (start >= end) {
         // An empty split: say so, so the merge can skip it whatever the buffer held.
         if (threadIdx.x < group) {
             size_t pi = ((size_t)r * heads + g * group + threadIdx.x) * splits + split;
@@ -84,6 +87,7 @@ extern "C" __global__ void KERNEL(paged_attention)(
 #pragma unroll
                 for (int d = 0; d < ATT_MAX_DPL; ++d) s += qr[h][d] * kv[d];
                 s = warp_sum(s);
+                if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
                 float mn = fmaxf(m[h], s);
                 float corr = __expf(m[h] - mn);
                 float e = __expf(s - mn);

@@ -6,19 +6,30 @@
 // predecessor wait. Rows of a multiple of 8 up to blockDim.x * 8 * EMBED_VEC values take
 // the vector path: 16-byte loads, all issued before any is used (a row is one round trip
 // to memory, not one a loop iteration).
+// Where `pos_table` is given (learned positions, GPT-2) row pos[r] of it is added, and every
+// value is multiplied by `scale` (Gemma's sqrt(hidden)); such rows take the scalar path.
 // grid: n rows; block: any width.
 #define EMBED_VEC 4
 
 extern "C" __global__ void KERNEL(embed)(const half_t* __restrict__ table,
                                       const int* __restrict__ ids,
                                       const int* __restrict__ fed,
-                                      float* __restrict__ x, int h) {
+                                      float* __restrict__ x, int h,
+                                      const float* __restrict__ pos_table,
+                                      const int* __restrict__ pos, float scale) {
     const int r = blockIdx.x;
     int id = load_early(ids + r);
     grid_dep_enter();
     if (id < 0) id = max(fed[-id - 1], 0);
     const half_t* src = table + (size_t)id * h;
     float* dst = x + (size_t)r * h;
+    if (pos_table != nullptr || scale != 1.0f) {
+        const float* pe = pos_table != nullptr ? pos_table + (size_t)pos[r] * h : nullptr;
+        for (int i = threadIdx.x; i < h; i += blockDim.x) {
+            dst[i] = half_to_f32(src[i]) * scale + (pe != nullptr ? pe[i] : 0.0f);
+        }
+        return;
+    }
     if ((h & 7) != 0 || h > (int)blockDim.x * 8 * EMBED_VEC) {
         for (int i = threadIdx.x; i < h; i += blockDim.x) dst[i] = half_to_f32(src[i]);
         return;

@@ -389,6 +389,9 @@ fn gpu_check(model: Option<PathBuf>, steps: usize, seed: u64) -> inflight::Resul
     let gpu = inflight::kernels::cuda::Gpu::open(0)?;
     println!("device: {} ({})", gpu.name, gpu.arch);
     let mut rows = kernels::run_all(&gpu, seed)?;
+    // Every family's tiny checkpoint against transformers (run from the repository root).
+    let families = std::path::Path::new("tests/fixtures/families");
+    rows.extend(inflight::gpu_check::families::families_vs_hf(families)?);
     if let Some(path) = model {
         let llama = Llama::load(&path)?;
         let cuda = inflight::model::gpu::CudaModel::load(&llama, 0)?;

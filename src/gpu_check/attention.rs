@@ -108,6 +108,7 @@ pub fn attention(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
             heads,
             kv_heads: kvh,
             head_dim: hd,
+            simple: false,
         };
         for case in CASES {
             out.push(one(gpu, dt, rng, hs, bs, case, gpu.wgmma, gpu.clusters)?);
@@ -193,7 +194,7 @@ fn one(
     // The queries in the form the kernel reads: 16-bit pre-scaled for the tensor-core
     // kernels (as RoPE writes them), fp32 for the warp-per-key kernel.
     let (q16, q32);
-    let qb = match attention::query_scale(&hs) {
+    let qb = match attention::query_scale(&hs, 1.0 / (hs.head_dim as f32).sqrt()) {
         Some(scale) => {
             let scaled: Vec<f32> = q.iter().map(|x| x * scale).collect();
             q16 = gpu.upload(&half_of(dt, &scaled).0)?;
@@ -239,6 +240,9 @@ fn one(
         heads: hs,
         half: dt,
         clusters,
+        scale: 1.0 / (hs.head_dim as f32).sqrt(),
+        window: None,
+        softcap: None,
     };
     let (kernel, _, splits) = attention::attention_plan(&a);
     attention::paged_attention_with(gpu, &a, wgmma)?;
@@ -265,6 +269,7 @@ fn one(
         &view(&vvals[..]),
         hs.heads,
         hs.head_dim,
+        &cpu::AttnOpts::plain(hs.head_dim),
         &mut want,
     );
     let mut r = row(

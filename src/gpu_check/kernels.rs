@@ -105,7 +105,18 @@ fn embed(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
             .collect();
         let (table, idb, fedb) = (gpu.upload(&tbits)?, gpu.upload(&ids)?, gpu.upload(&fed)?);
         let x = poison_f32(gpu, n * h)?;
-        launch::embed(gpu, dt, table.ptr(), idb.ptr(), fedb.ptr(), x.ptr(), n, h)?;
+        let plain = launch::EmbedExtras::NONE;
+        launch::embed(
+            gpu,
+            dt,
+            table.ptr(),
+            idb.ptr(),
+            fedb.ptr(),
+            x.ptr(),
+            n,
+            h,
+            plain,
+        )?;
         let got = gpu.read(&x, n * h)?;
         let token = |i: i32| if i >= 0 { i } else { fed[(-i - 1) as usize].max(0) } as usize;
         let want: Vec<f32> = ids
@@ -667,6 +678,7 @@ fn rope_one(
         heads,
         kv_heads: kvh,
         head_dim: hd,
+        simple: false,
     };
     let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
     let slots_i: Vec<i32> = slots.iter().map(|&s| s as i32).collect();

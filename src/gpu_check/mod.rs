@@ -5,6 +5,7 @@
 //! that scripts/hf_compare.py checks against HF transformers. Prints one table.
 
 mod attention;
+pub mod families;
 pub mod kernels;
 pub mod model;
 pub mod profile;

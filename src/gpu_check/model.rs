@@ -166,16 +166,21 @@ pub fn dequantized(model: &Llama) -> Llama {
     };
     let weights = LlamaWeights {
         embed: mat(&w.embed, cfg.vocab_size, cfg.hidden_size),
+        pos_embed: w.pos_embed.clone(),
         layers: w
             .layers
             .iter()
             .map(|l| LayerWeights {
                 attn_norm: l.attn_norm.clone(),
                 qkv: lin(&l.qkv),
+                q_norm: l.q_norm.clone(),
+                k_norm: l.k_norm.clone(),
                 o: lin(&l.o),
+                post_attn_norm: l.post_attn_norm.clone(),
                 ffn_norm: l.ffn_norm.clone(),
                 gate_up: lin(&l.gate_up),
                 down: lin(&l.down),
+                post_ffn_norm: l.post_ffn_norm.clone(),
             })
             .collect(),
         final_norm: w.final_norm.clone(),

@@ -1,5 +1,6 @@
-//! CPU kernels of the forward pass: RMSNorm, RoPE, SwiGLU and paged
-//! attention. Each is the CPU twin of a CUDA kernel and the production CPU path.
+//! CPU kernels of the forward pass: RMSNorm, LayerNorm, RoPE, SwiGLU, GeGLU, GELU,
+//! soft-capping and paged attention (causal, optionally windowed and soft-capped). Each is
+//! the CPU twin of a CUDA kernel and the production CPU path.
 
 use rayon::prelude::*;
 
@@ -12,6 +13,50 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         for ((o, v), g) in or.iter_mut().zip(xr).zip(w) {
             *o = v * scale * g;
         }
+    }
+}
+
+/// `out[r] = (x[r] - mean) / sqrt(var + eps) * w + b` for every row of width `w.len()`.
+pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let mean = xr.iter().sum::<f32>() / d as f32;
+        let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
+        let scale = 1.0 / (var + eps).sqrt();
+        for (((o, v), g), b) in or.iter_mut().zip(xr).zip(w).zip(b) {
+            *o = (v - mean) * scale * g + b;
+        }
+    }
+}
+
+/// GELU, tanh approximation (`gelu_pytorch_tanh`, GPT-2's `gelu_new`).
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
+    0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// GeGLU on a fused `[n, 2 * f]` gate‖up product: `out = gelu_tanh(gate) * up`, `[n, f]`.
+pub fn gelu_mul(gate_up: &[f32], f: usize, out: &mut [f32]) {
+    for (gu, o) in gate_up.chunks_exact(2 * f).zip(out.chunks_exact_mut(f)) {
+        let (g, u) = gu.split_at(f);
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = gelu_tanh(g) * u;
+        }
+    }
+}
+
+/// `out = gelu_tanh(x)` elementwise (GPT-2's ungated MLP).
+pub fn gelu(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = gelu_tanh(v);
+    }
+}
+
+/// `x = cap * tanh(x / cap)` elementwise (Gemma 2's logit soft-capping).
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x {
+        *v = cap * (*v / cap).tanh();
     }
 }
 
@@ -110,10 +155,32 @@ pub struct AttnRow<'a> {
     pub pos: usize,
 }
 
+/// How scores are formed: `scale · q·k`, then soft-capped where `softcap` is set; a
+/// query at position `p` sees keys `p - window + 1 ..= p` where `window` is set.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnOpts {
+    pub scale: f32,
+    pub softcap: Option<f32>,
+    pub window: Option<usize>,
+}
+
+impl AttnOpts {
+    /// Plain causal attention scaled by `1/sqrt(head_dim)`.
+    #[cfg_attr(not(any(test, feature = "gpu-tools")), allow(dead_code))]
+    pub fn plain(head_dim: usize) -> Self {
+        AttnOpts {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+            window: None,
+        }
+    }
+}
+
 /// Causal paged attention with grouped KV heads. `q` is `[n, heads * head_dim]`, `out`
 /// the same shape; query head `h` reads KV head `h / (heads / kv_heads)`. The query is
 /// rounded to the cache's element type before the scores, so `q·k` is computed at the
 /// precision the keys are stored in (with an f16 cache this is what llama.cpp does too).
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention<T: KvElem>(
     q: &[f32],
     rows: &[AttnRow<'_>],
@@ -121,11 +188,12 @@ pub fn paged_attention<T: KvElem>(
     v: &PagedView<'_, T>,
     heads: usize,
     head_dim: usize,
+    opts: &AttnOpts,
     out: &mut [f32],
 ) {
     let kv_heads = k.kv_dim / head_dim;
     let group = heads / kv_heads;
-    let scale = 1.0 / (head_dim as f32).sqrt();
+    let scale = opts.scale;
     // One job per (row, KV head): the query heads of a group are contiguous, and each K/V
     // row is converted once for all of them.
     let span = group * head_dim;
@@ -135,13 +203,21 @@ pub fn paged_attention<T: KvElem>(
         let mut qg = q[idx * span..(idx + 1) * span].to_vec();
         T::round(&mut qg);
         let kvo = g * head_dim;
-        let n = row.pos + 1;
+        let first = opts.window.map_or(0, |w| (row.pos + 1).saturating_sub(w));
+        let n = row.pos + 1 - first;
         let mut buf = vec![0f32; head_dim];
         let mut scores = vec![0f32; group * n];
-        for p in 0..n {
-            T::row_to_f32(&k.at(row.block_table, p)[kvo..kvo + head_dim], &mut buf);
+        for i in 0..n {
+            T::row_to_f32(
+                &k.at(row.block_table, first + i)[kvo..kvo + head_dim],
+                &mut buf,
+            );
             for h in 0..group {
-                scores[h * n + p] = dot(&qg[h * head_dim..(h + 1) * head_dim], &buf) * scale;
+                let s = dot(&qg[h * head_dim..(h + 1) * head_dim], &buf) * scale;
+                scores[h * n + i] = match opts.softcap {
+                    Some(cap) => cap * (s / cap).tanh(),
+                    None => s,
+                };
             }
         }
         for s in scores.chunks_exact_mut(n) {
@@ -154,10 +230,13 @@ pub fn paged_attention<T: KvElem>(
             s.iter_mut().for_each(|x| *x /= sum);
         }
         o.fill(0.0);
-        for p in 0..n {
-            T::row_to_f32(&v.at(row.block_table, p)[kvo..kvo + head_dim], &mut buf);
+        for i in 0..n {
+            T::row_to_f32(
+                &v.at(row.block_table, first + i)[kvo..kvo + head_dim],
+                &mut buf,
+            );
             for h in 0..group {
-                let w = scores[h * n + p];
+                let w = scores[h * n + i];
                 for (a, b) in o[h * head_dim..(h + 1) * head_dim].iter_mut().zip(&buf) {
                     *a += w * b;
                 }
@@ -244,6 +323,7 @@ mod tests {
             &v,
             1,
             2,
+            &AttnOpts::plain(2),
             &mut out,
         );
         let s: Vec<f32> = keys.iter().map(|kk| (2.0 * kk[0]) / 2f32.sqrt()).collect();

@@ -1,7 +1,10 @@
-//! Model hyper-parameters of the Llama family, read from HF `config.json` or GGUF metadata.
+//! Model hyper-parameters of every family the engines run, read from HF `config.json` or
+//! GGUF metadata: the Llama shapes, the family's [`Arch`], RoPE scaling and attention scale.
 
 use serde::Deserialize;
+use serde_json::Value;
 
+use super::family::{Arch, Bias, Family, Mlp, NormKind};
 use super::gguf::GgufFile;
 use crate::error::{Error, Result};
 
@@ -20,6 +23,18 @@ pub struct Llama3RopeScaling {
     pub original_max_position_embeddings: usize,
 }
 
+/// How RoPE frequencies are rescaled for a longer context.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Llama 3.1's frequency-dependent scaling.
+    Llama3(Llama3RopeScaling),
+    /// Every frequency divided by `factor` (position interpolation; Gemma 3's global layers).
+    Linear(f32),
+    /// Each frequency divided by its own factor: Phi-3's LongRoPE short factors, or a GGUF
+    /// file's `rope_freqs` tensor (Llama 3.1's scaling, precomputed by the converter).
+    Factors(Vec<f32>),
+}
+
 /// The element type of the CPU engine's KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvDtype {
@@ -29,12 +44,14 @@ pub enum KvDtype {
     F16,
 }
 
-/// Shapes and constants of a Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM).
+/// Shapes and constants of a decoder of any supported family.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
-    /// A GGUF file's `general.architecture` (`llama`, `mistral`, `qwen2`), or an HF
+    /// A GGUF file's `general.architecture` (`llama`, `qwen3`, `gemma2`, ...), or an HF
     /// checkpoint's class (`LlamaForCausalLM`, ...).
     pub architecture: String,
+    /// What the family changes in the Llama decoder.
+    pub arch: Arch,
     /// Tokens in the vocabulary (rows of the embedding and the lm_head).
     pub vocab_size: usize,
     /// Width of the residual stream.
@@ -49,18 +66,18 @@ pub struct ModelConfig {
     pub num_kv_heads: usize,
     /// Width of one head; even.
     pub head_dim: usize,
-    /// RoPE base frequency.
+    /// RoPE base frequency (of the global layers, where local ones have their own).
     pub rope_theta: f32,
-    /// Llama 3 RoPE scaling, when the model uses it.
-    pub rope_scaling: Option<Llama3RopeScaling>,
-    /// Epsilon of every RMSNorm.
+    /// RoPE scaling of the global layers, when the model uses it.
+    pub rope_scaling: Option<RopeScaling>,
+    /// The attention scores' scale: `1/sqrt(head_dim)` unless the family says otherwise.
+    pub attn_scale: f32,
+    /// Epsilon of every norm (RMSNorm or LayerNorm).
     pub rms_norm_eps: f32,
     /// Context length: the positions the model serves.
     pub max_position_embeddings: usize,
     /// The lm_head reuses the token embedding (a GGUF file without `output.weight`).
     pub tie_word_embeddings: bool,
-    /// Qwen2 has biases on the q, k and v projections.
-    pub attention_bias: bool,
     /// The beginning-of-sequence token, when the model names one.
     pub bos_token_id: Option<u32>,
     /// End-of-sequence tokens: generation stops at any of them.
@@ -92,6 +109,17 @@ impl ModelConfig {
         if self.hidden_size == 0 || self.intermediate_size == 0 || self.vocab_size == 0 {
             return fail("hidden_size, intermediate_size and vocab_size must be positive".into());
         }
+        if let Some(RopeScaling::Factors(f)) = &self.rope_scaling {
+            if f.len() != self.head_dim / 2 || f.iter().any(|v| !v.is_finite() || *v <= 0.0) {
+                return fail(format!(
+                    "RoPE factors: {} positive values expected, one per rotated pair",
+                    self.head_dim / 2
+                ));
+            }
+        }
+        if self.arch.sliding_window == Some(0) {
+            return fail("sliding_window must be positive".into());
+        }
         Ok(())
     }
 
@@ -105,33 +133,27 @@ impl ModelConfig {
         self.num_kv_heads * self.head_dim
     }
 
-    /// Inverse RoPE frequencies, one per rotated pair, with Llama 3 scaling applied.
+    /// Inverse RoPE frequencies of the global layers, one per rotated pair, scaled.
     pub fn rope_inv_freq(&self) -> Vec<f32> {
-        let half = self.head_dim / 2;
-        (0..half)
-            .map(|i| {
-                let f = 1.0 / (self.rope_theta as f64).powf(2.0 * i as f64 / self.head_dim as f64);
-                match &self.rope_scaling {
-                    None => f as f32,
-                    Some(s) => llama3_scale(f, s) as f32,
-                }
-            })
-            .collect()
+        inv_freq(self.rope_theta, self.head_dim, self.rope_scaling.as_ref())
     }
 
-    /// Reads the hyper-parameters of a GGUF file's `general.architecture` (llama, mistral,
-    /// qwen2).
+    /// Inverse RoPE frequencies of the local layers where they differ from the global
+    /// ones (Gemma 3: their own base, unscaled).
+    pub fn local_rope_inv_freq(&self) -> Option<Vec<f32>> {
+        self.arch
+            .local_rope_theta
+            .map(|theta| inv_freq(theta, self.head_dim, None))
+    }
+
+    /// Reads the hyper-parameters of a GGUF file's `general.architecture`.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let arch = file
             .require("general.architecture")?
             .as_str()
             .ok_or_else(|| Error::Gguf("general.architecture is not a string".into()))?
             .to_string();
-        if !["llama", "mistral", "qwen2"].contains(&arch.as_str()) {
-            return Err(Error::Gguf(format!(
-                "architecture {arch:?} is not supported (llama, mistral, qwen2 are)"
-            )));
-        }
+        let family = Family::from_gguf(&arch)?;
         let int = |key: &str| -> Result<usize> {
             let k = format!("{arch}.{key}");
             file.require(&k)?
@@ -139,11 +161,8 @@ impl ModelConfig {
                 .map(|v| v as usize)
                 .ok_or_else(|| Error::Gguf(format!("{k} is not an integer")))
         };
-        let float = |key: &str, default: f32| -> f32 {
-            file.get(&format!("{arch}.{key}"))
-                .and_then(|v| v.as_f32())
-                .unwrap_or(default)
-        };
+        let opt_float = |key: &str| file.get(&format!("{arch}.{key}")).and_then(|v| v.as_f32());
+        let float = |key: &str, default: f32| -> f32 { opt_float(key).unwrap_or(default) };
         let hidden_size = int("embedding_length")?;
         let num_heads = int("attention.head_count")?;
         let num_kv_heads = int("attention.head_count_kv").unwrap_or(num_heads);
@@ -160,33 +179,100 @@ impl ModelConfig {
                     Error::Gguf("neither vocab_size nor tokenizer.ggml.tokens".into())
                 })?,
         };
+        let num_layers = int("block_count")?;
+        let mut a = Arch::of(family);
+        a.sliding_window = int("attention.sliding_window").ok().filter(|&w| w > 0);
+        let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
+        let mut rope_scaling = None;
+        let mut max_pos = int("context_length").unwrap_or(4096);
+        match family {
+            Family::Gemma2 | Family::Gemma3 => {
+                // llama.cpp's graph for these: embeddings times sqrt(hidden), every second
+                // (Gemma 2) or all but every sixth (Gemma 3) layer local, the 27B models
+                // scaling queries by hidden/heads rather than head_dim.
+                a.embed_scale = Some((hidden_size as f32).sqrt());
+                let pattern = if family == Family::Gemma2 { 2 } else { 6 };
+                a.local_layers = (0..num_layers).map(|l| l % pattern < pattern - 1).collect();
+                let big = (family == Family::Gemma2 && num_layers == 46)
+                    || (family == Family::Gemma3 && num_layers == 62);
+                if big {
+                    attn_scale = 1.0 / ((hidden_size / num_heads) as f32).sqrt();
+                }
+                if family == Family::Gemma2 {
+                    a.attn_softcap = opt_float("attn_logit_softcapping");
+                    a.final_softcap = opt_float("final_logit_softcapping");
+                } else {
+                    a.local_rope_theta = Some(float("rope.freq_base_swa", 10000.0));
+                    let kind = file
+                        .get(&format!("{arch}.rope.scaling.type"))
+                        .and_then(|v| v.as_str().map(String::from));
+                    if let Some(f) = opt_float("rope.scaling.factor").filter(|&f| f > 0.0) {
+                        match kind.as_deref() {
+                            None | Some("linear") => rope_scaling = Some(RopeScaling::Linear(f)),
+                            Some("none") => {}
+                            Some(other) => {
+                                return Err(Error::Gguf(format!(
+                                    "rope scaling {other:?} is not supported"
+                                )))
+                            }
+                        }
+                    }
+                }
+            }
+            Family::Phi3 => {
+                if let Some(info) = file.tensor_info("rope_factors_short.weight") {
+                    let (_, f) = file.tensor_f32(&info.name)?;
+                    rope_scaling = Some(RopeScaling::Factors(f));
+                    if let Ok(orig) = int("rope.scaling.original_context_length") {
+                        max_pos = max_pos.min(orig);
+                    }
+                    attn_scale *= float("rope.scaling.attn_factor", 1.0).powi(2);
+                }
+            }
+            _ => {
+                if file.tensor_info("rope_freqs.weight").is_some() {
+                    let (_, f) = file.tensor_f32("rope_freqs.weight")?;
+                    rope_scaling = Some(RopeScaling::Factors(f));
+                }
+            }
+        }
+        if a.bias == Bias::None && file.tensor_info("blk.0.attn_q.bias").is_some() {
+            a.bias = Bias::Qkv;
+        }
+        let intermediate_size = int("feed_forward_length")?;
         let token_id = |key: &str| file.get(key).and_then(|v| v.as_u32());
+        let eps_key = if a.norm == NormKind::Layer {
+            "attention.layer_norm_epsilon"
+        } else {
+            "attention.layer_norm_rms_epsilon"
+        };
         let cfg = ModelConfig {
             architecture: arch.clone(),
             vocab_size,
             hidden_size,
-            intermediate_size: int("feed_forward_length")?,
-            num_layers: int("block_count")?,
+            intermediate_size,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
             rope_theta: float("rope.freq_base", 10000.0),
-            rope_scaling: None,
-            rms_norm_eps: float("attention.layer_norm_rms_epsilon", 1e-5),
-            max_position_embeddings: int("context_length").unwrap_or(4096),
+            rope_scaling,
+            attn_scale,
+            rms_norm_eps: float(eps_key, 1e-5),
+            max_position_embeddings: max_pos,
             tie_word_embeddings: file.tensor_info("output.weight").is_none(),
-            attention_bias: file.tensor_info("blk.0.attn_q.bias").is_some(),
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: token_id("tokenizer.ggml.eos_token_id")
                 .into_iter()
                 .collect(),
             kv_dtype: KvDtype::F16,
+            arch: a,
         };
         cfg.validate()?;
         Ok(cfg)
     }
 
-    /// Reads an HF `config.json` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM).
+    /// Reads an HF `config.json` of any supported family.
     pub fn from_hf_json(text: &str) -> Result<Self> {
         let raw: HfConfig = serde_json::from_str(text)
             .map_err(|e| Error::Checkpoint(format!("config.json: {e}")))?;
@@ -196,61 +282,177 @@ impl ModelConfig {
             .and_then(|a| a.first().cloned())
             .or(raw.model_type.clone())
             .unwrap_or_else(|| "LlamaForCausalLM".into());
-        let known = ["Llama", "Mistral", "Qwen2", "llama", "mistral", "qwen2"];
-        if !known.iter().any(|k| architecture.starts_with(k)) {
+        let family = Family::from_hf(&architecture)?;
+        let missing = |k: &str| Error::Checkpoint(format!("config.json: missing {k}"));
+        let hidden_size = raw.hidden_size.ok_or_else(|| missing("hidden_size"))?;
+        let num_heads = raw
+            .num_attention_heads
+            .ok_or_else(|| missing("num_attention_heads"))?;
+        let num_layers = raw
+            .num_hidden_layers
+            .ok_or_else(|| missing("num_hidden_layers"))?;
+        let num_kv_heads = raw.num_key_value_heads.unwrap_or(num_heads);
+        let head_dim = raw.head_dim.unwrap_or(hidden_size / num_heads.max(1));
+        let intermediate_size = match (raw.intermediate_size, family) {
+            (Some(f), _) => f,
+            (None, Family::Gpt2) => 4 * hidden_size,
+            (None, _) => return Err(missing("intermediate_size")),
+        };
+        if let Some(p) = raw.partial_rotary_factor.filter(|&p| p != 1.0) {
             return Err(Error::Checkpoint(format!(
-                "architecture {architecture} is not in the Llama family"
+                "partial_rotary_factor {p} is not supported"
             )));
         }
-        let is_qwen2 = architecture.to_lowercase().starts_with("qwen2");
-        let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-        let head_dim = raw
-            .head_dim
-            .unwrap_or(raw.hidden_size / raw.num_attention_heads.max(1));
-        // transformers 5 writes `rope_parameters` (rope_theta and the scaling together)
-        // where 4.x wrote `rope_theta` and `rope_scaling`.
-        let params = raw.rope_parameters;
-        let rope_theta = raw
-            .rope_theta
-            .or(params.as_ref().and_then(|p| p.rope_theta))
-            .unwrap_or(10000.0);
-        let rope_scaling = match raw.rope_scaling.or(params.map(|p| p.scaling)) {
-            Some(s) if s.rope_type.as_deref().or(s.kind.as_deref()) == Some("llama3") => {
-                Some(Llama3RopeScaling {
+        let mut a = Arch::of(family);
+        let act = raw
+            .hidden_activation
+            .clone()
+            .or(raw.hidden_act.clone())
+            .or(raw.activation_function.clone());
+        let want_gelu = a.mlp != Mlp::SwiGlu;
+        match act.as_deref() {
+            None => {}
+            Some("silu" | "swish") if !want_gelu => {}
+            Some("gelu_pytorch_tanh" | "gelu_new" | "gelu_fast") if want_gelu => {}
+            Some(other) => {
+                return Err(Error::Checkpoint(format!(
+                    "activation {other:?} is not supported for {architecture}"
+                )))
+            }
+        }
+        // transformers 5 writes `rope_parameters` (theta and scaling together, per layer
+        // type for Gemma 3) where 4.x wrote `rope_theta`, `rope_scaling` and
+        // `rope_local_base_freq`.
+        let params = raw.rope_parameters.clone().unwrap_or(Value::Null);
+        let (global, local) = match (
+            params.get("full_attention"),
+            params.get("sliding_attention"),
+        ) {
+            (Some(g), l) => (g.clone(), l.cloned()),
+            _ => (params, None),
+        };
+        let global: HfRope = serde_json::from_value(global).unwrap_or_default();
+        let local: Option<HfRope> = local.and_then(|l| serde_json::from_value(l).ok());
+        let rope_theta = raw.rope_theta.or(global.rope_theta).unwrap_or(10000.0);
+        let scaling = raw
+            .rope_scaling
+            .clone()
+            .or(Some(global).filter(|g| g.kind().is_some()));
+        let mut max_pos = raw.max_position_embeddings.unwrap_or(4096);
+        let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
+        let rope_scaling = match scaling {
+            None => None,
+            Some(s) => match s.kind().unwrap_or("default") {
+                "default" => None,
+                "llama3" => Some(RopeScaling::Llama3(Llama3RopeScaling {
                     factor: s.factor.unwrap_or(1.0),
                     low_freq_factor: s.low_freq_factor.unwrap_or(1.0),
                     high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
                     original_max_position_embeddings: s
                         .original_max_position_embeddings
                         .unwrap_or(8192),
-                })
-            }
-            Some(s) => {
-                let kind = s.rope_type.or(s.kind).unwrap_or_default();
-                if kind != "default" {
+                })),
+                "linear" => Some(RopeScaling::Linear(s.factor.unwrap_or(1.0))),
+                "longrope" | "su" => {
+                    // Phi-3's LongRoPE: the short factors within the original context
+                    // (served up to it), and every score scaled by the attention factor
+                    // squared (it multiplies RoPE's cos and sin of q and of k).
+                    let orig = s
+                        .original_max_position_embeddings
+                        .or(raw.original_max_position_embeddings)
+                        .unwrap_or(max_pos);
+                    let factor = max_pos as f64 / orig as f64;
+                    let mscale = s
+                        .attention_factor
+                        .map(f64::from)
+                        .unwrap_or(if factor <= 1.0 {
+                            1.0
+                        } else {
+                            (1.0 + factor.ln() / (orig as f64).ln()).sqrt()
+                        });
+                    attn_scale *= (mscale * mscale) as f32;
+                    if max_pos > orig {
+                        tracing::info!(
+                            "LongRoPE: serving the original context of {orig} positions \
+                             (short factors); the long factors are not supported"
+                        );
+                    }
+                    max_pos = max_pos.min(orig);
+                    Some(RopeScaling::Factors(
+                        s.short_factor.clone().unwrap_or_default(),
+                    ))
+                }
+                kind => {
                     return Err(Error::Checkpoint(format!(
                         "rope_scaling type {kind:?} is not supported"
+                    )))
+                }
+            },
+        };
+        let window = raw.sliding_window.filter(|&w| w > 0);
+        match family {
+            Family::Mistral => a.sliding_window = window,
+            Family::Qwen2 | Family::Qwen3 if raw.use_sliding_window == Some(true) => {
+                a.sliding_window = window;
+                let from = raw.max_window_layers.unwrap_or(0);
+                a.local_layers = (0..num_layers).map(|l| l >= from).collect();
+            }
+            Family::Gemma2 | Family::Gemma3 => {
+                a.embed_scale = Some((hidden_size as f32).sqrt());
+                a.sliding_window = window;
+                a.local_layers = match &raw.layer_types {
+                    Some(t) => t.iter().map(|t| t == "sliding_attention").collect(),
+                    None if family == Family::Gemma2 => {
+                        (0..num_layers).map(|l| l % 2 == 0).collect()
+                    }
+                    None => {
+                        let p = raw.sliding_window_pattern.unwrap_or(6).max(1);
+                        (0..num_layers).map(|l| (l + 1) % p != 0).collect()
+                    }
+                };
+                if a.local_layers.len() != num_layers {
+                    return Err(Error::Checkpoint(format!(
+                        "layer_types has {} entries for {num_layers} layers",
+                        a.local_layers.len()
                     )));
                 }
-                None
+                if let Some(s) = raw.query_pre_attn_scalar {
+                    attn_scale = 1.0 / s.sqrt();
+                }
+                a.attn_softcap = raw.attn_logit_softcapping;
+                a.final_softcap = raw.final_logit_softcapping;
+                if family == Family::Gemma3 {
+                    a.local_rope_theta = Some(
+                        raw.rope_local_base_freq
+                            .or(local.and_then(|l| l.rope_theta))
+                            .unwrap_or(10000.0),
+                    );
+                }
             }
-            None => None,
-        };
+            _ => {}
+        }
+        if raw.attention_bias == Some(true) && a.bias == Bias::None {
+            a.bias = Bias::Qkv;
+        }
         let cfg = ModelConfig {
             architecture,
+            arch: a,
             vocab_size: raw.vocab_size,
-            hidden_size: raw.hidden_size,
-            intermediate_size: raw.intermediate_size,
-            num_layers: raw.num_hidden_layers,
-            num_heads: raw.num_attention_heads,
+            hidden_size,
+            intermediate_size,
+            num_layers,
+            num_heads,
             num_kv_heads,
             head_dim,
             rope_theta,
             rope_scaling,
+            attn_scale,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
-            max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
-            attention_bias: raw.attention_bias.unwrap_or(is_qwen2),
+            max_position_embeddings: max_pos,
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(matches!(
+                family,
+                Family::Gemma2 | Family::Gemma3 | Family::Gpt2
+            )),
             bos_token_id: raw.bos_token_id,
             eos_token_ids: match raw.eos_token_id {
                 Some(EosIds::One(id)) => vec![id],
@@ -262,6 +464,21 @@ impl ModelConfig {
         cfg.validate()?;
         Ok(cfg)
     }
+}
+
+/// Inverse RoPE frequencies for base `theta`, one per rotated pair, with `scaling`.
+fn inv_freq(theta: f32, head_dim: usize, scaling: Option<&RopeScaling>) -> Vec<f32> {
+    (0..head_dim / 2)
+        .map(|i| {
+            let f = 1.0 / (theta as f64).powf(2.0 * i as f64 / head_dim as f64);
+            (match scaling {
+                None => f,
+                Some(RopeScaling::Llama3(s)) => llama3_scale(f, s),
+                Some(RopeScaling::Linear(factor)) => f / *factor as f64,
+                Some(RopeScaling::Factors(d)) => f / d[i] as f64,
+            }) as f32
+        })
+        .collect()
 }
 
 fn llama3_scale(freq: f64, s: &Llama3RopeScaling) -> f64 {
@@ -280,45 +497,68 @@ fn llama3_scale(freq: f64, s: &Llama3RopeScaling) -> f64 {
     }
 }
 
+/// config.json's fields for every family (GPT-2's names are aliases).
 #[derive(Deserialize)]
 struct HfConfig {
     architectures: Option<Vec<String>>,
     model_type: Option<String>,
     vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
+    #[serde(alias = "n_embd")]
+    hidden_size: Option<usize>,
+    #[serde(alias = "n_inner")]
+    intermediate_size: Option<usize>,
+    #[serde(alias = "n_layer")]
+    num_hidden_layers: Option<usize>,
+    #[serde(alias = "n_head")]
+    num_attention_heads: Option<usize>,
     num_key_value_heads: Option<usize>,
     head_dim: Option<usize>,
     rope_theta: Option<f32>,
-    rope_scaling: Option<HfRopeScaling>,
-    rope_parameters: Option<HfRopeParameters>,
+    rope_scaling: Option<HfRope>,
+    rope_parameters: Option<Value>,
+    rope_local_base_freq: Option<f32>,
+    partial_rotary_factor: Option<f32>,
+    original_max_position_embeddings: Option<usize>,
+    #[serde(alias = "layer_norm_epsilon", alias = "layer_norm_eps")]
     rms_norm_eps: Option<f32>,
+    #[serde(alias = "n_positions")]
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
+    hidden_act: Option<String>,
+    hidden_activation: Option<String>,
+    activation_function: Option<String>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    max_window_layers: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    sliding_window_pattern: Option<usize>,
+    query_pre_attn_scalar: Option<f32>,
+    attn_logit_softcapping: Option<f32>,
+    final_logit_softcapping: Option<f32>,
     bos_token_id: Option<u32>,
     eos_token_id: Option<EosIds>,
 }
 
-#[derive(Deserialize)]
-struct HfRopeScaling {
+/// `rope_scaling` (4.x) or `rope_parameters` (5.x; theta beside the scaling fields).
+#[derive(Deserialize, Clone, Default)]
+struct HfRope {
     rope_type: Option<String>,
     #[serde(rename = "type")]
     kind: Option<String>,
+    rope_theta: Option<f32>,
     factor: Option<f32>,
     low_freq_factor: Option<f32>,
     high_freq_factor: Option<f32>,
     original_max_position_embeddings: Option<usize>,
+    short_factor: Option<Vec<f32>>,
+    attention_factor: Option<f32>,
 }
 
-/// transformers 5's `rope_parameters`: the theta beside the scaling fields.
-#[derive(Deserialize)]
-struct HfRopeParameters {
-    rope_theta: Option<f32>,
-    #[serde(flatten)]
-    scaling: HfRopeScaling,
+impl HfRope {
+    fn kind(&self) -> Option<&str> {
+        self.rope_type.as_deref().or(self.kind.as_deref())
+    }
 }
 
 #[derive(Deserialize)]
@@ -363,7 +603,7 @@ mod tests {
             "low_freq_factor":1.0,"original_max_position_embeddings":8192,"rope_type":"llama3"}}"#;
         let c = ModelConfig::from_hf_json(json).unwrap();
         assert_eq!(c.rope_theta, 500000.0);
-        assert_eq!(c.rope_scaling.as_ref().map(|s| s.factor), Some(32.0));
+        assert!(matches!(&c.rope_scaling, Some(RopeScaling::Llama3(s)) if s.factor == 32.0));
         let plain = r#"{"vocab_size":10,"hidden_size":64,"intermediate_size":128,
             "num_hidden_layers":1,"num_attention_heads":4,
             "rope_parameters":{"rope_theta":100000.0,"rope_type":"default"}}"#;
@@ -376,11 +616,18 @@ mod tests {
         let json = r#"{"architectures":["Qwen2ForCausalLM"],"vocab_size":100,"hidden_size":64,
             "intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,
             "num_key_value_heads":2}"#;
-        assert!(ModelConfig::from_hf_json(json).unwrap().attention_bias);
+        assert_eq!(
+            ModelConfig::from_hf_json(json).unwrap().arch.bias,
+            Bias::Qkv
+        );
         let bad = json.replace("\"num_key_value_heads\":2", "\"num_key_value_heads\":3");
         let err = ModelConfig::from_hf_json(&bad).unwrap_err().to_string();
         assert!(err.contains("not a multiple"), "{err}");
-        let gpt2 = json.replace("Qwen2ForCausalLM", "GPT2LMHeadModel");
-        assert!(ModelConfig::from_hf_json(&gpt2).is_err());
+        let moe = json.replace("Qwen2ForCausalLM", "Qwen2MoeForCausalLM");
+        let err = ModelConfig::from_hf_json(&moe).unwrap_err().to_string();
+        assert!(
+            err.contains("Qwen2MoeForCausalLM is not supported"),
+            "{err}"
+        );
     }
 }

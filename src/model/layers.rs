@@ -1,11 +1,13 @@
 //! The CPU forward pass's stages ([`super::stage`]) over f32 buffers: the same stages, in
 //! the same order, as the GPU engine's `gpu/layers.rs` launches on the device.
 
+use super::config::ModelConfig;
+use super::family::Mlp;
 use super::kv_cache::{KvCache, KvStore};
 use super::llama::{Llama, SeqChunk};
 use super::stage::Stage;
-use super::weights::Linear;
-use crate::kernels::cpu::{self, AttnRow, KvElem, PagedView};
+use super::weights::{Linear, Norm};
+use crate::kernels::cpu::{self, AttnOpts, AttnRow, KvElem, PagedView};
 use crate::kernels::matmul::linear;
 
 /// One forward call's rows and activations.
@@ -75,7 +77,7 @@ impl<'a> Pass<'a> {
             v: vec![0f32; n * kvd],
             attn: vec![0f32; n * qd],
             tmp: vec![0f32; n * h],
-            gu: vec![0f32; n * 2 * f],
+            gu: vec![0f32; n * cfg.arch.up_rows(f)],
             act: vec![0f32; n * f],
             logits: Vec::new(),
         }
@@ -98,9 +100,17 @@ impl<'a> Pass<'a> {
                 for (row, &id) in self.x.chunks_exact_mut(h).zip(&self.ids) {
                     w.embed.row_into(id as usize, h, row);
                 }
+                if let Some(pe) = &w.pos_embed {
+                    for (row, &p) in self.x.chunks_exact_mut(h).zip(&self.positions) {
+                        cpu::add_in_place(row, &pe[p * h..(p + 1) * h]);
+                    }
+                }
+                if let Some(scale) = cfg.arch.embed_scale {
+                    self.x.iter_mut().for_each(|v| *v *= scale);
+                }
             }
             Stage::Qkv => {
-                cpu::rms_norm(&self.x, &w.layers[l].attn_norm, eps, &mut self.xn);
+                norm(cfg, &w.layers[l].attn_norm, &self.x, &mut self.xn);
                 apply(&w.layers[l].qkv, &self.xn, n, &mut self.qkv);
             }
             Stage::Rope => {
@@ -110,8 +120,19 @@ impl<'a> Pass<'a> {
                     self.k[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd..qd + kvd]);
                     self.v[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd + kvd..]);
                 }
-                cpu::rope(&mut self.q, &self.positions, cfg.head_dim, model.inv_freq());
-                cpu::rope(&mut self.k, &self.positions, cfg.head_dim, model.inv_freq());
+                let lw = &w.layers[l];
+                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                    // Per head: the norm's weight is one head wide.
+                    let q = self.q.clone();
+                    cpu::rms_norm(&q, qn, eps, &mut self.q);
+                    let k = self.k.clone();
+                    cpu::rms_norm(&k, kn, eps, &mut self.k);
+                }
+                if !cfg.arch.learned_positions {
+                    let freq = model.layer_inv_freq(l);
+                    cpu::rope(&mut self.q, &self.positions, cfg.head_dim, freq);
+                    cpu::rope(&mut self.k, &self.positions, cfg.head_dim, freq);
+                }
                 self.cache.write(l, &self.slots, &self.k, &self.v);
             }
             Stage::Attention => {
@@ -120,20 +141,37 @@ impl<'a> Pass<'a> {
                     // run only on the rows that get logits.
                     self.keep_tail();
                 }
-                attention(self.cache, l, &self.q, &self.rows, cfg, &mut self.attn);
+                let opts = AttnOpts {
+                    scale: cfg.attn_scale,
+                    softcap: cfg.arch.attn_softcap,
+                    window: cfg.arch.window(l),
+                };
+                attention(
+                    self.cache,
+                    l,
+                    &self.q,
+                    &self.rows,
+                    cfg,
+                    &opts,
+                    &mut self.attn,
+                );
             }
             Stage::O => {
                 apply(&w.layers[l].o, &self.attn, n, &mut self.tmp);
-                cpu::add_in_place(&mut self.x, &self.tmp);
+                self.add_residual(w.layers[l].post_attn_norm.as_ref());
             }
             Stage::GateUp => {
-                cpu::rms_norm(&self.x, &w.layers[l].ffn_norm, eps, &mut self.xn);
+                norm(cfg, &w.layers[l].ffn_norm, &self.x, &mut self.xn);
                 apply(&w.layers[l].gate_up, &self.xn, n, &mut self.gu);
             }
-            Stage::Swiglu => cpu::silu_mul(&self.gu, f, &mut self.act),
+            Stage::Swiglu => match cfg.arch.mlp {
+                Mlp::SwiGlu => cpu::silu_mul(&self.gu, f, &mut self.act),
+                Mlp::GeGlu => cpu::gelu_mul(&self.gu, f, &mut self.act),
+                Mlp::Gelu => cpu::gelu(&self.gu, &mut self.act),
+            },
             Stage::Down => {
                 apply(&w.layers[l].down, &self.act, n, &mut self.tmp);
-                cpu::add_in_place(&mut self.x, &self.tmp);
+                self.add_residual(w.layers[l].post_ffn_norm.as_ref());
             }
             Stage::FinalNorm => {
                 if self.n != self.tail.len() {
@@ -142,7 +180,7 @@ impl<'a> Pass<'a> {
                     self.n = self.tail.len();
                 }
                 self.xn.resize(self.n * h, 0.0);
-                cpu::rms_norm(&self.x, &w.final_norm, eps, &mut self.xn);
+                norm(cfg, &w.final_norm, &self.x, &mut self.xn);
             }
             Stage::LmHead => {
                 let (m, vocab) = (self.n, cfg.vocab_size);
@@ -151,7 +189,23 @@ impl<'a> Pass<'a> {
                     Some(head) => apply(head, &self.xn, m, &mut self.logits),
                     None => linear(&self.xn, &w.embed, None, m, h, vocab, &mut self.logits),
                 }
+                if let Some(cap) = cfg.arch.final_softcap {
+                    cpu::softcap(&mut self.logits, cap);
+                }
             }
+        }
+    }
+
+    /// Adds the sublayer's output (`tmp`) into the residual, through its output norm
+    /// where the family has one.
+    fn add_residual(&mut self, post: Option<&Norm>) {
+        match post {
+            Some(pn) => {
+                let cfg = self.model.config();
+                norm(cfg, pn, &self.tmp, &mut self.xn);
+                cpu::add_in_place(&mut self.x, &self.xn);
+            }
+            None => cpu::add_in_place(&mut self.x, &self.tmp),
         }
     }
 
@@ -169,7 +223,7 @@ impl<'a> Pass<'a> {
             (&mut self.xn, h),
             (&mut self.attn, qd),
             (&mut self.tmp, h),
-            (&mut self.gu, 2 * f),
+            (&mut self.gu, cfg.arch.up_rows(f)),
             (&mut self.act, f),
         ] {
             buf.truncate(n * width);
@@ -198,22 +252,33 @@ fn gather_rows(x: &[f32], rows: &[usize], width: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The family's norm of `x` into `out` (RMSNorm, or LayerNorm where it has a bias).
+fn norm(cfg: &ModelConfig, n: &Norm, x: &[f32], out: &mut [f32]) {
+    match &n.b {
+        Some(b) => cpu::layer_norm(x, &n.w, b, cfg.rms_norm_eps, out),
+        None => cpu::rms_norm(x, &n.w, cfg.rms_norm_eps, out),
+    }
+}
+
 /// Paged attention of layer `l` over the cache, whatever its element type.
 fn attention(
     cache: &KvCache,
     l: usize,
     q: &[f32],
     rows: &[AttnRow<'_>],
-    cfg: &super::config::ModelConfig,
+    cfg: &ModelConfig,
+    opts: &AttnOpts,
     out: &mut [f32],
 ) {
+    #[allow(clippy::too_many_arguments)]
     fn run<T: KvElem>(
         k: &[T],
         v: &[T],
         cache: &KvCache,
         q: &[f32],
         rows: &[AttnRow<'_>],
-        cfg: &super::config::ModelConfig,
+        cfg: &ModelConfig,
+        opts: &AttnOpts,
         out: &mut [f32],
     ) {
         let view = |data| PagedView {
@@ -228,12 +293,13 @@ fn attention(
             &view(v),
             cfg.num_heads,
             cfg.head_dim,
+            opts,
             out,
         );
     }
     match &cache.layers[l] {
-        (KvStore::F32(k), KvStore::F32(v)) => run(k, v, cache, q, rows, cfg, out),
-        (KvStore::F16(k), KvStore::F16(v)) => run(k, v, cache, q, rows, cfg, out),
+        (KvStore::F32(k), KvStore::F32(v)) => run(k, v, cache, q, rows, cfg, opts, out),
+        (KvStore::F16(k), KvStore::F16(v)) => run(k, v, cache, q, rows, cfg, opts, out),
         _ => unreachable!("K and V of a layer share one element type"),
     }
 }

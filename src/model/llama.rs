@@ -1,4 +1,4 @@
-//! The Llama-family forward pass on the CPU: one call prefills several sequences (whole or
+//! The decoder's forward pass on the CPU (every family, `model::family`): one call prefills several sequences (whole or
 //! in chunks) and decodes a batch, reading and writing the paged KV cache through each
 //! sequence's block table.
 
@@ -27,11 +27,13 @@ pub struct SeqChunk<'a> {
     pub logits: usize,
 }
 
-/// A loaded Llama-family model (weights in f32).
+/// A loaded decoder of any supported family (`model::family`).
 pub struct Llama {
     config: ModelConfig,
     weights: LlamaWeights,
     inv_freq: Vec<f32>,
+    /// The local layers' frequencies where they differ (Gemma 3).
+    local_inv_freq: Option<Vec<f32>>,
 }
 
 impl Llama {
@@ -56,10 +58,12 @@ impl Llama {
 
     pub(crate) fn new(config: ModelConfig, weights: LlamaWeights) -> Self {
         let inv_freq = config.rope_inv_freq();
+        let local_inv_freq = config.local_rope_inv_freq();
         Llama {
             config,
             weights,
             inv_freq,
+            local_inv_freq,
         }
     }
 
@@ -72,9 +76,24 @@ impl Llama {
         &self.weights
     }
 
-    /// RoPE inverse frequencies (Llama 3 scaling applied).
+    /// RoPE inverse frequencies of the global layers (scaling applied).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn inv_freq(&self) -> &[f32] {
         &self.inv_freq
+    }
+
+    /// RoPE inverse frequencies of the local layers, where they differ from the global.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn local_inv_freq(&self) -> Option<&[f32]> {
+        self.local_inv_freq.as_deref()
+    }
+
+    /// RoPE inverse frequencies of layer `l`.
+    pub(crate) fn layer_inv_freq(&self, l: usize) -> &[f32] {
+        match &self.local_inv_freq {
+            Some(local) if self.config.arch.is_local(l) => local,
+            _ => &self.inv_freq,
+        }
     }
 
     /// Runs every chunk's new tokens through the model, writing their K/V into `cache`.

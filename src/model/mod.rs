@@ -4,6 +4,7 @@
 pub(crate) mod backend;
 pub mod config;
 pub mod device;
+pub mod family;
 pub mod gguf;
 pub mod gguf_writer;
 #[cfg(feature = "cuda")]

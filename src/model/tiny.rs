@@ -533,6 +533,7 @@ impl Rng {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::family::Bias;
     use crate::model::safetensors::HfCheckpoint;
 
     fn temp_dir(tag: &str) -> std::path::PathBuf {
@@ -568,7 +569,7 @@ mod tests {
         assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim), (4, 2, 16));
         assert_eq!(c.eos_token_ids, vec![511]);
         assert_eq!(c.bos_token_id, Some(510));
-        assert!(!c.attention_bias && !c.tie_word_embeddings);
+        assert!(c.arch.bias == Bias::None && !c.tie_word_embeddings);
         assert_eq!(ck.names().len(), 2 + 3 * 9 + 1);
         let (shape, w) = ck
             .tensor_f32("model.layers.2.mlp.down_proj.weight")
@@ -601,7 +602,7 @@ mod tests {
             HfCheckpoint::open(&f32_dir).unwrap(),
             HfCheckpoint::open(&bf_dir).unwrap(),
         );
-        assert!(b.config().attention_bias && b.config().tie_word_embeddings);
+        assert!(b.config().arch.bias == Bias::Qkv && b.config().tie_word_embeddings);
         assert_eq!(b.config().architecture, "Qwen2ForCausalLM");
         assert!(
             !b.contains("lm_head.weight") && b.contains("model.layers.0.self_attn.k_proj.bias")

@@ -1,5 +1,6 @@
-//! Llama-family weights for the CPU path, loaded from a GGUF file (dequantized) or an HF
-//! safetensors checkpoint. Q, K and V are fused into one matrix, as are gate and up.
+//! Decoder weights of every family for the CPU path, loaded from a GGUF file or an HF
+//! safetensors checkpoint under the names its family gives (`model::family`). Q, K and V
+//! are fused into one matrix, as are gate and up.
 //! Matrices stored as F32 in the source stay f32; half-precision and quantized ones are
 //! kept as f16 (exact for F16, and far below the quantization error for Q4/Q8), which
 //! halves the bytes each decode step reads. Norms and biases are always f32.
@@ -7,6 +8,7 @@
 use rayon::prelude::*;
 
 use super::config::ModelConfig;
+use super::family::{Family, Format, Kind, Mlp, NormKind, Part};
 use super::gguf::GgufFile;
 use super::quant::GgmlType;
 use super::safetensors::HfCheckpoint;
@@ -22,49 +24,46 @@ pub struct Linear {
     pub cols: usize,
 }
 
+/// A norm's weight, and its bias where it is a LayerNorm.
+#[derive(Clone, Debug)]
+pub struct Norm {
+    pub w: Vec<f32>,
+    pub b: Option<Vec<f32>>,
+}
+
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
+    pub attn_norm: Norm,
     /// Rows: q (heads·head_dim), then k, then v (kv_heads·head_dim each).
     pub qkv: Linear,
+    /// Per-head norms of q and of k (`head_dim` each), where the family has them.
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
     pub o: Linear,
-    pub ffn_norm: Vec<f32>,
-    /// Rows: gate (intermediate), then up (intermediate).
+    /// The attention output's norm (Gemma).
+    pub post_attn_norm: Option<Norm>,
+    pub ffn_norm: Norm,
+    /// Rows: gate (intermediate), then up (intermediate); up alone for an ungated MLP.
     pub gate_up: Linear,
     pub down: Linear,
+    /// The MLP output's norm (Gemma).
+    pub post_ffn_norm: Option<Norm>,
 }
 
 pub struct LlamaWeights {
     /// `[vocab, hidden]`.
     pub embed: Matrix,
+    /// `[max_position_embeddings, hidden]` learned positions (GPT-2).
+    pub pos_embed: Option<Vec<f32>>,
     pub layers: Vec<LayerWeights>,
-    pub final_norm: Vec<f32>,
+    pub final_norm: Norm,
     /// None when the head is tied to the embedding.
     pub lm_head: Option<Linear>,
 }
 
-/// The tensors of one layer or of the model, named independently of the file format.
-#[derive(Clone, Copy)]
-enum Part {
-    Embed,
-    FinalNorm,
-    LmHead,
-    AttnNorm,
-    Q,
-    K,
-    V,
-    QBias,
-    KBias,
-    VBias,
-    O,
-    FfnNorm,
-    Gate,
-    Up,
-    Down,
-}
-
 /// A place tensors come from.
 trait Source: Sync {
-    fn name(&self, part: Part, layer: usize) -> String;
+    fn family(&self) -> Family;
+    fn format(&self) -> Format;
     fn has(&self, name: &str) -> bool;
     fn load(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)>;
     /// Whether the tensor is stored as f32 in the source (so it stays f32 here).
@@ -73,34 +72,24 @@ trait Source: Sync {
     fn quantized(&self, _name: &str) -> Option<QMatrix> {
         None
     }
+    /// The name of a part's weight or bias in layer `l`, as the file spells it.
+    fn name(&self, part: Part, kind: Kind, l: usize) -> Option<String> {
+        self.family().name(self.format(), part, kind, l)
+    }
     /// The order of rows that undoes a format's reordering of Q or K (see `fix_rows`).
     fn row_order(&self, _part: Part, _cfg: &ModelConfig) -> Option<Vec<usize>> {
         None
     }
 }
 
-struct Gguf<'a>(&'a GgufFile, bool);
+struct Gguf<'a>(&'a GgufFile, Family);
 
 impl Source for Gguf<'_> {
-    fn name(&self, part: Part, l: usize) -> String {
-        let s = match part {
-            Part::Embed => return "token_embd.weight".into(),
-            Part::FinalNorm => return "output_norm.weight".into(),
-            Part::LmHead => return "output.weight".into(),
-            Part::AttnNorm => "attn_norm.weight",
-            Part::Q => "attn_q.weight",
-            Part::K => "attn_k.weight",
-            Part::V => "attn_v.weight",
-            Part::QBias => "attn_q.bias",
-            Part::KBias => "attn_k.bias",
-            Part::VBias => "attn_v.bias",
-            Part::O => "attn_output.weight",
-            Part::FfnNorm => "ffn_norm.weight",
-            Part::Gate => "ffn_gate.weight",
-            Part::Up => "ffn_up.weight",
-            Part::Down => "ffn_down.weight",
-        };
-        format!("blk.{l}.{s}")
+    fn family(&self) -> Family {
+        self.1
+    }
+    fn format(&self) -> Format {
+        Format::Gguf
     }
     fn has(&self, name: &str) -> bool {
         self.0.tensor_info(name).is_some()
@@ -127,8 +116,8 @@ impl Source for Gguf<'_> {
         // llama-architecture models (its "normal" RoPE rotates adjacent pairs); we undo it
         // to run one RoPE layout, HF's, for every source.
         let heads = match part {
-            Part::Q | Part::QBias if self.1 => cfg.num_heads,
-            Part::K | Part::KBias if self.1 => cfg.num_kv_heads,
+            Part::Q if self.1.gguf_permuted_qk() => cfg.num_heads,
+            Part::K if self.1.gguf_permuted_qk() => cfg.num_kv_heads,
             _ => return None,
         };
         Some(unpermute_order(heads, cfg.head_dim))
@@ -158,28 +147,33 @@ fn reorder_rows(w: &[f32], order: &[usize]) -> Vec<f32> {
         .collect()
 }
 
-struct Hf<'a>(&'a HfCheckpoint);
+fn transpose(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; w.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = w[r * cols + c];
+        }
+    }
+    out
+}
+
+struct Hf<'a>(&'a HfCheckpoint, Family);
 
 impl Source for Hf<'_> {
-    fn name(&self, part: Part, l: usize) -> String {
-        let s = match part {
-            Part::Embed => return "model.embed_tokens.weight".into(),
-            Part::FinalNorm => return "model.norm.weight".into(),
-            Part::LmHead => return "lm_head.weight".into(),
-            Part::AttnNorm => "input_layernorm.weight",
-            Part::Q => "self_attn.q_proj.weight",
-            Part::K => "self_attn.k_proj.weight",
-            Part::V => "self_attn.v_proj.weight",
-            Part::QBias => "self_attn.q_proj.bias",
-            Part::KBias => "self_attn.k_proj.bias",
-            Part::VBias => "self_attn.v_proj.bias",
-            Part::O => "self_attn.o_proj.weight",
-            Part::FfnNorm => "post_attention_layernorm.weight",
-            Part::Gate => "mlp.gate_proj.weight",
-            Part::Up => "mlp.up_proj.weight",
-            Part::Down => "mlp.down_proj.weight",
-        };
-        format!("model.layers.{l}.{s}")
+    fn family(&self) -> Family {
+        self.1
+    }
+    fn format(&self) -> Format {
+        Format::Hf
+    }
+    fn name(&self, part: Part, kind: Kind, l: usize) -> Option<String> {
+        let name = self.1.name(Format::Hf, part, kind, l)?;
+        // GPT-2 checkpoints saved by transformers prefix `transformer.`; the original
+        // ones do not.
+        match name.strip_prefix("transformer.") {
+            Some(bare) if !self.0.contains(&name) && self.0.contains(bare) => Some(bare.into()),
+            _ => Some(name),
+        }
     }
     fn has(&self, name: &str) -> bool {
         self.0.contains(name)
@@ -196,11 +190,11 @@ impl Source for Hf<'_> {
 
 impl LlamaWeights {
     pub fn from_gguf(file: &GgufFile, cfg: &ModelConfig) -> Result<Self> {
-        Self::load(&Gguf(file, cfg.architecture == "llama"), cfg)
+        Self::load(&Gguf(file, cfg.arch.family), cfg)
     }
 
     pub fn from_hf(ckpt: &HfCheckpoint, cfg: &ModelConfig) -> Result<Self> {
-        Self::load(&Hf(ckpt), cfg)
+        Self::load(&Hf(ckpt, cfg.arch.family), cfg)
     }
 
     fn load(src: &dyn Source, cfg: &ModelConfig) -> Result<Self> {
@@ -210,16 +204,23 @@ impl LlamaWeights {
             None => matrix(
                 src,
                 &[Part::Embed],
-                tensor(src, Part::Embed, 0, &[v, h], cfg)?,
+                tensor(src, Part::Embed, Kind::Weight, 0, &[v, h], cfg)?,
                 0,
             ),
         };
-        let final_norm = tensor(src, Part::FinalNorm, 0, &[h], cfg)?;
-        let head_name = src.name(Part::LmHead, 0);
-        let lm_head = if src.has(&head_name) && !cfg.tie_word_embeddings {
-            Some(linear(src, &[Part::LmHead], None, 0, cfg)?)
+        let pos_embed = if cfg.arch.learned_positions {
+            let want = [cfg.max_position_embeddings, h];
+            Some(tensor(src, Part::PosEmbed, Kind::Weight, 0, &want, cfg)?)
         } else {
             None
+        };
+        let final_norm = norm(src, Part::FinalNorm, 0, cfg)?;
+        let head = src.name(Part::LmHead, Kind::Weight, 0);
+        let lm_head = match head {
+            Some(name) if src.has(&name) && !cfg.tie_word_embeddings => {
+                Some(linear(src, &[Part::LmHead], 0, cfg)?)
+            }
+            _ => None,
         };
         let layers = (0..cfg.num_layers)
             .into_par_iter()
@@ -227,6 +228,7 @@ impl LlamaWeights {
             .collect::<Result<Vec<_>>>()?;
         Ok(LlamaWeights {
             embed,
+            pos_embed,
             layers,
             final_norm,
             lm_head,
@@ -234,39 +236,90 @@ impl LlamaWeights {
     }
 }
 
+/// The `split` parts where the file holds them all (stacked at load), else `fused` where
+/// it holds that (GGUF names Phi-3's fused gate|up `ffn_up`, as others' up alone).
+fn parts(src: &dyn Source, fused: Part, split: &[Part], l: usize) -> Vec<Part> {
+    let held = |p: Part| src.name(p, Kind::Weight, l).is_some_and(|n| src.has(&n));
+    if !split.iter().all(|&p| held(p)) && held(fused) {
+        vec![fused]
+    } else {
+        split.to_vec()
+    }
+}
+
 fn layer(src: &dyn Source, l: usize, cfg: &ModelConfig) -> Result<LayerWeights> {
-    let h = cfg.hidden_size;
-    let bias = cfg
-        .attention_bias
-        .then_some([Part::QBias, Part::KBias, Part::VBias]);
+    let a = &cfg.arch;
+    let hd = cfg.head_dim;
+    let qkv = parts(src, Part::Qkv, &[Part::Q, Part::K, Part::V], l);
+    let gate_up = match a.mlp {
+        Mlp::Gelu => vec![Part::Up],
+        Mlp::SwiGlu | Mlp::GeGlu => parts(src, Part::GateUp, &[Part::Gate, Part::Up], l),
+    };
+    let head_norm = |part| -> Result<Option<Vec<f32>>> {
+        if !a.qk_norm {
+            return Ok(None);
+        }
+        let mut w = tensor(src, part, Kind::Weight, l, &[hd], cfg)?;
+        offset_norm(src, &mut w);
+        Ok(Some(w))
+    };
+    let sandwich = |part| {
+        a.sandwich_norms
+            .then(|| norm(src, part, l, cfg))
+            .transpose()
+    };
     Ok(LayerWeights {
-        attn_norm: tensor(src, Part::AttnNorm, l, &[h], cfg)?,
-        qkv: linear(
-            src,
-            &[Part::Q, Part::K, Part::V],
-            bias.as_ref().map(|b| &b[..]),
-            l,
-            cfg,
-        )?,
-        o: linear(src, &[Part::O], None, l, cfg)?,
-        ffn_norm: tensor(src, Part::FfnNorm, l, &[h], cfg)?,
-        gate_up: linear(src, &[Part::Gate, Part::Up], None, l, cfg)?,
-        down: linear(src, &[Part::Down], None, l, cfg)?,
+        attn_norm: norm(src, Part::AttnNorm, l, cfg)?,
+        qkv: linear(src, &qkv, l, cfg)?,
+        q_norm: head_norm(Part::QNorm)?,
+        k_norm: head_norm(Part::KNorm)?,
+        o: linear(src, &[Part::O], l, cfg)?,
+        post_attn_norm: sandwich(Part::PostAttnNorm)?,
+        ffn_norm: norm(src, Part::FfnNorm, l, cfg)?,
+        gate_up: linear(src, &gate_up, l, cfg)?,
+        down: linear(src, &[Part::Down], l, cfg)?,
+        post_ffn_norm: sandwich(Part::PostFfnNorm)?,
     })
 }
 
-/// The shape a part must have.
+/// Gemma's HF norms scale by `1 + w`: folded into `w` (GGUF files hold it folded).
+fn offset_norm(src: &dyn Source, w: &mut [f32]) {
+    let gemma = matches!(src.family(), Family::Gemma2 | Family::Gemma3);
+    if gemma && src.format() == Format::Hf {
+        w.iter_mut().for_each(|v| *v += 1.0);
+    }
+}
+
+/// A norm's weight (and bias, for a LayerNorm).
+fn norm(src: &dyn Source, part: Part, l: usize, cfg: &ModelConfig) -> Result<Norm> {
+    let h = cfg.hidden_size;
+    let mut w = tensor(src, part, Kind::Weight, l, &[h], cfg)?;
+    offset_norm(src, &mut w);
+    let b = match cfg.arch.norm {
+        NormKind::Rms => None,
+        NormKind::Layer => Some(tensor(src, part, Kind::Bias, l, &[h], cfg)?),
+    };
+    Ok(Norm { w, b })
+}
+
+/// The shape a part's weight must have.
 fn expected_shape(part: Part, cfg: &ModelConfig) -> Vec<usize> {
     let (h, f) = (cfg.hidden_size, cfg.intermediate_size);
     match part {
         Part::Embed | Part::LmHead => vec![cfg.vocab_size, h],
-        Part::FinalNorm | Part::AttnNorm | Part::FfnNorm => vec![h],
+        Part::PosEmbed => vec![cfg.max_position_embeddings, h],
+        Part::FinalNorm
+        | Part::AttnNorm
+        | Part::FfnNorm
+        | Part::PostAttnNorm
+        | Part::PostFfnNorm => vec![h],
+        Part::QNorm | Part::KNorm => vec![cfg.head_dim],
         Part::Q => vec![cfg.q_dim(), h],
         Part::K | Part::V => vec![cfg.kv_dim(), h],
-        Part::QBias => vec![cfg.q_dim()],
-        Part::KBias | Part::VBias => vec![cfg.kv_dim()],
+        Part::Qkv => vec![cfg.q_dim() + 2 * cfg.kv_dim(), h],
         Part::O => vec![h, cfg.q_dim()],
         Part::Gate | Part::Up => vec![f, h],
+        Part::GateUp => vec![2 * f, h],
         Part::Down => vec![h, f],
     }
 }
@@ -274,12 +327,23 @@ fn expected_shape(part: Part, cfg: &ModelConfig) -> Vec<usize> {
 fn tensor(
     src: &dyn Source,
     part: Part,
+    kind: Kind,
     l: usize,
     want: &[usize],
     cfg: &ModelConfig,
 ) -> Result<Vec<f32>> {
-    let name = src.name(part, l);
-    let (shape, mut data) = src.load(&name)?;
+    let name = src.name(part, kind, l).ok_or_else(|| {
+        Error::Model(format!(
+            "{:?} has no {part:?} {kind:?} tensor",
+            src.family()
+        ))
+    })?;
+    let (mut shape, mut data) = src.load(&name)?;
+    let linear = !matches!(part, Part::Embed | Part::PosEmbed | Part::LmHead);
+    if src.family().hf_transposed() && src.format() == Format::Hf && shape.len() == 2 && linear {
+        data = transpose(&data, shape[0], shape[1]);
+        shape.reverse();
+    }
     if shape != want {
         return Err(Error::Model(format!(
             "tensor {name} has shape {shape:?}, expected {want:?}"
@@ -293,7 +357,8 @@ fn tensor(
 
 /// Keeps `data` in f32 when every part is f32 in the source, else in f16.
 fn matrix(src: &dyn Source, parts: &[Part], data: Vec<f32>, l: usize) -> Matrix {
-    if parts.iter().all(|&p| src.is_f32(&src.name(p, l))) {
+    let f32 = |&p: &Part| src.name(p, Kind::Weight, l).is_some_and(|n| src.is_f32(&n));
+    if parts.iter().all(f32) {
         Matrix::F32(data)
     } else {
         Matrix::F16(data.into_iter().map(half::f16::from_f32).collect())
@@ -304,7 +369,7 @@ fn matrix(src: &dyn Source, parts: &[Part], data: Vec<f32>, l: usize) -> Matrix 
 fn quantized(src: &dyn Source, parts: &[Part], l: usize, cfg: &ModelConfig) -> Option<QMatrix> {
     let mut qs = Vec::new();
     for &p in parts {
-        let mut q = src.quantized(&src.name(p, l))?;
+        let mut q = src.quantized(&src.name(p, Kind::Weight, l)?)?;
         if [q.rows, q.cols] != expected_shape(p, cfg)[..] {
             return None;
         }
@@ -316,14 +381,9 @@ fn quantized(src: &dyn Source, parts: &[Part], l: usize, cfg: &ModelConfig) -> O
     QMatrix::concat(qs)
 }
 
-/// Loads parts that share an input and stacks their rows into one matrix (and biases).
-fn linear(
-    src: &dyn Source,
-    parts: &[Part],
-    biases: Option<&[Part]>,
-    l: usize,
-    cfg: &ModelConfig,
-) -> Result<Linear> {
+/// Loads parts that share an input and stacks their rows into one matrix (and their
+/// biases, where the family has them).
+fn linear(src: &dyn Source, parts: &[Part], l: usize, cfg: &ModelConfig) -> Result<Linear> {
     let rows: usize = parts.iter().map(|&p| expected_shape(p, cfg)[0]).sum();
     let cols = expected_shape(parts[0], cfg)[1];
     let w = match quantized(src, parts, l, cfg) {
@@ -331,20 +391,27 @@ fn linear(
         None => {
             let mut w = Vec::with_capacity(rows * cols);
             for &p in parts {
-                w.extend(tensor(src, p, l, &expected_shape(p, cfg), cfg)?);
+                w.extend(tensor(
+                    src,
+                    p,
+                    Kind::Weight,
+                    l,
+                    &expected_shape(p, cfg),
+                    cfg,
+                )?);
             }
             matrix(src, parts, w, l)
         }
     };
-    let b = match biases {
-        None => None,
-        Some(bs) => {
-            let mut b = Vec::with_capacity(rows);
-            for &p in bs {
-                b.extend(tensor(src, p, l, &expected_shape(p, cfg), cfg)?);
-            }
-            Some(b)
+    let b = if parts.iter().any(|&p| cfg.arch.has_bias(p)) {
+        let mut b = Vec::with_capacity(rows);
+        for &p in parts {
+            let want = [expected_shape(p, cfg)[0]];
+            b.extend(tensor(src, p, Kind::Bias, l, &want, cfg)?);
         }
+        Some(b)
+    } else {
+        None
     };
     Ok(Linear { w, b, rows, cols })
 }

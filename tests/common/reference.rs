@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use inflight::model::config::ModelConfig;
+use inflight::model::family::Bias;
 use inflight::model::safetensors::HfCheckpoint;
 
 /// HF tensor name to (shape, values).
@@ -95,9 +96,8 @@ fn attention(cfg: &ModelConfig, w: &Tensors, p: &str, xs: &[Vec<f64>]) -> Vec<Ve
         let (s, wt) = &w[&format!("{p}.self_attn.{name}_proj.weight")];
         assert_eq!(s, &[rows, h], "reference: shape of {p}.{name}_proj");
         let wt: Vec<f64> = wt.iter().map(|&v| v as f64).collect();
-        let bias = cfg
-            .attention_bias
-            .then(|| &w[&format!("{p}.self_attn.{name}_proj.bias")].1);
+        let bias =
+            (cfg.arch.bias != Bias::None).then(|| &w[&format!("{p}.self_attn.{name}_proj.bias")].1);
         xs.iter()
             .map(|x| {
                 let mut y = matvec(&wt, rows, h, x);

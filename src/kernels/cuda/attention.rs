@@ -44,6 +44,14 @@ pub struct Attention {
     /// Whether the device launches thread-block clusters (sm_90 and later,
     /// [`Gpu::clusters`]): short decodes then split into a cluster that merges itself.
     pub clusters: bool,
+    /// The scores' scale (the tensor-core kernels read queries pre-scaled by
+    /// [`query_scale`] instead).
+    pub scale: f32,
+    /// A sliding window: each row sees its last `window` positions (warp-per-key kernel
+    /// only: the heads are then [`Heads::simple`]).
+    pub window: Option<usize>,
+    /// Scores soft-capped at this (warp-per-key kernel only, likewise).
+    pub softcap: Option<f32>,
 }
 
 /// Rows of one mma atom (each is a (position, query head) pair): a decode tile's rows.
@@ -87,7 +95,8 @@ pub fn unsplit_len(h: &Heads) -> usize {
 
 /// Whether the tensor-core kernels take these heads (head_dim a multiple of 16, up to 128).
 pub fn tensor_cores(h: &Heads) -> bool {
-    h.head_dim.is_multiple_of(16)
+    !h.simple
+        && h.head_dim.is_multiple_of(16)
         && h.head_dim <= 128
         && h.kv_heads > 0
         && h.heads / h.kv_heads <= 16
@@ -95,15 +104,17 @@ pub fn tensor_cores(h: &Heads) -> bool {
 
 /// log2(e) / sqrt(head_dim): the factor that makes a base-2 softmax of the scaled scores
 /// equal the usual one.
+#[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
 pub fn base2_scale(head_dim: usize) -> f32 {
     std::f32::consts::LOG2_E / (head_dim as f32).sqrt()
 }
 
 /// The factor the tensor-core kernels want their 16-bit queries pre-multiplied by
-/// ([`base2_scale`]), so that their online softmax runs in base 2 (RoPE writes the queries
-/// so); `None` where the warp-per-key kernel runs, which reads fp32 queries.
-pub fn query_scale(h: &Heads) -> Option<f32> {
-    tensor_cores(h).then(|| base2_scale(h.head_dim))
+/// (log2(e) times the scores' `scale`, [`base2_scale`] for the usual one), so that their
+/// online softmax runs in base 2 (RoPE writes the queries so); `None` where the
+/// warp-per-key kernel runs, which reads fp32 queries and scales the scores itself.
+pub fn query_scale(h: &Heads, scale: f32) -> Option<f32> {
+    tensor_cores(h).then_some(std::f32::consts::LOG2_E * scale)
 }
 
 /// The register budgets (largest head_dim) the tensor-core kernels are built for.
@@ -459,7 +470,8 @@ fn warp_per_key(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result
     );
     let (bs, stride) = (i32_of(a.block_size)?, i32_of(a.table_stride)?);
     let (chunk_i, splits_i) = (i32_of(chunk)?, i32_of(splits)?);
-    let scale = 1.0f32 / (hs.head_dim as f32).sqrt();
+    let window = i32_of(a.window.unwrap_or(0))?;
+    let softcap = a.softcap.unwrap_or(0.0);
     let f = gpu.func("paged_attention", a.half)?;
     let mut b = Args::new();
     b.arg(&a.q)
@@ -478,7 +490,9 @@ fn warp_per_key(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result
         .arg(&stride)
         .arg(&chunk_i)
         .arg(&splits_i)
-        .arg(&scale);
+        .arg(&a.scale)
+        .arg(&window)
+        .arg(&softcap);
     // SAFETY: argument order and types match attention.cu; the plan keeps the partial
     // sums within the workspace; tables cover every row's positions (checked by the
     // caller).
@@ -520,9 +534,13 @@ mod tests {
                 heads: 32,
                 kv_heads: 8,
                 head_dim,
+                simple: false,
             },
             half: Half::Bf16,
             clusters: false,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: None,
+            softcap: None,
         }
     }
 
@@ -543,6 +561,7 @@ mod tests {
             heads: 32,
             kv_heads: 8,
             head_dim,
+            simple: false,
         };
         assert_eq!((unsplit_len(&h(64)), unsplit_len(&h(128))), (256, 128));
         assert_eq!(unsplit_len(&h(72)), 0);
@@ -634,6 +653,7 @@ mod tests {
             heads: 32,
             kv_heads: 8,
             head_dim,
+            simple: false,
         };
         assert_eq!(prefill_mode(&h(128), true), "prefill_sm90");
         assert_eq!(prefill_mode(&h(64), true), "prefill_sm90");

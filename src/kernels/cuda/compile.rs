@@ -21,6 +21,7 @@ pub const MODULES: &[(&str, &str)] = &[
     ("norm", include_str!("../../../kernels/norm.cu")),
     ("rope", include_str!("../../../kernels/rope.cu")),
     ("swiglu", include_str!("../../../kernels/swiglu.cu")),
+    ("family", include_str!("../../../kernels/family.cu")),
     ("gather", include_str!("../../../kernels/gather.cu")),
     ("attention", include_str!("../../../kernels/attention.cu")),
     (

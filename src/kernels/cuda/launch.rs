@@ -136,7 +136,26 @@ pub(super) fn cfg(grid: (usize, usize, usize), block: u32) -> Result<LaunchConfi
     })
 }
 
-/// `x[r] = table[ids[r]]` as fp32, for `n` rows of width `h`.
+/// How embeddings are finished: learned positions added (`pos_table` at row `pos[r]`,
+/// device addresses; 0: none) and the values scaled.
+#[derive(Clone, Copy)]
+pub struct EmbedExtras {
+    pub pos_table: u64,
+    pub pos: u64,
+    pub scale: f32,
+}
+
+impl EmbedExtras {
+    /// Plain embeddings.
+    #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
+    pub const NONE: EmbedExtras = EmbedExtras {
+        pos_table: 0,
+        pos: 0,
+        scale: 1.0,
+    };
+}
+
+/// `x[r] = table[ids[r]] * scale (+ pos_table[pos[r]])` as fp32, for `n` rows of width `h`.
 #[allow(clippy::too_many_arguments)]
 pub fn embed(
     gpu: &Gpu,
@@ -147,6 +166,7 @@ pub fn embed(
     x: u64,
     n: usize,
     h: usize,
+    extras: EmbedExtras,
 ) -> Result<()> {
     if n == 0 {
         return Ok(());
@@ -154,7 +174,14 @@ pub fn embed(
     let h = i32_of(h)?;
     let f = gpu.func("embed", half)?;
     let mut b = Args::new();
-    b.arg(&table).arg(&ids).arg(&fed).arg(&x).arg(&h);
+    b.arg(&table)
+        .arg(&ids)
+        .arg(&fed)
+        .arg(&x)
+        .arg(&h)
+        .arg(&extras.pos_table)
+        .arg(&extras.pos)
+        .arg(&extras.scale);
     // SAFETY: argument order and types match embed.cu; buffers hold n rows.
     unsafe { gpu.launch(f, cfg((n, 1, 1), 256)?, &mut b) }.map_err(cuda_err("embed"))?;
     Ok(())
@@ -289,25 +316,30 @@ pub struct Heads {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// The model needs what only the warp-per-key attention kernel does (a sliding window
+    /// that a context can outgrow, or soft-capped scores): the tensor-core kernels never
+    /// run these heads.
+    pub simple: bool,
 }
 
 impl Heads {
-    /// What the attention kernel supports (head_dim even, up to 128; at most 8 query
+    /// What the attention kernel supports (head_dim even, up to 256; at most 8 query
     /// heads per KV head).
     pub fn check(&self) -> Result<()> {
         let Heads {
             heads,
             kv_heads,
             head_dim,
+            ..
         } = *self;
         if kv_heads == 0 || heads % kv_heads != 0 || heads / kv_heads > 8 {
             return Err(Error::Model(format!(
                 "the GPU attention needs heads/kv_heads in 1..=8, got {heads}/{kv_heads}"
             )));
         }
-        if head_dim == 0 || head_dim % 2 != 0 || head_dim > 128 {
+        if head_dim == 0 || head_dim % 2 != 0 || head_dim > 256 {
             return Err(Error::Model(format!(
-                "the GPU attention needs an even head_dim up to 128, got {head_dim}"
+                "the GPU attention needs an even head_dim up to 256, got {head_dim}"
             )));
         }
         Ok(())
@@ -461,10 +493,17 @@ mod tests {
             heads: 32,
             kv_heads: 8,
             head_dim: 128,
+            simple: false,
         };
         assert!(ok.check().is_ok());
         assert!(Heads {
             head_dim: 256,
+            ..ok
+        }
+        .check()
+        .is_ok());
+        assert!(Heads {
+            head_dim: 258,
             ..ok
         }
         .check()

@@ -6,6 +6,7 @@
 
 pub(crate) mod attention;
 pub mod compile;
+pub(crate) mod family;
 pub mod gemm;
 pub(crate) mod gemv;
 pub(crate) mod launch;
@@ -118,6 +119,17 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("norm", &["rms_norm", "rms_norm_rows"]),
     ("rope", &["rope_kv_write", "rope_kv_write_v1"]),
     ("swiglu", &["silu_mul"]),
+    (
+        "family",
+        &[
+            "layer_norm",
+            "head_rms_norm",
+            "residual_add",
+            "gelu_mul",
+            "gelu_bias",
+            "softcap",
+        ],
+    ),
     ("gather", &["gather_rows"]),
     ("attention", &["paged_attention", "attention_combine"]),
     (

@@ -7,13 +7,15 @@ use super::layout::Layout;
 use super::profile::{self, StageTimer};
 use super::scratch::{DeviceKv, Scratch};
 use super::swap::HostCache;
+use super::weights::GpuNorm;
 use super::weights::GpuWeights;
 use super::{heads, CudaModel};
 use crate::error::Result;
 use crate::kernels::cuda::attention::{self, Attention};
 use crate::kernels::cuda::gemm::{Blas, Input, Norm, Out, Path};
-use crate::kernels::cuda::{launch, Gpu};
+use crate::kernels::cuda::{family, launch, Gpu};
 use crate::model::config::ModelConfig;
+use crate::model::family::Mlp;
 use crate::model::stage::{self, Stage};
 
 /// One pass's view of the engine: what its kernels read and write.
@@ -136,6 +138,11 @@ impl<'a> Pass<'a> {
     fn embed(&mut self) -> Result<()> {
         let (w, s, h) = (self.w, self.s, self.cfg.hidden_size);
         let ids = self.meta().ids;
+        let extras = launch::EmbedExtras {
+            pos_table: w.pos_embed.as_ref().map_or(0, |p| p.ptr()),
+            pos: self.meta().pos,
+            scale: self.cfg.arch.embed_scale.unwrap_or(1.0),
+        };
         launch::embed(
             self.g,
             w.half,
@@ -145,7 +152,75 @@ impl<'a> Pass<'a> {
             s.x.ptr(),
             self.lay.n,
             h,
+            extras,
         )
+    }
+
+    /// The input of a linear layer that reads `rows` rows of the residual `x` through
+    /// `norm`: normed inside the GEMM where it is an RMSNorm, by the LayerNorm kernel into
+    /// `xn` first where it has a bias.
+    fn normed(&self, norm: &GpuNorm, x: u64, rows: usize, early: bool) -> Result<Input> {
+        let (cfg, s) = (self.cfg, self.s);
+        match &norm.b {
+            None => Ok(Input::Normed(Norm {
+                x,
+                w: norm.w.ptr(),
+                eps: cfg.rms_norm_eps,
+                xn: s.xn.ptr(),
+                early,
+            })),
+            Some(b) => {
+                let (w, h) = (norm.w.ptr(), cfg.hidden_size);
+                let (half, xn, eps) = (self.w.half, s.xn.ptr(), cfg.rms_norm_eps);
+                family::layer_norm(self.g, half, x, 0, (w, b.ptr()), xn, rows, h, eps)?;
+                Ok(Input::Rows(xn))
+            }
+        }
+    }
+
+    /// Adds a linear layer's output into the residual `x` (`rows` rows): by the GEMM itself
+    /// (`Out::F32Add`), or, where the layer has a bias or an output norm, through fp32
+    /// `tmp` and [`family::residual_add`].
+    #[allow(clippy::too_many_arguments)]
+    fn add_to_residual(
+        &self,
+        input: u64,
+        lin: &super::weights::GpuLinear,
+        post: Option<&GpuNorm>,
+        x: u64,
+        rows: usize,
+        inp: usize,
+    ) -> Result<()> {
+        let (cfg, s, half) = (self.cfg, self.s, self.w.half);
+        let h = cfg.hidden_size;
+        if post.is_none() && lin.b.is_none() {
+            return self.blas.linear(
+                self.path,
+                half,
+                input,
+                lin.w.ptr(),
+                x,
+                Out::F32Add,
+                rows,
+                inp,
+                h,
+            );
+        }
+        let t = s.tmp.ptr();
+        self.blas.linear(
+            self.path,
+            half,
+            input,
+            lin.w.ptr(),
+            t,
+            Out::F32,
+            rows,
+            inp,
+            h,
+        )?;
+        let b = lin.b.as_ref().map_or(0, |b| b.ptr());
+        let w = post.map_or(0, |p| p.w.ptr());
+        family::residual_add(self.g, half, x, t, (b, w), rows, h, cfg.rms_norm_eps)
     }
 
     fn qkv(&mut self, l: usize) -> Result<()> {
@@ -155,17 +230,11 @@ impl<'a> Pass<'a> {
         // before it, down's last wave (steps: 1B -0.9%, 8B -0.6%). Not before gate_up,
         // where the GEMV's early requests delay the norm's read of x more than they save
         // (8B +2.2%), nor before the lm_head (1B +0.7%).
-        let norm = Norm {
-            x: s.x.ptr(),
-            w: lw.attn_norm.ptr(),
-            eps: cfg.rms_norm_eps,
-            xn: s.xn.ptr(),
-            early: true,
-        };
+        let input = self.normed(&lw.attn_norm, s.x.ptr(), self.lay.n, true)?;
         self.blas.linear(
             self.path,
             self.w.half,
-            Input::Normed(norm),
+            input,
             lw.qkv.w.ptr(),
             s.qkv.ptr(),
             Out::Half,
@@ -178,6 +247,12 @@ impl<'a> Pass<'a> {
     fn rope(&mut self, l: usize) -> Result<()> {
         let (cfg, s, w) = (self.cfg, self.s, self.w);
         let bias = w.layers[l].qkv.b.as_ref().map_or(0, |b| b.ptr());
+        if let Some((qn, kn)) = &w.layers[l].qk_norm {
+            let shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+            let (half, qkv, n) = (w.half, s.qkv.ptr(), self.lay.n);
+            let eps = cfg.rms_norm_eps;
+            family::head_rms_norm(self.g, half, qkv, (qn.ptr(), kn.ptr()), n, shape, eps)?;
+        }
         // This layer's block copies are done before its cache is written or read.
         self.copies.wait_layer(self.g, l)?;
         let (kc, vc) = self.kv.layer(l);
@@ -189,8 +264,11 @@ impl<'a> Pass<'a> {
             bias,
             meta.pos,
             meta.slots,
-            w.inv_freq.ptr(),
-            (s.q.ptr(), attention::query_scale(&heads(cfg))),
+            w.inv_freq_of(&cfg.arch, l),
+            (
+                s.q.ptr(),
+                attention::query_scale(&heads(cfg), cfg.attn_scale),
+            ),
             kc,
             vc,
             self.lay.n,
@@ -245,6 +323,9 @@ impl<'a> Pass<'a> {
                 heads: heads(cfg),
                 half: self.w.half,
                 clusters: g.clusters,
+                scale: cfg.attn_scale,
+                window: cfg.arch.window(l),
+                softcap: cfg.arch.attn_softcap,
             },
         )
     }
@@ -266,26 +347,36 @@ impl<'a> Pass<'a> {
             )?;
         }
         let (x, attn, rows) = self.rows(l);
-        let o = self.w.layers[l].o.w.ptr();
-        let (qd, h) = (cfg.q_dim(), cfg.hidden_size);
-        self.blas
-            .linear(self.path, half, attn, o, x, Out::F32Add, rows, qd, h)
+        let lw = &self.w.layers[l];
+        let post = lw.post_attn_norm.as_ref();
+        self.add_to_residual(attn, &lw.o, post, x, rows, cfg.q_dim())
     }
 
     fn gate_up(&mut self, l: usize) -> Result<()> {
         let (cfg, s, lw) = (self.cfg, self.s, &self.w.layers[l]);
         let (x, _, rows) = self.rows(l);
-        let norm = Norm {
-            x,
-            w: lw.ffn_norm.ptr(),
-            eps: cfg.rms_norm_eps,
-            xn: s.xn.ptr(),
-            early: false,
-        };
+        let input = self.normed(&lw.ffn_norm, x, rows, false)?;
+        let (half, f) = (self.w.half, cfg.intermediate_size);
+        if cfg.arch.mlp != Mlp::SwiGlu || lw.gate_up.b.is_some() {
+            let up = cfg.arch.up_rows(f);
+            let (gu, act) = (s.gu.ptr(), s.act.ptr());
+            let w = lw.gate_up.w.ptr();
+            let h = cfg.hidden_size;
+            self.blas
+                .linear(self.path, half, input, w, gu, Out::Half, rows, h, up)?;
+            let b = lw.gate_up.b.as_ref().map_or(0, |b| b.ptr());
+            match cfg.arch.mlp {
+                Mlp::GeGlu => family::gelu_mul(self.g, half, gu, act, rows, f)?,
+                Mlp::Gelu => family::gelu_bias(self.g, half, gu, b, act, rows, f)?,
+                Mlp::SwiGlu => launch::silu_mul(self.g, half, gu, act, rows, f)?,
+            }
+            self.swiglu_done = true;
+            return Ok(());
+        }
         self.swiglu_done = self.blas.gate_up(
             self.path,
             self.w.half,
-            Input::Normed(norm),
+            input,
             lw.gate_up.w.ptr(),
             (s.gu.ptr(), s.act.ptr()),
             rows,
@@ -307,19 +398,9 @@ impl<'a> Pass<'a> {
     fn down(&mut self, l: usize) -> Result<()> {
         let (cfg, s) = (self.cfg, self.s);
         let (x, _, rows) = self.rows(l);
-        let down = self.w.layers[l].down.w.ptr();
-        let (f, h) = (cfg.intermediate_size, cfg.hidden_size);
-        self.blas.linear(
-            self.path,
-            self.w.half,
-            s.act.ptr(),
-            down,
-            x,
-            Out::F32Add,
-            rows,
-            f,
-            h,
-        )
+        let lw = &self.w.layers[l];
+        let post = lw.post_ffn_norm.as_ref();
+        self.add_to_residual(s.act.ptr(), &lw.down, post, x, rows, cfg.intermediate_size)
     }
 
     /// The o and down layers added themselves into the residual: the rows that get logits
@@ -327,7 +408,8 @@ impl<'a> Pass<'a> {
     /// already where the last layer ran on them alone; every row where every row gets
     /// logits). A model without layers gathers and norms them here.
     fn final_norm(&mut self) -> Result<()> {
-        if self.lay.tail.is_none() || !self.w.layers.is_empty() {
+        let layer_norm = self.w.final_norm.b.is_some();
+        if self.lay.tail.is_none() || !self.w.layers.is_empty() || layer_norm {
             return Ok(());
         }
         let (cfg, s, w) = (self.cfg, self.s, self.w);
@@ -337,7 +419,7 @@ impl<'a> Pass<'a> {
             w.half,
             s.x.ptr(),
             rows,
-            w.final_norm.ptr(),
+            w.final_norm.w.ptr(),
             s.head_in.ptr(),
             self.lay.m,
             cfg.hidden_size,
@@ -351,16 +433,28 @@ impl<'a> Pass<'a> {
         let normed = |x| {
             Input::Normed(Norm {
                 x,
-                w: w.final_norm.ptr(),
+                w: w.final_norm.w.ptr(),
                 eps: cfg.rms_norm_eps,
                 xn: s.head_in.ptr(),
                 early: false,
             })
         };
-        let input = match (&self.lay.tail, w.layers.is_empty()) {
-            (Some(_), false) => normed(s.x_rows.ptr()),
-            (None, _) => normed(s.x.ptr()),
-            (Some(_), true) => Input::Rows(s.head_in.ptr()),
+        let input = match (&self.lay.tail, w.layers.is_empty(), &w.final_norm.b) {
+            (_, _, Some(b)) => {
+                // A LayerNorm: its own kernel, over the rows that get logits.
+                let (x, rows) = match (&self.lay.tail, w.layers.is_empty()) {
+                    (Some(_), false) => (s.x_rows.ptr(), 0),
+                    (None, _) => (s.x.ptr(), 0),
+                    (Some(_), true) => (s.x.ptr(), self.meta().rows),
+                };
+                let (nw, m, h) = (w.final_norm.w.ptr(), self.lay.m, cfg.hidden_size);
+                let (half, out, eps) = (w.half, s.head_in.ptr(), cfg.rms_norm_eps);
+                family::layer_norm(self.g, half, x, rows, (nw, b.ptr()), out, m, h, eps)?;
+                Input::Rows(out)
+            }
+            (Some(_), false, None) => normed(s.x_rows.ptr()),
+            (None, _, None) => normed(s.x.ptr()),
+            (Some(_), true, None) => Input::Rows(s.head_in.ptr()),
         };
         self.blas.linear(
             self.path,
@@ -372,7 +466,14 @@ impl<'a> Pass<'a> {
             self.lay.m,
             cfg.hidden_size,
             cfg.vocab_size,
-        )
+        )?;
+        match cfg.arch.final_softcap {
+            Some(cap) => {
+                let (m, v) = (self.lay.m, cfg.vocab_size);
+                family::softcap(self.g, w.half, s.logits.ptr(), m, v, cap)
+            }
+            None => Ok(()),
+        }
     }
 }
 

@@ -349,6 +349,7 @@ mod tests {
             heads: 32,
             kv_heads: 8,
             head_dim,
+            simple: false,
         };
         let lay = Layout::new(&chunks, 16, 4, |l| graph_plan_len(l, &h(64), false)).unwrap();
         assert_eq!((lay.plan_len, lay.stride), (256, 16));

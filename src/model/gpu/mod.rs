@@ -18,6 +18,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::backend::{Backend, ForwardPass};
 use super::config::ModelConfig;
+use super::family::Bias;
 use super::Llama;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::gemm::Tuning;
@@ -52,6 +53,12 @@ impl CudaModel {
     pub fn load_as(model: &Llama, ordinal: usize, half: Option<Half>) -> Result<Arc<Self>> {
         let config = model.config().clone();
         heads(&config).check()?;
+        if config.arch.qk_norm && config.arch.bias != Bias::None {
+            // head_rms_norm runs before the bias is added (in RoPE): no family has both.
+            return Err(Error::Model(
+                "the GPU engine does not run q/k norms together with q/k/v biases".into(),
+            ));
+        }
         let gpu = Gpu::open(ordinal)?;
         let weights = match half {
             Some(half) => GpuWeights::upload(&gpu, model, half)?,
@@ -96,10 +103,16 @@ pub(crate) fn kv_bytes_per_token(cfg: &ModelConfig) -> usize {
 }
 
 pub(crate) fn heads(cfg: &ModelConfig) -> Heads {
+    let a = &cfg.arch;
+    // A window the context can outgrow, or soft-capped scores: the warp-per-key kernel.
+    let window = a
+        .sliding_window
+        .is_some_and(|w| w < cfg.max_position_embeddings);
     Heads {
         heads: cfg.num_heads,
         kv_heads: cfg.num_kv_heads,
         head_dim: cfg.head_dim,
+        simple: window || a.attn_softcap.is_some(),
     }
 }
 

@@ -66,6 +66,9 @@ pub(super) struct Scratch {
     pub attn: DevBuf<u16>,
     pub gu: DevBuf<u16>,
     pub act: DevBuf<u16>,
+    /// A linear layer's fp32 output before it joins the residual (where a bias or an
+    /// output norm comes between: `residual_add`).
+    pub tmp: DevBuf<f32>,
     /// The split attention's partial sums and (max, weight sum) pairs.
     pub part_acc: DevBuf<f32>,
     pub part_ml: DevBuf<f32>,
@@ -89,10 +92,10 @@ pub fn scratch_bytes(cfg: &ModelConfig, tokens: usize, rows: usize) -> usize {
         cfg.kv_dim(),
         cfg.intermediate_size,
     );
-    // fp32: x, q; 16-bit: qkv, gate|up, xn, attn, act; 8 ints of metadata (the step's
+    // fp32: x, q, tmp; 16-bit: qkv, gate|up, xn, attn, act; 8 ints of metadata (the step's
     // upload; its sampling plans are counted a row below, their edits in the reserve's
     // slack).
-    let per_token = 4 * (h + qd) + 2 * (qd + 2 * kvd + 2 * f) + 2 * (h + qd + f) + 4 * 8;
+    let per_token = 4 * (2 * h + qd) + 2 * (qd + 2 * kvd + 2 * f) + 2 * (h + qd + f) + 4 * 8;
     let acc = acc_floats(cfg, tokens);
     tokens * per_token
         + acc * 4
@@ -123,6 +126,7 @@ impl Scratch {
             attn: g.alloc(tokens * qd)?,
             gu: g.alloc(tokens * 2 * f)?,
             act: g.alloc(tokens * f)?,
+            tmp: g.alloc(tokens * h)?,
             part_acc: g.alloc(acc)?,
             part_ml: g.alloc(acc / cfg.head_dim * 2)?,
             x_rows: g.alloc(rows * h)?,

@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::kernels::cuda::gemm::{Blas, Out, Shape};
 use crate::kernels::cuda::gemv::GEMV_MAX_ROWS;
 use crate::kernels::cuda::{lt, Half};
+use crate::model::family::Mlp;
 
 /// Gives `blas` the model's linear-layer choices: those of an earlier engine on the model, or,
 /// for the first, its own timing (`tune_linears`), then kept on the model.
@@ -49,11 +50,26 @@ fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
         return Ok(());
     };
     let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
+    // The outputs the layers write (layers.rs): the residual added by o and down, unless a
+    // bias or an output norm comes between; gate|up fused with SwiGLU on the GEMV kernel
+    // where the MLP is a plain SwiGLU.
+    let residual = |b: bool, post: bool| if b || post { Out::F32 } else { Out::F32Add };
+    let fused_mlp = cfg.arch.mlp == Mlp::SwiGlu && l0.gate_up.b.is_none();
     let linears = [
         (l0.qkv.w.ptr(), h, qd + 2 * kvd, Out::Half),
-        (l0.o.w.ptr(), qd, h, Out::F32Add),
-        (l0.gate_up.w.ptr(), h, 2 * f, Out::Half),
-        (l0.down.w.ptr(), f, h, Out::F32Add),
+        (
+            l0.o.w.ptr(),
+            qd,
+            h,
+            residual(l0.o.b.is_some(), l0.post_attn_norm.is_some()),
+        ),
+        (l0.gate_up.w.ptr(), h, cfg.arch.up_rows(f), Out::Half),
+        (
+            l0.down.w.ptr(),
+            f,
+            h,
+            residual(l0.down.b.is_some(), l0.post_ffn_norm.is_some()),
+        ),
         (head, h, cfg.vocab_size, Out::F32),
     ];
     let max_in = linears.iter().map(|l| l.1).max().unwrap_or(0);
@@ -70,7 +86,7 @@ fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
                 out,
                 y: y_ty,
             };
-            if wp == l0.gate_up.w.ptr() {
+            if wp == l0.gate_up.w.ptr() && fused_mlp {
                 blas.tune_gate_up(shape, x.ptr(), wp, y.ptr())?;
             } else {
                 blas.tune(shape, x.ptr(), wp, y.ptr())?;

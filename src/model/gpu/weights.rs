@@ -1,4 +1,4 @@
-//! Llama weights on the GPU: every matrix in the model's 16-bit type (f16 by default:
+//! Decoder weights (every family) on the GPU: every matrix in the model's 16-bit type (f16 by default:
 //! HF checkpoints' bf16 values, which f16 holds exactly in its range, and GGUF's quantized
 //! tensors dequantized here, exactly as the CPU engine holds them; bf16 on request or when
 //! a weight overflows f16), norms, biases and RoPE frequencies in fp32.
@@ -8,7 +8,8 @@ use rayon::prelude::*;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{DevBuf, Gpu, Half};
 use crate::kernels::matmul::Matrix;
-use crate::model::weights::Linear;
+use crate::model::family::{Arch, Mlp};
+use crate::model::weights::{Linear, Norm};
 use crate::model::Llama;
 
 /// A linear layer `y = x · Wᵀ (+ b)`, `w` row-major `[rows, cols]` (16-bit).
@@ -17,15 +18,28 @@ pub struct GpuLinear {
     pub b: Option<DevBuf<f32>>,
 }
 
+/// A norm's weight, and its bias for a LayerNorm.
+pub struct GpuNorm {
+    pub w: DevBuf<f32>,
+    pub b: Option<DevBuf<f32>>,
+}
+
 pub struct GpuLayer {
-    pub attn_norm: DevBuf<f32>,
+    pub attn_norm: GpuNorm,
     pub qkv: GpuLinear,
+    /// Per-head norms of q and k (Qwen3, Gemma 3).
+    pub qk_norm: Option<(DevBuf<f32>, DevBuf<f32>)>,
     pub o: GpuLinear,
-    pub ffn_norm: DevBuf<f32>,
+    /// The attention output's norm (Gemma).
+    pub post_attn_norm: Option<GpuNorm>,
+    pub ffn_norm: GpuNorm,
     /// Gate and up rows interleaved ([`interleave_halves`]): gate i at row 2i, up i at
-    /// 2i + 1, so that the GEMV kernel's pair of rows is one SwiGLU input.
+    /// 2i + 1, so that the GEMV kernel's pair of rows is one SwiGLU input (the up rows
+    /// alone, as they are, for an ungated MLP).
     pub gate_up: GpuLinear,
     pub down: GpuLinear,
+    /// The MLP output's norm (Gemma).
+    pub post_ffn_norm: Option<GpuNorm>,
 }
 
 pub struct GpuWeights {
@@ -33,10 +47,33 @@ pub struct GpuWeights {
     pub half: Half,
     /// `[vocab, hidden]`, also the LM head when tied.
     pub embed: DevBuf<u16>,
+    /// Learned positions `[max_position_embeddings, hidden]`, fp32 (GPT-2).
+    pub pos_embed: Option<DevBuf<f32>>,
     pub layers: Vec<GpuLayer>,
-    pub final_norm: DevBuf<f32>,
+    pub final_norm: GpuNorm,
     pub lm_head: Option<GpuLinear>,
+    /// RoPE frequencies of the global layers (zeros where positions are learned: RoPE is
+    /// then the identity).
     pub inv_freq: DevBuf<f32>,
+    /// The local layers' own, where they differ (Gemma 3).
+    pub local_inv_freq: Option<DevBuf<f32>>,
+}
+
+impl GpuWeights {
+    /// The RoPE frequencies of layer `l` of a model with `arch`.
+    pub fn inv_freq_of(&self, arch: &Arch, l: usize) -> u64 {
+        match &self.local_inv_freq {
+            Some(local) if arch.is_local(l) => local.ptr(),
+            _ => self.inv_freq.ptr(),
+        }
+    }
+}
+
+fn norm(gpu: &Gpu, n: &Norm) -> Result<GpuNorm> {
+    Ok(GpuNorm {
+        w: gpu.upload(&n.w)?,
+        b: n.b.as_deref().map(|b| gpu.upload(b)).transpose()?,
+    })
 }
 
 /// What the error of a weight that overflows the 16-bit type says.
@@ -135,28 +172,55 @@ impl GpuWeights {
             half,
             "the embedding",
         )?)?;
+        let up_rows = if cfg.arch.mlp == Mlp::Gelu {
+            Rows::AsIs
+        } else {
+            Rows::HalvesInterleaved
+        };
         let mut layers = Vec::with_capacity(w.layers.len());
         for lw in &w.layers {
+            let qk_norm = match (&lw.q_norm, &lw.k_norm) {
+                (Some(q), Some(k)) => Some((gpu.upload(q)?, gpu.upload(k)?)),
+                _ => None,
+            };
             layers.push(GpuLayer {
-                attn_norm: gpu.upload(&lw.attn_norm)?,
+                attn_norm: norm(gpu, &lw.attn_norm)?,
                 qkv: linear(gpu, &lw.qkv, half, Rows::AsIs)?,
+                qk_norm,
                 o: linear(gpu, &lw.o, half, Rows::AsIs)?,
-                ffn_norm: gpu.upload(&lw.ffn_norm)?,
-                gate_up: linear(gpu, &lw.gate_up, half, Rows::HalvesInterleaved)?,
+                post_attn_norm: lw
+                    .post_attn_norm
+                    .as_ref()
+                    .map(|n| norm(gpu, n))
+                    .transpose()?,
+                ffn_norm: norm(gpu, &lw.ffn_norm)?,
+                gate_up: linear(gpu, &lw.gate_up, half, up_rows)?,
                 down: linear(gpu, &lw.down, half, Rows::AsIs)?,
+                post_ffn_norm: lw
+                    .post_ffn_norm
+                    .as_ref()
+                    .map(|n| norm(gpu, n))
+                    .transpose()?,
             });
         }
+        let inv_freq = if cfg.arch.learned_positions {
+            vec![0f32; cfg.head_dim / 2]
+        } else {
+            model.inv_freq().to_vec()
+        };
         let weights = GpuWeights {
             half,
             embed,
+            pos_embed: w.pos_embed.as_deref().map(|p| gpu.upload(p)).transpose()?,
             layers,
-            final_norm: gpu.upload(&w.final_norm)?,
+            final_norm: norm(gpu, &w.final_norm)?,
             lm_head: w
                 .lm_head
                 .as_ref()
                 .map(|l| linear(gpu, l, half, Rows::AsIs))
                 .transpose()?,
-            inv_freq: gpu.upload(model.inv_freq())?,
+            inv_freq: gpu.upload(&inv_freq)?,
+            local_inv_freq: model.local_inv_freq().map(|f| gpu.upload(f)).transpose()?,
         };
         gpu.sync()?;
         Ok(weights)

@@ -1,0 +1,104 @@
+//! Every model family on the GPU engine against HF transformers: the tiny random
+//! checkpoints of `tests/fixtures/families` (scripts/hf_families.py; the CPU engine meets
+//! transformers' fp32 logits within 1e-4 on them in `tests/families_reference.rs`), loaded
+//! in f16, prefilled in two chunks and decoded 32 tokens one at a time; each row of logits
+//! against transformers' fp32 row.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::{rel_err, Row};
+use crate::error::{Error, Result};
+use crate::model::backend::ForwardPass;
+use crate::model::gpu::forward::CudaForward;
+use crate::model::gpu::CudaModel;
+use crate::model::{Llama, SeqChunk};
+use crate::sampling::argmax;
+
+/// Max |gpu - hf| over max |hf| per row, in f16 weights and activations.
+const TOL: f64 = 2e-2;
+const BLOCK: usize = 16;
+
+#[derive(Deserialize)]
+struct Reference {
+    prompt: usize,
+    tokens: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+}
+
+/// One row per family folder under `dir` (none when the folder is missing).
+pub fn families_vs_hf(dir: &Path) -> Result<Vec<Row>> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(Vec::new());
+    };
+    let mut dirs: Vec<_> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("reference.json").is_file())
+        .collect();
+    dirs.sort();
+    dirs.iter().map(|d| family_row(d)).collect()
+}
+
+fn family_row(dir: &Path) -> Result<Row> {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let text = std::fs::read_to_string(dir.join("reference.json"))
+        .map_err(|e| Error::Model(format!("{}: {e}", dir.display())))?;
+    let r: Reference =
+        serde_json::from_str(&text).map_err(|e| Error::Model(format!("{name}: {e}")))?;
+    let model = Llama::load(dir)?;
+    let cuda = CudaModel::load(&model, 0)?;
+    let (err, written, agree) = run(&cuda, &r)?;
+    let rows = r.logits.len();
+    Ok(Row {
+        check: format!("family {name} vs HF fp32"),
+        shape: format!(
+            "{} ({} layers, hd {}), prompt {} in 2 chunks + {} decode steps",
+            cuda.config.architecture,
+            cuda.config.num_layers,
+            cuda.config.head_dim,
+            r.prompt,
+            rows - 1
+        ),
+        err,
+        tol: TOL,
+        written,
+        note: format!("f16; top-1 agrees on {agree}/{rows} rows"),
+        info: false,
+    })
+}
+
+/// (worst row error, every row finite, rows whose argmax agrees).
+fn run(cuda: &Arc<CudaModel>, r: &Reference) -> Result<(f64, bool, usize)> {
+    let total = r.tokens.len();
+    let blocks = total.div_ceil(BLOCK) + 1;
+    // A table out of order: logical block i in physical block blocks - 1 - i.
+    let table: Vec<u32> = (0..blocks as u32).rev().collect();
+    let mut gpu = CudaForward::new(cuda.clone(), BLOCK, blocks)?;
+    let mut call = |start: usize, end: usize, logits: usize| -> Result<Vec<f32>> {
+        let chunk = SeqChunk {
+            tokens: &r.tokens[start..end],
+            start_pos: start,
+            block_table: &table,
+            logits,
+        };
+        Ok(gpu.forward(&[chunk])?.remove(0))
+    };
+    call(0, r.prompt / 2, 0)?;
+    let mut got = vec![call(r.prompt / 2, r.prompt, 1)?];
+    for pos in r.prompt..total {
+        got.push(call(pos, pos + 1, 1)?);
+    }
+    let (mut worst, mut written, mut agree) = (0f64, true, 0);
+    for (g, want) in got.iter().zip(&r.logits) {
+        let (e, w) = rel_err(g, want);
+        worst = worst.max(e);
+        written &= w && g.iter().all(|v| v.is_finite());
+        agree += usize::from(argmax(g) == argmax(want));
+    }
+    Ok((worst, written, agree))
+}
