@@ -16,6 +16,18 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// [`rms_norm`] in place: every row of width `w.len()` of `x` (per head, for q/k norms).
+pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let d = w.len();
+    for xr in x.chunks_exact_mut(d) {
+        let ss: f32 = xr.iter().map(|v| v * v).sum();
+        let scale = 1.0 / (ss / d as f32 + eps).sqrt();
+        for (v, g) in xr.iter_mut().zip(w) {
+            *v = *v * scale * g;
+        }
+    }
+}
+
 /// `out[r] = (x[r] - mean) / sqrt(var + eps) * w + b` for every row of width `w.len()`.
 pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
     let d = w.len();

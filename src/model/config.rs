@@ -630,4 +630,52 @@ mod tests {
             "{err}"
         );
     }
+    #[test]
+    fn reads_transformers4_gemma3_and_phi3_configs() {
+        // Gemma 3 as its hub config.json (transformers 4.x) says it.
+        let json = r#"{"architectures":["Gemma3ForCausalLM"],"vocab_size":262208,
+            "hidden_size":2560,"intermediate_size":10240,"num_hidden_layers":34,
+            "num_attention_heads":8,"num_key_value_heads":4,"head_dim":256,
+            "query_pre_attn_scalar":256,"rope_theta":1000000.0,"rope_local_base_freq":10000.0,
+            "rope_scaling":{"factor":8.0,"rope_type":"linear"},"sliding_window":1024,
+            "sliding_window_pattern":6,"hidden_activation":"gelu_pytorch_tanh",
+            "max_position_embeddings":131072}"#;
+        let c = ModelConfig::from_hf_json(json).unwrap();
+        assert_eq!(c.arch.family, Family::Gemma3);
+        assert!(c.tie_word_embeddings && c.arch.qk_norm && c.arch.sandwich_norms);
+        assert_eq!(c.attn_scale, 1.0 / 16.0);
+        assert_eq!(c.arch.embed_scale, Some((2560f32).sqrt()));
+        assert_eq!(c.arch.window(0), Some(1024));
+        assert_eq!(c.arch.window(5), None);
+        assert_eq!(c.arch.window(6), Some(1024));
+        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear(8.0)));
+        assert_eq!(c.local_rope_inv_freq().unwrap()[1], 1.0 / 10000f32.powf(2.0 / 256.0));
+        assert_eq!(c.rope_inv_freq()[0], 1.0 / 8.0);
+        // Gemma 2's default layout: even layers local.
+        let g2 = json
+            .replace("Gemma3ForCausalLM", "Gemma2ForCausalLM")
+            .replace("\"sliding_window_pattern\":6,", "");
+        let c = ModelConfig::from_hf_json(&g2).unwrap();
+        assert_eq!((c.arch.window(0), c.arch.window(1)), (Some(1024), None));
+        assert!(!c.arch.qk_norm && c.local_rope_inv_freq().is_none());
+        // Phi-3.5's LongRoPE (4.x: rope_scaling with the original context at the top).
+        let phi = r#"{"architectures":["Phi3ForCausalLM"],"vocab_size":32064,"hidden_size":3072,
+            "intermediate_size":8192,"num_hidden_layers":32,"num_attention_heads":32,
+            "max_position_embeddings":131072,"original_max_position_embeddings":4096,
+            "rope_scaling":{"type":"longrope","short_factor":[SHORT],"long_factor":[SHORT]}}"#
+            .replace("SHORT", &vec!["1.5"; 48].join(","));
+        let c = ModelConfig::from_hf_json(&phi).unwrap();
+        assert_eq!(c.max_position_embeddings, 4096);
+        let mscale = (1.0 + (32f64).ln() / (4096f64).ln()).sqrt();
+        let want = (mscale * mscale / (96f64).sqrt()) as f32;
+        assert!((c.attn_scale - want).abs() < 1e-7, "{} vs {want}", c.attn_scale);
+        assert_eq!(c.rope_inv_freq()[0], 1.0 / 1.5);
+        // Anything else is a clear error.
+        let yarn = json.replace("\"linear\"", "\"yarn\"");
+        let err = ModelConfig::from_hf_json(&yarn).unwrap_err().to_string();
+        assert!(err.contains("yarn"), "{err}");
+        let relu = json.replace("gelu_pytorch_tanh", "relu");
+        let err = ModelConfig::from_hf_json(&relu).unwrap_err().to_string();
+        assert!(err.contains("relu"), "{err}");
+    }
 }

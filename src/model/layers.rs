@@ -123,10 +123,8 @@ impl<'a> Pass<'a> {
                 let lw = &w.layers[l];
                 if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                     // Per head: the norm's weight is one head wide.
-                    let q = self.q.clone();
-                    cpu::rms_norm(&q, qn, eps, &mut self.q);
-                    let k = self.k.clone();
-                    cpu::rms_norm(&k, kn, eps, &mut self.k);
+                    cpu::rms_norm_in_place(&mut self.q, qn, eps);
+                    cpu::rms_norm_in_place(&mut self.k, kn, eps);
                 }
                 if !cfg.arch.learned_positions {
                     let freq = model.layer_inv_freq(l);
