@@ -24,7 +24,7 @@ async fn main() -> inflight::Result<()> {
     let question = ChatMessage::new("user", "Name three primary colors.");
     let request = Request {
         id: Some("colors".into()),
-        prompts: vec![Prompt::Chat(vec![question])],
+        prompts: vec![Prompt::chat(vec![question])],
         params: GenerationParams {
             max_tokens: 48,
             ..GenerationParams::default()

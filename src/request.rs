@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::tokenizer::chat::ChatMessage;
+use crate::tokenizer::chat::{ChatMessage, TemplateVars};
 
 /// A request's id: given by the client (echoed back, used to cancel) or generated.
 pub type RequestId = String;
@@ -15,8 +15,24 @@ pub enum Prompt {
     Text(String),
     /// Token ids, used as given.
     Tokens(Vec<u32>),
-    /// Messages rendered through the model's chat template, with the generation prompt.
-    Chat(Vec<ChatMessage>),
+    /// Messages rendered through the model's chat template, with the generation prompt
+    /// and the request's extra template variables.
+    Chat {
+        /// The conversation.
+        messages: Vec<ChatMessage>,
+        /// Variables the template sees besides the messages (`enable_thinking`, ...).
+        template_vars: TemplateVars,
+    },
+}
+
+impl Prompt {
+    /// A conversation for the model's chat template, with no extra variables.
+    pub fn chat(messages: Vec<ChatMessage>) -> Prompt {
+        Prompt::Chat {
+            messages,
+            template_vars: TemplateVars::new(),
+        }
+    }
 }
 
 /// How to generate: the Triton/TensorRT-LLM request fields that apply to every prompt.

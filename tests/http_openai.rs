@@ -1,7 +1,8 @@
 //! The OpenAI API over real HTTP against the tiny model: models, completions and chat,
 //! whole and streamed, batches, usage equal to token counts, stop strings trimmed, seeded
-//! sampling, log-probabilities, echo, a failure in mid-stream, and malformed requests
-//! (each a 4xx naming the field; the server healthy after them).
+//! sampling, log-probabilities, echo, `chat_template_kwargs` reaching the template, a
+//! failure in mid-stream, and malformed requests (each a 4xx naming the field; the server
+//! healthy after them).
 
 mod common;
 
@@ -356,6 +357,49 @@ async fn chat_uses_the_template_and_streams_deltas() {
         })
         .sum();
     assert_eq!(streamed_lps, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_template_kwargs_reach_the_template() {
+    // The tiny model with Qwen3's template, which reads `enable_thinking`.
+    let dir = common::server::tiny_model_dir("oai-chat-kwargs");
+    let qwen3 = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/chat_templates/Qwen-Qwen3-0.6B.jinja"
+    ))
+    .unwrap();
+    let config = dir.join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    cfg["chat_template"] = json!(qwen3);
+    std::fs::write(&config, cfg.to_string()).unwrap();
+    let s = common::server::start(&dir, |_| {}).await;
+    let template = ChatTemplate::new(&qwen3, "", "").unwrap();
+    let chat = [ChatMessage::new("user", "Hello")];
+    let body = |kwargs: Value| json!({"model": "ensemble", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1, "chat_template_kwargs": kwargs});
+    for kwargs in [
+        json!(null),
+        json!({"enable_thinking": false}),
+        json!({"enable_thinking": true}),
+    ] {
+        let (status, r) = post(&s, "/v1/chat/completions", body(kwargs.clone())).await;
+        assert_eq!(status, 200, "{r}");
+        let vars = kwargs.as_object().cloned().unwrap_or_default();
+        let rendered = template.apply_with(&chat, true, &vars).unwrap();
+        assert_eq!(
+            r["usage"]["prompt_tokens"],
+            prompt_tokens(&s, &rendered),
+            "{kwargs}"
+        );
+    }
+    // Thinking off adds the empty think block to the prompt.
+    let tokens = |kwargs: Value| {
+        let vars = kwargs.as_object().cloned().unwrap_or_default();
+        prompt_tokens(&s, &template.apply_with(&chat, true, &vars).unwrap())
+    };
+    assert!(tokens(json!({"enable_thinking": false})) > tokens(json!({})));
+    let (status, r) = post(&s, "/v1/chat/completions", body(json!([1]))).await;
+    assert_eq!(status, 400, "{r}");
+    assert!(r.to_string().contains("chat_template_kwargs"), "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

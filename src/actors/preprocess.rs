@@ -146,13 +146,16 @@ impl PreprocessState {
                     }
                     (t.clone(), a.tokenizer.decode(t, true).ok())
                 }
-                Prompt::Chat(messages) => {
+                Prompt::Chat {
+                    messages,
+                    template_vars,
+                } => {
                     let template = self
                         .template
                         .as_ref()
                         .map_err(|e| SubmitError::Invalid(e.clone()))?;
                     let text = template
-                        .apply(messages, true)
+                        .apply_with(messages, true, template_vars)
                         .map_err(|e| SubmitError::Invalid(e.to_string()))?;
                     (self.encode(&text)?, Some(text))
                 }

@@ -170,7 +170,7 @@ fn prompt_text(tok: &Tokenizer, p: &Prompt) -> String {
     match p {
         Prompt::Text(t) => t.clone(),
         Prompt::Tokens(ids) => tok.decode(ids, false).unwrap_or_default(),
-        Prompt::Chat(_) => String::new(),
+        Prompt::Chat { .. } => String::new(),
     }
 }
 
@@ -360,7 +360,10 @@ async fn chat_completions(
     let streamed = req.params.stream;
     let request = Request {
         id: request_id(&headers)?,
-        prompts: vec![Prompt::Chat(req.messages)],
+        prompts: vec![Prompt::Chat {
+            messages: req.messages,
+            template_vars: req.template_vars,
+        }],
         params: req.params,
     };
     let stream = state.submit(&req.model, request).await?;

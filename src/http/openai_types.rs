@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::{ApiError, ApiResult};
 use crate::request::{FinishReason, GenerationParams, Prompt};
-use crate::tokenizer::chat::ChatMessage;
+use crate::tokenizer::chat::{ChatMessage, TemplateVars};
 
 /// OpenAI accepts at most this many stop sequences.
 const MAX_STOP: usize = 4;
@@ -31,6 +31,9 @@ pub struct CompletionRequest {
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
+    /// `chat_template_kwargs`: extra chat template variables (`enable_thinking`, ...), as
+    /// vLLM and SGLang accept them.
+    pub template_vars: TemplateVars,
     pub logprobs: bool,
     pub include_usage: bool,
     pub params: GenerationParams,
@@ -86,6 +89,14 @@ impl<'a> Body<'a> {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
             Some(v) => Err(wrong_type(key, "a boolean", v)),
+        }
+    }
+
+    fn object(&self, key: &str) -> ApiResult<Option<&'a Map<String, Value>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Object(o)) => Ok(Some(o)),
+            Some(v) => Err(wrong_type(key, "an object", v)),
         }
     }
 
@@ -355,6 +366,10 @@ pub fn chat_request(body: &Value, context: usize) -> ApiResult<ChatRequest> {
     let b = Body::new(body)?;
     let model = b.model()?;
     let messages = chat_messages(b.get("messages"))?;
+    let template_vars = b
+        .object("chat_template_kwargs")?
+        .cloned()
+        .unwrap_or_default();
     b.refuse_if_set("tools", "tool calling is not supported")?;
     b.refuse_if_set("functions", "function calling is not supported")?;
     if let Some(f) = b.get("response_format") {
@@ -384,6 +399,7 @@ pub fn chat_request(body: &Value, context: usize) -> ApiResult<ChatRequest> {
     Ok(ChatRequest {
         model,
         messages,
+        template_vars,
         logprobs,
         include_usage,
         params,
@@ -695,5 +711,32 @@ mod tests {
         )
         .contains("top_logprobs"));
         assert!(e(json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0})).contains("max_completion_tokens"));
+    }
+
+    #[test]
+    fn chat_template_kwargs_become_template_variables() {
+        let user = json!([{"role": "user", "content": "x"}]);
+        let r = chat_request(&json!({"model": "m", "messages": user}), 100).unwrap();
+        assert!(r.template_vars.is_empty());
+        let body = json!({"model": "m", "messages": user,
+            "chat_template_kwargs": {"enable_thinking": false, "custom": {"a": [1, "b"]}}});
+        let r = chat_request(&body, 100).unwrap();
+        assert_eq!(r.template_vars.len(), 2);
+        assert_eq!(r.template_vars["enable_thinking"], json!(false));
+        assert_eq!(r.template_vars["custom"], json!({"a": [1, "b"]}));
+        let r = chat_request(
+            &json!({"model": "m", "messages": user, "chat_template_kwargs": null}),
+            100,
+        )
+        .unwrap();
+        assert!(r.template_vars.is_empty());
+        let e = err(chat_request(
+            &json!({"model": "m", "messages": user, "chat_template_kwargs": "enable_thinking"}),
+            100,
+        ));
+        assert!(
+            e.contains("'chat_template_kwargs' must be an object"),
+            "{e}"
+        );
     }
 }

@@ -2,10 +2,13 @@
 //! trained on, by rendering the model's HF jinja template with minijinja, compiled once.
 //!
 //! The environment mirrors what `transformers`' `apply_chat_template` gives a template:
-//! `trim_blocks` and `lstrip_blocks`, `raise_exception`, `strftime_now`, a `tojson` that
+//! `trim_blocks` and `lstrip_blocks`, loop controls (`{% break %}`, `{% continue %}`),
+//! `raise_exception`, `strftime_now`, a `tojson` that
 //! writes like Python's `json.dumps` (no HTML escaping), Python string and dict methods
 //! (`.strip()`, `.startswith()`, `.items()`, ... via minijinja-contrib's pycompat), and
-//! the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`.
+//! the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, and any
+//! a request adds ([`TemplateVars`]: `enable_thinking` for Qwen3, as vLLM's
+//! `chat_template_kwargs`).
 //! Models without a template get ChatML. A template is code from the model file: each
 //! render runs on a fuel budget ([`TEMPLATE_FUEL`] instructions) and minijinja's recursion
 //! limit, so a hostile or broken one fails a request instead of hanging the server.
@@ -27,6 +30,10 @@ const TEMPLATE_NAME: &str = "chat";
 /// Instructions one render may run: real templates take thousands for long conversations;
 /// a loop without end stops here, within about a second.
 pub const TEMPLATE_FUEL: u64 = 10_000_000;
+
+/// Extra variables a request passes to the chat template (OpenAI-compatible servers'
+/// `chat_template_kwargs`, e.g. `{"enable_thinking": false}`).
+pub type TemplateVars = serde_json::Map<String, serde_json::Value>;
 
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +112,18 @@ impl ChatTemplate {
     /// Renders the conversation; `add_generation_prompt` opens the assistant's turn.
     /// A template's `raise_exception(msg)` comes back as `Error::ChatTemplate` with `msg`.
     pub fn apply(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.apply_with(messages, add_generation_prompt, &TemplateVars::new())
+    }
+
+    /// [`ChatTemplate::apply`] with extra template variables (`enable_thinking`, ...);
+    /// `messages`, `add_generation_prompt`, `bos_token` and `eos_token` are the
+    /// server's and cannot be overridden.
+    pub fn apply_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        vars: &TemplateVars,
+    ) -> Result<String> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -115,6 +134,7 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
+                ..Value::from_serialize(vars)
             })
             .map_err(|e| Error::ChatTemplate(describe(&e)))
     }
@@ -444,6 +464,17 @@ mod tests {
             out,
             "{\"role\": \"user\", \"content\": \"é\\n\"}|[\n  {\n    \"role\": \"user\",\n    \"content\": \"é\\n\"\n  }\n]|\"<a>\""
         );
+    }
+
+    #[test]
+    fn loop_controls_and_template_variables() {
+        let src = "{% for m in messages %}{% if m.role == 'skip' %}{% continue %}{% endif %}{% if loop.index > 3 %}{% break %}{% endif %}{{ m.content }}{% endfor %}{% if enable_thinking is false %}|off{% endif %}{{ extra.n if extra is defined }}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let chat = msgs(&[("user", "a"), ("skip", "b"), ("user", "c"), ("user", "d")]);
+        assert_eq!(t.apply(&chat, false).unwrap(), "ac");
+        let vars: TemplateVars =
+            serde_json::from_str(r#"{"enable_thinking": false, "extra": {"n": 7}}"#).unwrap();
+        assert_eq!(t.apply_with(&chat, false, &vars).unwrap(), "ac|off7");
     }
 
     #[test]

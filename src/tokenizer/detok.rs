@@ -1,6 +1,8 @@
 //! Incremental detokenization that never splits a UTF-8 character: token bytes go in,
 //! only complete characters come out; bytes that can never become valid UTF-8 come out
-//! as U+FFFD so a stream never stalls.
+//! as U+FFFD so a stream never stalls. The bytes are `Tokenizer::token_bytes`: a
+//! byte-level token's bytes, or a SentencePiece byte-fallback token's one byte (`<0xE4>`),
+//! so a character spelled in several byte tokens comes out whole once its last arrives.
 
 /// Per-sequence detokenizer state: the bytes of an unfinished character.
 #[derive(Default, Debug)]

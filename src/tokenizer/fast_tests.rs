@@ -314,10 +314,10 @@ fn from_gguf(pre: &str) -> Tokenizer {
 
 /// Every text gives HF's ids on the fast path, reading special tokens both ways.
 fn assert_parity(name: &str, tok: &Tokenizer) {
-    if let Err(why) = bpe::FastBpe::new(&tok.inner, tok.post_process) {
+    if let Err(why) = bpe::FastBpe::new(&tok.hf().inner, tok.hf().post_process) {
         panic!("{name}: no fast path: {why}");
     }
-    assert!(tok.fast.is_some(), "{name}");
+    assert!(tok.hf().fast.is_some(), "{name}");
     let seed = name
         .bytes()
         .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
@@ -394,7 +394,7 @@ fn gguf_pre_tokenizers() {
         assert_parity(pre, &tok);
     }
     // llama.cpp's default runs four regexes in turn: HF's path.
-    assert!(from_gguf("default").fast.is_none());
+    assert!(from_gguf("default").hf().fast.is_none());
 }
 
 #[test]

@@ -1,13 +1,15 @@
 //! Tokenizer: owns text ⇄ token ids. A byte-level BPE (HF `tokenizers`) built either from
 //! GGUF metadata, with the pre-tokenizer llama.cpp uses for the file's
-//! `tokenizer.ggml.pre`, or from an HF `tokenizer.json` (+ `tokenizer_config.json`);
+//! `tokenizer.ggml.pre`, or from an HF `tokenizer.json` (+ `tokenizer_config.json`); or a
+//! GGUF's SentencePiece vocabulary (`llama`), encoded as llama.cpp does ([`spm`]);
 //! also the raw bytes of every token for incremental UTF-8-safe detokenization, the
 //! special and end-of-generation ids, and the model's chat template ([`chat`]). Where it
 //! knows every step of HF's encode, `encode` takes its own path to the same ids (`bpe`).
 //!
 //! Parity target: for GGUF files, `encode` gives llama.cpp's ids (`llama_tokenize` with
 //! `add_special = add_bos`) and `decode` gives `llama_detokenize`'s text; both are checked
-//! against fixtures in tests/tokenizer_llamacpp.rs.
+//! against fixtures in tests/tokenizer_llamacpp.rs (byte-level BPE) and
+//! tests/tokenizer_spm.rs (SentencePiece).
 
 mod bpe;
 pub mod chat;
@@ -16,6 +18,9 @@ pub mod detok;
 mod fast_tests;
 mod pretok;
 mod split;
+mod spm;
+#[cfg(test)]
+mod spm_tests;
 
 use std::path::Path;
 
@@ -53,8 +58,8 @@ const EOG_TEXTS: &[&str] = &[
 /// The tokenizer as a GGUF file describes it (`tokenizer.ggml.*` keys); plain data.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GgufVocab {
-    /// `tokenizer.ggml.model`: the tokenizer kind (`gpt2`, byte-level BPE, is the one
-    /// [`Tokenizer::from_gguf_vocab`] builds).
+    /// `tokenizer.ggml.model`: the tokenizer kind, `gpt2` (byte-level BPE) or `llama`
+    /// (SentencePiece), the two [`Tokenizer::from_gguf_vocab`] builds.
     pub model: String,
     /// `tokenizer.ggml.pre`: the pre-tokenizer's name (`llama-bpe`, `smollm`, ...).
     pub pre: Option<String>,
@@ -65,6 +70,15 @@ pub struct GgufVocab {
     pub token_types: Vec<i32>,
     /// `tokenizer.ggml.merges`: BPE merges, `"a b"`, highest priority first.
     pub merges: Vec<String>,
+    /// `tokenizer.ggml.scores`: every token's score, by id; SentencePiece merges the pair
+    /// whose token scores highest. Empty when absent (all 0).
+    pub scores: Vec<f32>,
+    /// `tokenizer.ggml.add_space_prefix`: SentencePiece text gets a leading `▁` (None:
+    /// llama.cpp's default, on for `llama`; Gemma's files turn it off).
+    pub add_space_prefix: Option<bool>,
+    /// `general.name`: llama.cpp gives Phi-3's special tokens (`phi-3`, `phi3` in the
+    /// name) a different whitespace handling.
+    pub general_name: Option<String>,
     /// `tokenizer.ggml.bos_token_id`.
     pub bos_token_id: Option<u32>,
     /// `tokenizer.ggml.eos_token_id`.
@@ -97,20 +111,35 @@ impl GgufVocab {
                 .ok_or_else(|| Error::Tokenizer("tokenizer.ggml.token_type: not ints".into()))?,
         };
         let pre = string("tokenizer.ggml.pre");
-        // llama.cpp turns add_bos on for the llama3 pre-tokenizer unless the file says otherwise.
+        // llama.cpp turns add_bos on for SentencePiece and the llama3 pre-tokenizer unless
+        // the file says otherwise.
         let add_bos = file
             .get("tokenizer.ggml.add_bos_token")
             .and_then(MetaValue::as_bool)
             .unwrap_or_else(|| {
-                pre.as_deref()
-                    .is_some_and(|p| pre_spec(p).is_ok_and(|s| s.1))
+                model == "llama"
+                    || pre
+                        .as_deref()
+                        .is_some_and(|p| pre_spec(p).is_ok_and(|s| s.1))
             });
+        let scores = match file.get("tokenizer.ggml.scores") {
+            None => Vec::new(),
+            Some(v) => v
+                .as_array()
+                .and_then(|a| a.iter().map(MetaValue::as_f32).collect())
+                .ok_or_else(|| Error::Tokenizer("tokenizer.ggml.scores: not numbers".into()))?,
+        };
         Ok(GgufVocab {
             model,
             pre,
             tokens,
             token_types,
             merges: string_array(file, "tokenizer.ggml.merges")?.unwrap_or_default(),
+            scores,
+            add_space_prefix: file
+                .get("tokenizer.ggml.add_space_prefix")
+                .and_then(MetaValue::as_bool),
+            general_name: string("general.name"),
             bos_token_id: id("tokenizer.ggml.bos_token_id"),
             eos_token_id: id("tokenizer.ggml.eos_token_id"),
             unknown_token_id: id("tokenizer.ggml.unknown_token_id"),
@@ -168,27 +197,18 @@ fn pre_spec(pre: &str) -> Result<(Vec<&'static str>, bool)> {
 
 /// Text ⇄ ids for one model. Cheap to share (`Arc<Tokenizer>`); every method takes `&self`.
 pub struct Tokenizer {
-    /// Splits special tokens out of the text before BPE (`parse_special = true`).
-    inner: tokenizers::Tokenizer,
-    /// The same tokenizer with special tokens treated as plain text.
-    plain: tokenizers::Tokenizer,
-    /// The same ids without HF's per-call machinery, where it knows every step ([`bpe`]).
-    fast: Option<bpe::FastBpe>,
+    /// What turns text into ids.
+    engine: Engine,
     /// Raw bytes of every id, as llama.cpp's `token_to_piece(special = true)` gives them.
     bytes: Vec<Box<[u8]>>,
     /// Ids dropped by `decode(skip_special = true)`: control and unknown tokens.
     special: Vec<bool>,
-    /// Decode by concatenating `bytes` (byte-level vocabularies) or through HF's decoder.
+    /// Decode by concatenating `bytes` (byte-level and GGUF SentencePiece vocabularies)
+    /// or through HF's decoder.
     byte_level: bool,
-    /// Run the HF post-processor on encode (tokenizer.json checkpoints add BOS there).
-    post_process: bool,
-    /// Long texts may be cut into pieces encoded in parallel ([`split`]): the
-    /// pre-tokenizer is one the cut is exact for, nothing normalizes across it, and no
-    /// added token holds a space or takes the whitespace after it.
-    cuttable: bool,
-    /// The post-processor adds tokens (a BOS template), so cut pieces are merged and
-    /// post-processed as a whole.
-    template_adds: bool,
+    /// Decoding drops one leading space from the first token's text, as llama.cpp's
+    /// detokenize does for SentencePiece vocabularies that add a space prefix.
+    strip_leading_space: bool,
     add_bos: bool,
     bos: Option<u32>,
     /// `eos` first, then other end-of-generation ids.
@@ -207,19 +227,50 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// The encoder a [`Tokenizer`] runs.
+enum Engine {
+    /// HF `tokenizers`: byte-level BPE from GGUF, or any tokenizer.json.
+    Hf(Box<HfEngine>),
+    /// A GGUF SentencePiece vocabulary through llama.cpp's SPM algorithm.
+    Spm(Box<spm::Spm>),
+}
+
+struct HfEngine {
+    /// Splits special tokens out of the text before BPE (`parse_special = true`).
+    inner: tokenizers::Tokenizer,
+    /// The same tokenizer with special tokens treated as plain text.
+    plain: tokenizers::Tokenizer,
+    /// The same ids without HF's per-call machinery, where it knows every step ([`bpe`]).
+    fast: Option<bpe::FastBpe>,
+    /// Run the HF post-processor on encode (tokenizer.json checkpoints add BOS there).
+    post_process: bool,
+    /// Long texts may be cut into pieces encoded in parallel ([`split`]): the
+    /// pre-tokenizer is one the cut is exact for, nothing normalizes across it, and no
+    /// added token holds a space or takes the whitespace after it.
+    cuttable: bool,
+    /// The post-processor adds tokens (a BOS template), so cut pieces are merged and
+    /// post-processed as a whole.
+    template_adds: bool,
+}
+
 fn tk_err(context: &str) -> impl Fn(tokenizers::Error) -> Error + '_ {
     move |e| Error::Tokenizer(format!("{context}: {e}"))
 }
 
 impl Tokenizer {
-    /// Builds the tokenizer a GGUF file describes. Only `gpt2` (byte-level BPE) vocabularies
-    /// are supported; an unknown pre-tokenizer is an error rather than a silent mismatch.
+    /// Builds the tokenizer a GGUF file describes: `gpt2` (byte-level BPE) or `llama`
+    /// (SentencePiece) vocabularies; an unknown pre-tokenizer is an error rather than a
+    /// silent mismatch.
     pub fn from_gguf_vocab(v: &GgufVocab) -> Result<Tokenizer> {
-        if v.model != "gpt2" {
-            return Err(Error::Tokenizer(format!(
-                "unsupported GGUF tokenizer model '{}' (only 'gpt2' byte-level BPE)",
-                v.model
-            )));
+        match v.model.as_str() {
+            "gpt2" => {}
+            "llama" => return Tokenizer::from_spm_vocab(v),
+            other => {
+                return Err(Error::Tokenizer(format!(
+                    "unsupported GGUF tokenizer model '{other}' (supported: 'gpt2' byte-level \
+                     BPE, 'llama' SentencePiece)"
+                )))
+            }
         }
         let n = v.tokens.len();
         if v.token_types.len() != n {
@@ -294,6 +345,7 @@ impl Tokenizer {
             v.eos_token_id,
             |id| special[id as usize],
             v.tokens.iter().zip(0u32..),
+            EOG_TEXTS,
         );
         Ok(Tokenizer::assemble(Parts {
             inner,
@@ -306,6 +358,31 @@ impl Tokenizer {
             eos,
             chat_template: v.chat_template.clone(),
         }))
+    }
+
+    /// A GGUF SentencePiece vocabulary ([`spm`]). BOS, EOS and unknown ids default to 1,
+    /// 2 and 0 as in llama.cpp; end-of-generation ids are the eos and the control tokens
+    /// whose text ends a turn.
+    fn from_spm_vocab(v: &GgufVocab) -> Result<Tokenizer> {
+        let spm = spm::Spm::new(v)?;
+        let n = v.tokens.len();
+        let in_vocab = |id: u32| Some(id).filter(|&id| (id as usize) < n);
+        let bos = v.bos_token_id.map_or(in_vocab(1), in_vocab);
+        let eos_id = v.eos_token_id.map_or(in_vocab(2), in_vocab);
+        let special = spm.special_flags();
+        let names = v.tokens.iter().zip(0u32..);
+        let eos = end_ids(eos_id, |id| special[id as usize], names, spm::SPM_EOG_TEXTS);
+        Ok(Tokenizer {
+            bytes: spm.pieces(),
+            special,
+            byte_level: true,
+            strip_leading_space: spm.add_space_prefix(),
+            engine: Engine::Spm(Box::new(spm)),
+            add_bos: v.add_bos,
+            bos,
+            eos,
+            chat_template: v.chat_template.clone(),
+        })
     }
 
     /// Loads an HF checkpoint's tokenizer. `tokenizer_config.json`, when given, supplies
@@ -352,7 +429,7 @@ impl Tokenizer {
             bytes.push(piece);
         }
         let names = (0..n as u32).filter_map(|id| added.get(&id).map(|t| (&t.content, id)));
-        let eos = end_ids(eos_id, |id| special[id as usize], names);
+        let eos = end_ids(eos_id, |id| special[id as usize], names, EOG_TEXTS);
         Ok(Tokenizer::assemble(Parts {
             inner,
             bytes,
@@ -383,15 +460,18 @@ impl Tokenizer {
             .inspect_err(|why| tracing::debug!("tokenizer: HF's encode ({why})"))
             .ok();
         Tokenizer {
-            cuttable,
-            template_adds,
-            fast,
-            inner: p.inner,
-            plain,
+            engine: Engine::Hf(Box::new(HfEngine {
+                cuttable,
+                template_adds,
+                fast,
+                inner: p.inner,
+                plain,
+                post_process: p.post_process,
+            })),
             bytes: p.bytes,
             special: p.special,
             byte_level: p.byte_level,
-            post_process: p.post_process,
+            strip_leading_space: false,
             add_bos: p.add_bos,
             bos: p.bos,
             eos: p.eos,
@@ -403,30 +483,36 @@ impl Tokenizer {
     /// become their single ids; otherwise they are tokenized as plain text. BOS is
     /// prepended when the model asks for it, unless the text already produced one.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
-        match &self.fast {
-            Some(fast) => Ok(self.with_bos(fast.encode(text, parse_special))),
-            None => self.encode_hf(text, parse_special, self.cuttable),
+        match &self.engine {
+            Engine::Hf(hf) => match &hf.fast {
+                Some(fast) => Ok(self.with_bos(fast.encode(text, parse_special))),
+                None => self.encode_hf(text, parse_special, hf.cuttable),
+            },
+            Engine::Spm(spm) => Ok(self.with_bos(spm.encode(text, parse_special)?)),
         }
     }
 
     /// [`Tokenizer::encode`] through HF `tokenizers` even where the fast path applies:
     /// the reference it is tested against, for benchmarks. `cut`: long texts in pieces on
-    /// all threads, where the pre-tokenizer allows.
+    /// all threads, where the pre-tokenizer allows. SentencePiece vocabularies have one
+    /// encoder: `encode`'s.
     pub fn encode_reference(&self, text: &str, parse_special: bool, cut: bool) -> Result<Vec<u32>> {
-        self.encode_hf(text, parse_special, cut && self.cuttable)
+        match &self.engine {
+            Engine::Hf(hf) => self.encode_hf(text, parse_special, cut && hf.cuttable),
+            Engine::Spm(_) => self.encode(text, parse_special),
+        }
     }
 
     /// [`Tokenizer::encode`] through HF `tokenizers`, cutting a long text into pieces
-    /// encoded in parallel when `cut`.
+    /// encoded in parallel when `cut` (SentencePiece vocabularies: `encode`).
     fn encode_hf(&self, text: &str, parse_special: bool, cut: bool) -> Result<Vec<u32>> {
-        let tk = if parse_special {
-            &self.inner
-        } else {
-            &self.plain
+        let Engine::Hf(hf) = &self.engine else {
+            return self.encode(text, parse_special);
         };
+        let tk = if parse_special { &hf.inner } else { &hf.plain };
         if !cut || text.len() < split::PARALLEL_MIN_BYTES {
             let enc = tk
-                .encode_fast(text, self.post_process)
+                .encode_fast(text, hf.post_process)
                 .map_err(tk_err("encode"))?;
             return Ok(self.with_bos(enc.get_ids().to_vec()));
         }
@@ -436,7 +522,7 @@ impl Tokenizer {
             .map(|&p| tk.encode_fast(p, false))
             .collect::<tokenizers::Result<Vec<_>>>()
             .map_err(tk_err("encode"))?;
-        if !self.template_adds {
+        if !hf.template_adds {
             return Ok(self.with_bos(pieces.iter().flat_map(|e| e.get_ids()).copied().collect()));
         }
         // Merging copies every field of every token: only for a template that adds some.
@@ -460,21 +546,25 @@ impl Tokenizer {
 
     /// Ids to text; invalid UTF-8 (a character cut between ids) becomes U+FFFD.
     /// `skip_special` drops control tokens, as llama.cpp's detokenize without `special`.
+    /// SentencePiece vocabularies that add a space prefix lose one leading space of the
+    /// first id's text, as in llama.cpp (so BOS first keeps the text's space).
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
-        if !self.byte_level {
-            return self
-                .inner
-                .decode(ids, skip_special)
-                .map_err(tk_err("decode"));
+        if let (false, Engine::Hf(hf)) = (self.byte_level, &self.engine) {
+            return hf.inner.decode(ids, skip_special).map_err(tk_err("decode"));
         }
         let mut out = Vec::with_capacity(ids.len() * 4);
-        for &id in ids {
+        for (i, &id) in ids.iter().enumerate() {
             let piece = self
                 .bytes
                 .get(id as usize)
                 .ok_or_else(|| Error::Tokenizer(format!("decode: id {id} out of vocabulary")))?;
             if !(skip_special && self.special[id as usize]) {
-                out.extend_from_slice(piece);
+                match piece.split_first() {
+                    Some((b' ', rest)) if i == 0 && self.strip_leading_space => {
+                        out.extend_from_slice(rest)
+                    }
+                    _ => out.extend_from_slice(piece),
+                }
             }
         }
         Ok(match String::from_utf8(out) {
@@ -521,9 +611,22 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 
-    /// The id of a token's vocabulary string (byte-level form: `Ġthe`; specials as written).
+    /// The id of a token's vocabulary string (byte-level form: `Ġthe`, SentencePiece's
+    /// `▁the`; specials as written).
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.inner.token_to_id(token)
+        match &self.engine {
+            Engine::Hf(hf) => hf.inner.token_to_id(token),
+            Engine::Spm(spm) => spm.token_to_id(token),
+        }
+    }
+
+    /// The HF engine, for tests of its internals.
+    #[cfg(test)]
+    fn hf(&self) -> &HfEngine {
+        match &self.engine {
+            Engine::Hf(hf) => hf,
+            Engine::Spm(_) => panic!("a SentencePiece tokenizer has no HF engine"),
+        }
     }
 
     /// A token's text as the chat template sees it (`bos_token`, `eos_token`): lossy UTF-8.
@@ -546,15 +649,17 @@ struct Parts {
     chat_template: Option<String>,
 }
 
-/// `eos` first, then special tokens whose text marks an end of turn, each once.
+/// `eos` first, then special tokens whose text (one of `eog_texts`) marks an end of
+/// turn, each once.
 fn end_ids<'a>(
     eos: Option<u32>,
     is_special: impl Fn(u32) -> bool,
     names: impl Iterator<Item = (&'a String, u32)>,
+    eog_texts: &[&str],
 ) -> Vec<u32> {
     let mut out: Vec<u32> = eos.into_iter().collect();
     for (text, id) in names {
-        if EOG_TEXTS.contains(&text.as_str()) && is_special(id) && !out.contains(&id) {
+        if eog_texts.contains(&text.as_str()) && is_special(id) && !out.contains(&id) {
             out.push(id);
         }
     }
