@@ -649,7 +649,10 @@ mod tests {
         assert_eq!(c.arch.window(5), None);
         assert_eq!(c.arch.window(6), Some(1024));
         assert_eq!(c.rope_scaling, Some(RopeScaling::Linear(8.0)));
-        assert_eq!(c.local_rope_inv_freq().unwrap()[1], 1.0 / 10000f32.powf(2.0 / 256.0));
+        assert_eq!(
+            c.local_rope_inv_freq().unwrap()[1],
+            1.0 / 10000f32.powf(2.0 / 256.0)
+        );
         assert_eq!(c.rope_inv_freq()[0], 1.0 / 8.0);
         // Gemma 2's default layout: even layers local.
         let g2 = json
@@ -668,7 +671,11 @@ mod tests {
         assert_eq!(c.max_position_embeddings, 4096);
         let mscale = (1.0 + (32f64).ln() / (4096f64).ln()).sqrt();
         let want = (mscale * mscale / (96f64).sqrt()) as f32;
-        assert!((c.attn_scale - want).abs() < 1e-7, "{} vs {want}", c.attn_scale);
+        assert!(
+            (c.attn_scale - want).abs() < 1e-7,
+            "{} vs {want}",
+            c.attn_scale
+        );
         assert_eq!(c.rope_inv_freq()[0], 1.0 / 1.5);
         // Anything else is a clear error.
         let yarn = json.replace("\"linear\"", "\"yarn\"");
