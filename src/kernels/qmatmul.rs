@@ -4,9 +4,9 @@
 //! activation block in an exact integer dot product, scaled once per block. Weights stay
 //! near their GGUF size in memory (Q4: 6 bits per weight with f32 scales, Q8: 9; Q4_K,
 //! Q5_K and Q6_K: their GGUF super-blocks as stored, 4.5, 5.5 and 6.56 bits), so a decode
-//! step reads 1.8 to 7 times fewer bytes than with f16 or f32 weights. The K-quant kernels are in
-//! `kquant`; the other GGUF types (Q2_K, Q3_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS) are not kept
-//! here: the loader dequantizes them to f16.
+//! step reads 1.8 to 7 times fewer bytes than with f16 or f32 weights. The K-quant kernels
+//! are in `kquant`; the other GGUF types (Q2_K, Q3_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS) are not
+//! kept here: the loader dequantizes them to f16.
 
 use half::f16;
 
@@ -425,7 +425,7 @@ fn dot_row(w: &QPart, o: usize, a: &QActs, t: usize, avx: bool) -> f32 {
                         + (qs[j] >> 4) as i32 * qx[j + QK / 2] as i32
                 })
                 .sum(),
-            // Q8 (K-quant rows are handled above).
+            // Q8 (K-quant rows go to `kquant`).
             _ => qs
                 .iter()
                 .zip(qx)
@@ -487,7 +487,7 @@ unsafe fn dot_rows_avx2<const R: usize>(
                 }
             }
         }
-        // Q8 (K-quant rows never come here).
+        // Q8 (K-quant rows go to `kquant`).
         _ => {
             // SAFETY: o < w.rows: the row's QK bytes per block are inside w.qs.
             let qs = unsafe { w.qs.as_ptr().add(o * bpr * QK) };
