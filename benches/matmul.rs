@@ -3,7 +3,11 @@
 //! f32, f16 and Q4_1 / Q8_0 blocks (the default model's formats), on every core rayon
 //! finds. Throughput is in multiply-adds (elements = n · k · m).
 //!
-//! `cargo bench --bench matmul`
+//! Then one decode-shaped product, a token through a 2048 → 8192 projection (a 1B model's
+//! FFN up), per kept-quantized format (Q4_1, Q4_K, Q5_K, Q6_K, Q8_0): throughput there is
+//! in bytes of weights as held in memory, all read once per product.
+//!
+//! `cargo bench --bench matmul` (`-- decode` for the second group alone)
 
 use std::hint::black_box;
 
@@ -11,6 +15,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use half::f16;
 use inflight::kernels::matmul::{linear, Matrix};
 use inflight::kernels::qmatmul::QMatrix;
+use inflight::model::gguf_writer::encode;
 use inflight::model::quant::GgmlType;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -25,8 +30,12 @@ fn values(n: usize, rng: &mut StdRng) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
 }
 
-/// Random GGUF blocks of `ty` for a `[m, k]` matrix.
+/// Random GGUF blocks of `ty` for a `[m, k]` matrix (K-quants: random values encoded).
 fn quantized(ty: GgmlType, m: usize, k: usize, rng: &mut StdRng) -> QMatrix {
+    if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) {
+        let bytes = encode(ty, &values(m * k, rng));
+        return QMatrix::from_ggml(ty, &bytes, m, k).expect("well-formed blocks");
+    }
     let blocks = m * k / 32;
     let mut bytes = Vec::new();
     let half =
@@ -83,5 +92,36 @@ fn matmul(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matmul);
+/// `[k, m]` of the decode-shaped product.
+const DECODE: (usize, usize) = (2048, 8192);
+
+fn decode_bytes(c: &mut Criterion) {
+    let mut rng = StdRng::seed_from_u64(2);
+    let (k, m) = DECODE;
+    let mut g = c.benchmark_group("cpu decode 2048x8192");
+    let x = values(k, &mut rng);
+    let mut y = vec![0.0f32; m];
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+    ] {
+        let q = quantized(ty, m, k, &mut rng);
+        let bytes = q.weight_bytes();
+        g.throughput(Throughput::Bytes(bytes as u64));
+        let w = Matrix::Quant(q);
+        let id = format!(
+            "{ty:?} ({:.2} bits/weight)",
+            bytes as f64 * 8.0 / (m * k) as f64
+        );
+        g.bench_function(id, |b| {
+            b.iter(|| linear(black_box(&x), &w, None, 1, k, m, &mut y))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, matmul, decode_bytes);
 criterion_main!(benches);

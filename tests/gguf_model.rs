@@ -1,13 +1,14 @@
 //! The GGUF path runs the same model as the safetensors path: a tiny random checkpoint is
-//! re-written as GGUF (llama.cpp's tensor names, its Q/K row interleave, F32 or Q8_0) and
-//! both loads give the same logits.
+//! re-written as GGUF (llama.cpp's tensor names, its Q/K row interleave, F32, Q8_0 or a
+//! Q4_K_M-like mix of K-quants) and both loads give the same logits.
 
 use std::path::PathBuf;
 
 use inflight::model::config::KvDtype;
 use inflight::model::gguf::{GgufFile, MetaValue};
+use inflight::model::gguf_writer::encode;
 use inflight::model::gguf_writer::GgufWriter;
-use inflight::model::quant::GgmlType;
+use inflight::model::quant::{dequantize, GgmlType};
 use inflight::model::safetensors::HfCheckpoint;
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
 use inflight::model::{KvCache, Llama, SeqChunk};
@@ -37,6 +38,12 @@ fn permute(w: &[f32], heads: usize, head_dim: usize) -> Vec<f32> {
 }
 
 fn to_gguf(ckpt: &HfCheckpoint, ty: GgmlType) -> GgufFile {
+    to_gguf_with(ckpt, &|_| ty, false)
+}
+
+/// The checkpoint as GGUF, each matrix of type `ty_of(gguf name)`; with `twin`, the
+/// matrices hold the same (quantized) values stored as F32.
+fn to_gguf_with(ckpt: &HfCheckpoint, ty_of: &dyn Fn(&str) -> GgmlType, twin: bool) -> GgufFile {
     let c = ckpt.config();
     let mut w = GgufWriter::new();
     let u = |v: usize| MetaValue::U32(v as u32);
@@ -53,56 +60,56 @@ fn to_gguf(ckpt: &HfCheckpoint, ty: GgmlType) -> GgufFile {
             MetaValue::F32(c.rms_norm_eps),
         )
         .meta("llama.vocab_size", u(c.vocab_size));
-    let mut put = |gguf: &str, hf: &str, fix: Option<usize>, ty: GgmlType| {
+    let mut put = |gguf: &str, hf: &str, fix: Option<usize>| {
         let (shape, mut data) = ckpt.tensor_f32(hf).unwrap();
         if let Some(heads) = fix {
             data = permute(&data, heads, c.head_dim);
         }
-        let ty = if shape.len() == 1 { GgmlType::F32 } else { ty };
-        w.tensor(gguf, &shape, ty, &data);
+        let ty = if shape.len() == 1 {
+            GgmlType::F32
+        } else {
+            ty_of(gguf)
+        };
+        if twin {
+            let values = dequantize(ty, &encode(ty, &data), data.len()).unwrap();
+            w.tensor(gguf, &shape, GgmlType::F32, &values);
+        } else {
+            w.tensor(gguf, &shape, ty, &data);
+        }
     };
-    put("token_embd.weight", "model.embed_tokens.weight", None, ty);
-    put("output_norm.weight", "model.norm.weight", None, ty);
+    put("token_embd.weight", "model.embed_tokens.weight", None);
+    put("output_norm.weight", "model.norm.weight", None);
     if !c.tie_word_embeddings {
-        put("output.weight", "lm_head.weight", None, ty);
+        put("output.weight", "lm_head.weight", None);
     }
     for l in 0..c.num_layers {
         let p = |s: &str| format!("model.layers.{l}.{s}");
         let g = |s: &str| format!("blk.{l}.{s}");
-        put(
-            &g("attn_norm.weight"),
-            &p("input_layernorm.weight"),
-            None,
-            ty,
-        );
+        put(&g("attn_norm.weight"), &p("input_layernorm.weight"), None);
         put(
             &g("attn_q.weight"),
             &p("self_attn.q_proj.weight"),
             Some(c.num_heads),
-            ty,
         );
         put(
             &g("attn_k.weight"),
             &p("self_attn.k_proj.weight"),
             Some(c.num_kv_heads),
-            ty,
         );
-        put(&g("attn_v.weight"), &p("self_attn.v_proj.weight"), None, ty);
+        put(&g("attn_v.weight"), &p("self_attn.v_proj.weight"), None);
         put(
             &g("attn_output.weight"),
             &p("self_attn.o_proj.weight"),
             None,
-            ty,
         );
         put(
             &g("ffn_norm.weight"),
             &p("post_attention_layernorm.weight"),
             None,
-            ty,
         );
-        put(&g("ffn_gate.weight"), &p("mlp.gate_proj.weight"), None, ty);
-        put(&g("ffn_up.weight"), &p("mlp.up_proj.weight"), None, ty);
-        put(&g("ffn_down.weight"), &p("mlp.down_proj.weight"), None, ty);
+        put(&g("ffn_gate.weight"), &p("mlp.gate_proj.weight"), None);
+        put(&g("ffn_up.weight"), &p("mlp.up_proj.weight"), None);
+        put(&g("ffn_down.weight"), &p("mlp.down_proj.weight"), None);
     }
     GgufFile::from_bytes(w.to_bytes()).unwrap()
 }
@@ -187,6 +194,97 @@ fn gguf_and_safetensors_give_the_same_logits() {
     assert!(
         q8_diff < 0.05 * scale,
         "Q8_0 differs by {q8_diff} (scale {scale})"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// llama.cpp's Q4_K_M recipe in small: Q4_K matrices, Q6_K for the output and for `v` and
+/// `down` in some layers (so fused q|k|v mixes formats), and here a Q5_K `down` too.
+fn q4_k_m(name: &str) -> GgmlType {
+    match name {
+        "output.weight" | "blk.0.attn_v.weight" | "blk.0.ffn_down.weight" => GgmlType::Q6_K,
+        "blk.1.ffn_down.weight" => GgmlType::Q5_K,
+        _ => GgmlType::Q4_K,
+    }
+}
+
+#[test]
+fn k_quant_gguf_runs_its_weights_values() {
+    let dir = temp_dir("kquant");
+    // Rows of whole 256-value super-blocks.
+    let spec = TinySpec {
+        hidden_size: 256,
+        intermediate_size: 512,
+        num_layers: 2,
+        ..TinySpec::default()
+    };
+    write_tiny_checkpoint(&dir, &spec).unwrap();
+    let ckpt = HfCheckpoint::open(&dir).unwrap();
+    let tokens: Vec<u32> = (0..24)
+        .map(|i| (i * 53 + 5) % spec.vocab_size as u32)
+        .collect();
+    let hf = all_logits(&Llama::load(&dir).unwrap(), &tokens);
+    let scale = hf.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let max_diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    let rms = |a: &[f32], b: &[f32]| {
+        let s: f32 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
+        (s / a.len() as f32).sqrt()
+    };
+    // (name, one type for every matrix or None for the mix, kept quantized on the CPU)
+    let recipes = [
+        ("Q4_K_M mix", None, true),
+        ("Q4_K", Some(GgmlType::Q4_K), true),
+        ("Q5_K", Some(GgmlType::Q5_K), true),
+        ("Q6_K", Some(GgmlType::Q6_K), true),
+        ("Q2_K", Some(GgmlType::Q2_K), false),
+        ("Q3_K", Some(GgmlType::Q3_K), false),
+        ("IQ4_NL", Some(GgmlType::IQ4_NL), false),
+        ("IQ4_XS", Some(GgmlType::IQ4_XS), false),
+        ("Q5_0", Some(GgmlType::Q5_0), false),
+        ("Q5_1", Some(GgmlType::Q5_1), false),
+    ];
+    let mut mix = Vec::new();
+    for (name, ty, kept) in recipes {
+        let ty_of = |tensor: &str| ty.unwrap_or_else(|| q4_k_m(tensor));
+        let got = all_logits(
+            &Llama::from_gguf(&to_gguf_with(&ckpt, &ty_of, false)).unwrap(),
+            &tokens,
+        );
+        // The same values stored as F32. Matrices dequantized at load differ from it by
+        // their f16 rounding alone (about 0.1% of the largest logit here); those kept
+        // quantized meet int8 activations, which costs about 2%: enough to tell the
+        // paths apart.
+        let twin = all_logits(
+            &Llama::from_gguf(&to_gguf_with(&ckpt, &ty_of, true)).unwrap(),
+            &tokens,
+        );
+        let d = max_diff(&got, &twin);
+        eprintln!("{name}: {d} from its F32 twin (scale {scale})");
+        let (lo, hi) = if kept { (0.005, 0.04) } else { (0.0, 0.005) };
+        assert!(
+            d >= lo * scale && d < hi * scale,
+            "{name}: differs from its F32 twin by {d}, not {lo} to {hi} of {scale}"
+        );
+        if mix.is_empty() {
+            mix = got;
+        }
+    }
+    // The mix is as close to the checkpoint as Q4_1 (this random model magnifies
+    // quantization error: both are off by about 7% of the largest logit, RMS).
+    let q4_1 = all_logits(
+        &Llama::from_gguf(&to_gguf(&ckpt, GgmlType::Q4_1)).unwrap(),
+        &tokens,
+    );
+    let (e_mix, e_q4_1) = (rms(&mix, &hf), rms(&q4_1, &hf));
+    eprintln!("RMS error from the checkpoint: Q4_K_M mix {e_mix}, Q4_1 {e_q4_1}");
+    assert!(
+        e_mix < 1.2 * e_q4_1,
+        "Q4_K_M mix RMS error {e_mix}, Q4_1's {e_q4_1}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -16,7 +16,8 @@ pub enum Matrix {
     F32(Vec<f32>),
     /// Row-major f16 values, widened to f32 as they are multiplied.
     F16(Vec<f16>),
-    /// Block-quantized (from GGUF Q4_0, Q4_1, Q8_0), multiplied with int8 activations.
+    /// Block-quantized (from GGUF Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K), multiplied with int8
+    /// activations.
     Quant(QMatrix),
 }
 

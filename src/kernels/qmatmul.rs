@@ -1,59 +1,170 @@
 //! Matrix product with block-quantized weights, `y = x · Wᵀ`, the way llama.cpp's CPU
 //! backend computes it: each row of `x` is quantized to int8 in blocks of 32 (one f32
-//! scale per block), and every weight block meets its activation block in an exact integer
-//! dot product, scaled once per block. Weights keep their GGUF size in memory (Q4: 5 or 6
-//! bits per weight with scales, Q8: 8.5), so a decode step reads 3 to 6 times fewer bytes
-//! than with f16 or f32 weights.
+//! scale per block; blocks of 256 for the K-quants), and every weight block meets its
+//! activation block in an exact integer dot product, scaled once per block. Weights stay
+//! near their GGUF size in memory (Q4: 6 bits per weight with f32 scales, Q8: 9; Q4_K,
+//! Q5_K and Q6_K: their GGUF super-blocks as stored, 4.5, 5.5 and 6.56 bits), so a decode
+//! step reads 1.8 to 7 times fewer bytes than with f16 or f32 weights. The K-quant kernels
+//! are in `kquant`; the other GGUF types (Q2_K, Q3_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS) are not
+//! kept here: the loader dequantizes them to f16.
 
 use half::f16;
 
 use super::parallel::{add_bias, for_row_ranges, SendPtr};
 
+use crate::model::kquant::{self as kq, QK_K};
 use crate::model::quant::{GgmlType, QK};
 
-/// How a weight block's 32 values are coded.
+mod kquant;
+
+/// How a weight block's values are coded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum QFormat {
     /// 4-bit codes `q` in 0..=15, value `d·q + m` (ggml's Q4_1; Q4_0 is `m = -8d`).
     Q4,
     /// 8-bit signed codes, value `d·q` (ggml's Q8_0).
     Q8,
+    /// ggml's Q4_K super-blocks of 256, as stored.
+    Q4K,
+    /// ggml's Q5_K super-blocks of 256, as stored.
+    Q5K,
+    /// ggml's Q6_K super-blocks of 256, as stored.
+    Q6K,
 }
 
-/// A `[rows, cols]` weight matrix quantized in blocks of 32 along each row.
+impl QFormat {
+    /// The K-quant formats, kept as GGUF super-blocks (no separate scale arrays).
+    fn super_blocks(self) -> Option<GgmlType> {
+        match self {
+            QFormat::Q4 | QFormat::Q8 => None,
+            QFormat::Q4K => Some(GgmlType::Q4_K),
+            QFormat::Q5K => Some(GgmlType::Q5_K),
+            QFormat::Q6K => Some(GgmlType::Q6_K),
+        }
+    }
+}
+
+/// A `[rows, cols]` weight matrix quantized in blocks along each row: bands of rows of
+/// one format each. A matrix read from one GGUF tensor is one band; `concat` may stack
+/// bands of different formats (llama.cpp's Q4_K_M gives some layers a Q6_K `v` beside
+/// Q4_K `q` and `k`), and each band runs its own kernel.
 pub struct QMatrix {
-    pub(crate) format: QFormat,
     pub(crate) rows: usize,
     pub(crate) cols: usize,
-    /// Per block: scale.
+    parts: Vec<QPart>,
+}
+
+/// Rows of one format.
+struct QPart {
+    format: QFormat,
+    rows: usize,
+    cols: usize,
+    /// Q4 and Q8, per block of 32: scale.
     d: Vec<f32>,
-    /// Per block: offset (Q4 only).
+    /// Q4 only, per block of 32: offset.
     m: Vec<f32>,
     /// Q4: 16 bytes per block, value j in the low nibble of byte j, value j+16 in the high
-    /// nibble (ggml's layout). Q8: 32 bytes per block.
+    /// nibble (ggml's layout). Q8: 32 bytes per block. K-quants: the GGUF super-blocks,
+    /// scales included.
     qs: Vec<u8>,
 }
 
 impl QMatrix {
-    /// Wraps GGUF blocks of `ty` holding a `[rows, cols]` matrix.
+    /// Wraps GGUF blocks of `ty` (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K) holding a
+    /// `[rows, cols]` matrix; None for other types or sizes that do not fit.
     pub fn from_ggml(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
-        if !cols.is_multiple_of(QK) || ty.bytes_for(rows * cols)? != bytes.len() {
+        let part = QPart::from_ggml(ty, bytes, rows, cols)?;
+        Some(QMatrix {
+            rows,
+            cols,
+            parts: vec![part],
+        })
+    }
+
+    /// Bytes the matrix takes in memory, all of which a product reads once.
+    pub fn weight_bytes(&self) -> usize {
+        self.parts.iter().map(QPart::weight_bytes).sum()
+    }
+
+    /// The band holding row `r`, and the row's index within it.
+    fn locate(&self, mut r: usize) -> (&QPart, usize) {
+        for p in &self.parts {
+            if r < p.rows {
+                return (p, r);
+            }
+            r -= p.rows;
+        }
+        panic!("row {r} past the matrix's {} rows", self.rows)
+    }
+
+    /// Reorders rows: row `r` of the result is row `order[r]` of `self`.
+    pub(crate) fn permute_rows(&mut self, order: &[usize]) {
+        let mut parts: Vec<QPart> = Vec::new();
+        for &r in order {
+            let (src, lr) = self.locate(r);
+            match parts.last_mut() {
+                Some(p) if p.format == src.format => p.push_row(src, lr),
+                _ => {
+                    let mut p = QPart::empty(src.format, self.cols);
+                    p.push_row(src, lr);
+                    parts.push(p);
+                }
+            }
+        }
+        self.rows = order.len();
+        self.parts = parts;
+    }
+
+    /// Stacks matrices of the same width (fused QKV, gate‖up); bands of one format that
+    /// meet are merged.
+    pub(crate) fn concat(parts: Vec<QMatrix>) -> Option<QMatrix> {
+        let mut it = parts.into_iter();
+        let mut out = it.next()?;
+        for q in it {
+            if q.cols != out.cols {
+                return None;
+            }
+            out.rows += q.rows;
+            for p in q.parts {
+                match out.parts.last_mut() {
+                    Some(last) if last.format == p.format => last.append(p),
+                    _ => out.parts.push(p),
+                }
+            }
+        }
+        Some(out)
+    }
+
+    /// Dequantizes row `r` into `out` (`cols` values), bit for bit as `quant::dequantize`.
+    pub(crate) fn row_into(&self, r: usize, out: &mut [f32]) {
+        let (p, lr) = self.locate(r);
+        p.row_into(lr, out);
+    }
+}
+
+impl QPart {
+    fn from_ggml(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        if !cols.is_multiple_of(ty.block_len()) || ty.bytes_for(rows * cols)? != bytes.len() {
             return None;
+        }
+        let format = match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 => QFormat::Q4,
+            GgmlType::Q8_0 => QFormat::Q8,
+            GgmlType::Q4_K => QFormat::Q4K,
+            GgmlType::Q5_K => QFormat::Q5K,
+            GgmlType::Q6_K => QFormat::Q6K,
+            _ => return None,
+        };
+        let mut q = QPart::empty(format, cols);
+        q.rows = rows;
+        if format.super_blocks().is_some() {
+            q.qs = bytes.to_vec();
+            return Some(q);
         }
         let h = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
         let blocks = bytes.chunks_exact(ty.block_bytes());
-        let mut q = QMatrix {
-            format: if ty == GgmlType::Q8_0 {
-                QFormat::Q8
-            } else {
-                QFormat::Q4
-            },
-            rows,
-            cols,
-            d: Vec::with_capacity(blocks.len()),
-            m: Vec::new(),
-            qs: Vec::with_capacity(rows * cols),
-        };
+        q.d.reserve(blocks.len());
+        q.qs.reserve(rows * cols);
         for b in blocks {
             match ty {
                 GgmlType::Q4_0 => {
@@ -66,79 +177,105 @@ impl QMatrix {
                     q.m.push(h(b, 2));
                     q.qs.extend_from_slice(&b[4..]);
                 }
-                GgmlType::Q8_0 => {
+                _ => {
                     q.d.push(h(b, 0));
                     q.qs.extend_from_slice(&b[2..]);
                 }
-                _ => return None,
             }
         }
         Some(q)
     }
 
+    /// No rows yet.
+    fn empty(format: QFormat, cols: usize) -> Self {
+        QPart {
+            format,
+            rows: 0,
+            cols,
+            d: Vec::new(),
+            m: Vec::new(),
+            qs: Vec::new(),
+        }
+    }
+
+    /// Bytes of `qs` per block of 32 (Q4 and Q8).
     fn block_bytes(&self) -> usize {
         match self.format {
             QFormat::Q4 => QK / 2,
             QFormat::Q8 => QK,
-        }
-    }
-
-    /// Reorders rows: row `r` of the result is row `order[r]` of `self`.
-    pub(crate) fn permute_rows(&mut self, order: &[usize]) {
-        let bpr = self.cols / QK;
-        let bb = self.block_bytes();
-        let take = |v: &[f32]| -> Vec<f32> {
-            order
-                .iter()
-                .flat_map(|&r| v[r * bpr..(r + 1) * bpr].iter().copied())
-                .collect()
-        };
-        self.d = take(&self.d);
-        if !self.m.is_empty() {
-            self.m = take(&self.m);
-        }
-        self.qs = order
-            .iter()
-            .flat_map(|&r| self.qs[r * bpr * bb..(r + 1) * bpr * bb].iter().copied())
-            .collect();
-    }
-
-    /// Stacks matrices of the same format and width (fused QKV, gate‖up).
-    pub(crate) fn concat(parts: Vec<QMatrix>) -> Option<QMatrix> {
-        let mut it = parts.into_iter();
-        let mut out = it.next()?;
-        for p in it {
-            if p.format != out.format || p.cols != out.cols {
-                return None;
+            QFormat::Q4K | QFormat::Q5K | QFormat::Q6K => {
+                unreachable!("K-quant rows are whole super-blocks")
             }
-            out.rows += p.rows;
-            out.d.extend(p.d);
-            out.m.extend(p.m);
-            out.qs.extend(p.qs);
         }
-        Some(out)
     }
 
-    /// Dequantizes row `r` into `out` (`cols` values).
-    pub(crate) fn row_into(&self, r: usize, out: &mut [f32]) {
+    /// Bytes of `qs` per row.
+    fn row_bytes(&self) -> usize {
+        match self.format.super_blocks() {
+            Some(ty) => self.cols / QK_K * ty.block_bytes(),
+            None => self.cols / QK * self.block_bytes(),
+        }
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.qs.len() + 4 * (self.d.len() + self.m.len())
+    }
+
+    /// Appends row `r` of `src` (of this format and width).
+    fn push_row(&mut self, src: &QPart, r: usize) {
+        // Per-block scales (Q4, Q8): one per 32 values of a row; none for K-quants.
+        let spr = self.cols / QK;
+        if !src.d.is_empty() {
+            self.d.extend_from_slice(&src.d[r * spr..(r + 1) * spr]);
+        }
+        if !src.m.is_empty() {
+            self.m.extend_from_slice(&src.m[r * spr..(r + 1) * spr]);
+        }
+        let rb = src.row_bytes();
+        self.qs.extend_from_slice(&src.qs[r * rb..(r + 1) * rb]);
+        self.rows += 1;
+    }
+
+    /// Appends all rows of `p` (of this format and width).
+    fn append(&mut self, p: QPart) {
+        self.rows += p.rows;
+        self.d.extend(p.d);
+        self.m.extend(p.m);
+        self.qs.extend(p.qs);
+    }
+
+    fn row_into(&self, r: usize, out: &mut [f32]) {
+        if let Some(ty) = self.format.super_blocks() {
+            let rb = self.row_bytes();
+            let block: fn(&[u8], &mut [f32]) = match ty {
+                GgmlType::Q4_K => kq::dequantize_q4_k,
+                GgmlType::Q5_K => kq::dequantize_q5_k,
+                _ => kq::dequantize_q6_k,
+            };
+            let row = &self.qs[r * rb..(r + 1) * rb];
+            for (b, o) in row
+                .chunks_exact(ty.block_bytes())
+                .zip(out.chunks_exact_mut(QK_K))
+            {
+                block(b, o);
+            }
+            return;
+        }
         let bpr = self.cols / QK;
         let bb = self.block_bytes();
         for (b, o) in out.chunks_exact_mut(QK).enumerate() {
             let blk = r * bpr + b;
             let qs = &self.qs[blk * bb..(blk + 1) * bb];
             let d = self.d[blk];
-            match self.format {
-                QFormat::Q4 => {
-                    let m = self.m[blk];
-                    for j in 0..QK / 2 {
-                        o[j] = (qs[j] & 0x0f) as f32 * d + m;
-                        o[j + QK / 2] = (qs[j] >> 4) as f32 * d + m;
-                    }
+            if self.format == QFormat::Q4 {
+                let m = self.m[blk];
+                for j in 0..QK / 2 {
+                    o[j] = (qs[j] & 0x0f) as f32 * d + m;
+                    o[j + QK / 2] = (qs[j] >> 4) as f32 * d + m;
                 }
-                QFormat::Q8 => {
-                    for (v, &q) in o.iter_mut().zip(qs) {
-                        *v = q as i8 as f32 * d;
-                    }
+            } else {
+                for (v, &q) in o.iter_mut().zip(qs) {
+                    *v = q as i8 as f32 * d;
                 }
             }
         }
@@ -184,18 +321,29 @@ pub(crate) fn qlinear(x: &[f32], w: &QMatrix, bias: Option<&[f32]>, n: usize, y:
     let (k, m) = (w.cols, w.rows);
     assert_eq!(x.len(), n * k, "x is not [n, k]");
     assert_eq!(y.len(), n * m, "y is not [n, m]");
-    let acts = quantize_acts(x);
+    // Activations as each band's format meets them: int8 blocks of 32 for Q4/Q8, of 256
+    // for the K-quants.
+    let is_k = |p: &QPart| p.format.super_blocks().is_some();
+    let acts = w.parts.iter().any(|p| !is_k(p)).then(|| quantize_acts(x));
+    let kacts = w.parts.iter().any(is_k).then(|| kquant::quantize_acts(x));
     let avx = has_avx2();
     let out = SendPtr::new(y);
     for_row_ranges(m, ROWS_PER_JOB, n * m * k, |o0, o1| {
         for o in o0..o1 {
+            let (part, po) = w.locate(o);
             // Up to TOKENS rows of x per pass, so each weight block is unpacked once for
             // all of them; every row's sum is formed in the same order whatever the group.
             let mut t = 0;
             while t < n {
                 let rows = (n - t).min(TOKENS);
                 let mut v = [0f32; TOKENS];
-                dot_rows(w, o, &acts, t, rows, avx, &mut v);
+                match (&acts, &kacts) {
+                    (_, Some(ka)) if is_k(part) => {
+                        kquant::dot_rows(part, po, ka, t, rows, avx, &mut v)
+                    }
+                    (Some(a), _) => dot_rows(part, po, a, t, rows, avx, &mut v),
+                    _ => unreachable!("activations are quantized for every band's format"),
+                }
                 for (r, value) in v[..rows].iter().enumerate() {
                     // SAFETY: t + r < n and o < m; only this job writes column o.
                     unsafe { *out.get().add((t + r) * m + o) = *value };
@@ -207,10 +355,14 @@ pub(crate) fn qlinear(x: &[f32], w: &QMatrix, bias: Option<&[f32]>, n: usize, y:
     add_bias(y, bias);
 }
 
+/// Whether the AVX2 kernels run: AVX2, FMA and F16C (which the K-quant kernels use to
+/// read their f16 scales; every AVX2 CPU has it).
 fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -218,10 +370,10 @@ fn has_avx2() -> bool {
     }
 }
 
-/// Dot products of weight row `o` with activation rows `t..t + rows` (rows <= TOKENS).
+/// Dot products of Q4/Q8 weight row `o` with activation rows `t..t + rows` (rows <= TOKENS).
 #[inline]
 fn dot_rows(
-    w: &QMatrix,
+    w: &QPart,
     o: usize,
     a: &QActs,
     t: usize,
@@ -248,9 +400,9 @@ fn dot_rows(
     }
 }
 
-/// Dot product of weight row `o` with activation row `t`.
+/// Dot product of Q4/Q8 weight row `o` with activation row `t`.
 #[inline]
-fn dot_row(w: &QMatrix, o: usize, a: &QActs, t: usize, avx: bool) -> f32 {
+fn dot_row(w: &QPart, o: usize, a: &QActs, t: usize, avx: bool) -> f32 {
     let bpr = w.cols / QK;
     #[cfg(target_arch = "x86_64")]
     if avx {
@@ -273,7 +425,8 @@ fn dot_row(w: &QMatrix, o: usize, a: &QActs, t: usize, avx: bool) -> f32 {
                         + (qs[j] >> 4) as i32 * qx[j + QK / 2] as i32
                 })
                 .sum(),
-            QFormat::Q8 => qs
+            // Q8 (K-quant rows go to `kquant`).
+            _ => qs
                 .iter()
                 .zip(qx)
                 .map(|(&q, &x)| q as i8 as i32 * x as i32)
@@ -295,7 +448,7 @@ fn dot_row(w: &QMatrix, o: usize, a: &QActs, t: usize, avx: bool) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_rows_avx2<const R: usize>(
-    w: &QMatrix,
+    w: &QPart,
     o: usize,
     a: &QActs,
     t: usize,
@@ -334,7 +487,8 @@ unsafe fn dot_rows_avx2<const R: usize>(
                 }
             }
         }
-        QFormat::Q8 => {
+        // Q8 (K-quant rows go to `kquant`).
+        _ => {
             // SAFETY: o < w.rows: the row's QK bytes per block are inside w.qs.
             let qs = unsafe { w.qs.as_ptr().add(o * bpr * QK) };
             for b in 0..bpr {
@@ -398,8 +552,8 @@ mod tests {
                 // up to f32 summation order.
                 let acts = quantize_acts(&x);
                 for o in 0..m {
-                    let a = dot_row(&q, o, &acts, 0, false);
-                    let b = dot_row(&q, o, &acts, 0, has_avx2());
+                    let a = dot_row(&q.parts[0], o, &acts, 0, false);
+                    let b = dot_row(&q.parts[0], o, &acts, 0, has_avx2());
                     assert!(
                         (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
                         "{ty:?}: {a} vs {b}"

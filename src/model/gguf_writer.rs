@@ -4,6 +4,7 @@
 use half::f16;
 
 use super::gguf::MetaValue;
+use super::kquant_encode;
 use super::quant::{GgmlType, QK};
 
 /// Collects metadata and tensors, then serialises them.
@@ -102,7 +103,16 @@ fn ggml_id(ty: GgmlType) -> u32 {
         GgmlType::F16 => 1,
         GgmlType::Q4_0 => 2,
         GgmlType::Q4_1 => 3,
+        GgmlType::Q5_0 => 6,
+        GgmlType::Q5_1 => 7,
         GgmlType::Q8_0 => 8,
+        GgmlType::Q2_K => 10,
+        GgmlType::Q3_K => 11,
+        GgmlType::Q4_K => 12,
+        GgmlType::Q5_K => 13,
+        GgmlType::Q6_K => 14,
+        GgmlType::IQ4_NL => 20,
+        GgmlType::IQ4_XS => 23,
         GgmlType::BF16 => 30,
     }
 }
@@ -150,7 +160,9 @@ fn put_value(out: &mut Vec<u8>, v: &MetaValue) {
     }
 }
 
-/// Encodes f32 values as `ty` (round-to-nearest quantization, as ggml's reference code).
+/// Encodes f32 values as `ty`: round-to-nearest quantization, as ggml's reference code for
+/// the 32-value Q4/Q8 blocks, per sub-block min/max scaling for the others (see
+/// `kquant_encode`; those need whole blocks).
 pub fn encode(ty: GgmlType, values: &[f32]) -> Vec<u8> {
     match ty {
         GgmlType::F32 => values.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -165,6 +177,15 @@ pub fn encode(ty: GgmlType, values: &[f32]) -> Vec<u8> {
         GgmlType::Q8_0 => values.chunks(QK).flat_map(q8_0_block).collect(),
         GgmlType::Q4_0 => values.chunks(QK).flat_map(q4_0_block).collect(),
         GgmlType::Q4_1 => values.chunks(QK).flat_map(q4_1_block).collect(),
+        GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::IQ4_NL
+        | GgmlType::IQ4_XS => kquant_encode::encode_blocks(ty, values),
     }
 }
 

@@ -9,6 +9,8 @@ pub mod gguf;
 pub mod gguf_writer;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod kquant;
+pub mod kquant_encode;
 pub(crate) mod kv_cache;
 mod layers;
 pub(crate) mod llama;

@@ -1,17 +1,22 @@
-//! GGML tensor types and their dequantization to f32 (F32, F16, BF16, Q8_0, Q4_0, Q4_1).
+//! GGML tensor types and their dequantization to f32: the plain floats and the 32-value
+//! block types (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) here, the K-quants and IQ4
+//! in `kquant`.
 //!
-//! Block layouts follow ggml's `ggml-common.h`: each quantized block covers 32 values and
-//! starts with an f16 scale `d` (Q4_1 adds an f16 minimum `m`). In Q4 blocks, byte `j` holds
-//! value `j` in its low nibble and value `j + 16` in its high nibble.
+//! Block layouts follow ggml's `ggml-common.h`: each 32-value block starts with an f16
+//! scale `d` (Q4_1 and Q5_1 add an f16 minimum `m`). In Q4 and Q5 blocks, byte `j` holds
+//! value `j` in its low nibble and value `j + 16` in its high nibble; Q5's fifth bits are a
+//! little-endian u32 after the scales, bit `j` for value `j`.
 
 use half::{bf16, f16};
 
+use super::kquant::{self, QK4_NL, QK_K};
 use crate::error::{Error, Result};
 
 /// Values per quantized block.
 pub const QK: usize = 32;
 
-/// The tensor types of the GGUF format that we can load.
+/// The tensor types of the GGUF format that we can load (named as ggml names them).
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GgmlType {
     /// 32-bit floats.
@@ -26,6 +31,24 @@ pub enum GgmlType {
     Q8_0,
     /// bfloat16.
     BF16,
+    /// Blocks of 32 5-bit codes and an f16 scale: value `d·(q - 16)`.
+    Q5_0,
+    /// Blocks of 32 5-bit codes, an f16 scale and an f16 minimum: value `d·q + m`.
+    Q5_1,
+    /// Super-blocks of 256 2-bit codes, 4-bit scales and minimums per 16.
+    Q2_K,
+    /// Super-blocks of 256 3-bit codes, 6-bit signed scales per 16.
+    Q3_K,
+    /// Super-blocks of 256 4-bit codes, 6-bit scales and minimums per 32.
+    Q4_K,
+    /// Super-blocks of 256 5-bit codes, 6-bit scales and minimums per 32.
+    Q5_K,
+    /// Super-blocks of 256 6-bit codes, int8 scales per 16.
+    Q6_K,
+    /// Blocks of 32 4-bit indices into a non-linear table, an f16 scale.
+    IQ4_NL,
+    /// Super-blocks of 256 4-bit table indices, 6-bit scales per 32.
+    IQ4_XS,
 }
 
 impl GgmlType {
@@ -36,11 +59,21 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
+            10 => GgmlType::Q2_K,
+            11 => GgmlType::Q3_K,
+            12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
+            14 => GgmlType::Q6_K,
+            20 => GgmlType::IQ4_NL,
+            23 => GgmlType::IQ4_XS,
             30 => GgmlType::BF16,
             other => {
                 return Err(Error::Gguf(format!(
-                    "tensor type {other} ({}) is not supported; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1",
+                    "tensor type {other} ({}) is not supported; supported: F32, F16, BF16, \
+                     Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS",
                     ggml_type_name(other)
                 )))
             }
@@ -51,7 +84,16 @@ impl GgmlType {
     pub fn block_len(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => QK,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                QK
+            }
+            GgmlType::IQ4_NL => QK4_NL,
+            GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::IQ4_XS => QK_K,
         }
     }
 
@@ -63,6 +105,15 @@ impl GgmlType {
             GgmlType::Q4_0 => 2 + QK / 2,
             GgmlType::Q4_1 => 4 + QK / 2,
             GgmlType::Q8_0 => 2 + QK,
+            GgmlType::Q5_0 => 2 + 4 + QK / 2,
+            GgmlType::Q5_1 => 4 + 4 + QK / 2,
+            GgmlType::Q2_K => kquant::Q2_K_BYTES,
+            GgmlType::Q3_K => kquant::Q3_K_BYTES,
+            GgmlType::Q4_K => kquant::Q4_K_BYTES,
+            GgmlType::Q5_K => kquant::Q5_K_BYTES,
+            GgmlType::Q6_K => kquant::Q6_K_BYTES,
+            GgmlType::IQ4_NL => kquant::IQ4_NL_BYTES,
+            GgmlType::IQ4_XS => kquant::IQ4_XS_BYTES,
         }
     }
 
@@ -149,8 +200,60 @@ pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()
                 unpack_nibbles(&b[4..], o, |q| q as f32 * d + m);
             }
         }
+        GgmlType::Q5_0 => {
+            for (o, b) in out
+                .chunks_exact_mut(QK)
+                .zip(bytes.chunks_exact(ty.block_bytes()))
+            {
+                let d = f16_at(b, 0);
+                unpack_q5(&b[2..6], &b[6..], o, |q| d * (q as i8 - 16) as f32);
+            }
+        }
+        GgmlType::Q5_1 => {
+            for (o, b) in out
+                .chunks_exact_mut(QK)
+                .zip(bytes.chunks_exact(ty.block_bytes()))
+            {
+                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+                unpack_q5(&b[4..8], &b[8..], o, |q| d * q as f32 + m);
+            }
+        }
+        GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::IQ4_NL
+        | GgmlType::IQ4_XS => {
+            let block: fn(&[u8], &mut [f32]) = match ty {
+                GgmlType::Q2_K => kquant::dequantize_q2_k,
+                GgmlType::Q3_K => kquant::dequantize_q3_k,
+                GgmlType::Q4_K => kquant::dequantize_q4_k,
+                GgmlType::Q5_K => kquant::dequantize_q5_k,
+                GgmlType::Q6_K => kquant::dequantize_q6_k,
+                GgmlType::IQ4_NL => kquant::dequantize_iq4_nl,
+                _ => kquant::dequantize_iq4_xs,
+            };
+            for (o, b) in out
+                .chunks_exact_mut(ty.block_len())
+                .zip(bytes.chunks_exact(ty.block_bytes()))
+            {
+                block(b, o);
+            }
+        }
     }
     Ok(())
+}
+
+/// Q5 codes: the low nibbles as in Q4, plus bit `j` of the little-endian `qh` as 16.
+fn unpack_q5(qh: &[u8], qs: &[u8], out: &mut [f32], value: impl Fn(u8) -> f32) {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let half = QK / 2;
+    for j in 0..half {
+        let high = |k: usize| (((qh >> k) & 1) as u8) << 4;
+        out[j] = value((qs[j] & 0x0f) | high(j));
+        out[j + half] = value((qs[j] >> 4) | high(j + half));
+    }
 }
 
 fn unpack_nibbles(qs: &[u8], out: &mut [f32], value: impl Fn(u8) -> f32) {
@@ -265,8 +368,8 @@ mod tests {
     fn size_mismatches_are_errors() {
         assert!(dequantize(GgmlType::Q8_0, &[0u8; 33], 32).is_err());
         assert!(dequantize(GgmlType::Q4_0, &[0u8; 18], 31).is_err());
-        let e = GgmlType::from_id(12).unwrap_err().to_string();
-        assert!(e.contains("Q4_K"), "{e}");
+        let e = GgmlType::from_id(16).unwrap_err().to_string();
+        assert!(e.contains("IQ2_XXS") && e.contains("Q4_K"), "{e}");
         assert!(GgmlType::from_id(999).is_err());
     }
 }

@@ -105,7 +105,16 @@ impl Source for Gguf<'_> {
     fn quantized(&self, name: &str) -> Option<QMatrix> {
         let info = self.0.tensor_info(name)?;
         let shape = info.shape();
-        if shape.len() != 2 || !matches!(info.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+        if shape.len() != 2
+            || !matches!(
+                info.ty,
+                GgmlType::Q4_0
+                    | GgmlType::Q4_1
+                    | GgmlType::Q8_0
+                    | GgmlType::Q4_K
+                    | GgmlType::Q5_K
+                    | GgmlType::Q6_K
+            )
         {
             return None;
         }
