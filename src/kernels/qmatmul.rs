@@ -22,8 +22,10 @@ mod kquant;
 pub(crate) enum QFormat {
     /// 4-bit codes `q` in 0..=15, value `d·q + m` (ggml's Q4_1; Q4_0 is `m = -8d`).
     Q4,
-    /// 8-bit signed codes, value `d·q` (ggml's Q8_0).
+    /// 8-bit signed codes, value `d·q` (ggml's Q8_0; Q5_0 widened: `q - 16`).
     Q8,
+    /// 8-bit codes plus a minimum, value `d·q + m` (ggml's Q5_1 widened to a byte a code).
+    Q8M,
     /// ggml's Q4_K super-blocks of 256, as stored.
     Q4K,
     /// ggml's Q5_K super-blocks of 256, as stored.
@@ -33,10 +35,15 @@ pub(crate) enum QFormat {
 }
 
 impl QFormat {
+    /// Formats whose blocks add a minimum `m` (times the activation block's sum).
+    fn has_min(self) -> bool {
+        matches!(self, QFormat::Q4 | QFormat::Q8M)
+    }
+
     /// The K-quant formats, kept as GGUF super-blocks (no separate scale arrays).
     fn super_blocks(self) -> Option<GgmlType> {
         match self {
-            QFormat::Q4 | QFormat::Q8 => None,
+            QFormat::Q4 | QFormat::Q8 | QFormat::Q8M => None,
             QFormat::Q4K => Some(GgmlType::Q4_K),
             QFormat::Q5K => Some(GgmlType::Q5_K),
             QFormat::Q6K => Some(GgmlType::Q6_K),
@@ -149,7 +156,8 @@ impl QPart {
         }
         let format = match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 => QFormat::Q4,
-            GgmlType::Q8_0 => QFormat::Q8,
+            GgmlType::Q8_0 | GgmlType::Q5_0 => QFormat::Q8,
+            GgmlType::Q5_1 => QFormat::Q8M,
             GgmlType::Q4_K => QFormat::Q4K,
             GgmlType::Q5_K => QFormat::Q5K,
             GgmlType::Q6_K => QFormat::Q6K,
@@ -177,6 +185,20 @@ impl QPart {
                     q.m.push(h(b, 2));
                     q.qs.extend_from_slice(&b[4..]);
                 }
+                // Q5 codes widened to a byte each: exact, and the Q8 kernels run them.
+                GgmlType::Q5_0 => {
+                    q.d.push(h(b, 0));
+                    let mut codes = [0u8; QK];
+                    unpack_q5(&b[2..6], &b[6..], &mut codes);
+                    q.qs.extend(codes.iter().map(|&c| (c as i8 - 16) as u8));
+                }
+                GgmlType::Q5_1 => {
+                    q.d.push(h(b, 0));
+                    q.m.push(h(b, 2));
+                    let mut codes = [0u8; QK];
+                    unpack_q5(&b[4..8], &b[8..], &mut codes);
+                    q.qs.extend_from_slice(&codes);
+                }
                 _ => {
                     q.d.push(h(b, 0));
                     q.qs.extend_from_slice(&b[2..]);
@@ -202,7 +224,7 @@ impl QPart {
     fn block_bytes(&self) -> usize {
         match self.format {
             QFormat::Q4 => QK / 2,
-            QFormat::Q8 => QK,
+            QFormat::Q8 | QFormat::Q8M => QK,
             QFormat::Q4K | QFormat::Q5K | QFormat::Q6K => {
                 unreachable!("K-quant rows are whole super-blocks")
             }
@@ -273,12 +295,28 @@ impl QPart {
                     o[j] = (qs[j] & 0x0f) as f32 * d + m;
                     o[j + QK / 2] = (qs[j] >> 4) as f32 * d + m;
                 }
+            } else if self.format == QFormat::Q8M {
+                let m = self.m[blk];
+                for (v, &q) in o.iter_mut().zip(qs) {
+                    *v = q as f32 * d + m;
+                }
             } else {
                 for (v, &q) in o.iter_mut().zip(qs) {
                     *v = q as i8 as f32 * d;
                 }
             }
         }
+    }
+}
+
+/// The 32 five-bit codes of a Q5 block: low nibbles in `qs` (value j low, j + 16 high),
+/// fifth bits in the little-endian word `qh` (bit j for value j).
+fn unpack_q5(qh: &[u8], qs: &[u8], out: &mut [u8; QK]) {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    for j in 0..QK / 2 {
+        let high = |k: usize| (((qh >> k) & 1) as u8) << 4;
+        out[j] = (qs[j] & 0x0f) | high(j);
+        out[j + QK / 2] = (qs[j] >> 4) | high(j + QK / 2);
     }
 }
 
@@ -433,7 +471,7 @@ fn dot_row(w: &QPart, o: usize, a: &QActs, t: usize, avx: bool) -> f32 {
                 .sum(),
         };
         acc += w.d[wb] * a.d[ab] * isum as f32;
-        if w.format == QFormat::Q4 {
+        if w.format.has_min() {
             acc += w.m[wb] * a.s[ab];
         }
     }
@@ -505,6 +543,9 @@ unsafe fn dot_rows_avx2<const R: usize>(
                     );
                     let scale = _mm256_set1_ps(wd[b] * ad[r][b]);
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r]);
+                    if w.format == QFormat::Q8M {
+                        offset[r] += w.m[o * bpr + b] * a.s[(t + r) * bpr + b];
+                    }
                 }
             }
         }
@@ -525,7 +566,13 @@ mod tests {
     #[test]
     fn integer_path_matches_dequantized_product() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+        ] {
             for &(n, k, m) in &[(1, 32, 1), (3, 64, 5), (5, 576, 70)] {
                 let wf: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
                 let x: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
@@ -534,6 +581,10 @@ mod tests {
                 for r in 0..m {
                     q.row_into(r, &mut deq[r * k..(r + 1) * k]);
                 }
+                // Rows come back equal to the file's values (Q5 widened exactly; Q4_0's
+                // `d·q - 8d` may give +0 where `d·(q - 8)` gives -0).
+                let want = crate::model::quant::dequantize(ty, &encode(ty, &wf), m * k).unwrap();
+                assert!(deq == want, "{ty:?}: rows differ from the dequantized file");
                 let mut y = vec![f32::NAN; n * m];
                 qlinear(&x, &q, None, n, &mut y);
                 for t in 0..n {
@@ -567,7 +618,7 @@ mod tests {
     fn grouped_rows_equal_single_rows_exactly() {
         // Batch invariance: a token's result must not depend on which tokens share its pass.
         let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_1] {
             let (n, k, m) = (7, 96, 5);
             let wf: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let x: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-2.0..2.0)).collect();

@@ -111,6 +111,8 @@ impl Source for Gguf<'_> {
                 GgmlType::Q4_0
                     | GgmlType::Q4_1
                     | GgmlType::Q8_0
+                    | GgmlType::Q5_0
+                    | GgmlType::Q5_1
                     | GgmlType::Q4_K
                     | GgmlType::Q5_K
                     | GgmlType::Q6_K
