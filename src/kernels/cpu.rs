@@ -118,9 +118,11 @@ pub trait KvElem: Copy + Send + Sync {
 }
 
 impl KvElem for f32 {
+    #[inline]
     fn from_f32(v: f32) -> Self {
         v
     }
+    #[inline]
     fn row_to_f32(src: &[Self], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
@@ -128,9 +130,11 @@ impl KvElem for f32 {
 }
 
 impl KvElem for half::f16 {
+    #[inline]
     fn from_f32(v: f32) -> Self {
         half::f16::from_f32(v)
     }
+    #[inline]
     fn row_to_f32(src: &[Self], dst: &mut [f32]) {
         use half::slice::HalfFloatSliceExt;
         src.convert_to_f32_slice(dst);
@@ -225,12 +229,11 @@ pub fn paged_attention<T: KvElem>(
                 &mut buf,
             );
             for h in 0..group {
-                let s = dot(&qg[h * head_dim..(h + 1) * head_dim], &buf) * scale;
-                scores[h * n + i] = match opts.softcap {
-                    Some(cap) => cap * (s / cap).tanh(),
-                    None => s,
-                };
+                scores[h * n + i] = dot(&qg[h * head_dim..(h + 1) * head_dim], &buf) * scale;
             }
+        }
+        if let Some(cap) = opts.softcap {
+            scores.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
         }
         for s in scores.chunks_exact_mut(n) {
             let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);

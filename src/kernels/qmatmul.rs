@@ -543,9 +543,14 @@ unsafe fn dot_rows_avx2<const R: usize>(
                     );
                     let scale = _mm256_set1_ps(wd[b] * ad[r][b]);
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r]);
-                    if w.format == QFormat::Q8M {
-                        offset[r] += w.m[o * bpr + b] * a.s[(t + r) * bpr + b];
-                    }
+                }
+            }
+            if w.format == QFormat::Q8M {
+                // Widened Q5_1: each block's minimum times the activation block's sum.
+                let wm = &w.m[o * bpr..(o + 1) * bpr];
+                for (r, off) in offset.iter_mut().enumerate() {
+                    let s = &a.s[(t + r) * bpr..(t + r + 1) * bpr];
+                    *off = wm.iter().zip(s).map(|(m, s)| m * s).sum();
                 }
             }
         }
