@@ -245,8 +245,8 @@ fn k_quant_gguf_runs_its_weights_values() {
         ("Q3_K", Some(GgmlType::Q3_K), false),
         ("IQ4_NL", Some(GgmlType::IQ4_NL), false),
         ("IQ4_XS", Some(GgmlType::IQ4_XS), false),
-        ("Q5_0", Some(GgmlType::Q5_0), false),
-        ("Q5_1", Some(GgmlType::Q5_1), false),
+        ("Q5_0", Some(GgmlType::Q5_0), true),
+        ("Q5_1", Some(GgmlType::Q5_1), true),
     ];
     let mut mix = Vec::new();
     for (name, ty, kept) in recipes {
