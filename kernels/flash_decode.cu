@@ -11,7 +11,7 @@
 // loads while this one computes; rows past the stage's end are zero-filled; the keys of the
 // first two stages that earlier steps wrote load before the wait for the previous kernel),
 // read back with ldmatrix, and the online softmax runs in base 2 (the 16-bit query comes
-// pre-scaled by log2(e) / sqrt(head_dim): RoPE writes it so), once per 16 keys. The kernel
+// pre-scaled by log2(e) times the scores' scale: RoPE writes it so), once per 16 keys. The kernel
 // comes in two register budgets, head_dim up to 64 (_hd64) and up to 128 (_hd128); head_dim
 // must be a multiple of 16, with at most 16 query heads per KV head.
 // The _cl entry points (sm_90) merge the splits themselves: the splits of one (tile, KV head)

@@ -7,7 +7,7 @@
 // 2,048-token prefill: 8 warps of 1 atom 3.5% faster than 4 warps of 2, which share each
 // K/V fragment between two atoms but leave 2 warps per scheduler to hide latency.)
 //
-// The queries come in 16-bit, pre-scaled by log2(e) / sqrt(head_dim) (RoPE writes them so)
+// The queries come in 16-bit, pre-scaled by log2(e) times the scores' scale (RoPE writes them so)
 // so the online softmax runs in base 2; the block copies its own into shared memory with
 // cp.async, in the same group as the first stage of keys. K and V stages of 64 keys are
 // gathered through the block table with cp.async into two buffers (the next

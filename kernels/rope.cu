@@ -3,7 +3,8 @@
 // rotated q [n, heads * hd] in one of two forms, and rotated k and plain v in 16-bit into
 // the layer's cache [slots, kv_heads * hd] at slots[r].
 //   - q_scale > 0: 16-bit q times q_scale, the tensor-core attention kernels' A operand
-//     (pre-scaled by log2(e) / sqrt(hd)), rounded once as those kernels used to round it;
+//     (pre-scaled by log2(e) times the scores' scale, 1 / sqrt(hd) unless the model says
+//     otherwise), rounded once as those kernels used to round it;
 //   - q_scale == 0: fp32 q, unscaled (the warp-per-key kernel's input).
 // One thread takes V consecutive pairs of one head (elements i .. i + V - 1 and their
 // partners i + hd / 2 ..), with V-wide loads and stores; a k head's thread also copies the

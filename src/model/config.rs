@@ -432,7 +432,17 @@ impl ModelConfig {
             _ => {}
         }
         if raw.attention_bias == Some(true) && a.bias == Bias::None {
-            a.bias = Bias::Qkv;
+            // HF's Llama puts `attention_bias` on o_proj too.
+            a.bias = if family == Family::Llama {
+                Bias::QkvO
+            } else {
+                Bias::Qkv
+            };
+        }
+        if raw.mlp_bias == Some(true) {
+            return Err(Error::Checkpoint(
+                "mlp_bias (biases on the MLP's projections) is not supported".into(),
+            ));
         }
         let cfg = ModelConfig {
             architecture,
@@ -525,6 +535,7 @@ struct HfConfig {
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
     hidden_act: Option<String>,
     hidden_activation: Option<String>,
     activation_function: Option<String>,

@@ -17,7 +17,8 @@ pub enum Stage {
     O,
     /// RMSNorm and the fused gate|up projection (on the GPU's GEMV, SwiGLU too).
     GateUp,
-    /// silu(gate) * up, where gate_up did not apply it.
+    /// silu(gate) * up (GeGLU's gelu(gate) * up, GPT-2's gelu(up)), where gate_up did not
+    /// apply it.
     Swiglu,
     /// The down projection added into the residual.
     Down,
@@ -63,7 +64,7 @@ impl Stage {
             Stage::Attention => "attention",
             Stage::O => "o gemm + residual",
             Stage::GateUp => "rms_norm + gate_up gemm (+ SwiGLU on the GEMV)",
-            Stage::Swiglu => "silu * up",
+            Stage::Swiglu => "activation (silu or gelu) * up",
             Stage::Down => "down gemm + residual",
             Stage::FinalNorm => "final norm",
             Stage::LmHead => "lm_head gemm",

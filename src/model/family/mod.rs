@@ -98,6 +98,8 @@ pub enum Bias {
     None,
     /// q, k and v (Qwen2).
     Qkv,
+    /// q, k, v and o (Llama's `attention_bias`).
+    QkvO,
     /// Every linear layer but the lm_head (GPT-2).
     All,
 }
@@ -175,6 +177,7 @@ impl Arch {
         match self.bias {
             Bias::None => false,
             Bias::Qkv => matches!(part, Part::Q | Part::K | Part::V | Part::Qkv),
+            Bias::QkvO => matches!(part, Part::Q | Part::K | Part::V | Part::Qkv | Part::O),
             Bias::All => !matches!(part, Part::LmHead | Part::Embed),
         }
     }

@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::backend::{Backend, ForwardPass};
 use super::config::ModelConfig;
-use super::family::Bias;
+use super::family::{Bias, Family, Mlp, NormKind};
 use super::Llama;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::gemm::Tuning;
@@ -59,6 +59,21 @@ impl CudaModel {
                 "the GPU engine does not run q/k norms together with q/k/v biases".into(),
             ));
         }
+        if config.arch.mlp != Mlp::Gelu && config.arch.bias == Bias::All {
+            // The gated activations' kernels take no bias: no family has one there.
+            return Err(Error::Model(
+                "the GPU engine does not run a gated MLP with biases".into(),
+            ));
+        }
+        if config.arch.sandwich_norms && config.arch.norm == NormKind::Layer {
+            // residual_add norms the outputs with an RMSNorm: no family has LayerNorms there.
+            return Err(Error::Model(
+                "the GPU engine does not run LayerNorms on the layers' outputs".into(),
+            ));
+        }
+        // Gemma's activations overflow f16 (its own checkpoints are bf16): bf16 by default.
+        let gemma = matches!(config.arch.family, Family::Gemma2 | Family::Gemma3);
+        let half = half.or(gemma.then_some(Half::Bf16));
         let gpu = Gpu::open(ordinal)?;
         let weights = match half {
             Some(half) => GpuWeights::upload(&gpu, model, half)?,
@@ -104,10 +119,13 @@ pub(crate) fn kv_bytes_per_token(cfg: &ModelConfig) -> usize {
 
 pub(crate) fn heads(cfg: &ModelConfig) -> Heads {
     let a = &cfg.arch;
-    // A window the context can outgrow, or soft-capped scores: the warp-per-key kernel.
+    // A window the context can outgrow, or soft-capped scores: the warp-per-key kernel. A
+    // window no context outgrows (check_chunks caps positions at the context) changes
+    // nothing, and the tensor-core kernels, which take none, run.
     let window = a
         .sliding_window
-        .is_some_and(|w| w < cfg.max_position_embeddings);
+        .is_some_and(|w| w < cfg.max_position_embeddings)
+        && (0..cfg.num_layers).any(|l| a.is_local(l));
     Heads {
         heads: cfg.num_heads,
         kv_heads: cfg.num_kv_heads,
