@@ -110,17 +110,62 @@ pub fn attention(gpu: &Gpu, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
             head_dim: hd,
             simple: false,
         };
+        let plain = cpu::AttnOpts::plain(hd);
         for case in CASES {
-            out.push(one(gpu, dt, rng, hs, bs, case, gpu.wgmma, gpu.clusters)?);
+            out.push(one(
+                gpu,
+                dt,
+                rng,
+                hs,
+                bs,
+                case,
+                gpu.wgmma,
+                gpu.clusters,
+                plain,
+            )?);
             // Where prefill tiles run on the wgmma kernel, the mma.sync kernel too.
             if !case.prefill.is_empty() && attention::prefill_mode(&hs, gpu.wgmma) == "prefill_sm90"
             {
-                out.push(one(gpu, dt, rng, hs, bs, case, false, gpu.clusters)?);
+                out.push(one(gpu, dt, rng, hs, bs, case, false, gpu.clusters, plain)?);
             }
             // Where decode splits merge in their cluster, the combine kernel's merge too.
             if gpu.clusters {
-                out.push(one(gpu, dt, rng, hs, bs, case, gpu.wgmma, false)?);
+                out.push(one(gpu, dt, rng, hs, bs, case, gpu.wgmma, false, plain)?);
             }
+        }
+    }
+    // The model families' attention on the warp-per-key kernel: sliding windows shorter
+    // than the contexts, Gemma 2's soft-capped scores, a scale of the model's own, and
+    // head_dim 256 (Gemma's).
+    for &(heads, kvh, hd, bs, window, softcap) in &[
+        (8, 4, 256, 16, Some(37), Some(50.0)),
+        (4, 1, 256, 16, Some(5), None),
+        (4, 2, 64, 16, Some(20), None),
+        (8, 2, 128, 32, None, Some(30.0)),
+    ] {
+        let hs = Heads {
+            heads,
+            kv_heads: kvh,
+            head_dim: hd,
+            simple: true,
+        };
+        let opts = cpu::AttnOpts {
+            scale: 1.0 / (hd as f32 * 0.75).sqrt(),
+            softcap,
+            window,
+        };
+        for case in CASES {
+            out.push(one(
+                gpu,
+                dt,
+                rng,
+                hs,
+                bs,
+                case,
+                gpu.wgmma,
+                gpu.clusters,
+                opts,
+            )?);
         }
     }
     Ok(out)
@@ -136,6 +181,7 @@ fn one(
     case: &Case,
     wgmma: bool,
     clusters: bool,
+    opts: cpu::AttnOpts,
 ) -> Result<Row> {
     let (qd, kvd) = (hs.heads * hs.head_dim, hs.kv_heads * hs.head_dim);
     let lens: Vec<usize> = case
@@ -194,7 +240,7 @@ fn one(
     // The queries in the form the kernel reads: 16-bit pre-scaled for the tensor-core
     // kernels (as RoPE writes them), fp32 for the warp-per-key kernel.
     let (q16, q32);
-    let qb = match attention::query_scale(&hs, 1.0 / (hs.head_dim as f32).sqrt()) {
+    let qb = match attention::query_scale(&hs, opts.scale) {
         Some(scale) => {
             let scaled: Vec<f32> = q.iter().map(|x| x * scale).collect();
             q16 = gpu.upload(&half_of(dt, &scaled).0)?;
@@ -240,9 +286,9 @@ fn one(
         heads: hs,
         half: dt,
         clusters,
-        scale: 1.0 / (hs.head_dim as f32).sqrt(),
-        window: None,
-        softcap: None,
+        scale: opts.scale,
+        window: opts.window,
+        softcap: opts.softcap,
     };
     let (kernel, _, splits) = attention::attention_plan(&a);
     attention::paged_attention_with(gpu, &a, wgmma)?;
@@ -269,15 +315,23 @@ fn one(
         &view(&vvals[..]),
         hs.heads,
         hs.head_dim,
-        &cpu::AttnOpts::plain(hs.head_dim),
+        &opts,
         &mut want,
     );
     let mut r = row(
         "paged_attention",
         dt,
         format!(
-            "{}: heads {}/{} hd {} block {bs} rows {n} lens {:?}",
-            case.name, hs.heads, hs.kv_heads, hs.head_dim, lens
+            "{}: heads {}/{} hd {} block {bs} rows {n} lens {:?}{}{}",
+            case.name,
+            hs.heads,
+            hs.kv_heads,
+            hs.head_dim,
+            lens,
+            opts.window
+                .map_or(String::new(), |w| format!(" window {w}")),
+            opts.softcap
+                .map_or(String::new(), |c| format!(" softcap {c}")),
         ),
         rel_err(&got, &want),
         1e-2,

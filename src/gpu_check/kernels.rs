@@ -73,6 +73,7 @@ pub fn run_all(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Row>> {
         rows.extend(gemm(gpu, dt, &mut rng)?);
         rows.extend(gate_up_swiglu(gpu, dt, &mut rng)?);
         rows.extend(normed_linear(gpu, dt, &mut rng)?);
+        rows.extend(super::family_kernels::run(gpu, dt, &mut rng)?);
     }
     // A bit copy: one build's check is the other's.
     rows.extend(gather(gpu, Half::F16, &mut rng)?);

@@ -6,6 +6,7 @@
 
 mod attention;
 pub mod families;
+mod family_kernels;
 pub mod kernels;
 pub mod model;
 pub mod profile;
