@@ -9,12 +9,14 @@
 // the warps merge. With one split the
 // block writes the normalised 16-bit output; with several it writes unnormalised partial
 // sums and (max, sum) pairs that attention_combine merges over the batch's tiles (split-K
-// for long contexts).
+// for long contexts). The body is built for DPL = ceil(head_dim / 32) up to 4
+// (paged_attention, head_dim <= 128) and up to 8 (paged_attention_hd256: Gemma's 256), so
+// that the narrower heads keep their registers.
 #define ATT_WARPS 4
 #define ATT_MAX_GROUP 8
-#define ATT_MAX_DPL 8  // ceil(head_dim / 32), so head_dim <= 256
 
-extern "C" __global__ void KERNEL(paged_attention)(
+template <int DPL>
+__device__ __forceinline__ void paged_attention_body(
     const float* __restrict__ q,          // [n, heads * hd]
     const half_t* __restrict__ k_cache,   // [slots, kv_heads * hd]
     const half_t* __restrict__ v_cache,
@@ -27,7 +29,7 @@ extern "C" __global__ void KERNEL(paged_attention)(
     int heads, int kv_heads, int hd, int block_size, int table_stride,
     int chunk, int splits, float scale, int window, float softcap) {
     grid_dep_enter();
-    __shared__ float s_acc[ATT_WARPS][ATT_MAX_GROUP][ATT_MAX_DPL * 32];
+    __shared__ float s_acc[ATT_WARPS][ATT_MAX_GROUP][DPL * 32];
     __shared__ float s_m[ATT_WARPS][ATT_MAX_GROUP];
     __shared__ float s_l[ATT_WARPS][ATT_MAX_GROUP];
 
@@ -51,15 +53,15 @@ extern "C" __global__ void KERNEL(paged_attention)(
         return;
     }
 
-    float qr[ATT_MAX_GROUP][ATT_MAX_DPL];
-    float acc[ATT_MAX_GROUP][ATT_MAX_DPL];
+    float qr[ATT_MAX_GROUP][DPL];
+    float acc[ATT_MAX_GROUP][DPL];
     float m[ATT_MAX_GROUP], l[ATT_MAX_GROUP];
 #pragma unroll
     for (int h = 0; h < ATT_MAX_GROUP; ++h) {
         m[h] = -INFINITY;
         l[h] = 0.0f;
 #pragma unroll
-        for (int d = 0; d < ATT_MAX_DPL; ++d) {
+        for (int d = 0; d < DPL; ++d) {
             acc[h][d] = 0.0f;
             qr[h][d] = 0.0f;
             if (h < group && d < dpl && lane * dpl + d < hd) {
@@ -73,9 +75,9 @@ extern "C" __global__ void KERNEL(paged_attention)(
         size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
         const half_t* kp = k_cache + slot * kvd + g * hd + lane * dpl;
         const half_t* vp = v_cache + slot * kvd + g * hd + lane * dpl;
-        float kv[ATT_MAX_DPL], vv[ATT_MAX_DPL];
+        float kv[DPL], vv[DPL];
 #pragma unroll
-        for (int d = 0; d < ATT_MAX_DPL; ++d) {
+        for (int d = 0; d < DPL; ++d) {
             bool in = d < dpl && lane * dpl + d < hd;
             kv[d] = in ? half_to_f32(kp[d]) : 0.0f;
             vv[d] = in ? half_to_f32(vp[d]) : 0.0f;
@@ -85,7 +87,7 @@ extern "C" __global__ void KERNEL(paged_attention)(
             if (h < group) {
                 float s = 0.0f;
 #pragma unroll
-                for (int d = 0; d < ATT_MAX_DPL; ++d) s += qr[h][d] * kv[d];
+                for (int d = 0; d < DPL; ++d) s += qr[h][d] * kv[d];
                 s = warp_sum(s);
                 if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
                 float mn = fmaxf(m[h], s);
@@ -93,7 +95,7 @@ extern "C" __global__ void KERNEL(paged_attention)(
                 float e = __expf(s - mn);
                 l[h] = l[h] * corr + e;
 #pragma unroll
-                for (int d = 0; d < ATT_MAX_DPL; ++d) acc[h][d] = acc[h][d] * corr + e * vv[d];
+                for (int d = 0; d < DPL; ++d) acc[h][d] = acc[h][d] * corr + e * vv[d];
                 m[h] = mn;
             }
         }
@@ -103,7 +105,7 @@ extern "C" __global__ void KERNEL(paged_attention)(
     for (int h = 0; h < ATT_MAX_GROUP; ++h) {
         if (h < group) {
 #pragma unroll
-            for (int d = 0; d < ATT_MAX_DPL; ++d) {
+            for (int d = 0; d < DPL; ++d) {
                 if (d < dpl && lane * dpl + d < hd) s_acc[warp][h][lane * dpl + d] = acc[h][d];
             }
             if (lane == 0) {
@@ -138,6 +140,22 @@ extern "C" __global__ void KERNEL(paged_attention)(
             }
         }
     }
+}
+
+#define ATT_ARGS                                                                              \
+    const float* __restrict__ q, const half_t* __restrict__ k_cache,                          \
+        const half_t* __restrict__ v_cache, const int* __restrict__ tables,                   \
+        const int* __restrict__ row_seq, const int* __restrict__ row_pos,                     \
+        half_t* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,  \
+        int heads, int kv_heads, int hd, int block_size, int table_stride, int chunk,         \
+        int splits, float scale, int window, float softcap
+#define ATT_PASS                                                                              \
+    q, k_cache, v_cache, tables, row_seq, row_pos, out, part_acc, part_ml, heads, kv_heads,   \
+        hd, block_size, table_stride, chunk, splits, scale, window, softcap
+
+extern "C" __global__ void KERNEL(paged_attention)(ATT_ARGS) { paged_attention_body<4>(ATT_PASS); }
+extern "C" __global__ void KERNEL(paged_attention_hd256)(ATT_ARGS) {
+    paged_attention_body<8>(ATT_PASS);
 }
 
 // Merges the splits of paged_attention or flash_decode (partial sums relative to

@@ -472,7 +472,13 @@ fn warp_per_key(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result
     let (chunk_i, splits_i) = (i32_of(chunk)?, i32_of(splits)?);
     let window = i32_of(a.window.unwrap_or(0))?;
     let softcap = a.softcap.unwrap_or(0.0);
-    let f = gpu.func("paged_attention", a.half)?;
+    // attention.cu's build for this width: up to 4 dimensions a lane, or 8.
+    let name = if hs.head_dim > 128 {
+        "paged_attention_hd256"
+    } else {
+        "paged_attention"
+    };
+    let f = gpu.func(name, a.half)?;
     let mut b = Args::new();
     b.arg(&a.q)
         .arg(&a.k_cache)
@@ -497,7 +503,7 @@ fn warp_per_key(gpu: &Gpu, a: &Attention, chunk: usize, splits: usize) -> Result
     // sums within the workspace; tables cover every row's positions (checked by the
     // caller).
     unsafe { gpu.launch(f, cfg((a.n, hs.kv_heads, splits), 128)?, &mut b) }
-        .map_err(cuda_err("paged_attention"))?;
+        .map_err(cuda_err(name))?;
     if splits > 1 {
         // Every row whose result is used (all of them, or the last layer's rows with
         // logits) is in exactly one tile, prefill or decode.

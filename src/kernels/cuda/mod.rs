@@ -131,7 +131,14 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("gather", &["gather_rows"]),
-    ("attention", &["paged_attention", "attention_combine"]),
+    (
+        "attention",
+        &[
+            "paged_attention",
+            "paged_attention_hd256",
+            "attention_combine",
+        ],
+    ),
     (
         "flash_prefill",
         &["flash_prefill_hd64", "flash_prefill_hd128"],
