@@ -12,7 +12,7 @@ use crate::kernels::cuda::attention::{flash_budget, flash_kernel, flash_smem, pr
 use crate::kernels::cuda::gemm::Path;
 use crate::model::backend::ForwardPass;
 use crate::model::gpu::forward::CudaForward;
-use crate::model::gpu::{heads, CudaModel};
+use crate::model::gpu::CudaModel;
 use crate::model::stage::Stage;
 use crate::model::SeqChunk;
 use crate::sampling::RowPlan;
@@ -54,7 +54,7 @@ impl Batch {
 
 /// Prints the resources of the kernels a forward pass of `cuda` runs.
 fn print_resources(cuda: &CudaModel) -> Result<()> {
-    let h = heads(&cuda.config);
+    let h = cuda.heads;
     let budget = flash_budget(&h);
     let mode = prefill_mode(&h, cuda.gpu.wgmma);
     let (prefill, decode) = (flash_kernel(mode, budget), flash_kernel("decode", budget));

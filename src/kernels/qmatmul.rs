@@ -13,7 +13,7 @@ use half::f16;
 use super::parallel::{add_bias, for_row_ranges, SendPtr};
 
 use crate::model::kquant::{self as kq, QK_K};
-use crate::model::quant::{GgmlType, QK};
+use crate::model::quant::{q5_codes, GgmlType, QK};
 
 mod kquant;
 
@@ -188,16 +188,13 @@ impl QPart {
                 // Q5 codes widened to a byte each: exact, and the Q8 kernels run them.
                 GgmlType::Q5_0 => {
                     q.d.push(h(b, 0));
-                    let mut codes = [0u8; QK];
-                    unpack_q5(&b[2..6], &b[6..], &mut codes);
+                    let codes = q5_codes(&b[2..6], &b[6..]);
                     q.qs.extend(codes.iter().map(|&c| (c as i8 - 16) as u8));
                 }
                 GgmlType::Q5_1 => {
                     q.d.push(h(b, 0));
                     q.m.push(h(b, 2));
-                    let mut codes = [0u8; QK];
-                    unpack_q5(&b[4..8], &b[8..], &mut codes);
-                    q.qs.extend_from_slice(&codes);
+                    q.qs.extend_from_slice(&q5_codes(&b[4..8], &b[8..]));
                 }
                 _ => {
                     q.d.push(h(b, 0));
@@ -306,17 +303,6 @@ impl QPart {
                 }
             }
         }
-    }
-}
-
-/// The 32 five-bit codes of a Q5 block: low nibbles in `qs` (value j low, j + 16 high),
-/// fifth bits in the little-endian word `qh` (bit j for value j).
-fn unpack_q5(qh: &[u8], qs: &[u8], out: &mut [u8; QK]) {
-    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
-    for j in 0..QK / 2 {
-        let high = |k: usize| (((qh >> k) & 1) as u8) << 4;
-        out[j] = (qs[j] & 0x0f) | high(j);
-        out[j + QK / 2] = (qs[j] >> 4) | high(j + QK / 2);
     }
 }
 

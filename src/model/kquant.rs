@@ -103,31 +103,27 @@ pub fn dequantize_q3_k(b: &[u8], out: &mut [f32]) {
 /// Q4_K: value `d·sc·q - dmin·m` per sub-block of 32, `q` 4 bits. Chunk `c` of 32 code
 /// bytes holds sub-block `2c` in its low nibbles and `2c + 1` in its high ones.
 pub fn dequantize_q4_k(b: &[u8], out: &mut [f32]) {
-    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-    let (scales, qs) = (&b[4..16], &b[16..144]);
-    for (j, o) in out.chunks_exact_mut(32).enumerate() {
-        let (sc, m) = k_scale_min(scales, j);
-        let d1 = d * sc as f32;
-        let m1 = dmin * m as f32;
-        let (c, shift) = (j / 2, 4 * (j % 2));
-        for (l, v) in o.iter_mut().enumerate() {
-            let q = (qs[c * 32 + l] >> shift) & 0x0f;
-            *v = d1 * q as f32 - m1;
-        }
-    }
+    scaled_min_blocks(b, &b[16..144], None, out);
 }
 
 /// Q5_K: Q4_K with a fifth bit: value `j·32 + l` adds bit `j` of plane byte `l` as 16.
 pub fn dequantize_q5_k(b: &[u8], out: &mut [f32]) {
+    scaled_min_blocks(b, &b[48..176], Some(&b[16..48]), out);
+}
+
+/// Q4_K's and Q5_K's sub-blocks: f16 `d`, `dmin`, then 12 bytes of packed 6-bit scales
+/// and minima; the low nibbles in `qs`, the fifth bits (Q5_K) in `qh`.
+fn scaled_min_blocks(b: &[u8], qs: &[u8], qh: Option<&[u8]>, out: &mut [f32]) {
     let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-    let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
+    let scales = &b[4..16];
     for (j, o) in out.chunks_exact_mut(32).enumerate() {
         let (sc, m) = k_scale_min(scales, j);
         let d1 = d * sc as f32;
         let m1 = dmin * m as f32;
         let (c, shift) = (j / 2, 4 * (j % 2));
         for (l, v) in o.iter_mut().enumerate() {
-            let q = ((qs[c * 32 + l] >> shift) & 0x0f) | (((qh[l] >> j) & 1) << 4);
+            let high = qh.map_or(0, |qh| ((qh[l] >> j) & 1) << 4);
+            let q = ((qs[c * 32 + l] >> shift) & 0x0f) | high;
             *v = d1 * q as f32 - m1;
         }
     }

@@ -206,7 +206,9 @@ pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()
                 .zip(bytes.chunks_exact(ty.block_bytes()))
             {
                 let d = f16_at(b, 0);
-                unpack_q5(&b[2..6], &b[6..], o, |q| d * (q as i8 - 16) as f32);
+                for (v, q) in o.iter_mut().zip(q5_codes(&b[2..6], &b[6..])) {
+                    *v = d * (q as i8 - 16) as f32;
+                }
             }
         }
         GgmlType::Q5_1 => {
@@ -215,7 +217,9 @@ pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()
                 .zip(bytes.chunks_exact(ty.block_bytes()))
             {
                 let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-                unpack_q5(&b[4..8], &b[8..], o, |q| d * q as f32 + m);
+                for (v, q) in o.iter_mut().zip(q5_codes(&b[4..8], &b[8..])) {
+                    *v = d * q as f32 + m;
+                }
             }
         }
         GgmlType::Q2_K
@@ -245,15 +249,18 @@ pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()
     Ok(())
 }
 
-/// Q5 codes: the low nibbles as in Q4, plus bit `j` of the little-endian `qh` as 16.
-fn unpack_q5(qh: &[u8], qs: &[u8], out: &mut [f32], value: impl Fn(u8) -> f32) {
+/// The 32 five-bit codes of a Q5 block: low nibbles in `qs` (code j low, j + 16 high),
+/// fifth bits in the little-endian word `qh` (bit j for code j).
+pub(crate) fn q5_codes(qh: &[u8], qs: &[u8]) -> [u8; QK] {
     let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
     let half = QK / 2;
+    let mut out = [0u8; QK];
     for j in 0..half {
         let high = |k: usize| (((qh >> k) & 1) as u8) << 4;
-        out[j] = value((qs[j] & 0x0f) | high(j));
-        out[j + half] = value((qs[j] >> 4) | high(j + half));
+        out[j] = (qs[j] & 0x0f) | high(j);
+        out[j + half] = (qs[j] >> 4) | high(j + half);
     }
+    out
 }
 
 fn unpack_nibbles(qs: &[u8], out: &mut [f32], value: impl Fn(u8) -> f32) {

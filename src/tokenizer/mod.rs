@@ -345,7 +345,7 @@ impl Tokenizer {
             v.eos_token_id,
             |id| special[id as usize],
             v.tokens.iter().zip(0u32..),
-            EOG_TEXTS,
+            |t| EOG_TEXTS.contains(&t),
         );
         Ok(Tokenizer::assemble(Parts {
             inner,
@@ -371,7 +371,7 @@ impl Tokenizer {
         let eos_id = v.eos_token_id.map_or(in_vocab(2), in_vocab);
         let special = spm.special_flags();
         let names = v.tokens.iter().zip(0u32..);
-        let eos = end_ids(eos_id, |id| special[id as usize], names, spm::SPM_EOG_TEXTS);
+        let eos = end_ids(eos_id, |id| special[id as usize], names, spm::is_spm_eog);
         Ok(Tokenizer {
             bytes: spm.pieces(),
             special,
@@ -429,7 +429,12 @@ impl Tokenizer {
             bytes.push(piece);
         }
         let names = (0..n as u32).filter_map(|id| added.get(&id).map(|t| (&t.content, id)));
-        let eos = end_ids(eos_id, |id| special[id as usize], names, EOG_TEXTS);
+        let eos = end_ids(
+            eos_id,
+            |id| special[id as usize],
+            names,
+            |t| EOG_TEXTS.contains(&t),
+        );
         Ok(Tokenizer::assemble(Parts {
             inner,
             bytes,
@@ -655,11 +660,11 @@ fn end_ids<'a>(
     eos: Option<u32>,
     is_special: impl Fn(u32) -> bool,
     names: impl Iterator<Item = (&'a String, u32)>,
-    eog_texts: &[&str],
+    is_eog: impl Fn(&str) -> bool,
 ) -> Vec<u32> {
     let mut out: Vec<u32> = eos.into_iter().collect();
     for (text, id) in names {
-        if eog_texts.contains(&text.as_str()) && is_special(id) && !out.contains(&id) {
+        if is_eog(text) && is_special(id) && !out.contains(&id) {
             out.push(id);
         }
     }

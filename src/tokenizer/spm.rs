@@ -33,22 +33,16 @@ const ATTR_CONTROL: u8 = 8;
 const ATTR_USER_DEFINED: u8 = 16;
 const ATTR_BYTE: u8 = 32;
 
-/// Texts llama.cpp treats as end-of-generation tokens in SentencePiece vocabularies,
-/// making them control tokens whatever their GGUF type (Phi-3's `</s>` is user-defined).
-pub(super) const SPM_EOG_TEXTS: &[&str] = &[
-    "</s>",
-    "<eos>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<EOT>",
-    "_<EOT>",
-    "<end_of_utterance>",
-];
+/// Texts llama.cpp also treats as end-of-generation tokens in SentencePiece vocabularies,
+/// beside the turn ends every vocabulary has (`super::EOG_TEXTS`).
+const SPM_EXTRA_EOG_TEXTS: &[&str] = &["</s>", "<eos>", "_<EOT>", "<end_of_utterance>"];
+
+/// Whether llama.cpp treats `text` as an end-of-generation token in a SentencePiece
+/// vocabulary, making it a control token whatever its GGUF type (Phi-3's `</s>` is
+/// user-defined).
+pub(super) fn is_spm_eog(text: &str) -> bool {
+    super::EOG_TEXTS.contains(&text) || SPM_EXTRA_EOG_TEXTS.contains(&text)
+}
 
 /// `▁` (U+2581), SentencePiece's visible space.
 const SPACE_MARK: &str = "\u{2581}";
@@ -126,7 +120,7 @@ impl Spm {
             })
             .collect();
         for (attr, text) in attrs.iter_mut().zip(&texts) {
-            if SPM_EOG_TEXTS.contains(&&**text) {
+            if is_spm_eog(text) {
                 *attr |= ATTR_CONTROL;
             }
         }

@@ -26,7 +26,7 @@ use super::sample::Launched;
 use super::scratch::{DeviceKv, SampleBufs, Scratch};
 use super::swap::HostCache;
 use super::tune;
-use super::{heads, CudaModel};
+use super::CudaModel;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::gemm::{Blas, Path};
 use crate::kernels::cuda::{cuda_err, Mapped};
@@ -171,7 +171,7 @@ impl CudaForward {
         let cfg = &self.model.config;
         let group = cfg.num_heads / cfg.num_kv_heads.max(1);
         let decode = self.graphs.takes(chunks);
-        let hs = heads(cfg);
+        let hs = self.model.heads;
         let clusters = self.model.gpu.clusters;
         let plan = |longest| {
             if decode {

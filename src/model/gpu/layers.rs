@@ -9,10 +9,11 @@ use super::scratch::{DeviceKv, Scratch};
 use super::swap::HostCache;
 use super::weights::GpuNorm;
 use super::weights::GpuWeights;
-use super::{heads, CudaModel};
+use super::CudaModel;
 use crate::error::Result;
 use crate::kernels::cuda::attention::{self, Attention};
 use crate::kernels::cuda::gemm::{Blas, Input, Norm, Out, Path};
+use crate::kernels::cuda::launch::Heads;
 use crate::kernels::cuda::{family, launch, Gpu};
 use crate::model::config::ModelConfig;
 use crate::model::family::Mlp;
@@ -22,6 +23,8 @@ use crate::model::stage::{self, Stage};
 pub(super) struct Pass<'a> {
     pub g: &'a Gpu,
     pub cfg: &'a ModelConfig,
+    /// The model's attention heads ([`CudaModel::heads`]).
+    pub hs: Heads,
     pub w: &'a GpuWeights,
     pub s: &'a Scratch,
     pub kv: &'a DeviceKv,
@@ -53,6 +56,7 @@ impl<'a> Pass<'a> {
         Pass {
             g: &model.gpu,
             cfg: &model.config,
+            hs: model.heads,
             w: &model.weights,
             s,
             kv,
@@ -265,14 +269,11 @@ impl<'a> Pass<'a> {
             meta.pos,
             meta.slots,
             w.inv_freq_of(&cfg.arch, l),
-            (
-                s.q.ptr(),
-                attention::query_scale(&heads(cfg), cfg.attn_scale),
-            ),
+            (s.q.ptr(), attention::query_scale(&self.hs, cfg.attn_scale)),
             kc,
             vc,
             self.lay.n,
-            heads(cfg),
+            self.hs,
         )
     }
 
@@ -320,7 +321,7 @@ impl<'a> Pass<'a> {
                 n: lay.n,
                 max_len: lay.plan_len,
                 block_size: self.kv.block_size,
-                heads: heads(cfg),
+                heads: self.hs,
                 half: self.w.half,
                 clusters: g.clusters,
                 scale: cfg.attn_scale,

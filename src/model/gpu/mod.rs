@@ -30,6 +30,8 @@ use weights::GpuWeights;
 pub struct CudaModel {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) config: ModelConfig,
+    /// The attention heads' shape and kernel choice ([`heads`]), formed once at load.
+    pub(crate) heads: Heads,
     pub(crate) weights: GpuWeights,
     /// The linear layers' kernel choices, timed by the first engine on this model and taken
     /// by every later one (an engine restart, a second forward pass).
@@ -52,7 +54,8 @@ impl CudaModel {
     /// range (65504) loads in bf16.
     pub fn load_as(model: &Llama, ordinal: usize, half: Option<Half>) -> Result<Arc<Self>> {
         let config = model.config().clone();
-        heads(&config).check()?;
+        let hs = heads(&config);
+        hs.check()?;
         if config.arch.qk_norm && config.arch.bias != Bias::None {
             // head_rms_norm runs before the bias is added (in RoPE): no family has both.
             return Err(Error::Model(
@@ -88,6 +91,7 @@ impl CudaModel {
         Ok(Arc::new(CudaModel {
             gpu,
             config,
+            heads: hs,
             weights,
             tuning: OnceLock::new(),
         }))
@@ -117,7 +121,7 @@ pub(crate) fn kv_bytes_per_token(cfg: &ModelConfig) -> usize {
     cfg.num_layers * 2 * cfg.kv_dim() * 2
 }
 
-pub(crate) fn heads(cfg: &ModelConfig) -> Heads {
+fn heads(cfg: &ModelConfig) -> Heads {
     let a = &cfg.arch;
     // A window the context can outgrow, or soft-capped scores: the warp-per-key kernel. A
     // window no context outgrows (check_chunks caps positions at the context) changes
