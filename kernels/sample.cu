@@ -2,6 +2,7 @@
 // chooses that row's token from its plan (the CPU twin is RowPlan::choose in src/sampling/plan.rs; both must give the
 // same token for the same logits, plan and seed):
 //   1. edits: repetition penalty, then presence/frequency by generated count, then bans;
+//      then the row's token mask (structured output), when it has one;
 //   2. clean (NaN -> -inf, +inf -> FLT_MAX, -0 -> +0), the maximum and its first index;
 //   3. greedy: that index; otherwise weights w = exp_fast((x - max) * inv_t), the top-k
 //      prefix in rank order (logit descending, id ascending) by a radix select on counts,
@@ -13,8 +14,10 @@
 // atomics only), so a seed gives the same token on every run.
 //
 // params: 16 words per row: flags (1 greedy, 2 log-prob), inv_t, top_k (0 all), top_p,
-// seed lo/hi, step lo/hi, repetition, presence, frequency, first edit, end of edits.
-// edits: (token, info) pairs; info = generated count | 1<<30 repeat | 1<<31 ban.
+// seed lo/hi, step lo/hi, repetition, presence, frequency, first edit, end of edits,
+// mask (0: none; else 1 + the word offset in `edits` of the row's mask), mask bits.
+// edits: (token, info) pairs; info = generated count | 1<<30 repeat | 1<<31 ban; then the
+// rows' masks: bit i % 32 of word i / 32 allows id i; ids at or past mask bits are banned.
 // tokens[row] = -1 when no token is allowed (log_probs[row] = -inf).
 // Greedy rows that want no log-probability split their vocabulary over the grid's x blocks
 // (slices of ceil(vocab / gridDim.x) ids): each block edits and scans its slice and folds
@@ -206,6 +209,14 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         x[tok] = v;
     }
     __syncthreads();
+    if (pr[13] != 0u) {
+        const unsigned* mw = edits + (pr[13] - 1u);
+        const int bits = (int)pr[14];
+        for (int i = from + tid; i < to; i += nt) {
+            if (i >= bits || ((mw[i >> 5] >> (i & 31)) & 1u) == 0u) x[i] = -INFINITY;
+        }
+        __syncthreads();
+    }
 
     // 2. The maximum and its first index.
     float best = -INFINITY;

@@ -428,15 +428,9 @@ fn run_generate(args: GenerateArgs) -> inflight::Result<()> {
         let template = ChatTemplate::for_tokenizer(tok)?;
         let mut messages = Vec::new();
         if let Some(system) = args.system {
-            messages.push(ChatMessage {
-                role: "system".into(),
-                content: system,
-            });
+            messages.push(ChatMessage::new("system", system));
         }
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: args.prompt,
-        });
+        messages.push(ChatMessage::new("user", args.prompt));
         template.apply(&messages, true)?
     } else {
         args.prompt

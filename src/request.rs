@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::guide::{Compiled, Guide};
 use crate::tokenizer::chat::{ChatMessage, TemplateVars};
 
 /// A request's id: given by the client (echoed back, used to cancel) or generated.
@@ -89,6 +90,13 @@ pub struct GenerationParams {
     /// (vLLM's `cache_salt`): a tenant's prompts stay apart from others'. None: the
     /// common pool.
     pub cache_salt: Option<String>,
+    /// Structured output: the output must match this (a JSON Schema, a regex, a
+    /// grammar, ...); tokens it does not allow are never sampled.
+    pub guide: Option<Guide>,
+    /// `guide` compiled for the model (Preprocess compiles it; a request whose guide
+    /// is not compiled can generate nothing).
+    #[serde(skip)]
+    pub compiled_guide: Option<Compiled>,
 }
 
 impl Default for GenerationParams {
@@ -116,6 +124,8 @@ impl Default for GenerationParams {
             num_draft_tokens: None,
             use_draft_logits: false,
             cache_salt: None,
+            guide: None,
+            compiled_guide: None,
         }
     }
 }

@@ -271,6 +271,10 @@ impl EngineState {
             sampled,
             timing,
         })?;
+        // Until the next step arrives: the guided sequences' next masks.
+        if let Some(sampling) = self.sampling.as_mut() {
+            sampling.prepare_masks();
+        }
         Ok(())
     }
 

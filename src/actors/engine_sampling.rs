@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use super::messages::{SeqId, SeqSampled, StepSeq};
-use super::sampler::push_verdict;
+use super::sampler::{prepare_masks, push_verdict};
 use crate::model::RowsOut;
 use crate::sampling::{RowPlan, SeqSampler, Verdict};
 use crate::scheduler::StepOutput;
@@ -69,7 +69,7 @@ impl EngineSampling {
             }
             st.sampler = Some(sampler);
         }
-        let Some(sampler) = st.sampler.as_ref().filter(|_| s.sample) else {
+        let Some(sampler) = st.sampler.as_mut().filter(|_| s.sample) else {
             return Vec::new();
         };
         match &s.draft {
@@ -87,6 +87,13 @@ impl EngineSampling {
             .and_then(|st| st.sampler.as_ref())
             .and_then(|sampler| sampler.plan_ahead())
             .ok_or_else(|| format!("seq {} cannot be planned ahead", s.seq))
+    }
+
+    /// Computes the grammar masks of every guided sequence's next token (in parallel):
+    /// run between steps, while the device works or waits for the next step, so that
+    /// planning the next step finds them ready.
+    pub fn prepare_masks(&mut self) {
+        prepare_masks(self.seqs.values_mut().filter_map(|st| st.sampler.as_mut()));
     }
 
     /// Each sampling chunk's tokens from its result, in the Scheduler's terms.

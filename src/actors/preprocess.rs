@@ -14,6 +14,7 @@ use ractor::{call, Actor, ActorProcessingErr, ActorRef};
 use super::messages::{
     CancelReason, PostprocessMsg, PreprocessMsg, SchedulerMsg, SeqInit, SubmitError,
 };
+use crate::guide::Guides;
 use crate::request::{GenerationParams, Prompt};
 use crate::tokenizer::chat::ChatTemplate;
 use crate::tokenizer::Tokenizer;
@@ -22,6 +23,8 @@ pub(crate) struct Preprocess;
 
 pub struct PreprocessArgs {
     pub tokenizer: Arc<Tokenizer>,
+    /// Compiles requests' structured-output constraints (shared by the pool).
+    pub guides: Arc<Guides>,
     pub vocab_size: usize,
     pub max_seq_len: usize,
     /// A draft source is configured: requests may ask for `num_draft_tokens`.
@@ -74,6 +77,19 @@ impl Actor for Preprocess {
             }
         };
         let a = &state.args;
+        let mut params = params;
+        if let Some(guide) = &params.guide {
+            match a.guides.compile(guide) {
+                Ok(c) => params.compiled_guide = Some(c),
+                Err(e) => {
+                    let _ = reply.send(Err(SubmitError::Invalid(format!(
+                        "invalid {} constraint: {e}",
+                        guide.kind()
+                    ))));
+                    return Ok(());
+                }
+            }
+        }
         let params = Arc::new(params);
         let seqs: Vec<SeqInit> = token_lists
             .into_iter()

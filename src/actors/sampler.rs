@@ -82,6 +82,9 @@ impl Actor for Sampler {
                     sampled,
                     timing,
                 })?;
+                // The next step's forward pass runs now: the guided sequences' next
+                // masks are computed meanwhile, before its logits come back.
+                prepare_masks(state.seqs.values_mut());
             }
         }
         Ok(())
@@ -123,6 +126,22 @@ fn sample_rows(
         push_verdict(&mut output, &mut sampled, row.seq, verdict, drafted);
     }
     (output, sampled)
+}
+
+/// Computes the next token's grammar mask of every guided sequence among `samplers`
+/// that lacks one, in parallel.
+pub(super) fn prepare_masks<'a>(samplers: impl Iterator<Item = &'a mut SeqSampler>) {
+    use rayon::prelude::*;
+    let mut guided: Vec<&mut SeqSampler> = samplers.filter(|s| s.is_guided()).collect();
+    match guided.len() {
+        0 => {}
+        1 => {
+            guided[0].prepare();
+        }
+        _ => guided.par_iter_mut().for_each(|s| {
+            s.prepare();
+        }),
+    }
 }
 
 /// Adds one sequence's verdict to a step's output (the Scheduler's tokens, and what

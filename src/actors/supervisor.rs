@@ -30,6 +30,7 @@ use super::preprocess::{Preprocess, PreprocessArgs};
 use super::sampler::{Sampler, SamplerArgs};
 use super::scheduler::{SchedulerActor, SchedulerArgs};
 use super::speculative::{Drafter, Speculative, SpeculativeArgs};
+use crate::guide::Guides;
 use crate::model::{Backend, ModelConfig};
 use crate::scheduler::SchedulerConfig;
 use crate::speculative::{DraftSource, SpeculativeOptions};
@@ -131,10 +132,12 @@ impl Actor for ModelSupervisor {
         let engine = engines.spawn(&myself, &sampler).await?;
         scheduler.cast(SchedulerMsg::EngineReady(engine.front.clone()))?;
         let next_seq = Arc::new(AtomicU64::new(1));
+        let guides = Arc::new(Guides::new(args.tokenizer.clone()));
         let mut preprocess = Vec::new();
         for _ in 0..args.preprocess_workers.max(1) {
             let pa = PreprocessArgs {
                 tokenizer: args.tokenizer.clone(),
+                guides: guides.clone(),
                 vocab_size: cfg.vocab_size,
                 max_seq_len: cfg.max_position_embeddings,
                 speculative: engines.speculative.is_some(),

@@ -409,6 +409,7 @@ pub fn sampled_plans_vs_cpu(cuda: &Arc<CudaModel>) -> Result<Row> {
                 presence: 0.4,
                 frequency: 0.2,
                 edits,
+                mask: None,
             };
             match i {
                 // Greedy with its penalties (split over sampling blocks when it wants no

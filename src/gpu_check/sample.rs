@@ -5,6 +5,7 @@
 //! top-p, both, penalties and bans, many ties, NaN and infinities, rows with nothing
 //! allowed, and vocabularies from 77 to 128256 ids.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use rand::rngs::StdRng;
@@ -13,7 +14,7 @@ use rand::Rng;
 use super::Row;
 use crate::error::Result;
 use crate::kernels::cuda::{launch, DevBuf, Gpu, Mapped};
-use crate::sampling::{pack, Edit, RowPlan, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT};
+use crate::sampling::{pack, Edit, RowPlan, TokenMask, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT};
 
 /// Rows per case.
 const ROWS: usize = 64;
@@ -33,6 +34,8 @@ struct Case {
     log_prob: bool,
     /// Every third row samples by top_k 50 instead, beside the case's rows in one launch.
     mixed: bool,
+    /// Rows carry a token mask (structured output) allowing about one id in twenty.
+    masked: bool,
     /// Rows in the launch ([`ROWS`] unless a case needs few: greedy rows without
     /// log-probabilities split over more blocks the fewer the rows).
     rows: usize,
@@ -50,6 +53,7 @@ const fn case(name: &'static str, temperature: f32, top_k: usize, top_p: f32) ->
         odd: false,
         log_prob: true,
         mixed: false,
+        masked: false,
         rows: ROWS,
     }
 }
@@ -109,6 +113,20 @@ fn cases() -> Vec<Case> {
             odd: true,
             ..case("ties, NaN/inf, top_p 0.8", 1.0, 0, 0.8)
         },
+        Case {
+            masked: true,
+            penalties: true,
+            ..case("greedy, penalties, token masks", 0.0, 0, 1.0)
+        },
+        Case {
+            masked: true,
+            log_prob: false,
+            ..case("greedy, no log-prob, token masks", 0.0, 0, 1.0)
+        },
+        Case {
+            masked: true,
+            ..case("top_k 50, top_p 0.9, token masks", 1.0, 50, 0.9)
+        },
     ]
 }
 
@@ -165,6 +183,23 @@ fn plan(rng: &mut StdRng, vocab: usize, c: &Case) -> RowPlan {
         presence: if c.penalties { 0.4 } else { 0.0 },
         frequency: if c.penalties { 0.2 } else { 0.0 },
         edits,
+        mask: c.masked.then(|| {
+            // Sometimes narrower than the vocabulary (a padded lm_head), sometimes empty.
+            let bits = if rng.gen_bool(0.3) {
+                vocab.saturating_sub(5)
+            } else {
+                vocab
+            };
+            let mut m = TokenMask::none(bits);
+            if !rng.gen_bool(0.05) {
+                for t in 0..bits as u32 {
+                    if rng.gen_bool(0.05) {
+                        m.allow(t);
+                    }
+                }
+            }
+            Arc::new(m)
+        }),
     }
 }
 

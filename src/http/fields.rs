@@ -288,6 +288,17 @@ pub fn build_request(
         num_draft_tokens: fields.uint(&["num_draft_tokens"])?.map(|v| v as usize),
         use_draft_logits: fields.bool(&["use_draft_logits"])?.unwrap_or(false),
         cache_salt: fields.strings("cache_salt")?.into_iter().next(),
+        guide: super::guided::triton_guide(
+            fields
+                .strings("guided_decoding_guide_type")?
+                .first()
+                .map(String::as_str),
+            fields
+                .strings("guided_decoding_guide")?
+                .first()
+                .map(String::as_str),
+        )?,
+        compiled_guide: None,
     };
     Ok(Request {
         id: request_id(fields)?,

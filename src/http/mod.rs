@@ -7,6 +7,7 @@ mod auth;
 mod error;
 mod error_body;
 mod fields;
+mod guided;
 mod kserve;
 mod kserve_stats;
 mod listener;
@@ -15,6 +16,7 @@ mod openai_types;
 mod request_body;
 mod serve;
 mod tensors;
+mod tools;
 mod tracked;
 mod triton;
 

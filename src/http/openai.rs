@@ -355,8 +355,14 @@ async fn chat_completions(
     body: Bytes,
 ) -> ApiResult<Response> {
     let body = parse_json(&body)?;
-    let req = chat_request(&body, context(&state))?;
+    let mut req = chat_request(&body, context(&state))?;
     check_model(&state, &req.model)?;
+    let tok = state.model().tokenizer();
+    let tools = super::tools::prepare_chat(
+        &mut req,
+        tok.chat_template(),
+        tok.token_to_id("[TOOL_CALLS]"),
+    )?;
     let streamed = req.params.stream;
     let request = Request {
         id: request_id(&headers)?,
@@ -374,7 +380,15 @@ async fn chat_completions(
         created: unix_now(),
     };
     if streamed {
-        let events = stream_chat(state, meta, stream, req.logprobs, req.include_usage);
+        let events = stream_chat(
+            state,
+            meta,
+            stream,
+            req.logprobs,
+            req.include_usage,
+            tools,
+            rid.clone(),
+        );
         return Ok(with_request_id(sse(events), &rid));
     }
     let c = collect(stream, 1).await?.remove(0);
@@ -383,14 +397,26 @@ async fn chat_completions(
     let logprobs = req
         .logprobs
         .then(|| chat_logprobs(state.model().tokenizer(), &c));
+    let mut finish = c.finish_reason.map_or("stop", finish_reason);
+    let (content, calls) = match tools {
+        Some(format) => super::tools::parse(&c.text, format),
+        None => (c.text, Vec::new()),
+    };
+    let tool_calls = (!calls.is_empty()).then(|| {
+        if finish == "stop" {
+            finish = "tool_calls";
+        }
+        super::tools::calls_out(calls, &rid, false)
+    });
     let choice = ChatChoice {
         index: 0,
         message: ChatMessageOut {
             role: "assistant",
-            content: c.text,
+            content: (tool_calls.is_none() || !content.is_empty()).then_some(content),
+            tool_calls,
         },
         logprobs,
-        finish_reason: c.finish_reason.map_or("stop", finish_reason),
+        finish_reason: finish,
     };
     let answer = ChatCompletion {
         id: &meta.id,
@@ -409,6 +435,8 @@ fn stream_chat(
     mut stream: TrackedStream,
     logprobs: bool,
     include_usage: bool,
+    tools: Option<super::tools::ToolFormat>,
+    rid: String,
 ) -> impl Stream<Item = Event> + Send + 'static {
     let usage_field: Option<Option<Usage>> = include_usage.then_some(None);
     let choice = |delta: ChatDelta,
@@ -420,22 +448,43 @@ fn stream_chat(
         finish_reason,
     };
     async_stream::stream! {
-        let first = ChatDelta { role: Some("assistant"), content: Some(String::new()) };
+        let first = ChatDelta { role: Some("assistant"), content: Some(String::new()), tool_calls: None };
         yield meta.chat_chunk(vec![choice(first, None, None)], usage_field);
         let mut usage = Usage::default();
+        let mut calls = tools.map(super::tools::ToolStream::new);
         while let Some(c) = stream.next().await {
             if let Some(e) = &c.error {
                 yield error_event(e);
                 return;
             }
-            if !c.text.is_empty() || (logprobs && !c.token_ids.is_empty()) {
+            let text = match calls.as_mut() {
+                Some(s) => s.push(&c.text),
+                None => c.text.clone(),
+            };
+            if !text.is_empty() || (logprobs && !c.token_ids.is_empty()) {
                 let lp = logprobs.then(|| chat_logprobs(state.model().tokenizer(), &c));
-                let delta = ChatDelta { role: None, content: Some(c.text.clone()) };
+                let delta = ChatDelta { role: None, content: Some(text), tool_calls: None };
                 yield meta.chat_chunk(vec![choice(delta, lp, None)], usage_field);
             }
             if let Some(r) = c.finish_reason {
                 usage.add(&c);
-                yield meta.chat_chunk(vec![choice(ChatDelta::default(), None, Some(finish_reason(r)))], usage_field);
+                let mut reason = finish_reason(r);
+                if let Some(s) = calls.as_mut() {
+                    let (rest, found) = s.finish();
+                    if !rest.is_empty() {
+                        let delta = ChatDelta { role: None, content: Some(rest), tool_calls: None };
+                        yield meta.chat_chunk(vec![choice(delta, None, None)], usage_field);
+                    }
+                    if !found.is_empty() {
+                        if reason == "stop" {
+                            reason = "tool_calls";
+                        }
+                        let out = super::tools::calls_out(found, &rid, true);
+                        let delta = ChatDelta { role: None, content: None, tool_calls: Some(out) };
+                        yield meta.chat_chunk(vec![choice(delta, None, None)], usage_field);
+                    }
+                }
+                yield meta.chat_chunk(vec![choice(ChatDelta::default(), None, Some(reason))], usage_field);
             }
         }
         if include_usage {

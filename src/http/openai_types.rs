@@ -37,6 +37,8 @@ pub struct ChatRequest {
     pub logprobs: bool,
     pub include_usage: bool,
     pub params: GenerationParams,
+    /// `tools` with `tool_choice`, when the request offers tools.
+    pub tools: Option<super::tools::ToolRequest>,
 }
 
 /// The fields of a JSON object body, read with errors that name the field.
@@ -262,6 +264,7 @@ impl<'a> Body<'a> {
                 .map(|n| n as usize),
             use_draft_logits: self.boolean("use_draft_logits")?.unwrap_or(false),
             cache_salt: self.string("cache_salt")?.map(str::to_owned),
+            guide: super::guided::openai_guide(self.0)?,
             stop_strings: self.stop()?,
             stream,
             exclude_input_in_output: true,
@@ -370,16 +373,7 @@ pub fn chat_request(body: &Value, context: usize) -> ApiResult<ChatRequest> {
         .object("chat_template_kwargs")?
         .cloned()
         .unwrap_or_default();
-    b.refuse_if_set("tools", "tool calling is not supported")?;
-    b.refuse_if_set("functions", "function calling is not supported")?;
-    if let Some(f) = b.get("response_format") {
-        let kind = f.get("type").and_then(Value::as_str);
-        if kind != Some("text") {
-            return Err(ApiError::Unsupported(
-                "'response_format' supports only {\"type\": \"text\"}".into(),
-            ));
-        }
-    }
+    let tools = super::tools::tool_request(b.0)?;
     let logprobs = b.boolean("logprobs")?.unwrap_or(false);
     match b.int_in("top_logprobs", 0, 20)? {
         None | Some(0) => {}
@@ -403,6 +397,7 @@ pub fn chat_request(body: &Value, context: usize) -> ApiResult<ChatRequest> {
         logprobs,
         include_usage,
         params,
+        tools,
     })
 }
 
@@ -432,19 +427,43 @@ fn chat_message(i: usize, m: &Value) -> ApiResult<ChatMessage> {
         Some(v) => return Err(wrong_type(&format!("{at}.role"), "a string", v)),
     };
     let role = match role {
-        "system" | "user" | "assistant" => role,
+        "system" | "user" | "assistant" | "tool" => role,
         // OpenAI's newer name for system instructions; templates know only "system".
         "developer" => "system",
-        "tool" | "function" => {
+        "function" => {
             return Err(ApiError::Unsupported(format!(
-                "'{at}.role' '{role}': tool calling is not supported"
+                "'{at}.role' 'function' is deprecated: answer calls with 'tool' messages"
             )))
         }
         other => {
             return Err(bad(format!(
-                "'{at}.role' must be one of system, developer, user, assistant; got '{other}'"
+                "'{at}.role' must be one of system, developer, user, assistant, tool; got '{other}'"
             )))
         }
+    };
+    let tool_calls = match obj.get("tool_calls").filter(|v| !v.is_null()) {
+        Some(v) if role == "assistant" => Some(assistant_tool_calls(&at, v)?),
+        Some(_) => {
+            return Err(bad(format!(
+                "'{at}.tool_calls' is only for assistant messages"
+            )))
+        }
+        None => None,
+    };
+    let tool_call_id = match obj.get("tool_call_id").filter(|v| !v.is_null()) {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(v) => return Err(wrong_type(&format!("{at}.tool_call_id"), "a string", v)),
+        None if role == "tool" => {
+            return Err(bad(format!(
+                "'{at}.tool_call_id' is required for a tool message"
+            )))
+        }
+        None => None,
+    };
+    let name = match obj.get("name").filter(|v| !v.is_null()) {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(v) => return Err(wrong_type(&format!("{at}.name"), "a string", v)),
+        None => None,
     };
     let content = match obj.get("content") {
         Some(Value::String(s)) => s.clone(),
@@ -459,7 +478,57 @@ fn chat_message(i: usize, m: &Value) -> ApiResult<ChatMessage> {
             ))
         }
     };
-    Ok(ChatMessage::new(role, content))
+    Ok(ChatMessage {
+        tool_calls,
+        tool_call_id,
+        name,
+        ..ChatMessage::new(role, content)
+    })
+}
+
+/// An assistant message's `tool_calls` as chat templates read them: each call's
+/// `function.arguments` (a JSON text in OpenAI's API) parsed into an object.
+fn assistant_tool_calls(at: &str, v: &Value) -> ApiResult<Value> {
+    let items = v
+        .as_array()
+        .ok_or_else(|| wrong_type(&format!("{at}.tool_calls"), "a list of calls", v))?;
+    let calls = items
+        .iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let here = format!("{at}.tool_calls[{j}]");
+            let f = c
+                .get("function")
+                .and_then(Value::as_object)
+                .ok_or_else(|| bad(format!("'{here}.function' must be an object")))?;
+            let name = f
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad(format!("'{here}.function.name' is required")))?;
+            let arguments = match f.get("arguments") {
+                None | Some(Value::Null) => Value::Object(Map::new()),
+                Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| {
+                    bad(format!(
+                        "'{here}.function.arguments' is not valid JSON: {e}"
+                    ))
+                })?,
+                Some(o @ Value::Object(_)) => o.clone(),
+                Some(v) => {
+                    return Err(wrong_type(
+                        &format!("{here}.function.arguments"),
+                        "a JSON text",
+                        v,
+                    ))
+                }
+            };
+            Ok(serde_json::json!({
+                "id": c.get("id").cloned().unwrap_or(Value::Null),
+                "type": "function",
+                "function": {"name": name, "arguments": arguments}
+            }))
+        })
+        .collect::<ApiResult<Vec<_>>>()?;
+    Ok(Value::Array(calls))
 }
 
 /// Joins the text parts of a content list, as vLLM does (with newlines).
@@ -564,7 +633,28 @@ pub struct ChatLogprobs {
 #[derive(Debug, Serialize)]
 pub struct ChatMessageOut {
     pub role: &'static str,
-    pub content: String,
+    /// Null when the answer is only tool calls, as OpenAI's is.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// One function call of an answer (`tool_calls[i]`); in a streamed delta it also
+/// carries its `index`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallOut {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCallOut,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionCallOut {
+    pub name: String,
+    pub arguments: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -591,6 +681,8 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
 }
 
 #[derive(Debug, Serialize)]

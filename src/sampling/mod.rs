@@ -13,6 +13,7 @@
 //! - `math`: vectorised row kernels (cleaning, fast `exp`, sums);
 //! - `speculative`: draft proposals and their verification against the target.
 
+mod mask;
 mod math;
 mod nucleus;
 mod penalties;
@@ -24,6 +25,7 @@ mod speculative;
 mod tests;
 mod words;
 
+pub use mask::TokenMask;
 #[cfg(feature = "cuda")]
 pub(crate) use plan::{pack, PLAN_WORDS};
 pub use plan::{Edit, RowChoice, RowPlan, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT};

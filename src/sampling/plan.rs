@@ -7,10 +7,13 @@
 //! The row's penalties and masks travel as sparse [`Edit`]s (only tokens the sequence
 //! has seen or may not produce), so the device never needs a sequence's history.
 
+use std::sync::Arc;
+
 use rand::RngCore;
 
 use super::math;
 use super::select::{self, Cuts};
+use super::TokenMask;
 
 /// `Edit::info` bit: apply the repetition penalty to this token.
 pub const EDIT_REPEAT: u32 = 1 << 30;
@@ -56,6 +59,8 @@ pub struct RowPlan {
     pub frequency: f32,
     /// At most one per token, sorted by token.
     pub edits: Vec<Edit>,
+    /// Structured output: only these tokens may come next (after the edits).
+    pub mask: Option<Arc<TokenMask>>,
 }
 
 /// What choosing from one row gave.
@@ -89,6 +94,7 @@ impl RowPlan {
             presence: 0.0,
             frequency: 0.0,
             edits: Vec::new(),
+            mask: None,
         }
     }
 
@@ -122,6 +128,9 @@ impl RowPlan {
                 *x = f32::NEG_INFINITY;
             }
         }
+        if let Some(m) = &self.mask {
+            m.apply(logits);
+        }
     }
 
     /// Chooses a token from `logits` (scratch: its contents on return are unspecified):
@@ -154,8 +163,10 @@ pub const PLAN_WORDS: usize = 16;
 
 /// Plans laid out for the `sample_rows` kernel: per row [`PLAN_WORDS`] words (flags: 1
 /// greedy, 2 log-prob; inv_t; top_k, 0 for all; top_p; seed lo, hi; step lo, hi;
-/// repetition; presence; frequency; first edit; end of edits; three spare), and every
-/// row's edits as (token, info) pairs.
+/// repetition; presence; frequency; first edit; end of edits; mask; mask bits; one spare),
+/// and every row's edits as (token, info) pairs followed by the rows' token masks
+/// ([`TokenMask::words`]). A row's mask word is 1 + the offset of its mask's first word in
+/// `edits`, 0 when it has none; rows sharing one mask share its words.
 #[derive(Debug, Clone, Default, PartialEq)]
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub struct PackedPlans {
@@ -167,13 +178,17 @@ pub struct PackedPlans {
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn pack<'a>(plans: impl IntoIterator<Item = &'a RowPlan>) -> PackedPlans {
     let mut out = PackedPlans::default();
-    for p in plans {
+    let mut masks: Vec<(usize, &'a Arc<TokenMask>)> = Vec::new();
+    for (row, p) in plans.into_iter().enumerate() {
         let first = (out.edits.len() / 2) as u32;
         for e in &p.edits {
             out.edits.extend([e.token, e.info]);
         }
         let end = (out.edits.len() / 2) as u32;
         let flags = p.greedy as u32 | (p.want_log_prob as u32) << 1;
+        if let Some(m) = &p.mask {
+            masks.push((row, m));
+        }
         out.params.extend([
             flags,
             p.inv_t.to_bits(),
@@ -189,9 +204,24 @@ pub fn pack<'a>(plans: impl IntoIterator<Item = &'a RowPlan>) -> PackedPlans {
             first,
             end,
             0,
-            0,
+            p.mask
+                .as_ref()
+                .map_or(0, |m| m.bits().min(u32::MAX as usize) as u32),
             0,
         ]);
+    }
+    let mut placed: Vec<(&Arc<TokenMask>, u32)> = Vec::new();
+    for (row, m) in masks {
+        let at = match placed.iter().find(|(q, _)| Arc::ptr_eq(q, m)) {
+            Some(&(_, at)) => at,
+            None => {
+                let at = out.edits.len() as u32 + 1;
+                out.edits.extend_from_slice(m.words());
+                placed.push((m, at));
+                at
+            }
+        };
+        out.params[row * PLAN_WORDS + 13] = at;
     }
     out
 }
@@ -295,6 +325,7 @@ mod tests {
                 token: 4,
                 info: EDIT_BAN,
             }],
+            mask: None,
         };
         let b = RowPlan {
             greedy: true,
@@ -313,6 +344,30 @@ mod tests {
         assert_eq!(ra[8], 1.5f32.to_bits());
         assert_eq!((ra[11], ra[12]), (0, 2));
         assert_eq!((rb[0], rb[11], rb[12]), (3, 2, 2));
+        assert_eq!((ra[13], rb[13]), (0, 0));
+    }
+
+    #[test]
+    fn pack_appends_each_mask_once_after_the_edits() {
+        let mut m = TokenMask::none(40);
+        m.allow(1);
+        m.allow(39);
+        let m = Arc::new(m);
+        let masked = RowPlan {
+            edits: vec![Edit {
+                token: 2,
+                info: EDIT_BAN,
+            }],
+            mask: Some(m.clone()),
+            ..RowPlan::argmax()
+        };
+        let packed = pack([&masked, &RowPlan::argmax(), &masked]);
+        assert_eq!(&packed.edits[..4], &[2, EDIT_BAN, 2, EDIT_BAN]);
+        assert_eq!(&packed.edits[4..], m.words());
+        let word = |row: usize, w: usize| packed.params[row * PLAN_WORDS + w];
+        assert_eq!((word(0, 13), word(0, 14)), (5, 40));
+        assert_eq!((word(1, 13), word(1, 14)), (0, 0));
+        assert_eq!(word(2, 13), 5);
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! word rules and generated tokens) and the step that turns its row of logits into the
 //! next token.
 
+use std::sync::Arc;
+
 use rand::rngs::OsRng;
 use rand::RngCore;
 
@@ -9,6 +11,8 @@ use super::penalties::Penalties;
 use super::plan::{Edit, RowChoice, RowPlan, StepRng};
 use super::select::Cuts;
 use super::words::WordRules;
+use super::TokenMask;
+use crate::guide::GuideState;
 use crate::request::GenerationParams;
 
 /// The outcome of one sampling step.
@@ -41,6 +45,9 @@ pub struct SeqSampler {
     /// The last `words.context_len()` prompt tokens, then every generated token.
     history: Vec<u32>,
     prompt_tail: usize,
+    /// Structured output: the grammar's state, or `Err` for a guide that was never
+    /// compiled (nothing may be generated).
+    guide: Option<Result<GuideState, ()>>,
 }
 
 impl SeqSampler {
@@ -56,7 +63,13 @@ impl SeqSampler {
         let seed = seed_of(params);
         let words = WordRules::new(params, eos_ids);
         let prompt_tail = words.context_len().min(prompt.len());
+        let guide = match (&params.guide, &params.compiled_guide) {
+            (_, Some(c)) => Some(Ok(GuideState::new(c, words.end_ids().to_vec()))),
+            (Some(_), None) => Some(Err(())),
+            (None, None) => None,
+        };
         SeqSampler {
+            guide,
             greedy: is_greedy(params),
             cuts: Cuts::of(params),
             want_log_probs: params.return_log_probs,
@@ -107,10 +120,53 @@ impl SeqSampler {
     /// How to choose the next token, and, after each of `drafts` in turn (as if it had
     /// been chosen), the one after it: `1 + drafts.len()` plans, for a device that
     /// samples every row of a step at once.
-    pub fn plan(&self, drafts: &[u32]) -> Vec<RowPlan> {
-        (0..=drafts.len())
-            .map(|i| self.row_plan(&drafts[..i]))
-            .collect()
+    pub fn plan(&mut self, drafts: &[u32]) -> Vec<RowPlan> {
+        let masks = match &mut self.guide {
+            Some(Ok(g)) if !drafts.is_empty() => Some(g.masks_after(drafts)),
+            _ => None,
+        };
+        let mut plans: Vec<RowPlan> = (0..=drafts.len())
+            .map(|i| self.row_plan_unmasked(&drafts[..i]))
+            .collect();
+        match masks {
+            Some(masks) => {
+                for (p, m) in plans.iter_mut().zip(masks) {
+                    p.mask = Some(m);
+                }
+            }
+            None => {
+                if let Some(p) = plans.first_mut() {
+                    p.mask = self.next_mask();
+                }
+            }
+        }
+        plans
+    }
+
+    /// The mask of the next token under the request's guide (None without one).
+    fn next_mask(&mut self) -> Option<Arc<TokenMask>> {
+        match self.guide.as_mut()? {
+            Ok(g) => Some(g.mask()),
+            Err(()) => Some(Arc::new(TokenMask::none(0))),
+        }
+    }
+
+    /// Computes the next token's grammar mask now, if the request has a guide and it is
+    /// not known yet: called between steps, while the forward pass runs, so the step
+    /// that samples finds it ready. True when a mask was computed.
+    pub fn prepare(&mut self) -> bool {
+        match &mut self.guide {
+            Some(Ok(g)) if !g.is_prepared() => {
+                g.prepare();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the request constrains its output with a guide.
+    pub fn is_guided(&self) -> bool {
+        self.guide.is_some()
     }
 
     /// Whether a sequence with these parameters can be planned a step ahead
@@ -119,14 +175,14 @@ impl SeqSampler {
     /// their last tokens).
     pub fn plans_ahead(params: &GenerationParams) -> bool {
         let words = WordRules::new(params, &[]);
-        !Penalties::new(params, &[]).is_active() && !words.looks_back()
+        !Penalties::new(params, &[]).is_active() && !words.looks_back() && params.guide.is_none()
     }
 
     /// The plan for the token after the next one, before the next one is known: what
     /// [`plan`](Self::plan) will give once it is recorded, when
     /// [`plans_ahead`](Self::plans_ahead) holds for the request (None otherwise).
     pub fn plan_ahead(&self) -> Option<RowPlan> {
-        if self.penalties.is_active() || self.words.looks_back() {
+        if self.penalties.is_active() || self.words.looks_back() || self.guide.is_some() {
             return None;
         }
         let generated = self.history.len() - self.prompt_tail + 1;
@@ -139,12 +195,20 @@ impl SeqSampler {
         Some(RowPlan {
             step: generated as u64,
             edits,
-            ..self.row_plan(&[])
+            ..self.row_plan_unmasked(&[])
         })
     }
 
-    /// The plan for the token after the generated ones and then `extra`.
-    fn row_plan(&self, extra: &[u32]) -> RowPlan {
+    /// The plan for the next token, with its grammar mask.
+    fn row_plan(&mut self, extra: &[u32]) -> RowPlan {
+        let mut plan = self.row_plan_unmasked(extra);
+        plan.mask = self.next_mask();
+        plan
+    }
+
+    /// The plan for the token after the generated ones and then `extra`, without the
+    /// guide's mask.
+    fn row_plan_unmasked(&self, extra: &[u32]) -> RowPlan {
         let generated = self.history.len() - self.prompt_tail + extra.len();
         let mut edits = Vec::new();
         self.penalties.edits(extra, &mut edits);
@@ -173,6 +237,7 @@ impl SeqSampler {
             presence: self.penalties.presence(),
             frequency: self.penalties.frequency(),
             edits,
+            mask: None,
         }
     }
 
@@ -218,7 +283,7 @@ impl SeqSampler {
     /// Applies penalties and masks in place: the logits [`sample`](Self::sample) chooses
     /// from, before temperature. The CPU twin of a GPU logits processor, and what tests
     /// check exact values on.
-    pub fn process_logits(&self, logits: &mut [f32]) {
+    pub fn process_logits(&mut self, logits: &mut [f32]) {
         self.row_plan(&[]).apply_edits(logits);
     }
 
@@ -229,6 +294,9 @@ impl SeqSampler {
     }
 
     fn record(&mut self, token: u32) {
+        if let Some(Ok(g)) = &mut self.guide {
+            g.advance(token);
+        }
         self.penalties.record(token);
         self.history.push(token);
     }

@@ -52,20 +52,20 @@ fn penalties_give_exact_logits_and_steer_greedy() {
     });
     let mut s = SeqSampler::new(&p, &[0, 2, 0], EOS);
     let base = [3.0, 2.0, -1.0, 0.5, 1.75];
-    let processed = |s: &SeqSampler| {
+    let processed = |s: &mut SeqSampler| {
         let mut r = base.to_vec();
         s.process_logits(&mut r);
         r
     };
     // Prompt tokens only get the repetition penalty: 3 / 2 and -1 * 2.
-    assert_eq!(processed(&s), vec![1.5, 2.0, -2.0, 0.5, 1.75]);
+    assert_eq!(processed(&mut s), vec![1.5, 2.0, -2.0, 0.5, 1.75]);
     assert_eq!(s.sample(&mut base.to_vec()).token, 1);
     // 1: 2 / 2 - 0.5 - 0.25.
-    assert_eq!(processed(&s), vec![1.5, 0.25, -2.0, 0.5, 1.75]);
+    assert_eq!(processed(&mut s), vec![1.5, 0.25, -2.0, 0.5, 1.75]);
     assert_eq!(s.sample(&mut base.to_vec()).token, 4);
     assert_eq!(s.sample(&mut base.to_vec()).token, 0);
     // 0: 3 / 2 - 0.5 - 0.25; 4: 1.75 / 2 - 0.75; 3 is never seen.
-    assert_eq!(processed(&s), vec![0.75, 0.25, -2.0, 0.5, 0.125]);
+    assert_eq!(processed(&mut s), vec![0.75, 0.25, -2.0, 0.5, 0.125]);
     assert_eq!(s.generated(), &[1, 4, 0]);
 }
 
@@ -464,7 +464,7 @@ fn plans_carry_penalties_and_bans_for_each_draft_row() {
         p.min_length = 2;
         p.bad_words = vec![vec![3, 4]];
     });
-    let s = SeqSampler::new(&p, &[1], EOS);
+    let mut s = SeqSampler::new(&p, &[1], EOS);
     let plans = s.plan(&[3, 3]);
     assert_eq!(plans.len(), 3);
     let info = |plan: &RowPlan, t: u32| plan.edits.iter().find(|e| e.token == t).map(|e| e.info);

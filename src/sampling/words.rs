@@ -62,6 +62,15 @@ impl WordRules {
         !self.ignore_eos && self.end_ids.binary_search(&token).is_ok()
     }
 
+    /// The tokens that end the sequence (none with `ignore_eos`).
+    pub(crate) fn end_ids(&self) -> &[u32] {
+        if self.ignore_eos {
+            &[]
+        } else {
+            &self.end_ids
+        }
+    }
+
     /// The lowest end token id, if any (whether or not `ignore_eos` disables it).
     pub(crate) fn first_end_id(&self) -> Option<u32> {
         self.end_ids.first().copied()

@@ -38,10 +38,21 @@ pub type TemplateVars = serde_json::Map<String, serde_json::Value>;
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// Who speaks: `system`, `user`, `assistant`, ...
+    /// Who speaks: `system`, `user`, `assistant`, `tool`, ...
     pub role: String,
     /// What they say.
     pub content: String,
+    /// An assistant's function calls, as templates read them: a list of
+    /// `{"type": "function", "id", "function": {"name", "arguments": {...}}}` with the
+    /// arguments as an object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A tool message's answer to this call id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The function a tool message answers for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -50,6 +61,9 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
 }
