@@ -334,3 +334,49 @@ async fn broken_constraints_are_400s_and_the_server_stays_healthy() {
         (200, Some("fine"))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drafts_are_checked_against_the_grammar() {
+    use inflight::speculative::{DraftSource, SpeculativeOptions};
+    let s = start_tiny("structured-spec", |o| {
+        o.speculative = Some(SpeculativeOptions {
+            draft: DraftSource::PromptLookup {
+                min_ngram: 1,
+                max_ngram: 3,
+            },
+            num_draft_tokens: 0,
+        })
+    })
+    .await;
+    let prompt = "the cat and the dog and the cat and the dog and the cat and the";
+    let body = |drafts: u64| {
+        json!({"model": "ensemble", "prompt": prompt, "max_tokens": 40, "temperature": 0,
+               "num_draft_tokens": drafts, "guided_regex": "( (the|cat|dog|and)){4,12}\\."})
+    };
+    let (status, plain) = post(&s, "/v1/completions", body(0)).await;
+    assert_eq!(status, 200, "{plain}");
+    let (status, spec) = post(&s, "/v1/completions", body(4)).await;
+    assert_eq!(status, 200, "{spec}");
+    let text = spec["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(
+        text,
+        plain["choices"][0]["text"].as_str().unwrap(),
+        "greedy text unchanged"
+    );
+    let words: Vec<&str> = text.trim_end_matches('.').split_whitespace().collect();
+    assert!(
+        text.ends_with('.') && (4..=12).contains(&words.len()),
+        "{text:?}"
+    );
+    assert!(
+        words
+            .iter()
+            .all(|w| ["the", "cat", "dog", "and"].contains(w)),
+        "{text:?}"
+    );
+    let drafted = s
+        .metric("inflight_spec_decode_draft_tokens_total")
+        .await
+        .unwrap_or(0.0);
+    assert!(drafted > 0.0, "no draft was proposed");
+}

@@ -209,3 +209,51 @@ fn masks_after_a_draft_match_stepping_through_it() {
     }
     assert!(eos.iter().all(|&e| a.mask().allows(e)));
 }
+
+#[test]
+fn guided_device_plans_with_drafts_verify_like_the_host() {
+    use crate::request::GenerationParams;
+    use crate::sampling::{RowChoice, SeqSampler};
+    let tok = tokenizer();
+    let v = tok.vocab_size();
+    let guides = Guides::new(tok.clone());
+    let guide = Guide::Regex("(ab|cd|ef)+!".into());
+    for (seed, greedy) in [(1u64, true), (2, false), (3, false)] {
+        let params = GenerationParams {
+            temperature: if greedy { 0.0 } else { 0.9 },
+            random_seed: Some(seed),
+            return_log_probs: true,
+            compiled_guide: Some(guides.compile(&guide).unwrap()),
+            guide: Some(guide.clone()),
+            ..GenerationParams::default()
+        };
+        let mut rng = StdRng::seed_from_u64(seed);
+        let rows: Vec<f32> = (0..4 * v).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
+        let prompt = tok.encode("go", false).unwrap();
+        let eos = tok.eos_token_ids();
+        let mut probe = SeqSampler::new(&params, &prompt, eos);
+        let host: Vec<u32> = rows
+            .chunks(v)
+            .map(|r| probe.sample(&mut r.to_vec()).token)
+            .collect();
+        // Every host token is one the grammar allows.
+        let text = tok.decode(&host, true).unwrap();
+        assert!(text.chars().all(|c| "abcdef!".contains(c)), "{text:?}");
+        // Two good drafts, then one the grammar refuses.
+        let bad = tok.encode("zz", false).unwrap()[0];
+        let draft = [host[0], host[1], bad];
+        let mut a = SeqSampler::new(&params, &prompt, eos);
+        let mut b = a.clone();
+        let va = a.verify(&mut rows.clone(), v, &draft, None);
+        let choices: Vec<RowChoice> = b
+            .plan(&draft)
+            .iter()
+            .zip(rows.chunks(v))
+            .map(|(plan, r)| plan.choose(&mut r.to_vec()))
+            .collect();
+        let vb = b.verify_choices(&draft, &choices);
+        assert_eq!(va, vb, "seed {seed}");
+        assert_eq!(va.accepted, 2, "seed {seed}");
+        assert_eq!(va.tokens, host[..3].to_vec(), "seed {seed}");
+    }
+}
