@@ -9,7 +9,8 @@
 //!
 //! Log-probabilities are those of the sampled tokens only: no alternatives are computed,
 //! so completions' `top_logprobs` is null and chat's is empty (`top_logprobs` > 0 is
-//! refused).
+//! refused). Output constraints come from src/http/guided.rs; tools and their calls from
+//! src/http/tools.rs.
 
 use std::convert::Infallible;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
