@@ -181,13 +181,13 @@ async fn regex_choice_and_grammar_are_always_satisfied() {
     assert_eq!(status, 200, "{r}");
     let out = r["text_output"].as_str().unwrap();
     let answer = out.strip_prefix("Q").unwrap_or(out);
+    let pairs = answer
+        .strip_suffix('c')
+        .unwrap_or_else(|| panic!("{out:?}"));
     assert!(
-        answer.ends_with('c')
-            && answer[..answer.len() - 1].len() % 2 == 0
-            && answer[..answer.len() - 1]
-                .as_bytes()
-                .chunks(2)
-                .all(|p| p == b"ab"),
+        (1..=3).contains(&(pairs.len() / 2))
+            && pairs.len() % 2 == 0
+            && pairs.as_bytes().chunks(2).all(|p| p == b"ab"),
         "{out:?}"
     );
     let (status, r) = post(&s, "/v2/models/ensemble/generate", json!({"text_input": "Q", "max_tokens": 60,

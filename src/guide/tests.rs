@@ -99,7 +99,8 @@ fn regex_choice_lark_and_gbnf_constrain_the_text() {
     let tok = tokenizer();
     let guides = Guides::new(tok.clone());
     let rx = regex_lite(r"^[0-9]{3}-[a-c]+$");
-    let cases: Vec<(Guide, Box<dyn Fn(&str) -> bool>)> = vec![
+    type Check = Box<dyn Fn(&str) -> bool>;
+    let cases: Vec<(Guide, Check)> = vec![
         (
             Guide::Regex("[0-9]{3}-[a-c]+".into()),
             Box::new(move |s| rx(s)),

@@ -17,7 +17,7 @@ impl TokenMask {
     pub fn from_words(mut words: Vec<u32>, bits: usize) -> Self {
         let n = bits.div_ceil(32);
         words.resize(n, 0);
-        if bits % 32 != 0 {
+        if !bits.is_multiple_of(32) {
             if let Some(last) = words.last_mut() {
                 *last &= (1u32 << (bits % 32)) - 1;
             }
