@@ -380,3 +380,34 @@ async fn drafts_are_checked_against_the_grammar() {
         .unwrap_or(0.0);
     assert!(drafted > 0.0, "no draft was proposed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guided_sequences_survive_preemption() {
+    use inflight::scheduler::SchedulerPolicy;
+    // Eight blocks of 16 tokens for eight sequences growing to ~90 tokens: they preempt
+    // each other, and each one's grammar state must follow its own tokens throughout.
+    let s = start_tiny("structured-preempt", |o| {
+        o.scheduler.num_blocks = 8;
+        o.scheduler.max_batch_size = 8;
+        o.scheduler.policy = SchedulerPolicy::MaxUtilization;
+    })
+    .await;
+    let list = json!({"type": "array", "minItems": 20, "maxItems": 20,
+        "items": {"type": "integer", "minimum": 10, "maximum": 99}});
+    let asks = (0..8).map(|seed| {
+        let s = &s;
+        let list = list.clone();
+        async move {
+            post(s, "/v1/completions", json!({"model": "ensemble", "prompt": "Numbers:",
+                "max_tokens": 90, "seed": seed, "temperature": 1.0, "guided_json": list})).await
+        }
+    });
+    for (status, r) in futures::future::join_all(asks).await {
+        assert_eq!(status, 200, "{r}");
+        let text = r["choices"][0]["text"].as_str().unwrap();
+        let v: Vec<i64> = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(v.len() == 20 && v.iter().all(|n| (10..=99).contains(n)), "{text}");
+    }
+    let preempted = s.metric("inflight_preemptions_total").await.unwrap_or(0.0);
+    assert!(preempted > 0.0, "no preemption happened");
+}
