@@ -288,6 +288,7 @@ pub fn build_request(
         num_draft_tokens: fields.uint(&["num_draft_tokens"])?.map(|v| v as usize),
         use_draft_logits: fields.bool(&["use_draft_logits"])?.unwrap_or(false),
         cache_salt: fields.strings("cache_salt")?.into_iter().next(),
+        pooling: None,
     };
     Ok(Request {
         id: request_id(fields)?,
