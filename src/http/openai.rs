@@ -39,14 +39,14 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/chat/completions", post(chat_completions))
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
 /// The unknown-model error OpenAI gives, as a 404.
-fn check_model(state: &AppState, name: &str) -> ApiResult<()> {
+pub(super) fn check_model(state: &AppState, name: &str) -> ApiResult<()> {
     if state.served_names().iter().any(|n| n == name) {
         Ok(())
     } else {
@@ -89,12 +89,12 @@ async fn get_model(
 }
 
 /// The context length that `max_tokens` must leave room in.
-fn context(state: &AppState) -> usize {
+pub(super) fn context(state: &AppState) -> usize {
     state.model().config().max_position_embeddings
 }
 
 /// One SSE `data:` event holding `v` as JSON.
-fn data<T: Serialize>(v: &T) -> Event {
+pub(super) fn data<T: Serialize>(v: &T) -> Event {
     let text = serde_json::to_string(v)
         .unwrap_or_else(|e| json!({"error": {"message": e.to_string()}}).to_string());
     Event::default().data(text)
@@ -102,13 +102,13 @@ fn data<T: Serialize>(v: &T) -> Event {
 
 /// The event that reports an engine failure in mid-stream (the official client raises on
 /// it), with the status [`ApiError`] gives it.
-fn error_event(message: &str) -> Event {
+pub(super) fn error_event(message: &str) -> Event {
     let e = ApiError::EngineFailed(message.to_string());
     let code = e.status().as_u16();
     data(&json!({"error": {"message": e.to_string(), "type": "server_error", "code": code}}))
 }
 
-fn sse(events: impl Stream<Item = Event> + Send + 'static) -> Response {
+pub(super) fn sse(events: impl Stream<Item = Event> + Send + 'static) -> Response {
     Sse::new(events.map(Ok::<_, Infallible>))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
@@ -179,7 +179,7 @@ fn prompt_text(tok: &Tokenizer, p: &Prompt) -> String {
 const REQUEST_ID: &str = "x-request-id";
 
 /// The client's request id, if it sent a usable one.
-fn request_id(headers: &HeaderMap) -> ApiResult<Option<String>> {
+pub(super) fn request_id(headers: &HeaderMap) -> ApiResult<Option<String>> {
     match headers.get(REQUEST_ID) {
         None => Ok(None),
         Some(v) => match v.to_str().map(str::trim) {
@@ -192,7 +192,7 @@ fn request_id(headers: &HeaderMap) -> ApiResult<Option<String>> {
 }
 
 /// `response` with the request's id in its headers.
-fn with_request_id(mut response: Response, id: &str) -> Response {
+pub(super) fn with_request_id(mut response: Response, id: &str) -> Response {
     if let Ok(v) = HeaderValue::from_str(id) {
         response.headers_mut().insert(REQUEST_ID, v);
     }
