@@ -255,3 +255,46 @@ async fn an_embedding_request_generates_nothing() {
     assert!(e.to_string().contains("at least 1"), "{e}");
     handle.shutdown(std::time::Duration::from_secs(5)).await;
 }
+
+/// On the device `INFLIGHT_DEVICE` names (the CPU when unset; scripts/gpu-check.sh's
+/// `INFLIGHT_TESTS` runs this binary on the GPU engine, whose 16-bit weights and
+/// activations give vectors within a cosine of 1e-3 of the CPU's fp32 pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_configured_device() {
+    let dir = model_dir("device");
+    let reference = LoadedModel::load(&dir).unwrap();
+    for pooling in [Pooling::Last, Pooling::Mean] {
+        let m = LoadedModel::load(&dir).unwrap();
+        let mut options = ModelOptions::for_model(m.model.config(), 64 * 1024);
+        options.scheduler.block_size = 8;
+        options.scheduler.max_num_tokens = 24;
+        options.scheduler.enable_chunked_context = true;
+        let on_gpu = options.device != inflight::model::Device::Cpu;
+        let handle = ModelHandle::spawn(m, options).await.unwrap();
+        let prompts: Vec<String> = (0..4).map(text).collect();
+        let gen_prompt = Prompt::Text("a generation running beside them".into());
+        let gen_alone = run(&handle, vec![gen_prompt.clone()], greedy(12)).await;
+        let (gen, out) = tokio::join!(
+            run(&handle, vec![gen_prompt], greedy(12)),
+            run(
+                &handle,
+                prompts.iter().cloned().map(Prompt::Text).collect(),
+                GenerationParams::embedding(pooling)
+            ),
+        );
+        assert_eq!(gen[0].token_ids, gen_alone[0].token_ids, "{pooling:?}");
+        for (i, (c, p)) in out.iter().zip(&prompts).enumerate() {
+            let tokens = reference.tokenizer.encode(p, true).unwrap();
+            let want = direct(&reference.model, &tokens, pooling);
+            let got = c.embedding.as_ref().expect("an embedding");
+            if on_gpu {
+                let cos: f32 = got.iter().zip(&want).map(|(a, b)| a * b).sum();
+                assert!(cos > 0.999, "{pooling:?} prompt {i}: cosine {cos}");
+            } else {
+                assert_close(got, &want, &format!("{pooling:?} prompt {i}"));
+            }
+        }
+        wait_idle(&handle).await;
+        handle.shutdown(std::time::Duration::from_secs(5)).await;
+    }
+}

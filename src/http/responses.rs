@@ -66,7 +66,10 @@ async fn responses(
         store: false,
         temperature: params.temperature,
         top_p: params.top_p,
-        tool_choice: "auto",
+        tool_choice: match req.tool_choice.as_ref().and_then(|c| c.as_str()) {
+            Some("none") => "none",
+            _ => "auto",
+        },
         tools: Vec::new(),
         text: TextOut {
             format: FormatOut { kind: "text" },

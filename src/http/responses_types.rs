@@ -280,7 +280,7 @@ pub struct ResponseObject {
     pub store: bool,
     pub temperature: f32,
     pub top_p: f32,
-    /// Always `auto` (there are no tools).
+    /// `auto`, or `none` when the request said so (there are no tools).
     pub tool_choice: &'static str,
     #[schemars(with = "Vec<Value>")]
     pub tools: Vec<Value>,
