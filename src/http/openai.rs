@@ -94,7 +94,7 @@ pub(super) fn context(state: &AppState) -> usize {
 }
 
 /// One SSE `data:` event holding `v` as JSON.
-pub(super) fn data<T: Serialize>(v: &T) -> Event {
+fn data<T: Serialize>(v: &T) -> Event {
     let text = serde_json::to_string(v)
         .unwrap_or_else(|e| json!({"error": {"message": e.to_string()}}).to_string());
     Event::default().data(text)
@@ -102,7 +102,7 @@ pub(super) fn data<T: Serialize>(v: &T) -> Event {
 
 /// The event that reports an engine failure in mid-stream (the official client raises on
 /// it), with the status [`ApiError`] gives it.
-pub(super) fn error_event(message: &str) -> Event {
+fn error_event(message: &str) -> Event {
     let e = ApiError::EngineFailed(message.to_string());
     let code = e.status().as_u16();
     data(&json!({"error": {"message": e.to_string(), "type": "server_error", "code": code}}))
