@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::model::ModelConfig;
+use crate::model::{ModelConfig, Pooling};
 use crate::scheduler::{SchedulerConfig, SchedulerPolicy};
 use crate::speculative::{DraftSource, SpeculativeOptions};
 
@@ -208,6 +208,9 @@ pub struct ModelSection {
     pub overlap_scheduling: bool,
     /// Reuse the KV blocks of prompt prefixes that earlier requests computed.
     pub enable_kv_cache_reuse: bool,
+    /// How `/v1/embeddings` pools a prompt's final hidden states: `last` (the last
+    /// token's) or `mean`.
+    pub pooling: Pooling,
 }
 
 impl Default for ModelSection {
@@ -231,6 +234,7 @@ impl Default for ModelSection {
             gpu_dtype: "auto".into(),
             overlap_scheduling: true,
             enable_kv_cache_reuse: true,
+            pooling: Pooling::Last,
         }
     }
 }
@@ -438,6 +442,20 @@ max_batch_size = 5
         assert_eq!(cfg(0).scheduler(&model).unwrap().max_seq_len, 2048);
         // Planning ahead is on unless the file (or INFLIGHT_OVERLAP=0) turns it off.
         assert!(cfg(0).model.overlap_scheduling);
+    }
+
+    #[test]
+    fn pooling_is_last_unless_the_file_says_mean() {
+        let read = |text: &str| ServeConfig::from_toml(text).map(|c| c.model.pooling);
+        assert_eq!(read("").unwrap(), Pooling::Last);
+        assert_eq!(
+            read("[model]\npooling = \"mean\"\n").unwrap(),
+            Pooling::Mean
+        );
+        let e = read("[model]\npooling = \"cls\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cls") && e.contains("mean"), "{e}");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::actors::messages::{
 use crate::actors::supervisor::{ModelSupervisor, SupervisorArgs, SupervisorMsg, TreeRefs};
 use crate::error::{Error, Result};
 use crate::model::device::Device;
-use crate::model::{Backend, CpuBackend, KvCache, LoadedModel, ModelConfig};
+use crate::model::{Backend, CpuBackend, KvCache, LoadedModel, ModelConfig, Pooling};
 use crate::request::{Chunk, FinishReason, Request, RequestId};
 use crate::scheduler::SchedulerConfig;
 use crate::speculative::{DraftSource, SpeculativeOptions};
@@ -38,6 +38,8 @@ pub struct ModelOptions {
     pub speculative: Option<SpeculativeOptions>,
     /// The device [`ModelHandle::spawn`] runs the engine on.
     pub device: Device,
+    /// How embeddings pool the prompt's final hidden states ([`ModelHandle::pooling`]).
+    pub pooling: Pooling,
 }
 
 impl ModelOptions {
@@ -56,6 +58,7 @@ impl ModelOptions {
             postprocess_workers: 2,
             speculative: None,
             device: Device::from_env(),
+            pooling: Pooling::default(),
         }
     }
 
@@ -93,6 +96,7 @@ fn gpu_backend(
 struct Inner {
     name: String,
     device: Device,
+    pooling: Pooling,
     kv_cache_bytes: usize,
     config: ModelConfig,
     tokenizer: Arc<Tokenizer>,
@@ -161,6 +165,7 @@ impl ModelHandle {
         }
         let tokenizer = Arc::new(tokenizer);
         let device = options.device;
+        let pooling = options.pooling;
         let (ready_tx, ready) = watch::channel(false);
         let args = SupervisorArgs {
             config: config.clone(),
@@ -181,6 +186,7 @@ impl ModelHandle {
             inner: Arc::new(Inner {
                 name,
                 device,
+                pooling,
                 kv_cache_bytes,
                 config,
                 tokenizer,
@@ -212,6 +218,12 @@ impl ModelHandle {
     /// The device the engine runs on.
     pub fn device(&self) -> Device {
         self.inner.device
+    }
+
+    /// How an embedding request (`GenerationParams::embedding`) pools the prompt's final
+    /// hidden states, as configured for this model.
+    pub fn pooling(&self) -> Pooling {
+        self.inner.pooling
     }
 
     /// Bytes the engine's KV cache takes.

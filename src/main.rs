@@ -348,6 +348,7 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
         postprocess_workers: cfg.model.postprocess_instances,
         speculative,
         device,
+        pooling: cfg.model.pooling,
     };
     tracing::info!(
         kv_blocks = options.scheduler.num_blocks,

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::guide::{Compiled, Guide};
+use crate::model::Pooling;
 use crate::tokenizer::chat::{ChatMessage, TemplateVars};
 
 /// A request's id: given by the client (echoed back, used to cancel) or generated.
@@ -97,6 +98,10 @@ pub struct GenerationParams {
     /// is not compiled can generate nothing).
     #[serde(skip)]
     pub compiled_guide: Option<Compiled>,
+    /// Some: the answer is the prompt's embedding, its final hidden states pooled so and
+    /// L2-normalized (`Chunk::embedding`), and nothing is generated (`max_tokens` must be
+    /// 0). None: a generation.
+    pub pooling: Option<Pooling>,
 }
 
 impl Default for GenerationParams {
@@ -126,6 +131,22 @@ impl Default for GenerationParams {
             cache_salt: None,
             guide: None,
             compiled_guide: None,
+            pooling: None,
+        }
+    }
+}
+
+impl GenerationParams {
+    /// The parameters of an embedding request: nothing generated, no speculation, the
+    /// answer in one chunk.
+    pub fn embedding(pooling: Pooling) -> Self {
+        GenerationParams {
+            max_tokens: 0,
+            num_draft_tokens: Some(0),
+            stream: false,
+            exclude_input_in_output: true,
+            pooling: Some(pooling),
+            ..GenerationParams::default()
         }
     }
 }
@@ -207,6 +228,8 @@ pub struct Chunk {
     /// When the first token of this chunk was produced, for a chunk that accumulates
     /// several (a non-streamed answer), so latency metrics stay server-side.
     pub first_token_at: Option<std::time::Instant>,
+    /// The prompt's embedding, on the last chunk of a request with `pooling` set.
+    pub embedding: Option<Vec<f32>>,
     /// Speculative decoding of this prompt so far: verification steps (on the last
     /// chunk).
     pub draft_steps: usize,
@@ -241,6 +264,7 @@ pub fn answers(chunks: Vec<Chunk>, prompts: usize) -> Vec<Chunk> {
         slot.cum_log_prob = c.cum_log_prob.or(slot.cum_log_prob);
         slot.finish_reason = c.finish_reason.or(slot.finish_reason);
         slot.error = c.error.or(slot.error.take());
+        slot.embedding = c.embedding.or(slot.embedding.take());
         slot.prompt_tokens = slot.prompt_tokens.max(c.prompt_tokens);
         slot.output_tokens = slot.output_tokens.max(c.output_tokens);
         slot.draft_steps = slot.draft_steps.max(c.draft_steps);

@@ -13,9 +13,12 @@
 //!   iteration after iteration while the host plans.
 //! - `EngineMsg::Forward` (from the speculative orchestrator driving a draft model): the
 //!   logits come back on the reply port.
+//! - Sequences that generate nothing (embeddings) are taken out of each step and run
+//!   through `ForwardPass::forward_hidden` (`engine_pooling`); their embeddings go with
+//!   the step's answer (`pooled` in `SamplerMsg::Sample` and `SchedulerMsg::StepDone`).
 //!
-//! State: the forward pass (model and KV cache) and each sequence's block table, kept up
-//! to date from the deltas in each step. The forward pass runs off the async workers
+//! State: the forward pass (model and KV cache), each sequence's block table, kept up
+//! to date from the deltas in each step, and the embedding sequences' pooled rows. The forward pass runs off the async workers
 //! (`off_runtime`: in place, its worker's other tasks handed to another thread) so the
 //! async runtime keeps serving. A failed or panicking step kills the actor; its
 //! supervisor (ModelSupervisor) restarts it with a fresh cache.
@@ -26,8 +29,11 @@ use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
+use super::engine_pooling::EnginePooling;
 use super::engine_sampling::EngineSampling;
-use super::messages::{EngineMsg, SampleRow, SamplerMsg, SchedulerMsg, SeqId, StepSeq, StepTiming};
+use super::messages::{
+    EngineMsg, Pooled, SampleRow, SamplerMsg, SchedulerMsg, SeqId, StepSeq, StepTiming,
+};
 use crate::model::{Backend, ForwardPass, RowsOut, SeqChunk};
 use crate::scheduler::BlockCopy;
 
@@ -52,6 +58,8 @@ pub struct EngineState {
     sampler: Option<ActorRef<SamplerMsg>>,
     /// Set when the forward pass samples: the sequences' sampling state.
     sampling: Option<EngineSampling>,
+    /// The embedding sequences' pooled rows.
+    pooling: EnginePooling,
     /// When the last `Step` finished (its results handed on).
     last_end: Option<Instant>,
     /// A launched step whose answer waits for the next launch (`Step::hold`).
@@ -62,7 +70,11 @@ pub struct EngineState {
 /// A step launched on a forward pass that samples, not yet answered.
 struct Held {
     iteration: u64,
+    /// Its generating sequences (launched unless there is none).
     seqs: Vec<StepSeq>,
+    launched: bool,
+    /// The embeddings its embedding sequences completed.
+    pooled: Vec<Pooled>,
     reply_to: ActorRef<SchedulerMsg>,
     /// When its launch began, and the device's idle time before it as the host saw it.
     started: Instant,
@@ -105,6 +117,7 @@ impl Actor for Engine {
             tables: HashMap::new(),
             sampler: args.sampler,
             sampling,
+            pooling: EnginePooling::default(),
             last_end: None,
             held: None,
             fault: false,
@@ -148,17 +161,24 @@ impl Actor for Engine {
                 }
                 state.copy_blocks(swaps).await?;
                 let sampler = state.sampler.clone().ok_or("a draft engine got a Step")?;
+                let (seqs, embeds) = EnginePooling::split(seqs);
                 if state.sampling.is_some() {
                     let held = Held {
                         iteration,
+                        launched: !seqs.is_empty(),
                         seqs,
+                        pooled: Vec::new(),
                         reply_to,
                         started,
                         wait,
                     };
-                    return state.launch(held, hold).await;
+                    return state.launch(held, embeds, hold).await;
                 }
-                let (seqs, out) = state.step(seqs).await?;
+                let pooled = state.embed(embeds).await?;
+                let (seqs, out) = match seqs.is_empty() {
+                    true => (seqs, Vec::new()),
+                    false => state.step(seqs).await?,
+                };
                 let timing = state.finish_timing(started, wait);
                 let mut rows = Vec::new();
                 let mut logits = Vec::new();
@@ -175,6 +195,7 @@ impl Actor for Engine {
                     iteration,
                     rows,
                     logits,
+                    pooled,
                     timing,
                     reply_to,
                 })?;
@@ -206,10 +227,34 @@ impl EngineState {
         }
     }
 
-    /// Launches a step on the forward pass that samples, then answers for the step held
-    /// before it (whose results the device is producing meanwhile), then either holds
-    /// this one (`hold`) or answers for it too.
-    async fn launch(&mut self, step: Held, hold: bool) -> Result<(), ActorProcessingErr> {
+    /// Launches a step on the forward pass that samples (its generating sequences, if it
+    /// has any), then answers for the step held before it (whose results the device is
+    /// producing meanwhile), then runs its embedding sequences, `embeds`, then either
+    /// holds it (`hold`) or answers for it too.
+    async fn launch(
+        &mut self,
+        mut step: Held,
+        embeds: Vec<StepSeq>,
+        hold: bool,
+    ) -> Result<(), ActorProcessingErr> {
+        if step.launched {
+            self.launch_generating(&mut step).await?;
+        }
+        if let Some(previous) = self.held.take() {
+            self.answer(previous).await?;
+        }
+        step.pooled = self.embed(embeds).await?;
+        if hold {
+            self.held = Some(step);
+            Ok(())
+        } else {
+            self.answer(step).await
+        }
+    }
+
+    /// Launches a step's generating sequences, their pending tokens taken from the step
+    /// held before it.
+    async fn launch_generating(&mut self, step: &mut Held) -> Result<(), ActorProcessingErr> {
         let sampling = self.sampling.as_mut().ok_or("engine lost its sampling")?;
         let rows = self.held.as_ref().map(Held::rows).unwrap_or_default();
         let mut plans = Vec::with_capacity(step.seqs.len());
@@ -230,36 +275,43 @@ impl EngineState {
             }
         }
         let tables = self.tables_for(&step.seqs);
+        let seqs = std::mem::take(&mut step.seqs);
         let mut forward = self.forward.take().ok_or("engine lost its KV cache")?;
-        let (forward, step, launched) = off_runtime(move || {
-            let chunks = chunks(&step.seqs, &tables);
+        let (forward, seqs, launched) = off_runtime(move || {
+            let chunks = chunks(&seqs, &tables);
             let launched = forward.launch_step(&chunks, &plans, &pending);
-            (forward, step, launched)
+            (forward, seqs, launched)
         })
         .await?;
         self.forward = Some(forward);
-        launched?;
-        if let Some(previous) = self.held.take() {
-            self.answer(previous).await?;
-        }
-        if hold {
-            self.held = Some(step);
-            Ok(())
-        } else {
-            self.answer(step).await
-        }
+        step.seqs = seqs;
+        Ok(launched?)
     }
 
-    /// Waits for the oldest launched step's results and answers the Scheduler with them.
-    async fn answer(&mut self, step: Held) -> Result<(), ActorProcessingErr> {
+    /// Runs embedding sequences' chunks through the hidden-state pass and pools their
+    /// rows; gives the embeddings of those whose prompt ends in this step.
+    async fn embed(&mut self, seqs: Vec<StepSeq>) -> Result<Vec<Pooled>, ActorProcessingErr> {
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tables = self.tables_for(&seqs);
         let mut forward = self.forward.take().ok_or("engine lost its KV cache")?;
-        let (forward, finished) = off_runtime(move || {
-            let finished = forward.finish_step();
-            (forward, finished)
+        let (forward, seqs, hidden) = off_runtime(move || {
+            let hidden = forward.forward_hidden(&EnginePooling::chunks(&seqs, &tables));
+            (forward, seqs, hidden)
         })
         .await?;
         self.forward = Some(forward);
-        let (out, idle) = finished?;
+        Ok(self.pooling.absorb(&seqs, hidden?))
+    }
+
+    /// Waits for the oldest launched step's results (when `step` launched one) and
+    /// answers the Scheduler with them.
+    async fn answer(&mut self, step: Held) -> Result<(), ActorProcessingErr> {
+        let (out, idle) = match step.launched {
+            true => self.finish_step().await?,
+            false => (Vec::new(), None),
+        };
         let sampling = self.sampling.as_mut().ok_or("engine lost its sampling")?;
         let (output, sampled) = sampling.finish(&step.seqs, out);
         // The device's own measure of its idle time, where it has one.
@@ -269,6 +321,7 @@ impl EngineState {
             iteration: step.iteration,
             output,
             sampled,
+            pooled: step.pooled,
             timing,
         })?;
         // Until the next step arrives: the guided sequences' next masks.
@@ -276,6 +329,20 @@ impl EngineState {
             sampling.prepare_masks();
         }
         Ok(())
+    }
+
+    /// The oldest launched step's results, off the async runtime.
+    async fn finish_step(
+        &mut self,
+    ) -> Result<(Vec<RowsOut>, Option<Duration>), ActorProcessingErr> {
+        let mut forward = self.forward.take().ok_or("engine lost its KV cache")?;
+        let (forward, finished) = off_runtime(move || {
+            let finished = forward.finish_step();
+            (forward, finished)
+        })
+        .await?;
+        self.forward = Some(forward);
+        Ok(finished?)
     }
 
     /// Applies each sequence's block delta and gives its whole table.
@@ -310,6 +377,7 @@ impl EngineState {
     fn drop_seqs(&mut self, dropped: Vec<SeqId>) {
         for id in dropped {
             self.tables.remove(&id);
+            self.pooling.drop_seq(id);
             if let Some(sampling) = self.sampling.as_mut() {
                 sampling.drop_seq(id);
             }

@@ -98,6 +98,9 @@ pub(crate) enum SchedulerMsg {
         iteration: u64,
         output: StepOutput,
         sampled: Vec<SeqSampled>,
+        /// The embeddings of the sequences that generate nothing whose prompt this batch
+        /// finished computing.
+        pooled: Vec<Pooled>,
         timing: StepTiming,
     },
     /// The engine died: fail the requests whose KV state it held.
@@ -117,6 +120,10 @@ pub(crate) struct SampleRow {
     pub seq: SeqId,
     pub draft: Option<Draft>,
 }
+
+/// One sequence's embedding (`GenerationParams::pooling`): its prompt's final hidden
+/// states pooled and L2-normalized by the engine.
+pub(crate) type Pooled = (SeqId, Vec<f32>);
 
 /// What the sampler chose for one sequence in one step.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -170,6 +177,8 @@ pub(crate) enum SamplerMsg {
         iteration: u64,
         rows: Vec<SampleRow>,
         logits: Vec<f32>,
+        /// The step's embeddings, passed on with its tokens (`StepDone::pooled`).
+        pooled: Vec<Pooled>,
         timing: StepTiming,
         reply_to: ActorRef<SchedulerMsg>,
     },
@@ -196,6 +205,8 @@ pub(crate) enum SeqOutput {
     Finished {
         seq: SeqId,
         reason: SeqFinish,
+        /// The embedding of a sequence that generates nothing.
+        embedding: Option<Vec<f32>>,
     },
     Cancelled {
         seq: SeqId,

@@ -2,6 +2,7 @@
 //! their messages in `messages`, the tree built and supervised by `supervisor`.
 
 pub(crate) mod engine;
+pub(crate) mod engine_pooling;
 pub(crate) mod engine_sampling;
 pub mod messages;
 pub(crate) mod postprocess;

@@ -1,7 +1,7 @@
 //! Postprocess actor (one of a pool; a request always goes to the same worker): owns each
 //! request's response stream and fans an iteration's outputs (`PostprocessMsg::Emit`, from
 //! the Scheduler) out to them as `Chunk`s — incremental detokenization, stop strings,
-//! prompt echo, batch_index.
+//! prompt echo, batch_index, and an embedding request's vector on its last chunk.
 //!
 //! A stream whose receiver is gone (the client left) becomes
 //! `SchedulerMsg::Cancel { Disconnected }`; a completed stop string becomes
@@ -146,12 +146,16 @@ fn emit(state: &mut PostprocessState, output: SeqOutput) {
                 (pushed.chunk, false, false)
             }
         }
-        SeqOutput::Finished { reason, .. } => {
+        SeqOutput::Finished {
+            reason, embedding, ..
+        } => {
             let reason = match reason {
                 SeqFinish::Stop => FinishReason::Stop,
                 SeqFinish::Length => FinishReason::Length,
             };
-            (Some(out.finish(reason)), true, false)
+            let mut last = out.finish(reason);
+            last.embedding = embedding;
+            (Some(last), true, false)
         }
         SeqOutput::Cancelled { .. } => (Some(out.finish(FinishReason::Cancelled)), true, false),
         SeqOutput::Failed { error, .. } => (Some(out.fail(error)), true, false),

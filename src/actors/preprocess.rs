@@ -180,8 +180,12 @@ impl PreprocessState {
                 return Err(SubmitError::Invalid(format!("prompt {i} is empty")));
             }
             if tokens.len() >= a.max_seq_len {
+                let why = match params.pooling {
+                    Some(_) => "at most one less fits",
+                    None => "so it leaves no room to generate",
+                };
                 return Err(SubmitError::Invalid(format!(
-                    "prompt {i} has {} tokens; the model's context is {} tokens, so it leaves no room to generate",
+                    "prompt {i} has {} tokens; the model's context is {} tokens, {why}",
                     tokens.len(),
                     a.max_seq_len
                 )));
@@ -209,8 +213,14 @@ pub fn validate(
     speculative: bool,
 ) -> Result<(), SubmitError> {
     let bad = |m: String| Err(SubmitError::Invalid(m));
-    if p.max_tokens == 0 {
-        return bad("max_tokens must be at least 1".into());
+    match (p.max_tokens, p.pooling) {
+        (0, None) => return bad("max_tokens must be at least 1".into()),
+        (n, Some(_)) if n > 0 => {
+            return bad(format!(
+                "an embedding request generates nothing: max_tokens must be 0, got {n}"
+            ))
+        }
+        _ => {}
     }
     match p.num_draft_tokens {
         Some(n) if n > 0 && !speculative => {

@@ -72,6 +72,7 @@ impl Actor for Sampler {
                 iteration,
                 rows,
                 mut logits,
+                pooled,
                 timing,
                 reply_to,
             } => {
@@ -80,6 +81,7 @@ impl Actor for Sampler {
                     iteration,
                     output,
                     sampled,
+                    pooled,
                     timing,
                 })?;
                 // The next step's forward pass runs now: the guided sequences' next

@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::messages::{
-    CancelReason, EngineMsg, EngineTime, PostprocessMsg, SamplerMsg, SchedulerMsg, SchedulerStats,
-    SeqId, SeqInit, SeqOutput, SeqSampled, SubmitError,
+    CancelReason, EngineMsg, EngineTime, Pooled, PostprocessMsg, SamplerMsg, SchedulerMsg,
+    SchedulerStats, SeqId, SeqInit, SeqOutput, SeqSampled, SubmitError,
 };
+use crate::model::Pooling;
 use crate::request::{GenerationParams, RequestId};
 use crate::sampling::SeqSampler;
 use crate::scheduler::overlap::{Overlap, SeqInfo, Step};
@@ -118,10 +119,11 @@ impl Actor for SchedulerActor {
                 iteration,
                 output,
                 sampled,
+                pooled,
                 timing,
             } => {
                 state.timing.add(timing);
-                state.step_done(iteration, output, sampled);
+                state.step_done(iteration, output, sampled, pooled);
             }
             SchedulerMsg::EngineFailed { error } => state.engine_failed(&error),
             SchedulerMsg::EngineReady(engine) => state.engine = Some(engine),
@@ -167,7 +169,7 @@ impl SchedulerState {
                 prompt: s.prompt.clone(),
                 max_new_tokens: s.params.max_tokens,
                 num_draft_tokens,
-                cache_salt: s.params.cache_salt.as_deref().map_or(0, salt_of),
+                cache_salt: cache_salt(s),
             };
             if let Err(e) = self.core.add(spec) {
                 for added in &seqs[..i] {
@@ -237,10 +239,17 @@ impl SchedulerState {
         let _ = self.sampler.cast(SamplerMsg::Drop(vec![seq]));
     }
 
-    fn step_done(&mut self, iteration: u64, output: StepOutput, sampled: Vec<SeqSampled>) {
+    fn step_done(
+        &mut self,
+        iteration: u64,
+        output: StepOutput,
+        sampled: Vec<SeqSampled>,
+        pooled: Vec<Pooled>,
+    ) {
         let Some(batch) = self.overlap.answered(iteration) else {
             return;
         };
+        let mut pooled: HashMap<SeqId, Vec<f32>> = pooled.into_iter().collect();
         // Per sequence: what the sampler said, and how many of its tokens went out.
         let mut per_seq: HashMap<SeqId, (SeqSampled, usize)> = output
             .tokens
@@ -281,7 +290,15 @@ impl SchedulerState {
                     ));
                 }
                 SeqEvent::Finished { id, reason } => {
-                    outs.push((self.rid(id), SeqOutput::Finished { seq: id, reason }));
+                    let embedding = pooled.remove(&id);
+                    outs.push((
+                        self.rid(id),
+                        SeqOutput::Finished {
+                            seq: id,
+                            reason,
+                            embedding,
+                        },
+                    ));
                     if let Some(meta) = self.seqs.get(&id) {
                         let request = meta.request.clone();
                         self.forget(id);
@@ -450,4 +467,14 @@ fn salt_of(salt: &str) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
     salt.hash(&mut h);
     h.finish() | 1
+}
+
+/// A sequence's prefix-cache salt. Mean pooling needs every prompt token's hidden state,
+/// which a cached prefix would skip: such a sequence gets a salt of its own, so it finds
+/// no cached block (and no other sequence finds its blocks).
+fn cache_salt(s: &SeqInit) -> u64 {
+    match s.params.pooling {
+        Some(Pooling::Mean) => salt_of(&format!("\0mean pooling of sequence {}", s.seq)),
+        _ => s.params.cache_salt.as_deref().map_or(0, salt_of),
+    }
 }

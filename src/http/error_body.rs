@@ -1,7 +1,7 @@
 //! The shape of every error answer, whichever layer produced it: a middleware rewrites
 //! error bodies that are not JSON (axum's body-limit, path and header rejections) as
-//! `{"error": "..."}`, and on OpenAI's routes turns `{"error": "..."}` into OpenAI's error
-//! object (`{"error": {"message", "type", "param", "code"}}`) and a full queue into 429.
+//! `{"error": "..."}`, and on OpenAI's routes (and vLLM's `/tokenize`, `/detokenize`)
+//! turns `{"error": "..."}` into OpenAI's error object (`{"error": {"message", "type", "param", "code"}}`) and a full queue into 429.
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -18,7 +18,9 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 /// Rewrites error answers as described in the module's note; other answers pass as they
 /// are.
 pub(super) async fn shape_errors(request: Request, next: Next) -> Response {
-    let openai = request.uri().path().starts_with("/v1/");
+    let path = request.uri().path();
+    // vLLM's tokenizer routes answer OpenAI's error object, as vLLM's do.
+    let openai = path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize";
     let response = next.run(request).await;
     let status = response.status();
     if !(status.is_client_error() || status.is_server_error()) {

@@ -299,6 +299,7 @@ pub fn build_request(
                 .map(String::as_str),
         )?,
         compiled_guide: None,
+        pooling: None,
     };
     Ok(Request {
         id: request_id(fields)?,

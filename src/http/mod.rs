@@ -1,22 +1,31 @@
 //! The HTTP surface (axum): Triton's generate extension, KServe v2 (enough for
-//! tritonclient), the OpenAI API, health, and Prometheus metrics on their own port.
+//! tritonclient), the OpenAI API (completions, chat, embeddings, responses), vLLM's
+//! tokenizer routes, an OpenAPI document of them all (`/openapi.json`), health, and
+//! Prometheus metrics on their own port.
 //! [`app`] and [`metrics_app`] build the routers apart from `main` so tests can serve
 //! them on ephemeral ports; [`serve()`] runs both with graceful shutdown.
 
 mod auth;
+mod embeddings;
 mod error;
 mod error_body;
 mod fields;
 mod guided;
+mod json_body;
 mod kserve;
 mod kserve_stats;
 mod listener;
 mod openai;
 mod openai_types;
+mod openapi;
+mod openapi_bodies;
 mod request_body;
+mod responses;
+mod responses_types;
 mod serve;
 mod tensors;
 mod tools;
+mod tokenize;
 mod tracked;
 mod triton;
 
@@ -195,6 +204,10 @@ pub(crate) fn app_with(
         .merge(kserve::routes())
         .merge(triton::routes())
         .merge(openai::routes())
+        .merge(embeddings::routes())
+        .merge(responses::routes())
+        .merge(tokenize::routes())
+        .merge(openapi::routes())
         .route("/metrics", get(metrics))
         .route("/health", get(kserve::ready))
         .fallback(not_found)

@@ -40,14 +40,14 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/chat/completions", post(chat_completions))
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
 /// The unknown-model error OpenAI gives, as a 404.
-fn check_model(state: &AppState, name: &str) -> ApiResult<()> {
+pub(super) fn check_model(state: &AppState, name: &str) -> ApiResult<()> {
     if state.served_names().iter().any(|n| n == name) {
         Ok(())
     } else {
@@ -90,7 +90,7 @@ async fn get_model(
 }
 
 /// The context length that `max_tokens` must leave room in.
-fn context(state: &AppState) -> usize {
+pub(super) fn context(state: &AppState) -> usize {
     state.model().config().max_position_embeddings
 }
 
@@ -109,7 +109,7 @@ fn error_event(message: &str) -> Event {
     data(&json!({"error": {"message": e.to_string(), "type": "server_error", "code": code}}))
 }
 
-fn sse(events: impl Stream<Item = Event> + Send + 'static) -> Response {
+pub(super) fn sse(events: impl Stream<Item = Event> + Send + 'static) -> Response {
     Sse::new(events.map(Ok::<_, Infallible>))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
@@ -180,7 +180,7 @@ fn prompt_text(tok: &Tokenizer, p: &Prompt) -> String {
 const REQUEST_ID: &str = "x-request-id";
 
 /// The client's request id, if it sent a usable one.
-fn request_id(headers: &HeaderMap) -> ApiResult<Option<String>> {
+pub(super) fn request_id(headers: &HeaderMap) -> ApiResult<Option<String>> {
     match headers.get(REQUEST_ID) {
         None => Ok(None),
         Some(v) => match v.to_str().map(str::trim) {
@@ -193,7 +193,7 @@ fn request_id(headers: &HeaderMap) -> ApiResult<Option<String>> {
 }
 
 /// `response` with the request's id in its headers.
-fn with_request_id(mut response: Response, id: &str) -> Response {
+pub(super) fn with_request_id(mut response: Response, id: &str) -> Response {
     if let Ok(v) = HeaderValue::from_str(id) {
         response.headers_mut().insert(REQUEST_ID, v);
     }

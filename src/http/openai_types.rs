@@ -401,7 +401,8 @@ pub fn chat_request(body: &Value, context: usize) -> ApiResult<ChatRequest> {
     })
 }
 
-fn chat_messages(v: Option<&Value>) -> ApiResult<Vec<ChatMessage>> {
+/// `messages`: a non-empty list of chat messages, each refusal naming the one at fault.
+pub(super) fn chat_messages(v: Option<&Value>) -> ApiResult<Vec<ChatMessage>> {
     let v = v.ok_or_else(|| bad("'messages' is required".into()))?;
     let items = v
         .as_array()

@@ -1,7 +1,8 @@
 //! The seam between the Engine actor and a device: [`ForwardPass`] is one model plus its
 //! KV cache on one device, running a batch of [`SeqChunk`]s; [`Backend`] says how to build
 //! one (again, with a fresh cache, when the supervisor restarts a failed engine).
-//! [`CpuForward`] is the CPU implementation.
+//! [`CpuForward`] is the CPU implementation. [`ForwardPass::forward_hidden`] returns
+//! final hidden states instead of logits, for embeddings.
 //!
 //! A forward pass may also choose tokens itself ([`ForwardPass::forward_choose`]): the GPU
 //! samples each row on the device from its [`RowPlan`], so only token ids and
@@ -38,6 +39,12 @@ pub trait ForwardPass: Send + 'static {
     /// engine's cache; returns, per chunk, row-major logits `[rows, vocab]` for its last
     /// `logits` new tokens.
     fn forward(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>>;
+
+    /// [`forward`](Self::forward), returning per chunk the final hidden states (after the
+    /// final norm, fp32) of its last `logits` new tokens, `[rows, hidden_size]`, instead of
+    /// their logits: what an embedding pools. It may run while a launched step awaits its
+    /// [`finish_step`](Self::finish_step), whose results it leaves as they are.
+    fn forward_hidden(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>>;
 
     /// Whether the Engine should sample through [`forward_choose`](Self::forward_choose)
     /// (keeping the sequences' sampling state itself) instead of handing logits to the
@@ -202,6 +209,10 @@ pub(crate) struct CpuForward {
 impl ForwardPass for CpuForward {
     fn forward(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>> {
         self.model.forward(chunks, &mut self.cache)
+    }
+
+    fn forward_hidden(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>> {
+        self.model.forward_hidden(chunks, &mut self.cache)
     }
 
     fn samples(&self) -> bool {

@@ -23,7 +23,9 @@ pub(super) struct Pass<'a> {
     /// The rows the layers run on: every row, until the last layer keeps the tail's.
     n: usize,
     x: Vec<f32>,
-    xn: Vec<f32>,
+    /// Normed rows; after [`Stage::FinalNorm`], the final hidden states `[tail.len(),
+    /// hidden_size]`.
+    pub xn: Vec<f32>,
     qkv: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
@@ -251,7 +253,7 @@ fn gather_rows(x: &[f32], rows: &[usize], width: usize) -> Vec<f32> {
 }
 
 /// The family's norm of `x` into `out` (RMSNorm, or LayerNorm where it has a bias).
-fn norm(cfg: &ModelConfig, n: &Norm, x: &[f32], out: &mut [f32]) {
+pub(crate) fn norm(cfg: &ModelConfig, n: &Norm, x: &[f32], out: &mut [f32]) {
     match &n.b {
         Some(b) => cpu::layer_norm(x, &n.w, b, cfg.rms_norm_eps, out),
         None => cpu::rms_norm(x, &n.w, cfg.rms_norm_eps, out),

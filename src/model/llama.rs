@@ -100,6 +100,27 @@ impl Llama {
     /// Returns, per chunk, row-major logits `[rows, vocab]` for its last `logits` new
     /// tokens. The stages are `model::stage`'s, in its order, as on the GPU.
     pub fn forward(&self, seqs: &[SeqChunk<'_>], cache: &mut KvCache) -> Result<Vec<Vec<f32>>> {
+        self.run(seqs, cache, &stage::HEAD)
+    }
+
+    /// [`Llama::forward`], returning the final hidden states (after the final norm) of
+    /// those rows, `[rows, hidden_size]`, instead of their logits: what embeddings pool.
+    pub fn forward_hidden(
+        &self,
+        seqs: &[SeqChunk<'_>],
+        cache: &mut KvCache,
+    ) -> Result<Vec<Vec<f32>>> {
+        self.run(seqs, cache, &stage::HIDDEN_HEAD)
+    }
+
+    /// The forward pass with `head`'s stages after the layers; each chunk's rows of the
+    /// last one's output (the logits, or the normed hidden states).
+    fn run(
+        &self,
+        seqs: &[SeqChunk<'_>],
+        cache: &mut KvCache,
+        head: &[Stage],
+    ) -> Result<Vec<Vec<f32>>> {
         self.check(seqs, cache)?;
         let empty = || seqs.iter().map(|_| Vec::new()).collect();
         if seqs.iter().all(|c| c.tokens.is_empty()) {
@@ -116,15 +137,18 @@ impl Llama {
         if pass.tail.is_empty() {
             return Ok(empty());
         }
-        for stage in stage::HEAD {
+        for &stage in head {
             pass.run(stage, layers);
         }
-        let vocab = self.config.vocab_size;
+        let (width, rows_out) = match head.last() {
+            Some(Stage::LmHead) => (self.config.vocab_size, &pass.logits),
+            _ => (self.config.hidden_size, &pass.xn),
+        };
         let mut out = Vec::with_capacity(seqs.len());
         let mut at = 0;
         for c in seqs {
             let rows = c.logits.min(c.tokens.len());
-            out.push(pass.logits[at * vocab..(at + rows) * vocab].to_vec());
+            out.push(rows_out[at * width..(at + rows) * width].to_vec());
             at += rows;
         }
         Ok(out)

@@ -1,5 +1,6 @@
 //! Model definitions and weight loading: config, GGUF and safetensors readers, the Llama
-//! forward pass and its paged KV cache.
+//! forward pass and its paged KV cache, and the pooling of its hidden states into
+//! embeddings.
 
 pub(crate) mod backend;
 pub mod config;
@@ -12,9 +13,10 @@ pub mod gpu;
 pub mod kquant;
 pub mod kquant_encode;
 pub(crate) mod kv_cache;
-mod layers;
+pub(crate) mod layers;
 pub(crate) mod llama;
 pub(crate) mod loader;
+pub mod pooling;
 pub mod quant;
 pub mod safetensors;
 pub(crate) mod stage;
@@ -27,3 +29,4 @@ pub use device::Device;
 pub use kv_cache::KvCache;
 pub use llama::{Llama, SeqChunk};
 pub use loader::LoadedModel;
+pub use pooling::Pooling;

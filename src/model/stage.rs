@@ -43,6 +43,10 @@ pub const LAYER: [Stage; 7] = [
 /// The stages after the last layer.
 pub const HEAD: [Stage; 2] = [Stage::FinalNorm, Stage::LmHead];
 
+/// The stages after the last layer of a pass that returns final hidden states instead of
+/// logits (embeddings): the final norm alone.
+pub const HIDDEN_HEAD: [Stage; 1] = [Stage::FinalNorm];
+
 /// The stages layer `l` of `layers` runs: all of them, except where it is the last layer
 /// and no row gets logits (a prompt chunk that samples nothing), which only writes its K/V.
 pub fn layer_stages(l: usize, layers: usize, no_logits: bool) -> &'static [Stage] {

@@ -20,7 +20,9 @@
 //!   (`TooLong`), so the engines never see a chunk unless chunking is on. So is any
 //!   request whose KV needs exceed the whole cache: it could never finish.
 //! - A sequence stops with `Length` at `max_new_tokens` or `max_seq_len`, whichever
-//!   comes first; only a prompt that leaves no room for one token is refused.
+//!   comes first; only a prompt that leaves no room for one token is refused. One with
+//!   `max_new_tokens` 0 stops (`Length`, no token) when its last chunk is applied: its
+//!   prompt's hidden states were all it asked for (an embedding).
 //! - Admission is strict FCFS: it stops at the first waiting sequence that does not
 //!   fit, and does not happen in an iteration that preempted (it would re-admit the
 //!   victim at once).
@@ -230,6 +232,18 @@ impl Scheduler {
             if !chunk.sample {
                 seq.num_computed += chunk.tokens.len();
                 self.register_blocks(idx);
+                continue;
+            }
+            if seq.at_length_limit() {
+                // It generates nothing (max_new_tokens 0): its prompt, now computed, was
+                // all it asked for; a token sampled for it is ignored.
+                seq.num_computed += chunk.tokens.len();
+                self.register_blocks(idx);
+                self.finish(idx);
+                events.push(SeqEvent::Finished {
+                    id: chunk.id,
+                    reason: FinishReason::Length,
+                });
                 continue;
             }
             let Some(sampled) = out.tokens.iter().find(|t| t.id == chunk.id) else {

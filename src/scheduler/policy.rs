@@ -120,9 +120,6 @@ impl SchedulerConfig {
         if prompt == 0 {
             return Err(AddError::Empty);
         }
-        if spec.max_new_tokens == 0 {
-            return Err(AddError::NoNewTokens);
-        }
         let too_long = |tokens, max, limit| Err(AddError::TooLong { tokens, max, limit });
         if prompt >= self.max_seq_len {
             return too_long(prompt, self.max_seq_len - 1, Limit::MaxSeqLen);
@@ -149,8 +146,12 @@ impl SchedulerConfig {
 }
 
 /// Tokens a sequence ever holds in the KV cache: every known token but the last
-/// generated one, which is sampled and never fed back.
+/// generated one, which is sampled and never fed back; a sequence that generates nothing
+/// (its prompt's hidden states are its answer) holds its whole prompt.
 pub(crate) fn kv_tokens_needed(prompt: usize, max_new_tokens: usize, max_seq_len: usize) -> usize {
+    if max_new_tokens == 0 {
+        return prompt;
+    }
     (prompt + max_new_tokens).min(max_seq_len) - 1
 }
 
@@ -209,9 +210,6 @@ pub enum AddError {
     /// The prompt has no tokens.
     #[error("the prompt is empty")]
     Empty,
-    /// `max_new_tokens` is 0.
-    #[error("max_tokens must be at least 1")]
-    NoNewTokens,
     /// A waiting or running sequence has this id.
     #[error("a request with this id is already in progress")]
     DuplicateId,
@@ -269,7 +267,17 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(c.check(&spec(0, 5)), Err(AddError::Empty));
-        assert_eq!(c.check(&spec(5, 0)), Err(AddError::NoNewTokens));
+        assert_eq!(
+            c.check(&spec(5, 0)),
+            Ok(()),
+            "a prompt alone (an embedding)"
+        );
+        assert_eq!(
+            kv_tokens_needed(5, 0, 200),
+            5,
+            "every prompt token's KV is written"
+        );
+        assert_eq!(kv_tokens_needed(5, 1, 200), 5);
         assert!(matches!(
             c.check(&spec(200, 5)),
             Err(AddError::TooLong {

@@ -10,7 +10,9 @@ pub struct SeqSpec {
     pub id: u64,
     /// The prompt's token ids.
     pub prompt: Vec<u32>,
-    /// Most tokens to generate (`max_seq_len` may stop it sooner).
+    /// Most tokens to generate (`max_seq_len` may stop it sooner). 0: none, the sequence
+    /// ends once its prompt is computed (an embedding: the engine pools its hidden
+    /// states).
     pub max_new_tokens: usize,
     /// Draft tokens the target may verify per decode step (0: no speculation).
     pub num_draft_tokens: usize,

@@ -414,7 +414,6 @@ fn queue_full_rejects_at_once() {
 fn add_refuses_empty_and_duplicate() {
     let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 32, 4));
     assert_eq!(s.add(spec(1, 0, 4)), Err(AddError::Empty));
-    assert_eq!(s.add(spec(1, 3, 0)), Err(AddError::NoNewTokens));
     s.add(spec(1, 3, 4)).unwrap();
     assert_eq!(s.add(spec(1, 3, 4)), Err(AddError::DuplicateId));
     step(&mut s, &[]);
@@ -967,4 +966,38 @@ fn max_queued_tokens_refuses_past_the_limit_and_a_prompt_that_never_fits() {
     step(&mut s, &[]);
     assert_eq!(s.num_waiting(), 0);
     s.add(spec(2, 9, 2)).unwrap();
+}
+
+#[test]
+fn a_sequence_without_new_tokens_ends_when_its_prompt_is_computed() {
+    // max_new_tokens 0 (an embedding): its prompt in chunks, then it ends with no token,
+    // its blocks freed, beside a sequence that generates.
+    let mut config = small(SchedulerPolicy::GuaranteedNoEvict, 8, 4);
+    config.enable_chunked_context = true;
+    config.max_num_tokens = 8;
+    let mut s = scheduler(config);
+    s.add(spec(1, 10, 0)).unwrap();
+    s.add(spec(2, 2, 2)).unwrap();
+    let (b, events) = step(&mut s, &[]);
+    assert_eq!(
+        chunk(&b, 1).map(|c| (c.tokens.len(), c.sample)),
+        Some((8, false))
+    );
+    assert!(events.is_empty());
+    let (b, events) = step(&mut s, &[]);
+    let last = chunk(&b, 1).expect("the prompt's last chunk");
+    assert_eq!(
+        (last.start_pos, last.tokens.len(), last.sample),
+        (8, 2, true)
+    );
+    assert_eq!(finished(&events), vec![(1, FinishReason::Length)]);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, SeqEvent::Token { id: 1, .. })),
+        "no token for it: {events:?}"
+    );
+    assert_eq!(s.num_running(), 1, "seq 2 goes on");
+    step(&mut s, &[]);
+    assert_eq!(s.num_free_blocks(), 8);
 }

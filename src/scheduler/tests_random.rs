@@ -221,8 +221,17 @@ fn update(s: &mut Scheduler, oracle: &mut Oracle, batch: &Batch, out: &StepOutpu
                 oracle.known.get_mut(&id).unwrap().push(token);
             }
             SeqEvent::Finished { id, reason } => {
-                assert!(tokens.contains_key(&id), "finish without a token");
                 assert!(finishes.insert(id, reason).is_none());
+                if tokens.contains_key(&id) {
+                    continue;
+                }
+                // Only a sequence that generates nothing ends without a token: when the
+                // chunk that reaches its prompt's end is applied.
+                assert_eq!(oracle.limits[&id].1, 0, "seq {id} finished without a token");
+                assert_eq!(reason, FinishReason::Length);
+                let c = batch.seqs.iter().find(|c| c.id == id).expect("scheduled");
+                assert!(c.sample && c.start_pos + c.tokens.len() == oracle.known[&id].len());
+                end(oracle, id);
             }
             SeqEvent::Preempted { id } => {
                 assert!(batch.preempted.contains(&id));
@@ -293,7 +302,7 @@ fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
     let over = max_queued > 0 && queued + spec.prompt.len() > max_queued;
     match s.add(spec.clone()) {
         Ok(()) => {
-            assert!(!full && !over && !spec.prompt.is_empty() && spec.max_new_tokens > 0);
+            assert!(!full && !over && !spec.prompt.is_empty());
             oracle
                 .limits
                 .insert(id, (spec.prompt.len(), spec.max_new_tokens));
@@ -306,7 +315,6 @@ fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
             assert!(over && !full && q == queued && max == max_queued)
         }
         Err(AddError::Empty) => assert!(spec.prompt.is_empty()),
-        Err(AddError::NoNewTokens) => assert_eq!(spec.max_new_tokens, 0),
         Err(AddError::TooLong { tokens, max, .. }) => assert!(tokens > max),
         Err(AddError::DuplicateId) => panic!("fresh id {id} refused"),
     }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use cudarc::driver::CudaEvent;
 
 use super::graphs::{graph_plan_len, GraphKey, Graphs};
-use super::layers::Pass;
+use super::layers::{self, HiddenAt, Pass};
 use super::layout::Layout;
 use super::profile::StageTimer;
 use super::sample::Launched;
@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::kernels::cuda::gemm::{Blas, Path};
 use crate::kernels::cuda::{cuda_err, Mapped};
 use crate::model::backend::{ForwardPass, RowsOut};
+use crate::model::layers::norm;
 use crate::model::llama::{check_chunks, SeqChunk};
 use crate::sampling::RowPlan;
 use crate::scheduler::BlockCopy;
@@ -95,8 +96,9 @@ impl CudaForward {
 
     /// Runs the batch through the model, leaving each selected row's fp32 logits in the
     /// scratch's `logits` (`lay.m` rows): as a captured graph for a small decode (`graph`),
-    /// else kernel by kernel.
-    fn run(&mut self, lay: &Layout, graph: Option<GraphKey>) -> Result<()> {
+    /// else kernel by kernel. Without `head`, the pass stops after the layers
+    /// ([`layers::hidden_rows`] says where it leaves those rows).
+    fn run(&mut self, lay: &Layout, graph: Option<GraphKey>, head: bool) -> Result<()> {
         let model = self.model.clone();
         if Scratch::ensure(&mut self.scratch, &model, lay.n, lay.m, lay.meta.len())? {
             // The captured passes hold the old buffers' addresses.
@@ -112,23 +114,24 @@ impl CudaForward {
             Some(key) if self.timer.is_none() && !self.copies.pending() => {
                 // The graphs are taken out while their pass borrows the engine.
                 let mut graphs = std::mem::take(&mut self.graphs);
-                let ran = graphs.run(&model.gpu.stream, key, || self.launch_pass(lay));
+                let ran = graphs.run(&model.gpu.stream, key, || self.launch_pass(lay, true));
                 self.graphs = graphs;
                 ran
             }
-            _ => self.launch_pass(lay),
+            _ => self.launch_pass(lay, head),
         }
     }
 
-    /// Launches every kernel of the forward pass on the uploaded layout.
-    fn launch_pass(&mut self, lay: &Layout) -> Result<()> {
+    /// Launches every kernel of the forward pass on the uploaded layout (the head's too
+    /// with `head`).
+    fn launch_pass(&mut self, lay: &Layout, head: bool) -> Result<()> {
         let s = self
             .scratch
             .as_ref()
             .ok_or_else(|| Error::Cuda("no scratch".into()))?;
         // Pending tokens come from the last step's choices (no buffer yet: none pending).
         let fed = self.sample_bufs.as_ref().map_or(0, |b| b.chosen.ptr());
-        Pass::new(
+        let mut pass = Pass::new(
             &self.model,
             s,
             &self.kv,
@@ -138,8 +141,9 @@ impl CudaForward {
             &self.copies,
             fed,
             &mut self.timer,
-        )
-        .launch()
+        );
+        pass.head = head;
+        pass.launch()
     }
 
     pub(super) fn scratch(&self) -> Result<&Scratch> {
@@ -154,13 +158,15 @@ impl CudaForward {
     /// `begin`, an event is recorded there once the host's layout is done, before the
     /// step's upload (the start of its device work, for the idle time before it).
     /// With `plans` (one list per chunk), the logits rows' sampling plans go up with the
-    /// layout ([`Layout::append_plans`]).
+    /// layout ([`Layout::append_plans`]). Without `head` the pass stops after the layers
+    /// (never as a captured graph).
     fn run_chunks(
         &mut self,
         chunks: &[SeqChunk<'_>],
         pending: &[Option<usize>],
         plans: Option<&[Vec<RowPlan>]>,
         begin: Option<&mut Option<CudaEvent>>,
+        head: bool,
     ) -> Result<Layout> {
         check_chunks(
             &self.model.config,
@@ -170,7 +176,7 @@ impl CudaForward {
         )?;
         let cfg = &self.model.config;
         let group = cfg.num_heads / cfg.num_kv_heads.max(1);
-        let decode = self.graphs.takes(chunks);
+        let decode = head && self.graphs.takes(chunks);
         let hs = self.model.heads;
         let clusters = self.model.gpu.clusters;
         let plan = |longest| {
@@ -196,7 +202,7 @@ impl CudaForward {
             *begin = Some(self.model.gpu.event()?);
         }
         if lay.n > 0 {
-            self.run(&lay, key)?;
+            self.run(&lay, key, head)?;
             // The pass waited for each group of layers' copies.
             self.copies.waited();
         }
@@ -220,7 +226,7 @@ impl Drop for CudaForward {
 
 impl ForwardPass for CudaForward {
     fn forward(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>> {
-        let lay = self.run_chunks(chunks, &[], None, None)?;
+        let lay = self.run_chunks(chunks, &[], None, None, true)?;
         if lay.m == 0 {
             return Ok(lay.counts.iter().map(|_| Vec::new()).collect());
         }
@@ -233,6 +239,43 @@ impl ForwardPass for CudaForward {
         let mut at = 0;
         for &c in &lay.counts {
             out.push(logits[at * vocab..(at + c) * vocab].to_vec());
+            at += c;
+        }
+        Ok(out)
+    }
+
+    /// The pass without its head, on the same stream as any step launched before it
+    /// (whose choices go to their own buffers); the rows' fp32 residual comes back to the
+    /// host, which applies the final norm as the CPU engine does.
+    fn forward_hidden(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>> {
+        let lay = self.run_chunks(chunks, &[], None, None, false)?;
+        if lay.m == 0 {
+            return Ok(lay.counts.iter().map(|_| Vec::new()).collect());
+        }
+        let h = self.model.config.hidden_size;
+        let s = self.scratch()?;
+        let residual = match layers::hidden_rows(&lay, self.model.weights.layers.len()) {
+            (HiddenAt::XRows, _) => self.model.gpu.read(&s.x_rows, lay.m * h)?,
+            (HiddenAt::X, None) => self.model.gpu.read(&s.x, lay.m * h)?,
+            (HiddenAt::X, Some(rows)) => {
+                let x = self.model.gpu.read(&s.x, lay.n * h)?;
+                rows.iter()
+                    .flat_map(|&r| &x[r * h..(r + 1) * h])
+                    .copied()
+                    .collect()
+            }
+        };
+        let mut normed = vec![0f32; residual.len()];
+        norm(
+            &self.model.config,
+            &self.model.final_norm,
+            &residual,
+            &mut normed,
+        );
+        let mut out = Vec::with_capacity(chunks.len());
+        let mut at = 0;
+        for &c in &lay.counts {
+            out.push(normed[at * h..(at + c) * h].to_vec());
             at += c;
         }
         Ok(out)
@@ -284,7 +327,7 @@ impl ForwardPass for CudaForward {
             })
             .collect();
         let mut begin = None;
-        let lay = self.run_chunks(&checked, pending, Some(plans), Some(&mut begin))?;
+        let lay = self.run_chunks(&checked, pending, Some(plans), Some(&mut begin), true)?;
         let begin = self
             .copies
             .begin

@@ -35,6 +35,10 @@ pub(super) struct Pass<'a> {
     /// The last step's choices on the device, where pending tokens are read (0: none).
     pub fed: u64,
     pub timer: &'a mut Option<StageTimer>,
+    /// Whether the head ([`stage::HEAD`]) runs after the layers; without it the pass ends
+    /// with the fp32 residual of the rows that get logits ([`hidden_rows`]), whose
+    /// final norm the host applies (embeddings).
+    pub head: bool,
     /// Whether the gate_up GEMV applied SwiGLU itself (set by [`Stage::GateUp`]).
     swiglu_done: bool,
 }
@@ -66,6 +70,7 @@ impl<'a> Pass<'a> {
             copies,
             fed,
             timer,
+            head: true,
             swiglu_done: false,
         }
     }
@@ -81,7 +86,7 @@ impl<'a> Pass<'a> {
                 self.run(stage, l)?;
             }
         }
-        if self.lay.m == 0 {
+        if self.lay.m == 0 || !self.head {
             return Ok(());
         }
         for stage in stage::HEAD {
@@ -478,6 +483,38 @@ impl<'a> Pass<'a> {
     }
 }
 
+/// Where a pass without its head leaves the fp32 residual of the rows that get logits,
+/// in the layout's row order: `(buffer, rows)`, the rows index into the buffer's rows
+/// (None: they are its first `lay.m` rows). The last layer ran on those rows alone into
+/// `x_rows` when only some rows get logits; every row's is `x` otherwise, and in a model
+/// without layers, which gathers nothing.
+pub(super) fn hidden_rows(lay: &Layout, layers: usize) -> (HiddenAt, Option<Vec<usize>>) {
+    match (lay.tail.is_some(), layers) {
+        (true, 0) => {
+            // Each chunk's rows end where the next one's start: its last `count` get logits.
+            let ends = lay.firsts.iter().skip(1).copied().chain([lay.n]);
+            let rows = lay
+                .counts
+                .iter()
+                .zip(ends)
+                .flat_map(|(&c, end)| end - c..end)
+                .collect();
+            (HiddenAt::X, Some(rows))
+        }
+        (true, _) => (HiddenAt::XRows, None),
+        (false, _) => (HiddenAt::X, None),
+    }
+}
+
+/// The scratch buffer a pass without its head leaves its rows in ([`hidden_rows`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum HiddenAt {
+    /// `Scratch::x`, every row's residual.
+    X,
+    /// `Scratch::x_rows`, the gathered rows'.
+    XRows,
+}
+
 /// Device addresses of the layout's parts in the step's upload.
 struct Meta {
     ids: u64,
@@ -486,4 +523,27 @@ struct Meta {
     row_seq: u64,
     rows: u64,
     tables: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::llama::SeqChunk;
+
+    #[test]
+    fn a_pass_without_its_head_leaves_the_logit_rows_where_the_last_layer_put_them() {
+        let table = [0u32, 1, 2, 3];
+        let chunk = |tokens, logits| SeqChunk {
+            tokens,
+            start_pos: 0,
+            block_table: &table,
+            logits,
+        };
+        let (a, b) = ([1u32, 2, 3], [4u32, 5]);
+        let some = Layout::new(&[chunk(&a, 1), chunk(&b, 2)], 16, 1, |l| l).unwrap();
+        assert_eq!(hidden_rows(&some, 2), (HiddenAt::XRows, None));
+        assert_eq!(hidden_rows(&some, 0), (HiddenAt::X, Some(vec![2, 3, 4])));
+        let every = Layout::new(&[chunk(&a, 3), chunk(&b, 2)], 16, 1, |l| l).unwrap();
+        assert_eq!(hidden_rows(&every, 2), (HiddenAt::X, None));
+    }
 }

@@ -19,6 +19,7 @@ use std::sync::{Arc, OnceLock};
 use super::backend::{Backend, ForwardPass};
 use super::config::ModelConfig;
 use super::family::{Bias, Family, Mlp, NormKind};
+use super::weights::Norm;
 use super::Llama;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::gemm::Tuning;
@@ -33,6 +34,8 @@ pub struct CudaModel {
     /// The attention heads' shape and kernel choice ([`heads`]), formed once at load.
     pub(crate) heads: Heads,
     pub(crate) weights: GpuWeights,
+    /// The final norm's fp32 weights on the host: embeddings norm their hidden rows there.
+    pub(crate) final_norm: Norm,
     /// The linear layers' kernel choices, timed by the first engine on this model and taken
     /// by every later one (an engine restart, a second forward pass).
     pub(crate) tuning: OnceLock<Tuning>,
@@ -93,6 +96,7 @@ impl CudaModel {
             config,
             heads: hs,
             weights,
+            final_norm: model.weights().final_norm.clone(),
             tuning: OnceLock::new(),
         }))
     }

@@ -1,0 +1,191 @@
+//! Schemas, for the OpenAPI document, of the request bodies that are read field by field
+//! rather than through a serde type (Triton's generate, KServe's infer, OpenAI's
+//! completions and chat completions: see fields.rs, tensors.rs and openai_types.rs).
+//! These types are never deserialized; a test checks that every field they list is one
+//! their parser reads.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde_json::Value;
+
+/// A string or a list of strings.
+#[derive(JsonSchema)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// One chat message: text content, or text parts (`{"type": "text", "text"}`).
+#[derive(JsonSchema)]
+pub struct ChatMessageDoc {
+    /// `system`, `developer`, `user` or `assistant`.
+    pub role: String,
+    #[schemars(with = "Option<Value>")]
+    pub content: Option<Value>,
+}
+
+/// `POST /v1/completions` (OpenAI's legacy completions, with vLLM's extensions).
+#[derive(JsonSchema)]
+pub struct CompletionRequestDoc {
+    pub model: String,
+    /// A string, a list of strings, a list of token ids or a list of such lists.
+    #[schemars(with = "Value")]
+    pub prompt: Value,
+    /// Default 16.
+    pub max_tokens: Option<u32>,
+    /// Default 1.
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// vLLM's: -1 or 0 is off.
+    pub top_k: Option<i64>,
+    /// Only 1.
+    pub n: Option<u32>,
+    /// Only 1.
+    pub best_of: Option<u32>,
+    /// Up to 4 stop strings.
+    pub stop: Option<OneOrMany>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptionsDoc>,
+    pub seed: Option<i64>,
+    pub echo: Option<bool>,
+    /// 0 to 5: the sampled tokens' log-probabilities (no alternatives).
+    pub logprobs: Option<u32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub min_tokens: Option<u32>,
+    pub ignore_eos: Option<bool>,
+    /// Refused unless empty.
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    /// Refused unless empty.
+    pub suffix: Option<String>,
+    pub user: Option<String>,
+    pub cache_salt: Option<String>,
+    pub num_draft_tokens: Option<u32>,
+    pub use_draft_logits: Option<bool>,
+}
+
+/// `stream_options`.
+#[derive(JsonSchema)]
+pub struct StreamOptionsDoc {
+    pub include_usage: Option<bool>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(JsonSchema)]
+pub struct ChatRequestDoc {
+    pub model: String,
+    pub messages: Vec<ChatMessageDoc>,
+    /// Default: the rest of the context.
+    pub max_completion_tokens: Option<u32>,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub n: Option<u32>,
+    pub stop: Option<OneOrMany>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptionsDoc>,
+    pub seed: Option<i64>,
+    pub logprobs: Option<bool>,
+    /// Only 0.
+    pub top_logprobs: Option<u32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub min_tokens: Option<u32>,
+    pub ignore_eos: Option<bool>,
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    /// Extra chat template variables (vLLM's).
+    pub chat_template_kwargs: Option<BTreeMap<String, Value>>,
+    /// Only `{"type": "text"}`.
+    #[schemars(with = "Option<BTreeMap<String, Value>>")]
+    pub response_format: Option<Value>,
+    #[schemars(with = "Option<Vec<BTreeMap<String, Value>>>")]
+    pub tools: Option<Value>,
+    pub user: Option<String>,
+    pub cache_salt: Option<String>,
+    pub num_draft_tokens: Option<u32>,
+    pub use_draft_logits: Option<bool>,
+}
+
+/// `POST /v2/models/{model}/generate` and `generate_stream` (Triton's generate
+/// extension, TensorRT-LLM's field names). Each field may also sit under `parameters`,
+/// and a value may be a tensor-shaped list around a scalar.
+#[derive(JsonSchema)]
+pub struct GenerateRequestDoc {
+    /// The prompt (the text models).
+    pub text_input: Option<String>,
+    /// The prompt as token ids (`tensorrt_llm`).
+    pub input_ids: Option<Vec<u32>>,
+    pub max_tokens: Option<u32>,
+    /// TensorRT-LLM's name of `max_tokens`.
+    pub request_output_len: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_k: Option<u32>,
+    pub runtime_top_k: Option<u32>,
+    pub top_p: Option<f32>,
+    pub runtime_top_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub min_length: Option<u32>,
+    pub min_tokens: Option<u32>,
+    pub random_seed: Option<u64>,
+    pub seed: Option<u64>,
+    pub end_id: Option<u32>,
+    pub pad_id: Option<u32>,
+    pub bad_words: Option<OneOrMany>,
+    pub stop_words: Option<OneOrMany>,
+    pub return_log_probs: Option<bool>,
+    pub exclude_input_in_output: Option<bool>,
+    pub stream: Option<bool>,
+    pub streaming: Option<bool>,
+    pub stop_after_ms: Option<u64>,
+    pub ignore_eos: Option<bool>,
+    pub num_draft_tokens: Option<u32>,
+    pub use_draft_logits: Option<bool>,
+    pub cache_salt: Option<String>,
+    /// The request's id (a stop request: `{"id": ..., "stop": true}`).
+    pub id: Option<String>,
+    pub stop: Option<bool>,
+    #[schemars(with = "Option<BTreeMap<String, Value>>")]
+    pub parameters: Option<Value>,
+}
+
+/// `POST /v2/models/{model}/infer` (KServe v2; JSON, or JSON then binary tensor data with
+/// `Inference-Header-Content-Length`).
+#[derive(JsonSchema)]
+pub struct InferRequestDoc {
+    pub id: Option<String>,
+    /// Request-wide parameters (generate's fields).
+    #[schemars(with = "Option<BTreeMap<String, Value>>")]
+    pub parameters: Option<Value>,
+    pub inputs: Vec<TensorDoc>,
+    pub outputs: Option<Vec<OutputDoc>>,
+}
+
+/// One input tensor (`text_input`, `input_ids`, `max_tokens`, ...).
+#[derive(JsonSchema)]
+pub struct TensorDoc {
+    pub name: String,
+    pub shape: Vec<u64>,
+    /// `BYTES`, `INT32`, `INT64`, `UINT32`, `FP32`, `BOOL`, ...
+    pub datatype: String,
+    #[schemars(with = "Option<Vec<Value>>")]
+    pub data: Option<Value>,
+    #[schemars(with = "Option<BTreeMap<String, Value>>")]
+    pub parameters: Option<Value>,
+}
+
+/// One requested output tensor.
+#[derive(JsonSchema)]
+pub struct OutputDoc {
+    pub name: String,
+    #[schemars(with = "Option<BTreeMap<String, Value>>")]
+    pub parameters: Option<Value>,
+}
