@@ -398,15 +398,23 @@ async fn guided_sequences_survive_preemption() {
         let s = &s;
         let list = list.clone();
         async move {
-            post(s, "/v1/completions", json!({"model": "ensemble", "prompt": "Numbers:",
-                "max_tokens": 90, "seed": seed, "temperature": 1.0, "guided_json": list})).await
+            post(
+                s,
+                "/v1/completions",
+                json!({"model": "ensemble", "prompt": "Numbers:",
+                "max_tokens": 90, "seed": seed, "temperature": 1.0, "guided_json": list}),
+            )
+            .await
         }
     });
     for (status, r) in futures::future::join_all(asks).await {
         assert_eq!(status, 200, "{r}");
         let text = r["choices"][0]["text"].as_str().unwrap();
         let v: Vec<i64> = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
-        assert!(v.len() == 20 && v.iter().all(|n| (10..=99).contains(n)), "{text}");
+        assert!(
+            v.len() == 20 && v.iter().all(|n| (10..=99).contains(n)),
+            "{text}"
+        );
     }
     let preempted = s.metric("inflight_preemptions_total").await.unwrap_or(0.0);
     assert!(preempted > 0.0, "no preemption happened");

@@ -24,8 +24,8 @@ mod responses;
 mod responses_types;
 mod serve;
 mod tensors;
-mod tools;
 mod tokenize;
+mod tools;
 mod tracked;
 mod triton;
 

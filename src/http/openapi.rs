@@ -500,7 +500,13 @@ mod tests {
                 .as_object()
                 .unwrap_or_else(|| panic!("{name} has no properties"));
             for field in props.keys() {
-                let all = [source, include_str!("kserve.rs"), include_str!("triton.rs")];
+                let all = [
+                    source,
+                    include_str!("kserve.rs"),
+                    include_str!("triton.rs"),
+                    include_str!("guided.rs"),
+                    include_str!("tools.rs"),
+                ];
                 assert!(
                     all.iter().any(|s| s.contains(&format!("\"{field}\""))),
                     "{name}.{field} is documented but no parser reads it"

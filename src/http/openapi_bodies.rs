@@ -22,10 +22,16 @@ pub enum OneOrMany {
 /// One chat message: text content, or text parts (`{"type": "text", "text"}`).
 #[derive(JsonSchema)]
 pub struct ChatMessageDoc {
-    /// `system`, `developer`, `user` or `assistant`.
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
     pub role: String,
     #[schemars(with = "Option<Value>")]
     pub content: Option<Value>,
+    /// An assistant's calls: `{"id", "type": "function", "function": {"name", "arguments"}}`.
+    #[schemars(with = "Option<Vec<BTreeMap<String, Value>>>")]
+    pub tool_calls: Option<Value>,
+    /// The call a tool message answers.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 /// `POST /v1/completions` (OpenAI's legacy completions, with vLLM's extensions).
@@ -67,6 +73,22 @@ pub struct CompletionRequestDoc {
     pub cache_salt: Option<String>,
     pub num_draft_tokens: Option<u32>,
     pub use_draft_logits: Option<bool>,
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
+    /// "strict"}}`: the output is constrained to it.
+    #[schemars(with = "Option<BTreeMap<String, Value>>")]
+    pub response_format: Option<Value>,
+    /// A JSON Schema the output must match (vLLM's), an object or a string holding one.
+    #[schemars(with = "Option<Value>")]
+    pub guided_json: Option<Value>,
+    /// A regex the whole output must match (vLLM's).
+    pub guided_regex: Option<String>,
+    /// The output is one of these strings (vLLM's).
+    pub guided_choice: Option<Vec<String>>,
+    /// A grammar: GBNF (`root ::= ...`) or llguidance's Lark (vLLM's).
+    pub guided_grammar: Option<String>,
+    /// vLLM's newer form: one of `json`, `json_object`, `regex`, `choice`, `grammar`.
+    #[schemars(with = "Option<BTreeMap<String, Value>>")]
+    pub structured_outputs: Option<Value>,
 }
 
 /// `stream_options`.
@@ -102,11 +124,31 @@ pub struct ChatRequestDoc {
     pub logit_bias: Option<BTreeMap<String, f32>>,
     /// Extra chat template variables (vLLM's).
     pub chat_template_kwargs: Option<BTreeMap<String, Value>>,
-    /// Only `{"type": "text"}`.
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
+    /// "strict"}}`: the output is constrained to it.
     #[schemars(with = "Option<BTreeMap<String, Value>>")]
     pub response_format: Option<Value>,
+    /// A JSON Schema the output must match (vLLM's), an object or a string holding one.
+    #[schemars(with = "Option<Value>")]
+    pub guided_json: Option<Value>,
+    /// A regex the whole output must match (vLLM's).
+    pub guided_regex: Option<String>,
+    /// The output is one of these strings (vLLM's).
+    pub guided_choice: Option<Vec<String>>,
+    /// A grammar: GBNF (`root ::= ...`) or llguidance's Lark (vLLM's).
+    pub guided_grammar: Option<String>,
+    /// vLLM's newer form: one of `json`, `json_object`, `regex`, `choice`, `grammar`.
+    #[schemars(with = "Option<BTreeMap<String, Value>>")]
+    pub structured_outputs: Option<Value>,
+    /// Function tools: `{"type": "function", "function": {"name", "description",
+    /// "parameters"}}`.
     #[schemars(with = "Option<Vec<BTreeMap<String, Value>>>")]
     pub tools: Option<Value>,
+    /// `auto`, `none`, `required` or `{"type": "function", "function": {"name"}}`.
+    #[schemars(with = "Option<Value>")]
+    pub tool_choice: Option<Value>,
+    /// Default true.
+    pub parallel_tool_calls: Option<bool>,
     pub user: Option<String>,
     pub cache_salt: Option<String>,
     pub num_draft_tokens: Option<u32>,
@@ -138,6 +180,11 @@ pub struct GenerateRequestDoc {
     pub random_seed: Option<u64>,
     pub seed: Option<u64>,
     pub end_id: Option<u32>,
+    /// TensorRT-LLM's guided decoding: `json`, `json_schema`, `regex`, `ebnf_grammar` or
+    /// `lark_grammar`.
+    pub guided_decoding_guide_type: Option<String>,
+    /// The schema, regex or grammar of `guided_decoding_guide_type`.
+    pub guided_decoding_guide: Option<String>,
     pub pad_id: Option<u32>,
     pub bad_words: Option<OneOrMany>,
     pub stop_words: Option<OneOrMany>,
