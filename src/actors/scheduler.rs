@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::messages::{
-    CancelReason, EngineMsg, EngineTime, PostprocessMsg, SamplerMsg, SchedulerMsg, SchedulerStats,
-    SeqId, SeqInit, SeqOutput, SeqSampled, SubmitError,
+    CancelReason, EngineMsg, EngineTime, PostprocessMsg, PromptScores, SamplerMsg, SchedulerMsg,
+    SchedulerStats, SeqId, SeqInit, SeqOutput, SeqSampled, SubmitError,
 };
 use crate::request::{GenerationParams, RequestId};
 use crate::sampling::SeqSampler;
@@ -118,10 +118,11 @@ impl Actor for SchedulerActor {
                 iteration,
                 output,
                 sampled,
+                prompt,
                 timing,
             } => {
                 state.timing.add(timing);
-                state.step_done(iteration, output, sampled);
+                state.step_done(iteration, output, sampled, prompt);
             }
             SchedulerMsg::EngineFailed { error } => state.engine_failed(&error),
             SchedulerMsg::EngineReady(engine) => state.engine = Some(engine),
@@ -167,7 +168,12 @@ impl SchedulerState {
                 prompt: s.prompt.clone(),
                 max_new_tokens: s.params.max_tokens,
                 num_draft_tokens,
-                cache_salt: s.params.cache_salt.as_deref().map_or(0, salt_of),
+                cache_salt: match s.params.prompt_log_probs {
+                    // Its prompt's logits are wanted at every position: a salt of its own
+                    // finds no cached prefix, so it computes them all.
+                    true => salt_of(&format!("prompt-log-probs-{}", s.seq)),
+                    false => s.params.cache_salt.as_deref().map_or(0, salt_of),
+                },
             };
             if let Err(e) = self.core.add(spec) {
                 for added in &seqs[..i] {
@@ -237,10 +243,29 @@ impl SchedulerState {
         let _ = self.sampler.cast(SamplerMsg::Drop(vec![seq]));
     }
 
-    fn step_done(&mut self, iteration: u64, output: StepOutput, sampled: Vec<SeqSampled>) {
+    fn step_done(
+        &mut self,
+        iteration: u64,
+        output: StepOutput,
+        sampled: Vec<SeqSampled>,
+        prompt: Vec<PromptScores>,
+    ) {
         let Some(batch) = self.overlap.answered(iteration) else {
             return;
         };
+        // Prompt scores go out before the tokens of the same step.
+        let mut outs: Vec<(u64, SeqOutput)> = prompt
+            .into_iter()
+            .filter(|p| self.seqs.contains_key(&p.seq))
+            .map(|p| {
+                let out = SeqOutput::PromptLogprobs {
+                    seq: p.seq,
+                    from: p.from,
+                    rows: p.rows,
+                };
+                (self.rid(p.seq), out)
+            })
+            .collect();
         // Per sequence: what the sampler said, and how many of its tokens went out.
         let mut per_seq: HashMap<SeqId, (SeqSampled, usize)> = output
             .tokens
@@ -248,22 +273,22 @@ impl SchedulerState {
             .map(|t| t.id)
             .zip(sampled.into_iter().map(|s| (s, 0)))
             .collect();
-        let mut outs = Vec::new();
         for event in self.core.update(&batch, &output) {
             match event {
                 SeqEvent::Token { id, token } => {
-                    let (log_prob, drafted, accepted) = match per_seq.get_mut(&id) {
+                    let (log_prob, top, drafted, accepted) = match per_seq.get_mut(&id) {
                         Some((s, i)) => {
                             let first = *i == 0;
                             let lp = s.log_probs.get(*i).copied().flatten();
+                            let top = s.tops.get_mut(*i).map(std::mem::take).unwrap_or_default();
                             *i += 1;
                             if first {
-                                (lp, s.drafted, s.accepted)
+                                (lp, top, s.drafted, s.accepted)
                             } else {
-                                (lp, 0, 0)
+                                (lp, top, 0, 0)
                             }
                         }
-                        None => (None, 0, 0),
+                        None => (None, Vec::new(), 0, 0),
                     };
                     let queued = self.seqs.get_mut(&id).and_then(|m| m.queued.take());
                     let cached = self.seqs.get(&id).map_or(0, |m| m.cached);
@@ -273,6 +298,7 @@ impl SchedulerState {
                             seq: id,
                             token,
                             log_prob,
+                            top,
                             queued,
                             cached,
                             drafted,

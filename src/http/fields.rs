@@ -288,6 +288,9 @@ pub fn build_request(
         num_draft_tokens: fields.uint(&["num_draft_tokens"])?.map(|v| v as usize),
         use_draft_logits: fields.bool(&["use_draft_logits"])?.unwrap_or(false),
         cache_salt: fields.strings("cache_salt")?.into_iter().next(),
+        // TensorRT-LLM's min-p sampling (SamplingConfig::minP).
+        min_p: fields.float(&["min_p"])?.unwrap_or(d.min_p),
+        ..d
     };
     Ok(Request {
         id: request_id(fields)?,
