@@ -8,12 +8,13 @@
 # Needs: python3 -m pip install -r tests/clients/requirements.txt
 # Environment: INFLIGHT_HTTP_PORT / INFLIGHT_METRICS_PORT (default 18400 / 18402, other
 # free ports when those are taken), INFLIGHT_READY_TIMEOUT (seconds, default 600: the
-# first start may fetch the model), INFLIGHT_SKIP_BUILD=1 to use the binary as it is.
-# Extra arguments go to pytest (e.g. -k openai).
+# first start may fetch the model), INFLIGHT_SKIP_BUILD=1 to use the binary as it is,
+# INFLIGHT_BIN to name the binary (default: release/inflight under CARGO_TARGET_DIR, or
+# ./target). Extra arguments go to pytest (e.g. -k openai).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BIN=./target/release/inflight
+BIN=${INFLIGHT_BIN:-${CARGO_TARGET_DIR:-./target}/release/inflight}
 READY_TIMEOUT=${INFLIGHT_READY_TIMEOUT:-600}
 
 if [ "${INFLIGHT_SKIP_BUILD:-0}" != 1 ] || [ ! -x "$BIN" ]; then
