@@ -96,8 +96,8 @@ async fn n_choices_are_indexed_streamed_by_index_and_counted_once() {
     streamed["stream_options"] = json!({"include_usage": true});
     let events = stream(&s, "/v1/completions", streamed).await;
     let (usage, chunks) = events.split_last().unwrap();
-    for i in 0..4 {
-        assert_eq!(streamed_text(chunks, i), cs[i]["text"].as_str().unwrap());
+    for (i, c) in cs.iter().enumerate() {
+        assert_eq!(streamed_text(chunks, i), c["text"].as_str().unwrap());
         let finals = chunks
             .iter()
             .flat_map(|e| choices(e).iter())
@@ -342,7 +342,7 @@ async fn top_logprobs_and_echoed_prompt_logprobs_are_the_log_softmax_of_the_logi
     let streamed: Vec<Value> = stream(&s, "/v1/chat/completions", streamed_chat)
         .await
         .iter()
-        .flat_map(|e| choices(e).iter().cloned().collect::<Vec<_>>())
+        .flat_map(|e| choices(e).to_vec())
         .filter_map(|c| c["logprobs"]["content"].as_array().cloned())
         .flatten()
         .collect();

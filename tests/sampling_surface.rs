@@ -286,7 +286,7 @@ async fn prompt_scores_survive_preemption_and_sit_beside_plain_requests() {
         random_seed: Some(i as u64),
         return_log_probs: true,
         top_log_probs: (i % 3) * 2,
-        prompt_log_probs: i % 2 == 0,
+        prompt_log_probs: i.is_multiple_of(2),
         n: 1 + i % 2,
         ..GenerationParams::default()
     };
@@ -323,7 +323,7 @@ async fn prompt_scores_survive_preemption_and_sit_beside_plain_requests() {
                 assert_eq!(a.top_log_probs, b.top_log_probs, "request {i}");
                 // Scored once each, whatever was computed again.
                 assert_eq!(a.prompt_log_probs, b.prompt_log_probs, "request {i}");
-                let want = if i % 2 == 0 { 10 + i * 3 } else { 0 };
+                let want = if i.is_multiple_of(2) { 10 + i * 3 } else { 0 };
                 assert_eq!(b.prompt_log_probs.len(), want, "request {i}");
             }
         }

@@ -53,11 +53,11 @@ fn logit_bias_is_added_before_penalties_and_steers_the_choice() {
     assert_eq!(row, vec![1.0, 3.0, 0.5, -92.0]);
     // Token 9 lies outside the row: ignored.
     let mut s = SeqSampler::new(&p, &[1], &[]);
-    assert_eq!(s.sample(&mut vec![1.0, 2.0, 0.5, 8.0]).token, 1);
+    assert_eq!(s.sample(&mut [1.0, 2.0, 0.5, 8.0]).token, 1);
     // +100 wins over any logit; biases that are not finite are dropped.
     let p = params(|p| p.logit_bias = vec![(0, 100.0), (2, f32::NAN)]);
     let mut s = SeqSampler::new(&p, &[], &[]);
-    assert_eq!(s.sample(&mut vec![-50.0, 40.0, 1.0]).token, 0);
+    assert_eq!(s.sample(&mut [-50.0, 40.0, 1.0]).token, 0);
 }
 
 #[test]
@@ -179,7 +179,7 @@ fn alternatives_follow_penalties_and_bans_skip_minus_infinity_and_tie_to_the_low
         p.logit_bias = vec![(5, 1.0)];
     });
     let mut s = SeqSampler::new(&p, &[], &[]);
-    let got = s.sample(&mut vec![9.0, 2.0, f32::NAN, 2.0, 2.0, 1.5]);
+    let got = s.sample(&mut [9.0, 2.0, f32::NAN, 2.0, 2.0, 1.5]);
     let ids: Vec<u32> = got.top.iter().map(|a| a.token).collect();
     assert_eq!(ids, vec![5, 1, 3, 4]);
     let processed = [NEG, 2.0, NEG, 2.0, 2.0, 2.5];
@@ -215,11 +215,11 @@ fn a_score_plan_gives_the_raw_log_softmax_of_its_target() {
     assert_eq!(got.top.len(), 2);
     // A row with nothing allowed, or a target outside it, scores nothing.
     assert_eq!(
-        RowPlan::score(1, 2).choose(&mut vec![f32::NAN; 4]),
+        RowPlan::score(1, 2).choose(&mut [f32::NAN; 4]),
         RowChoice::none()
     );
     assert_eq!(
-        RowPlan::score(9, 0).choose(&mut vec![0.0; 4]),
+        RowPlan::score(9, 0).choose(&mut [0.0; 4]),
         RowChoice::none()
     );
 }
