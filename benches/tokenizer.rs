@@ -66,11 +66,12 @@ fn tokenizer(c: &mut Criterion) {
         "incremental detokenize 2048 tokens (SeqOutputState, 2 stop strings)",
         |b| {
             b.iter(|| {
-                let mut s = SeqOutputState::new(0, 10, None, &params, tok.eos_token_ids().to_vec());
+                let mut s =
+                    SeqOutputState::new(0, 10, None, &params, tok.eos_token_ids().to_vec(), None);
                 let mut len = 0;
                 for &id in &ids {
                     len += s
-                        .push(&tok, id, None, None)
+                        .push(&tok, id, None, Vec::new(), None)
                         .chunk
                         .map_or(0, |c| c.text.len());
                 }

@@ -1,25 +1,36 @@
 // Sampling on the device: one block per row of fp32 logits (a few for a greedy row, below)
 // chooses that row's token from its plan (the CPU twin is RowPlan::choose in src/sampling/plan.rs; both must give the
 // same token for the same logits, plan and seed):
-//   1. edits: repetition penalty, then presence/frequency by generated count, then bans;
-//      then the row's token mask (structured output), when it has one;
+//   1. the logit bias, then edits: repetition penalty, then presence/frequency by generated
+//      count, then bans; then the row's token mask (structured output), when it has one;
 //   2. clean (NaN -> -inf, +inf -> FLT_MAX, -0 -> +0), the maximum and its first index;
-//   3. greedy: that index; otherwise weights w = exp_fast((x - max) * inv_t), the top-k
-//      prefix in rank order (logit descending, id ascending) by a radix select on counts,
-//      the top-p prefix inside it by a radix select on fixed-point mass, and a draw:
-//      the first kept id, in id order, whose running weight exceeds u * kept weight,
+//   3. the row's total weight (for log-probabilities), and the alternatives: the most
+//      likely tokens (a radix select of the top-k boundary, then a sort of those few) with
+//      their log-softmax, written to the host;
+//   4. a score row: the target token; greedy: the maximum's index; otherwise weights
+//      w = exp_fast((x - max) * inv_t), min-p (w >= min_p), the top-k prefix in rank order
+//      (logit descending, id ascending) by a radix select on counts, the top-p prefix
+//      inside both by a radix select on fixed-point mass, and a draw: the first kept id,
+//      in id order, whose running weight exceeds u * kept weight,
 //      u = step_uniform(seed, step).
 // Float arithmetic that must match the host is written with _rn intrinsics so that no
 // multiply-add is contracted. Sums are deterministic (fixed reduction trees, integer
 // atomics only), so a seed gives the same token on every run.
 //
-// params: 16 words per row: flags (1 greedy, 2 log-prob), inv_t, top_k (0 all), top_p,
-// seed lo/hi, step lo/hi, repetition, presence, frequency, first edit, end of edits,
-// mask (0: none; else 1 + the word offset in `edits` of the row's mask), mask bits.
-// edits: (token, info) pairs; info = generated count | 1<<30 repeat | 1<<31 ban; then the
-// rows' masks: bit i % 32 of word i / 32 allows id i; ids at or past mask bits are banned.
+// params: SAMPLE_PLAN_WORDS words per row: 0 flags (1 greedy, 2 the row's total, for
+// log-probabilities, 4 score the target), 1 inv_t, 2 top_k (0 all), 3 top_p, 4-5 seed
+// lo/hi, 6-7 step lo/hi, 8 repetition, 9 presence, 10 frequency, 11 first edit, 12 end of
+// edits, 13 mask (0: none; else 1 + the word offset in `edits` of the row's mask), 14 mask
+// bits, 16 first bias, 17 end of biases, 18 min_p, 19 alternatives (<= SAMPLE_TOP_MAX),
+// 20 target; the rest spare.
+// edits: (token, info) pairs; info = generated count | 1<<30 repeat | 1<<31 ban; biases are
+// (token, bias bits) pairs of the same array; then the rows' masks: bit i % 32 of word
+// i / 32 allows id i; ids at or past mask bits are banned.
 // tokens[row] = -1 when no token is allowed (log_probs[row] = -inf).
-// Greedy rows that want no log-probability split their vocabulary over the grid's x blocks
+// host: rows tokens, rows log-probability bits, then per row SAMPLE_TOP_MAX (token,
+// log-probability bits) pairs of which a row writes only the alternatives it asks for
+// (token 0xffffffff past the last), so only what is asked crosses to the host.
+// Greedy rows that want no total split their vocabulary over the grid's x blocks
 // (slices of ceil(vocab / gridDim.x) ids): each block edits and scans its slice and folds
 // its maximum's key and first id into the row's 64-bit word of `best` by atomicMax (an
 // integer maximum: the same whatever the order); the last block to count itself done
@@ -35,6 +46,8 @@
 #define EDIT_BAN (1u << 31)
 #define EDIT_COUNT (EDIT_REPEAT - 1u)
 #define MASS_SCALE 1099511627776.0  // 2^40: a weight of 1 in fixed point
+#define SAMPLE_PLAN_WORDS 24             // sampling::PLAN_WORDS
+#define SAMPLE_TOP_MAX 20                // sampling::MAX_TOP_LOG_PROBS
 
 __device__ __forceinline__ float sample_clean(float x) {
     x = x > -INFINITY ? x : -INFINITY;  // NaN fails the comparison
@@ -141,6 +154,7 @@ struct SampleRow {
     unsigned tp;  // top-p boundary, the same way inside the top-k prefix
     int cp;
     bool use_p;
+    float min_w;  // min-p: a weight below it is cut (0: none is)
 
     __device__ __forceinline__ float weight(float v) const {
         return sample_exp(__fmul_rn(__fsub_rn(v, mx), inv_t));
@@ -148,10 +162,117 @@ struct SampleRow {
     __device__ __forceinline__ bool in_k(unsigned key, int i) const {
         return key > tk || (key == tk && i <= ck);
     }
-    __device__ __forceinline__ bool kept(unsigned key, int i) const {
-        return in_k(key, i) && (!use_p || key > tp || (key == tp && i <= cp));
+    // In the top-k prefix and not cut by min-p (`w` is the token's weight): what top-p
+    // chooses among.
+    __device__ __forceinline__ bool in_km(unsigned key, int i, float w) const {
+        return in_k(key, i) && w >= min_w;
+    }
+    __device__ __forceinline__ bool kept(unsigned key, int i, float w) const {
+        return in_km(key, i, w) && (!use_p || key > tp || (key == tp && i <= cp));
     }
 };
+
+// The top-k boundary of a row of n cleaned logits, k < n: the key of the k-th token in
+// rank order (logit descending, id ascending), and the last id among the ties of that key
+// that is kept. A token is among the k when key > *tk, or key == *tk and id <= *ck. Every
+// thread of the block calls it; [lo, hi) is the thread's contiguous run of ids.
+__device__ void sample_topk_bound(const float* x, int n, unsigned k, int lo, int hi,
+                                  unsigned* hist_n, unsigned* sel_u, unsigned* iscratch_u,
+                                  int* iscratch, unsigned* tk, int* ck) {
+    const int tid = threadIdx.x, nt = blockDim.x;
+    unsigned prefix = 0, pmask = 0, need = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = tid; b < 256; b += nt) hist_n[b] = 0;
+        __syncthreads();
+        for (int i = tid; i < n; i += nt) {
+            unsigned key = sample_key(sample_clean(x[i]));
+            if ((key & pmask) == prefix) atomicAdd(&hist_n[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            unsigned above = 0;
+            int b = 255;
+            for (; b > 0; --b) {
+                if (above + hist_n[b] >= need) break;
+                above += hist_n[b];
+            }
+            sel_u[0] = (unsigned)b, sel_u[1] = need - above;
+        }
+        __syncthreads();
+        prefix |= sel_u[0] << shift, pmask |= 255u << shift, need = sel_u[1];
+        __syncthreads();
+    }
+    // The need-th tie in id order.
+    unsigned c = 0;
+    for (int i = lo; i < hi; ++i) c += sample_key(sample_clean(x[i])) == prefix;
+    unsigned before = block_scan_excl<unsigned>(c, iscratch_u);
+    int cut = 0x7fffffff;
+    if (before < need && need <= before + c) {
+        unsigned run = before;
+        for (int i = lo; i < hi; ++i) {
+            if (sample_key(sample_clean(x[i])) == prefix && ++run == need) {
+                cut = i;
+                break;
+            }
+        }
+    }
+    *tk = prefix;
+    *ck = block_min_int(cut, iscratch);
+}
+
+// The row's `k` (1..=SAMPLE_TOP_MAX) most likely tokens of its n cleaned logits, from the
+// most likely (ties to the lower id), those of logit -inf left out, each with its
+// log-softmax at 1 / inv_t ((x - mx) * inv_t - ln(total), as the host computes it), into
+// `out`: (token, log-probability bits) pairs, token 0xffffffff past the last. Every
+// thread of the block calls it.
+__device__ void sample_top(const float* x, int n, unsigned k, int lo, int hi, float mx,
+                           float inv_t, double total, unsigned* out, unsigned* hist_n,
+                           unsigned* sel_u, unsigned* iscratch_u, int* iscratch) {
+    __shared__ unsigned top_key[SAMPLE_TOP_MAX];
+    __shared__ int top_id[SAMPLE_TOP_MAX];
+    __shared__ unsigned top_n;
+    unsigned tk = 0;
+    int ck = n;
+    if (k < (unsigned)n) sample_topk_bound(x, n, k, lo, hi, hist_n, sel_u, iscratch_u, iscratch, &tk, &ck);
+    if (threadIdx.x == 0) top_n = 0;
+    __syncthreads();
+    // At most k tokens pass (k < n: exactly the top k, less those of -inf; else n <= k).
+    for (int i = lo; i < hi; ++i) {
+        const float v = sample_clean(x[i]);
+        const unsigned key = sample_key(v);
+        if (v > -INFINITY && (key > tk || (key == tk && i <= ck))) {
+            const unsigned at = atomicAdd(&top_n, 1u);
+            if (at < SAMPLE_TOP_MAX) top_key[at] = key, top_id[at] = i;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        // The atomics placed them in any order: sort by rank (a few elements).
+        const unsigned cnt = min(min(top_n, k), (unsigned)SAMPLE_TOP_MAX);
+        for (unsigned a = 1; a < cnt; ++a) {
+            const unsigned ka = top_key[a];
+            const int ia = top_id[a];
+            int b = (int)a - 1;
+            while (b >= 0 && (top_key[b] < ka || (top_key[b] == ka && top_id[b] > ia))) {
+                top_key[b + 1] = top_key[b], top_id[b + 1] = top_id[b];
+                --b;
+            }
+            top_key[b + 1] = ka, top_id[b + 1] = ia;
+        }
+        const double ln_total = log(total);
+        for (unsigned j = 0; j < k; ++j) {
+            unsigned id = 0xffffffffu;
+            float lp = -INFINITY;
+            if (j < cnt) {
+                id = (unsigned)top_id[j];
+                lp = (float)((double)__fmul_rn(__fsub_rn(sample_clean(x[id]), mx), inv_t) - ln_total);
+            }
+            out[2 * j] = id;
+            out[2 * j + 1] = __float_as_uint(lp);
+        }
+    }
+    __syncthreads();
+}
 
 // A row's choice into tokens / log_probs (on the device, where the next step reads its
 // pending tokens) and into host[row] / host[rows + row]: page-locked host memory mapped for
@@ -180,9 +301,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     __shared__ unsigned long long sel_m;
 
     const int row = blockIdx.y, tid = threadIdx.x, nt = blockDim.x, n = vocab;
-    const unsigned* pr = params + (size_t)row * 16;
+    const unsigned* pr = params + (size_t)row * SAMPLE_PLAN_WORDS;
     float* x = logits + (size_t)row * n;
-    const bool greedy = pr[0] & 1u, want_lp = pr[0] & 2u;
+    const bool greedy = pr[0] & 1u, want_lp = pr[0] & 2u, score = pr[0] & 4u;
     const float inv_t = __uint_as_float(pr[1]);
     const unsigned top_k = pr[2];
     const float top_p = __uint_as_float(pr[3]);
@@ -190,6 +311,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     const unsigned long long step = pr[6] | ((unsigned long long)pr[7] << 32);
     const float rep = __uint_as_float(pr[8]), pres = __uint_as_float(pr[9]),
                 freq = __uint_as_float(pr[10]);
+    const float min_p = __uint_as_float(pr[18]);
+    const unsigned want_top = min(pr[19], (unsigned)SAMPLE_TOP_MAX), target = pr[20];
 
     // The slice of ids this block scans: the whole row unless the row is split.
     const bool split = greedy && !want_lp && gridDim.x > 1;
@@ -197,7 +320,13 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     const int per = split ? (n + (int)gridDim.x - 1) / (int)gridDim.x : n;
     const int from = split ? min(n, (int)blockIdx.x * per) : 0, to = min(n, from + per);
 
-    // 1. Edits (at most one per token, so no two threads touch one logit).
+    // 1. The logit bias, then the edits (at most one of each per token, so no two threads
+    // touch one logit in either loop).
+    for (unsigned e = pr[16] + tid; e < pr[17]; e += nt) {
+        const unsigned tok = edits[2 * e];
+        if (tok >= (unsigned)from && tok < (unsigned)to) x[tok] = __fadd_rn(x[tok], __uint_as_float(edits[2 * e + 1]));
+    }
+    __syncthreads();
     for (unsigned e = pr[11] + tid; e < pr[12]; e += nt) {
         unsigned tok = edits[2 * e], info = edits[2 * e + 1];
         if (tok < (unsigned)from || tok >= (unsigned)to) continue;
@@ -272,68 +401,50 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     SampleRow s;
     s.x = x, s.n = n, s.mx = best, s.inv_t = inv_t;
     s.tk = 0, s.ck = n, s.tp = 0, s.cp = n, s.use_p = false;
+    s.min_w = min_p > 0.0f ? fminf(min_p, 1.0f) : 0.0f;  // NaN fails the comparison: off
 
-    // The whole row's weight, for the log-probability.
+    // Each thread's contiguous run of ids, for the scans that go in id order.
+    const int seg = (n + nt - 1) / nt, lo = min(n, tid * seg), hi = min(n, lo + seg);
+
+    // 3. The whole row's weight, for log-probabilities, and the alternatives.
     double total = 0.0;
     if (want_lp) {
         for (int i = tid; i < n; i += nt) total += (double)s.weight(sample_clean(x[i]));
         total = block_sum_f64(total, dscratch);
+    }
+    if (want_lp && want_top > 0) {
+        sample_top(x, n, want_top, lo, hi, best, inv_t, total,
+                   host + 2 * gridDim.y + (size_t)row * 2 * SAMPLE_TOP_MAX, hist_n, sel_u, iscratch_u,
+                   iscratch);
+    }
+    if (score) {
+        if (tid == 0) {
+            if (target < (unsigned)n) {
+                const float z = __fmul_rn(__fsub_rn(sample_clean(x[target]), best), inv_t);
+                put_choice(tokens, log_probs, host, row, (int)target, (float)((double)z - log(total)));
+            } else {
+                put_choice(tokens, log_probs, host, row, -1, -INFINITY);
+            }
+        }
+        return;
     }
     if (greedy) {
         if (tid == 0) put_choice(tokens, log_probs, host, row, bi, want_lp ? (float)(-log(total)) : 0.0f);
         return;
     }
 
-    // Each thread's contiguous run of ids, for the scans that go in id order.
-    const int seg = (n + nt - 1) / nt, lo = min(n, tid * seg), hi = min(n, lo + seg);
-
-    // 3a. Top-k: the key of the k-th token in rank order, then which of its ties (by id).
+    // 4a. Top-k: the key of the k-th token in rank order, then which of its ties (by id).
     if (top_k != 0 && top_k < (unsigned)n) {
-        unsigned prefix = 0, pmask = 0, need = top_k;
-        for (int shift = 24; shift >= 0; shift -= 8) {
-            for (int b = tid; b < 256; b += nt) hist_n[b] = 0;
-            __syncthreads();
-            for (int i = tid; i < n; i += nt) {
-                unsigned k = sample_key(sample_clean(x[i]));
-                if ((k & pmask) == prefix) atomicAdd(&hist_n[(k >> shift) & 255u], 1u);
-            }
-            __syncthreads();
-            if (tid == 0) {
-                unsigned above = 0;
-                int b = 255;
-                for (; b > 0; --b) {
-                    if (above + hist_n[b] >= need) break;
-                    above += hist_n[b];
-                }
-                sel_u[0] = (unsigned)b, sel_u[1] = need - above;
-            }
-            __syncthreads();
-            prefix |= sel_u[0] << shift, pmask |= 255u << shift, need = sel_u[1];
-            __syncthreads();
-        }
-        // The need-th tie in id order.
-        unsigned c = 0;
-        for (int i = lo; i < hi; ++i) c += sample_key(sample_clean(x[i])) == prefix;
-        unsigned before = block_scan_excl<unsigned>(c, iscratch_u);
-        int cut = 0x7fffffff;
-        if (before < need && need <= before + c) {
-            unsigned run = before;
-            for (int i = lo; i < hi; ++i) {
-                if (sample_key(sample_clean(x[i])) == prefix && ++run == need) {
-                    cut = i;
-                    break;
-                }
-            }
-        }
-        s.tk = prefix, s.ck = block_min_int(cut, iscratch);
+        sample_topk_bound(x, n, top_k, lo, hi, hist_n, sel_u, iscratch_u, iscratch, &s.tk, &s.ck);
     }
 
-    // 3b. Top-p inside the top-k prefix, on fixed-point mass.
+    // 4b. Top-p inside the top-k prefix (less what min-p cuts), on fixed-point mass.
     if (top_p < 1.0f) {
         double mk = 0.0;
         for (int i = tid; i < n; i += nt) {
             float v = sample_clean(x[i]);
-            if (s.in_k(sample_key(v), i)) mk += (double)s.weight(v);
+            float w = s.weight(v);
+            if (s.in_km(sample_key(v), i, w)) mk += (double)w;
         }
         mk = block_sum_f64(mk, dscratch);
         const double target = mk * (double)top_p;
@@ -346,10 +457,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             for (int i = tid; i < n; i += nt) {
                 float v = sample_clean(x[i]);
                 unsigned k = sample_key(v);
-                if ((k & pmask) == prefix && s.in_k(k, i)) {
+                if ((k & pmask) != prefix) continue;
+                float w = s.weight(v);
+                if (s.in_km(k, i, w)) {
                     unsigned d = (k >> shift) & 255u;
                     atomicAdd(&hist_n[d], 1u);
-                    atomicAdd(&hist_m[d], __double2ull_rn((double)s.weight(v) * MASS_SCALE));
+                    atomicAdd(&hist_m[d], __double2ull_rn((double)w * MASS_SCALE));
                 }
             }
             __syncthreads();
@@ -380,16 +493,18 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         for (int i = lo; i < hi; ++i) {
             float v = sample_clean(x[i]);
             unsigned k = sample_key(v);
-            if (k == prefix && s.in_k(k, i)) m += __double2ull_rn((double)s.weight(v) * MASS_SCALE);
+            float w = s.weight(v);
+            if (k == prefix && s.in_km(k, i, w)) m += __double2ull_rn((double)w * MASS_SCALE);
         }
         unsigned long long run = above + block_scan_excl<unsigned long long>(m, uscratch);
         int cut = 0x7fffffff, last = -1;
         for (int i = lo; i < hi; ++i) {
             float v = sample_clean(x[i]);
             unsigned k = sample_key(v);
-            if (k == prefix && s.in_k(k, i)) {
+            float w = s.weight(v);
+            if (k == prefix && s.in_km(k, i, w)) {
                 last = i;
-                run += __double2ull_rn((double)s.weight(v) * MASS_SCALE);
+                run += __double2ull_rn((double)w * MASS_SCALE);
                 if (cut == 0x7fffffff && run >= tgt) cut = i;
             }
         }
@@ -398,11 +513,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         s.tp = prefix, s.cp = cut == 0x7fffffff ? last : cut, s.use_p = true;
     }
 
-    // 3c. The draw over the kept tokens in id order.
+    // 4c. The draw over the kept tokens in id order.
     double mass = 0.0;
     for (int i = lo; i < hi; ++i) {
         float v = sample_clean(x[i]);
-        if (s.kept(sample_key(v), i)) mass += (double)s.weight(v);
+        float w = s.weight(v);
+        if (s.kept(sample_key(v), i, w)) mass += (double)w;
     }
     double before = block_scan_excl<double>(mass, dscratch);
     __shared__ double kept_sum;
@@ -416,8 +532,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     double run = before;
     for (int i = lo; i < hi; ++i) {
         float v = sample_clean(x[i]);
-        if (!s.kept(sample_key(v), i)) continue;
         float w = s.weight(v);
+        if (!s.kept(sample_key(v), i, w)) continue;
         if (w > 0.0f) last = i;
         run += (double)w;
         if (r < run) {

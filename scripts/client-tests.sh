@@ -9,8 +9,8 @@
 # Environment: INFLIGHT_HTTP_PORT / INFLIGHT_METRICS_PORT (default 18400 / 18402, other
 # free ports when those are taken), INFLIGHT_READY_TIMEOUT (seconds, default 600: the
 # first start may fetch the model), INFLIGHT_SKIP_BUILD=1 to use the binary as it is,
-# INFLIGHT_BIN to serve another binary (default: the release build under CARGO_TARGET_DIR,
-# or ./target). Extra arguments go to pytest (e.g. -k openai).
+# INFLIGHT_BIN to name the binary (default: release/inflight under CARGO_TARGET_DIR, or
+# ./target). Extra arguments go to pytest (e.g. -k openai).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -12,7 +12,9 @@
 #      3b: chunked prefills, penalty and plain requests at once while the engine plans
 #      iterations ahead: every answer whole. 3c: `max_utilization` on a cache of 8 blocks
 #      with a host cache: sequences are preempted by swapping (none by recompute), every
-#      answer whole; how many equal the same request served alone is noted.
+#      answer whole; how many equal the same request served alone is noted. 3d: the OpenAI
+#      sampling surface (scripts/sampling_check.py): n, seeds, best_of, min_p, logit_bias,
+#      top_logprobs, echoed prompt log-probabilities, all sampled on the device.
 #   4. compute-sanitizer memcheck over a short serving run, and (4b) over the forward pass
 #      alone (gpu-logits, four prompts batched and four decode steps).
 # Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
@@ -215,6 +217,24 @@ PY
   fi
 else
   tail -20 "$WORK/serve.log"; status "serve, preemption by swapping" FAIL "server did not become ready"
+fi
+
+echo; echo "## 3d. the OpenAI sampling surface on the device's sampler"
+# n choices, per-choice seeds, best_of, min_p, logit_bias, top_logprobs and echoed prompt
+# log-probabilities: alternatives and scores come from sample.cu's alternatives and score
+# rows (scripts/sampling_check.py; a prompt's echoed scores against the last rows of
+# shorter prompts, the same logits in two batch shapes, within f16 rounding).
+if serve "$BIN" serve --config "$WORK/serve.toml"; then
+  python3 "$HERE/sampling_check.py" http://localhost:18500 --tol 5e-2 | tee "$WORK/sampling.txt"
+  SAMPLING=$?
+  stop
+  if [ "$SAMPLING" = 0 ]; then
+    status "serve, OpenAI sampling surface" PASS "$(grep -c '^PASS' "$WORK/sampling.txt") checks"
+  else
+    status "serve, OpenAI sampling surface" FAIL "$(tail -1 "$WORK/sampling.txt")"
+  fi
+else
+  tail -20 "$WORK/serve.log"; status "serve, OpenAI sampling surface" FAIL "server did not become ready"
 fi
 
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then

@@ -249,7 +249,8 @@ impl ModelHandle {
         }
         let rid = inner.next_rid.fetch_add(1, Ordering::Relaxed);
         let id = request.id.clone().unwrap_or_else(|| format!("req-{rid}"));
-        let prompts = request.prompts.len();
+        // Each prompt's `n` sequences answer apart (`batch_index` `prompt * n + j`).
+        let answers = request.prompts.len() * request.params.n.max(1);
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = &inner.refs.preprocess
             [inner.round_robin.fetch_add(1, Ordering::Relaxed) % inner.refs.preprocess.len()];
@@ -269,7 +270,7 @@ impl ModelHandle {
             prompt_tokens,
             rx,
             scheduler: inner.refs.scheduler.clone(),
-            open: vec![true; prompts],
+            open: vec![true; answers],
             cancelled_on_drop: true,
         })
     }
@@ -325,7 +326,7 @@ pub struct ResponseStream {
     /// Each prompt's token count (by batch_index).
     prompt_tokens: Vec<usize>,
     scheduler: ActorRef<SchedulerMsg>,
-    /// Prompts (by batch_index) whose final chunk has not arrived.
+    /// Answers (by batch_index: `n` per prompt) whose final chunk has not arrived.
     open: Vec<bool>,
     cancelled_on_drop: bool,
 }
@@ -340,6 +341,11 @@ impl ResponseStream {
     /// answer comes in one chunk at the end knows it before any chunk.
     pub fn prompt_tokens(&self) -> &[usize] {
         &self.prompt_tokens
+    }
+
+    /// How many answers the stream carries: the prompts times `n`.
+    pub fn answers(&self) -> usize {
+        self.open.len()
     }
 }
 

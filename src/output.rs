@@ -1,9 +1,11 @@
 //! One sequence's output as the client sees it: incremental detokenization that never
 //! splits a character, stop strings found across token boundaries and trimmed, the prompt
-//! echoed when asked, streamed chunks or one accumulated answer. Pure logic: Postprocess
-//! owns one `SeqOutputState` per sequence.
+//! echoed when asked, log-probabilities with their alternatives and the prompt's scores
+//! when asked, streamed chunks or one accumulated answer. Pure logic: Postprocess owns
+//! one `SeqOutputState` per sequence.
 
-use crate::request::{Chunk, FinishReason, GenerationParams};
+use crate::request::{Chunk, FinishReason, GenerationParams, PromptLogprob, TokenLogprob};
+use crate::sampling::RowChoice;
 use crate::tokenizer::detok::Detokenizer;
 use crate::tokenizer::Tokenizer;
 
@@ -15,6 +17,11 @@ pub struct SeqOutputState {
     stop_strings: Vec<String>,
     end_ids: Vec<u32>,
     return_log_probs: bool,
+    /// Alternatives are returned with each token.
+    top_log_probs: bool,
+    /// The prompt's scores so far (`prompt_log_probs`): its first token, then each one
+    /// scored, in order; None when not asked for or once sent.
+    prompt: Option<Vec<PromptLogprob>>,
     /// Text that may be the start of a stop string, not sent yet.
     held: String,
     /// The answer so far when not streaming.
@@ -42,12 +49,14 @@ pub struct Pushed {
 impl SeqOutputState {
     /// `prompt_text` is sent before the output when the request does not exclude it
     /// and is not streamed (a streamed event carries only new text, as TRT-LLM's do).
+    /// `first_prompt_token` starts the prompt's scores, when they are asked for.
     pub fn new(
         batch_index: usize,
         prompt_tokens: usize,
         prompt_text: Option<String>,
         params: &GenerationParams,
         end_ids: Vec<u32>,
+        first_prompt_token: Option<u32>,
     ) -> Self {
         let mut pending = Chunk {
             batch_index,
@@ -72,6 +81,15 @@ impl SeqOutputState {
                 end_ids
             },
             return_log_probs: params.return_log_probs,
+            top_log_probs: params.top_log_probs > 0,
+            prompt: first_prompt_token
+                .filter(|_| params.prompt_log_probs)
+                .map(|token| {
+                    vec![PromptLogprob {
+                        token,
+                        ..PromptLogprob::default()
+                    }]
+                }),
             held: String::new(),
             pending,
             prompt_tokens,
@@ -99,17 +117,50 @@ impl SeqOutputState {
         self.cached_tokens = tokens;
     }
 
+    /// Adds scores of the prompt's tokens from position `from` on (the token a row scores
+    /// comes from the engine; positions already known, from a recomputed chunk, are
+    /// skipped). They go out with the sequence's next chunk.
+    pub fn note_prompt(&mut self, from: usize, rows: Vec<RowChoice>) {
+        let Some(prompt) = self.prompt.as_mut() else {
+            return;
+        };
+        for (pos, r) in (from..).zip(rows) {
+            if pos != prompt.len() || pos >= self.prompt_tokens {
+                continue;
+            }
+            prompt.push(PromptLogprob {
+                token: r.token.unwrap_or(u32::MAX),
+                log_prob: Some(r.log_prob),
+                top: r.top,
+            });
+        }
+    }
+
+    /// The prompt's scores, once: on the first chunk after all of them are known (or on
+    /// the last chunk).
+    fn take_prompt(&mut self, last: bool) -> Vec<PromptLogprob> {
+        let complete = self
+            .prompt
+            .as_ref()
+            .is_some_and(|p| last || p.len() >= self.prompt_tokens);
+        match complete {
+            true => self.prompt.take().unwrap_or_default(),
+            false => Vec::new(),
+        }
+    }
+
     /// `finish` (or `fail`) has produced the last chunk; later tokens are ignored.
     pub fn is_done(&self) -> bool {
         self.done
     }
 
-    /// Adds one generated token.
+    /// Adds one generated token, with its log-probability and alternatives when asked.
     pub fn push(
         &mut self,
         tokenizer: &Tokenizer,
         token: u32,
         log_prob: Option<f32>,
+        top: Vec<TokenLogprob>,
         queued: Option<std::time::Duration>,
     ) -> Pushed {
         if self.done {
@@ -125,6 +176,7 @@ impl SeqOutputState {
             cached_tokens: self.cached_tokens,
             ..Chunk::default()
         };
+        chunk.prompt_log_probs = self.take_prompt(false);
         // End tokens close the sequence; they are not part of the answer.
         if !self.end_ids.contains(&token) {
             self.output_tokens += 1;
@@ -135,6 +187,9 @@ impl SeqOutputState {
                 let lp = log_prob.unwrap_or(0.0);
                 self.cum_log_prob += lp;
                 chunk.log_probs.push(lp);
+            }
+            if self.top_log_probs {
+                chunk.top_log_probs.push(top);
             }
             if !tokenizer.is_special(token) {
                 if let Some(bytes) = tokenizer.token_bytes(token) {
@@ -191,6 +246,8 @@ impl SeqOutputState {
         self.pending.text.push_str(&c.text);
         self.pending.token_ids.extend(c.token_ids);
         self.pending.log_probs.extend(c.log_probs);
+        self.pending.top_log_probs.extend(c.top_log_probs);
+        self.pending.prompt_log_probs.extend(c.prompt_log_probs);
         self.pending.cum_log_prob = c.cum_log_prob;
         self.pending.queue_time = self.pending.queue_time.or(c.queue_time);
     }
@@ -215,6 +272,7 @@ impl SeqOutputState {
             chunk.text.push_str(&rest);
         }
         self.done = true;
+        chunk.prompt_log_probs.extend(self.take_prompt(true));
         if !self.stream {
             chunk.first_token_at = self.first_token_at;
         }

@@ -102,6 +102,25 @@ pub struct GenerationParams {
     /// L2-normalized (`Chunk::embedding`), and nothing is generated (`max_tokens` must be
     /// 0). None: a generation.
     pub pooling: Option<Pooling>,
+    /// Sequences generated for each prompt (OpenAI's `n`), each answered on its own
+    /// `batch_index`: `prompt * n + j`. With a seed, sequence `j` draws from
+    /// [`choice_seed`](crate::sampling::choice_seed)`(seed, j)`. They share the prompt's
+    /// full KV blocks through prefix caching.
+    pub n: usize,
+    /// Alternatives returned with each output token: this many of the most likely
+    /// tokens with their log-probabilities (`Chunk::top_log_probs`; at most 20).
+    pub top_log_probs: usize,
+    /// Return every prompt token's log-probability under the model (the raw log-softmax
+    /// of the logits before it; none for the first token) with `top_log_probs`
+    /// alternatives (`Chunk::prompt_log_probs`). Such a sequence computes its whole
+    /// prompt: it finds no prefix in the cache.
+    pub prompt_log_probs: bool,
+    /// Added to these tokens' logits before penalties and sampling (OpenAI's
+    /// `logit_bias`): `(token id, bias)`, a bias in -100..=100.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Drops the tokens whose probability (after temperature) is below `min_p` times the
+    /// most likely token's, before top-k and top-p (vLLM's `min_p`); 0 is off.
+    pub min_p: f32,
 }
 
 impl Default for GenerationParams {
@@ -132,6 +151,11 @@ impl Default for GenerationParams {
             guide: None,
             compiled_guide: None,
             pooling: None,
+            n: 1,
+            top_log_probs: 0,
+            prompt_log_probs: false,
+            logit_bias: Vec::new(),
+            min_p: 0.0,
         }
     }
 }
@@ -199,6 +223,26 @@ impl FinishReason {
     }
 }
 
+/// A token and its log-probability: one of the alternatives at a position.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's id.
+    pub token: u32,
+    /// Its log-probability.
+    pub log_prob: f32,
+}
+
+/// One prompt token as the model scores it (`GenerationParams::prompt_log_probs`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PromptLogprob {
+    /// The prompt token's id.
+    pub token: u32,
+    /// None for the first token, which nothing precedes.
+    pub log_prob: Option<f32>,
+    /// The most likely tokens at its position, from the most likely.
+    pub top: Vec<TokenLogprob>,
+}
+
 /// A piece of one prompt's answer, streamed to the client.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Chunk {
@@ -212,6 +256,12 @@ pub struct Chunk {
     pub log_probs: Vec<f32>,
     /// Sum of the log-probabilities of all output tokens so far, when asked for.
     pub cum_log_prob: Option<f32>,
+    /// The alternatives at each new token (lined up with `token_ids`), when
+    /// `top_log_probs` asked for them.
+    pub top_log_probs: Vec<Vec<TokenLogprob>>,
+    /// Every prompt token with its log-probability, on the first chunk of a sequence
+    /// (the whole answer's, when not streamed) when `prompt_log_probs` asked for them.
+    pub prompt_log_probs: Vec<PromptLogprob>,
     /// Set on the last chunk of this prompt.
     pub finish_reason: Option<FinishReason>,
     /// Set when the request failed.
@@ -246,7 +296,8 @@ impl Chunk {
     }
 }
 
-/// Each prompt's whole answer, from the chunks of a request (by `batch_index`).
+/// Each answer whole, from the chunks of a request (by `batch_index`: `answers` is the
+/// number of prompts times `n`).
 pub fn answers(chunks: Vec<Chunk>, prompts: usize) -> Vec<Chunk> {
     let mut out: Vec<Chunk> = (0..prompts)
         .map(|i| Chunk {
@@ -261,6 +312,8 @@ pub fn answers(chunks: Vec<Chunk>, prompts: usize) -> Vec<Chunk> {
         slot.text.push_str(&c.text);
         slot.token_ids.extend(c.token_ids);
         slot.log_probs.extend(c.log_probs);
+        slot.top_log_probs.extend(c.top_log_probs);
+        slot.prompt_log_probs.extend(c.prompt_log_probs);
         slot.cum_log_prob = c.cum_log_prob.or(slot.cum_log_prob);
         slot.finish_reason = c.finish_reason.or(slot.finish_reason);
         slot.error = c.error.or(slot.error.take());

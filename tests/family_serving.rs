@@ -193,7 +193,7 @@ async fn a_gemma2_gguf_with_a_sentencepiece_vocabulary_serves_chat_and_generate(
     let (status, r) = post(
         &s,
         "/v1/chat/completions",
-        json!({"model": "gemma2-tiny", "messages": messages, "max_tokens": 4, "n": 2}),
+        json!({"model": "gemma2-tiny", "messages": messages, "max_tokens": 4, "n": 17}),
     )
     .await;
     assert_eq!(status, 400, "{r}");

@@ -82,14 +82,15 @@ struct Held {
 }
 
 impl Held {
-    /// The logits row (in chunk order) of each sampling sequence: where a step planned
-    /// after this one finds its pending tokens.
+    /// The sampling logits row (in chunk order) of each sampling sequence: where a step
+    /// planned after this one finds its pending tokens.
     fn rows(&self) -> HashMap<SeqId, usize> {
         let mut at = 0;
         let mut rows = HashMap::new();
         for s in &self.seqs {
-            if s.logit_rows() > 0 {
-                rows.insert(s.seq, at);
+            if s.sample {
+                // After the rows that score prompt tokens.
+                rows.insert(s.seq, at + s.score.len());
             }
             at += s.logit_rows();
         }
@@ -187,6 +188,9 @@ impl Actor for Engine {
                         rows.push(SampleRow {
                             seq: s.seq,
                             draft: s.draft,
+                            score: s.score,
+                            score_from: s.start_pos + 1,
+                            sample: s.sample,
                         });
                         logits.extend_from_slice(&into_logits(l));
                     }
@@ -313,7 +317,7 @@ impl EngineState {
             false => (Vec::new(), None),
         };
         let sampling = self.sampling.as_mut().ok_or("engine lost its sampling")?;
-        let (output, sampled) = sampling.finish(&step.seqs, out);
+        let (output, sampled, prompt) = sampling.finish(&step.seqs, out);
         // The device's own measure of its idle time, where it has one.
         let wait = step.wait.map(|w| idle.unwrap_or(w));
         let timing = self.finish_timing(step.started, wait);
@@ -322,6 +326,7 @@ impl EngineState {
             output,
             sampled,
             pooled: step.pooled,
+            prompt,
             timing,
         })?;
         // Until the next step arrives: the guided sequences' next masks.

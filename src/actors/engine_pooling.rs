@@ -93,6 +93,7 @@ mod tests {
             max_draft: 0,
             draft: None,
             cached: Vec::new(),
+            score: Vec::new(),
         }
     }
 

@@ -7,13 +7,16 @@
 //! The state is built from what the engine already sees: a sequence's sampler is made at
 //! its first sampling step from the tokens fed so far (the prompt, then, for a sequence
 //! recomputed after preemption, the tokens it had generated).
+//!
+//! A chunk that scores its prompt's tokens (`StepSeq::score`) gets a scoring plan per
+//! such row before its sampling plans, so the device returns those scores too.
 
 use std::collections::HashMap;
 
-use super::messages::{SeqId, SeqSampled, StepSeq};
-use super::sampler::{prepare_masks, push_verdict};
+use super::messages::{PromptScores, SeqId, SeqSampled, StepSeq};
+use super::sampler::{named, one_token, prepare_masks, push_verdict};
 use crate::model::RowsOut;
-use crate::sampling::{RowPlan, SeqSampler, Verdict};
+use crate::sampling::{RowChoice, RowPlan, SeqSampler};
 use crate::scheduler::StepOutput;
 
 /// The sampling state of every sequence an engine holds.
@@ -46,8 +49,9 @@ impl EngineSampling {
     }
 
     /// Takes note of a step's known tokens and returns the plans its rows are chosen
-    /// with: none when the chunk does not sample, or when its draft is verified by the
-    /// standard rule (which needs the target's distributions: the engine then returns
+    /// with: a scoring plan per prompt token the chunk scores, then its sampling plans;
+    /// none when the chunk neither scores nor samples, or when its draft is verified by
+    /// the standard rule (which needs the target's distributions: the engine then returns
     /// logits and [`finish`](Self::finish) verifies on the host).
     pub fn plan(&mut self, s: &StepSeq) -> Vec<RowPlan> {
         let st = self.seqs.entry(s.seq).or_default();
@@ -56,10 +60,15 @@ impl EngineSampling {
             // A prefix found in the cache: its tokens come before the chunk's.
             st.fed.extend_from_slice(&s.cached);
         }
+        let mut plans: Vec<RowPlan> = s
+            .score
+            .iter()
+            .map(|&t| RowPlan::score(t, s.params.top_log_probs))
+            .collect();
         if st.sampler.is_none() {
             st.fed.extend_from_slice(s.known_tokens());
             if !s.sample {
-                return Vec::new();
+                return plans;
             }
             let fed = std::mem::take(&mut st.fed);
             let prompt_len = s.prompt_len.min(fed.len());
@@ -70,13 +79,14 @@ impl EngineSampling {
             st.sampler = Some(sampler);
         }
         let Some(sampler) = st.sampler.as_mut().filter(|_| s.sample) else {
-            return Vec::new();
+            return plans;
         };
         match &s.draft {
-            Some(d) if d.probs.is_some() && !sampler.is_greedy() => Vec::new(),
-            Some(d) => sampler.plan(&d.tokens),
-            None => sampler.plan(&[]),
+            Some(d) if d.probs.is_some() && !sampler.is_greedy() => return Vec::new(),
+            Some(d) => plans.extend(sampler.plan(&d.tokens)),
+            None => plans.extend(sampler.plan(&[])),
         }
+        plans
     }
 
     /// The plan of a chunk planned ahead ([`StepSeq::is_pending`]): its token is the one
@@ -96,41 +106,74 @@ impl EngineSampling {
         prepare_masks(self.seqs.values_mut().filter_map(|st| st.sampler.as_mut()));
     }
 
-    /// Each sampling chunk's tokens from its result, in the Scheduler's terms.
+    /// Each sampling chunk's tokens from its result, and each scoring chunk's prompt
+    /// scores, in the Scheduler's terms.
     pub fn finish(
         &mut self,
         seqs: &[StepSeq],
         outs: Vec<RowsOut>,
-    ) -> (StepOutput, Vec<SeqSampled>) {
+    ) -> (StepOutput, Vec<SeqSampled>, Vec<PromptScores>) {
         let mut output = StepOutput::default();
         let mut sampled = Vec::with_capacity(seqs.len());
+        let mut prompt = Vec::new();
+        let v = self.vocab_size;
         for (s, out) in seqs.iter().zip(outs) {
-            let Some(sampler) = self.seqs.get_mut(&s.seq).and_then(|st| st.sampler.as_mut()) else {
-                continue;
+            let scored = s.score.len();
+            // The scoring rows first, then the sampling ones.
+            let out = match out {
+                RowsOut::Chosen(mut choices) => {
+                    let rest = choices.split_off(scored.min(choices.len()));
+                    if scored > 0 {
+                        prompt.push(PromptScores {
+                            seq: s.seq,
+                            from: s.start_pos + 1,
+                            rows: choices
+                                .into_iter()
+                                .zip(&s.score)
+                                .map(|(c, &t)| named(c, t))
+                                .collect(),
+                        });
+                    }
+                    RowsOut::Chosen(rest)
+                }
+                RowsOut::Logits(mut rows) => {
+                    let rest = rows.split_off((scored * v).min(rows.len()));
+                    if scored > 0 {
+                        prompt.push(PromptScores {
+                            seq: s.seq,
+                            from: s.start_pos + 1,
+                            rows: score_on_host(&mut rows, v, &s.score, s.params.top_log_probs),
+                        });
+                    }
+                    RowsOut::Logits(rest)
+                }
             };
             if !s.sample {
                 continue;
             }
+            let Some(sampler) = self.seqs.get_mut(&s.seq).and_then(|st| st.sampler.as_mut()) else {
+                continue;
+            };
             let draft = s.draft.as_ref().map_or(&[][..], |d| &d.tokens[..]);
             let verdict = match out {
                 RowsOut::Chosen(choices) => sampler.verify_choices(draft, &choices),
                 RowsOut::Logits(mut rows) => match &s.draft {
-                    Some(d) => {
-                        sampler.verify(&mut rows, self.vocab_size, draft, d.probs.as_deref())
-                    }
-                    None => {
-                        let one = sampler.sample(&mut rows);
-                        Verdict {
-                            tokens: vec![one.token],
-                            log_probs: vec![one.log_prob],
-                            stop: one.stop,
-                            accepted: 0,
-                        }
-                    }
+                    Some(d) => sampler.verify(&mut rows, v, draft, d.probs.as_deref()),
+                    None => one_token(sampler.sample(&mut rows)),
                 },
             };
             push_verdict(&mut output, &mut sampled, s.seq, verdict, draft.len());
         }
-        (output, sampled)
+        (output, sampled, prompt)
     }
+}
+
+/// Scores prompt tokens from their logits rows on the host (a chunk the engine returned
+/// logits for).
+fn score_on_host(rows: &mut [f32], vocab: usize, targets: &[u32], top: usize) -> Vec<RowChoice> {
+    targets
+        .iter()
+        .zip(rows.chunks_exact_mut(vocab.max(1)))
+        .map(|(&t, row)| named(RowPlan::score(t, top).choose(row), t))
+        .collect()
 }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use ractor::{ActorRef, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::request::{Chunk, GenerationParams, Prompt, RequestId};
+use crate::request::{Chunk, GenerationParams, Prompt, RequestId, TokenLogprob};
+use crate::sampling::RowChoice;
 pub use crate::scheduler::SchedulerStats;
 use crate::scheduler::{AddError, BlockCopy, FinishReason as SeqFinish, StepOutput};
 pub(crate) use crate::scheduler::{Draft, EngineTime, SeqId, StepSeq, StepTiming};
@@ -94,6 +95,7 @@ pub(crate) enum SchedulerMsg {
     /// A stop string completed this sequence's answer: stop generating it.
     EndSeq(SeqId),
     /// The sampled tokens of one batch; `sampled` lines up with `output.tokens`.
+    /// `prompt`: the prompt tokens the batch scored (`prompt_log_probs`).
     StepDone {
         iteration: u64,
         output: StepOutput,
@@ -101,6 +103,7 @@ pub(crate) enum SchedulerMsg {
         /// The embeddings of the sequences that generate nothing whose prompt this batch
         /// finished computing.
         pooled: Vec<Pooled>,
+        prompt: Vec<PromptScores>,
         timing: StepTiming,
     },
     /// The engine died: fail the requests whose KV state it held.
@@ -113,12 +116,28 @@ pub(crate) enum SchedulerMsg {
     Drain(RpcReplyPort<()>),
 }
 
-/// One sampling sequence of an engine step: its logits rows are the last known token's,
-/// then one per draft token.
+/// One sequence of an engine step that has logits rows: first one per prompt token it
+/// scores (`score`, the token each row scores), then, when it samples, the last known
+/// token's and one per draft token.
 #[derive(Debug, Clone)]
 pub(crate) struct SampleRow {
     pub seq: SeqId,
     pub draft: Option<Draft>,
+    pub score: Vec<u32>,
+    /// Position of the first token `score` names.
+    pub score_from: usize,
+    pub sample: bool,
+}
+
+/// A chunk's scores of its prompt tokens (`prompt_log_probs`), for Postprocess.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PromptScores {
+    pub seq: SeqId,
+    /// Position in the prompt of the first token scored.
+    pub from: usize,
+    /// Each token (`token`, as scored; None when the row allowed none) with its
+    /// log-probability and alternatives.
+    pub rows: Vec<RowChoice>,
 }
 
 /// One sequence's embedding (`GenerationParams::pooling`): its prompt's final hidden
@@ -130,6 +149,8 @@ pub(crate) type Pooled = (SeqId, Vec<f32>);
 pub(crate) struct SeqSampled {
     /// Log-probability of each emitted token (accepted drafts, then the sampled one).
     pub log_probs: Vec<Option<f32>>,
+    /// Alternatives of each emitted token (`top_log_probs`; empty when not asked for).
+    pub tops: Vec<Vec<TokenLogprob>>,
     /// Draft tokens proposed and accepted in this step.
     pub drafted: usize,
     pub accepted: usize,
@@ -193,6 +214,8 @@ pub(crate) enum SeqOutput {
         seq: SeqId,
         token: u32,
         log_prob: Option<f32>,
+        /// Its alternatives (`top_log_probs`).
+        top: Vec<TokenLogprob>,
         /// Set on a sequence's first token: how long it waited to be scheduled.
         queued: Option<std::time::Duration>,
         /// Prompt tokens its first admission found in the prefix cache (on every token).
@@ -201,6 +224,13 @@ pub(crate) enum SeqOutput {
         /// the first token of the step).
         drafted: usize,
         accepted: usize,
+    },
+    /// Prompt tokens scored (`prompt_log_probs`), from position `from` on; a recomputed
+    /// sequence may score some again.
+    PromptLogprobs {
+        seq: SeqId,
+        from: usize,
+        rows: Vec<RowChoice>,
     },
     Finished {
         seq: SeqId,

@@ -75,8 +75,15 @@ impl Actor for Postprocess {
                 for (s, text) in seqs.iter().zip(prompt_texts) {
                     let mut ends = end_ids.clone();
                     ends.extend(s.params.end_id);
-                    let out =
-                        SeqOutputState::new(s.batch_index, s.prompt.len(), text, &s.params, ends);
+                    let first = s.prompt.first().copied();
+                    let out = SeqOutputState::new(
+                        s.batch_index,
+                        s.prompt.len(),
+                        text,
+                        &s.params,
+                        ends,
+                        first,
+                    );
                     state.seqs.insert(s.seq, (rid, out));
                 }
                 let live = seqs.len();
@@ -111,6 +118,7 @@ impl Actor for Postprocess {
 fn emit(state: &mut PostprocessState, output: SeqOutput) {
     let seq = match &output {
         SeqOutput::Token { seq, .. }
+        | SeqOutput::PromptLogprobs { seq, .. }
         | SeqOutput::Finished { seq, .. }
         | SeqOutput::Cancelled { seq, .. }
         | SeqOutput::Failed { seq, .. } => *seq,
@@ -120,9 +128,14 @@ fn emit(state: &mut PostprocessState, output: SeqOutput) {
     };
     let rid = *rid;
     let (chunk, ends, stop_string) = match output {
+        SeqOutput::PromptLogprobs { from, rows, .. } => {
+            out.note_prompt(from, rows);
+            return;
+        }
         SeqOutput::Token {
             token,
             log_prob,
+            top,
             queued,
             cached,
             drafted,
@@ -131,7 +144,7 @@ fn emit(state: &mut PostprocessState, output: SeqOutput) {
         } => {
             out.note_draft(drafted, accepted);
             out.note_cached(cached);
-            let pushed = out.push(&state.tokenizer, token, log_prob, queued);
+            let pushed = out.push(&state.tokenizer, token, log_prob, top, queued);
             if pushed.stop_string {
                 // The token's chunk (text before the stop string) and the final one, as one.
                 let mut last = out.finish(FinishReason::Stop);
@@ -139,6 +152,8 @@ fn emit(state: &mut PostprocessState, output: SeqOutput) {
                     last.text.insert_str(0, &c.text);
                     last.token_ids.splice(0..0, c.token_ids);
                     last.log_probs.splice(0..0, c.log_probs);
+                    last.top_log_probs.splice(0..0, c.top_log_probs);
+                    last.prompt_log_probs.splice(0..0, c.prompt_log_probs);
                     last.queue_time = last.queue_time.or(c.queue_time);
                 }
                 (Some(last), true, true)

@@ -1,7 +1,8 @@
 //! Preprocess actor (one of a pool): takes a submitted request (`PreprocessMsg::Submit`,
 //! from the ModelHandle), validates its parameters, renders chat prompts through the
 //! model's template and tokenizes, then opens its stream on a Postprocess worker
-//! (`PostprocessMsg::Open`) and queues its sequences with the Scheduler (`Enqueue`). A
+//! (`PostprocessMsg::Open`) and queues its sequences with the Scheduler (`Enqueue`): `n`
+//! per prompt (`batch_index` `prompt * n + j`, the `j`-th seeded by `choice_seed`). A
 //! refusal travels back in the reply, never as an actor error. Supervised by
 //! ModelSupervisor.
 
@@ -16,6 +17,7 @@ use super::messages::{
 };
 use crate::guide::Guides;
 use crate::request::{GenerationParams, Prompt};
+use crate::sampling::{choice_seed, MAX_TOP_LOG_PROBS};
 use crate::tokenizer::chat::ChatTemplate;
 use crate::tokenizer::Tokenizer;
 
@@ -90,20 +92,27 @@ impl Actor for Preprocess {
                 }
             }
         }
-        let params = Arc::new(params);
-        let seqs: Vec<SeqInit> = token_lists
+        let prompt_tokens: Vec<usize> = token_lists.iter().map(Vec::len).collect();
+        let n = params.n.max(1);
+        let choices = choice_params(params);
+        let stop_after_ms = choices[0].stop_after_ms;
+        let mut seqs = Vec::with_capacity(token_lists.len() * n);
+        for (i, prompt) in token_lists.into_iter().enumerate() {
+            for (j, params) in choices.iter().enumerate() {
+                seqs.push(SeqInit {
+                    seq: a.next_seq.fetch_add(1, Ordering::Relaxed),
+                    rid,
+                    request: request.clone(),
+                    batch_index: i * n + j,
+                    prompt: prompt.clone(),
+                    params: params.clone(),
+                });
+            }
+        }
+        let prompt_texts: Vec<Option<String>> = prompt_texts
             .into_iter()
-            .enumerate()
-            .map(|(batch_index, prompt)| SeqInit {
-                seq: a.next_seq.fetch_add(1, Ordering::Relaxed),
-                rid,
-                request: request.clone(),
-                batch_index,
-                prompt,
-                params: params.clone(),
-            })
+            .flat_map(|t| std::iter::repeat_n(t, n))
             .collect();
-        let prompt_tokens: Vec<usize> = seqs.iter().map(|s| s.prompt.len()).collect();
         let worker = &a.postprocess[(rid % a.postprocess.len() as u64) as usize];
         worker.cast(PostprocessMsg::Open {
             rid,
@@ -121,7 +130,7 @@ impl Actor for Preprocess {
             });
         if queued.is_err() {
             worker.cast(PostprocessMsg::Discard { rid })?;
-        } else if let Some(ms) = params.stop_after_ms {
+        } else if let Some(ms) = stop_after_ms {
             let cancel = SchedulerMsg::Cancel {
                 request,
                 rid: Some(rid),
@@ -133,6 +142,25 @@ impl Actor for Preprocess {
         let _ = reply.send(queued.map(|()| prompt_tokens));
         Ok(())
     }
+}
+
+/// Each of the `n` sequences' parameters: the request's, with, when it is seeded, the
+/// `j`-th sequence's seed derived from it (`choice_seed`), so that seeded sequences of one
+/// prompt draw apart and repeat across requests.
+fn choice_params(params: GenerationParams) -> Vec<Arc<GenerationParams>> {
+    let n = params.n.max(1);
+    let first = Arc::new(params);
+    let mut out = vec![first.clone()];
+    for j in 1..n {
+        out.push(match first.random_seed {
+            Some(seed) => Arc::new(GenerationParams {
+                random_seed: Some(choice_seed(seed, j)),
+                ..(*first).clone()
+            }),
+            None => first.clone(),
+        });
+    }
+    out
 }
 
 impl PreprocessState {
@@ -206,6 +234,11 @@ impl PreprocessState {
 
 pub(crate) use crate::speculative::MAX_DRAFT_TOKENS;
 
+/// The most sequences a request may generate per prompt (`n`).
+pub const MAX_CHOICES: usize = 16;
+/// The largest logit bias, either way (OpenAI's range).
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
+
 /// Checks every parameter against what the sampler and model can do.
 pub fn validate(
     p: &GenerationParams,
@@ -257,6 +290,33 @@ pub fn validate(
     ] {
         if !v.is_finite() {
             return bad(format!("{name} must be a finite number, got {v}"));
+        }
+    }
+    if !(1..=MAX_CHOICES).contains(&p.n) {
+        return bad(format!(
+            "n must be between 1 and {MAX_CHOICES} sequences per prompt, got {}",
+            p.n
+        ));
+    }
+    if p.top_log_probs > MAX_TOP_LOG_PROBS {
+        return bad(format!(
+            "top_log_probs must be at most {MAX_TOP_LOG_PROBS}, got {}",
+            p.top_log_probs
+        ));
+    }
+    if !(0.0..=1.0).contains(&p.min_p) {
+        return bad(format!("min_p must be in [0, 1], got {}", p.min_p));
+    }
+    for &(id, bias) in &p.logit_bias {
+        if id as usize >= vocab_size {
+            return bad(format!(
+                "logit_bias names token id {id}, outside the vocabulary ({vocab_size} tokens)"
+            ));
+        }
+        if !(-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(&bias) {
+            return bad(format!(
+                "logit_bias for token {id} must be between -{MAX_LOGIT_BIAS} and {MAX_LOGIT_BIAS}, got {bias}"
+            ));
         }
     }
     let ids = p

@@ -1,7 +1,8 @@
 //! Sampler actor: turns each iteration's logits (`SamplerMsg::Sample`, from the Engine)
 //! into one token per sequence, or, for a sequence with draft tokens, into the accepted
-//! drafts and one token after them (`SeqSampler::verify`), and sends them to the
-//! Scheduler (`SchedulerMsg::StepDone`).
+//! drafts and one token after them (`SeqSampler::verify`), scores the prompt tokens of
+//! sequences that asked for their log-probabilities, and sends it all to the Scheduler
+//! (`SchedulerMsg::StepDone`).
 //!
 //! State: one `SeqSampler` per live sequence (penalties, bad/stop words, min_length,
 //! seeded generator), created by `Register` when a request is queued and dropped by
@@ -16,8 +17,8 @@ use std::collections::HashMap;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use super::messages::{SampleRow, SamplerMsg, SchedulerMsg, SeqId, SeqSampled};
-use crate::sampling::{SeqSampler, Verdict};
+use super::messages::{PromptScores, SampleRow, SamplerMsg, SchedulerMsg, SeqId, SeqSampled};
+use crate::sampling::{RowChoice, SeqSampler, Verdict};
 use crate::scheduler::{SampledToken, StepOutput};
 
 pub(crate) struct Sampler;
@@ -76,12 +77,13 @@ impl Actor for Sampler {
                 timing,
                 reply_to,
             } => {
-                let (output, sampled) = sample_rows(state, &rows, &mut logits);
+                let (output, sampled, prompt) = sample_rows(state, &rows, &mut logits);
                 reply_to.cast(SchedulerMsg::StepDone {
                     iteration,
                     output,
                     sampled,
                     pooled,
+                    prompt,
                     timing,
                 })?;
                 // The next step's forward pass runs now: the guided sequences' next
@@ -93,18 +95,24 @@ impl Actor for Sampler {
     }
 }
 
-/// Each row's tokens; a row whose sequence is gone (cancelled meanwhile) is skipped.
+/// Each row's tokens, and the prompt tokens scored; a row whose sequence is gone
+/// (cancelled meanwhile) is skipped.
 fn sample_rows(
     state: &mut SamplerState,
     rows: &[SampleRow],
     logits: &mut [f32],
-) -> (StepOutput, Vec<SeqSampled>) {
+) -> (StepOutput, Vec<SeqSampled>, Vec<PromptScores>) {
     let v = state.vocab_size;
     let mut output = StepOutput::default();
     let mut sampled = Vec::with_capacity(rows.len());
+    let mut prompt = Vec::new();
     let mut at = 0;
     for row in rows {
-        let n = 1 + row.draft.as_ref().map_or(0, |d| d.tokens.len());
+        let sampling = match row.sample {
+            true => 1 + row.draft.as_ref().map_or(0, |d| d.tokens.len()),
+            false => 0,
+        };
+        let n = row.score.len() + sampling;
         let Some(block) = logits.get_mut(at * v..(at + n) * v) else {
             break;
         };
@@ -112,22 +120,58 @@ fn sample_rows(
         let Some(sampler) = state.seqs.get_mut(&row.seq) else {
             continue;
         };
+        let (scored, block) = block.split_at_mut(row.score.len() * v);
+        if !row.score.is_empty() {
+            prompt.push(PromptScores {
+                seq: row.seq,
+                from: row.score_from,
+                rows: score_rows(sampler, scored, v, &row.score),
+            });
+        }
+        if !row.sample {
+            continue;
+        }
         let verdict = match &row.draft {
             Some(d) => sampler.verify(block, v, &d.tokens, d.probs.as_deref()),
-            None => {
-                let s = sampler.sample(block);
-                Verdict {
-                    tokens: vec![s.token],
-                    log_probs: vec![s.log_prob],
-                    stop: s.stop,
-                    accepted: 0,
-                }
-            }
+            None => one_token(sampler.sample(block)),
         };
         let drafted = row.draft.as_ref().map_or(0, |d| d.tokens.len());
         push_verdict(&mut output, &mut sampled, row.seq, verdict, drafted);
     }
-    (output, sampled)
+    (output, sampled, prompt)
+}
+
+/// The verdict of a sequence that sampled one token, with no draft.
+pub(super) fn one_token(s: crate::sampling::Sampled) -> Verdict {
+    Verdict {
+        tokens: vec![s.token],
+        log_probs: vec![s.log_prob],
+        tops: vec![s.top],
+        stop: s.stop,
+        accepted: 0,
+    }
+}
+
+/// A score's choice names its target even where the row allowed no token (its
+/// log-probability is then -inf).
+pub(super) fn named(mut c: RowChoice, target: u32) -> RowChoice {
+    c.token.get_or_insert(target);
+    c
+}
+
+/// Scores prompt tokens on the host: `rows` holds one row of `vocab` logits per target,
+/// each the row before it (scratch).
+pub(super) fn score_rows(
+    sampler: &SeqSampler,
+    rows: &mut [f32],
+    vocab: usize,
+    targets: &[u32],
+) -> Vec<RowChoice> {
+    targets
+        .iter()
+        .zip(rows.chunks_exact_mut(vocab.max(1)))
+        .map(|(&t, row)| named(sampler.score_plan(t).choose(row), t))
+        .collect()
 }
 
 /// Computes the next token's grammar mask of every guided sequence among `samplers`
@@ -167,6 +211,7 @@ pub(super) fn push_verdict(
     });
     sampled.push(SeqSampled {
         log_probs: verdict.log_probs,
+        tops: verdict.tops,
         drafted,
         accepted: verdict.accepted,
     });

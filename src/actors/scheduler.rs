@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::messages::{
-    CancelReason, EngineMsg, EngineTime, Pooled, PostprocessMsg, SamplerMsg, SchedulerMsg,
-    SchedulerStats, SeqId, SeqInit, SeqOutput, SeqSampled, SubmitError,
+    CancelReason, EngineMsg, EngineTime, Pooled, PostprocessMsg, PromptScores, SamplerMsg,
+    SchedulerMsg, SchedulerStats, SeqId, SeqInit, SeqOutput, SeqSampled, SubmitError,
 };
 use crate::model::Pooling;
 use crate::request::{GenerationParams, RequestId};
@@ -120,10 +120,11 @@ impl Actor for SchedulerActor {
                 output,
                 sampled,
                 pooled,
+                prompt,
                 timing,
             } => {
                 state.timing.add(timing);
-                state.step_done(iteration, output, sampled, pooled);
+                state.step_done(iteration, output, sampled, pooled, prompt);
             }
             SchedulerMsg::EngineFailed { error } => state.engine_failed(&error),
             SchedulerMsg::EngineReady(engine) => state.engine = Some(engine),
@@ -245,11 +246,25 @@ impl SchedulerState {
         output: StepOutput,
         sampled: Vec<SeqSampled>,
         pooled: Vec<Pooled>,
+        prompt: Vec<PromptScores>,
     ) {
         let Some(batch) = self.overlap.answered(iteration) else {
             return;
         };
         let mut pooled: HashMap<SeqId, Vec<f32>> = pooled.into_iter().collect();
+        // Prompt scores go out before the tokens of the same step.
+        let mut outs: Vec<(u64, SeqOutput)> = prompt
+            .into_iter()
+            .filter(|p| self.seqs.contains_key(&p.seq))
+            .map(|p| {
+                let out = SeqOutput::PromptLogprobs {
+                    seq: p.seq,
+                    from: p.from,
+                    rows: p.rows,
+                };
+                (self.rid(p.seq), out)
+            })
+            .collect();
         // Per sequence: what the sampler said, and how many of its tokens went out.
         let mut per_seq: HashMap<SeqId, (SeqSampled, usize)> = output
             .tokens
@@ -257,22 +272,22 @@ impl SchedulerState {
             .map(|t| t.id)
             .zip(sampled.into_iter().map(|s| (s, 0)))
             .collect();
-        let mut outs = Vec::new();
         for event in self.core.update(&batch, &output) {
             match event {
                 SeqEvent::Token { id, token } => {
-                    let (log_prob, drafted, accepted) = match per_seq.get_mut(&id) {
+                    let (log_prob, top, drafted, accepted) = match per_seq.get_mut(&id) {
                         Some((s, i)) => {
                             let first = *i == 0;
                             let lp = s.log_probs.get(*i).copied().flatten();
+                            let top = s.tops.get_mut(*i).map(std::mem::take).unwrap_or_default();
                             *i += 1;
                             if first {
-                                (lp, s.drafted, s.accepted)
+                                (lp, top, s.drafted, s.accepted)
                             } else {
-                                (lp, 0, 0)
+                                (lp, top, 0, 0)
                             }
                         }
-                        None => (None, 0, 0),
+                        None => (None, Vec::new(), 0, 0),
                     };
                     let queued = self.seqs.get_mut(&id).and_then(|m| m.queued.take());
                     let cached = self.seqs.get(&id).map_or(0, |m| m.cached);
@@ -282,6 +297,7 @@ impl SchedulerState {
                             seq: id,
                             token,
                             log_prob,
+                            top,
                             queued,
                             cached,
                             drafted,
@@ -475,6 +491,9 @@ fn salt_of(salt: &str) -> u64 {
 fn cache_salt(s: &SeqInit) -> u64 {
     match s.params.pooling {
         Some(Pooling::Mean) => salt_of(&format!("\0mean pooling of sequence {}", s.seq)),
+        // Its prompt's logits are wanted at every position: a salt of its own finds no
+        // cached prefix, so it computes them all.
+        _ if s.params.prompt_log_probs => salt_of(&format!("prompt-log-probs-{}", s.seq)),
         _ => s.params.cache_salt.as_deref().map_or(0, salt_of),
     }
 }

@@ -237,6 +237,7 @@ impl SpeculativeState {
                     max_draft: 0,
                     draft: None,
                     cached: Vec::new(),
+                    score: Vec::new(),
                 });
                 who.push(w);
             }

@@ -410,6 +410,11 @@ pub fn sampled_plans_vs_cpu(cuda: &Arc<CudaModel>) -> Result<Row> {
                 frequency: 0.2,
                 edits,
                 mask: None,
+                // Through the whole engine: a bias, min-p and alternatives.
+                logit_bias: vec![(argmax(&logits[i]), -3.0), (7, 2.5)],
+                min_p: [0.0, 0.05][i % 2],
+                top_log_probs: [0, 5][i % 2],
+                target: None,
             };
             match i {
                 // Greedy with its penalties (split over sampling blocks when it wants no
@@ -432,12 +437,23 @@ pub fn sampled_plans_vs_cpu(cuda: &Arc<CudaModel>) -> Result<Row> {
             (RowsOut::Chosen(c), Some(p)) if c.len() == 1 => {
                 let want = p.choose(&mut l.clone());
                 sampled += usize::from(!p.greedy);
-                if c[0].token != want.token {
+                let same_top = c[0].top.len() == want.top.len()
+                    && c[0]
+                        .top
+                        .iter()
+                        .zip(&want.top)
+                        .all(|(a, b)| a.token == b.token);
+                if c[0].token != want.token || !same_top {
                     differ += 1;
                 } else if want.token.is_some() {
                     let e = (c[0].log_prob as f64 - want.log_prob as f64).abs()
                         / (want.log_prob.abs() as f64).max(1.0);
                     lp_err = lp_err.max(e);
+                    for (a, b) in c[0].top.iter().zip(&want.top) {
+                        let e = (a.log_prob as f64 - b.log_prob as f64).abs()
+                            / (b.log_prob.abs() as f64).max(1.0);
+                        lp_err = lp_err.max(e);
+                    }
                 }
             }
             // The logits of a chunk without plans, as the plain pass gave them.
@@ -450,7 +466,7 @@ pub fn sampled_plans_vs_cpu(cuda: &Arc<CudaModel>) -> Result<Row> {
     Ok(Row {
         check: "engine sampling (plans in the step's upload) vs CPU plan".into(),
         shape: format!(
-            "{} prompts: {sampled} sampled with penalties (2 with a ban), 1 greedy, 1 without plans",
+            "{} prompts: {sampled} sampled with penalties and a bias (2 with a ban, min-p and 5 alternatives), 1 greedy, 1 without plans",
             prompts.len()
         ),
         err,

@@ -3,7 +3,10 @@
 //! seed and step, and both walk the kept tokens in id order), log-probabilities within
 //! rounding, and the same edited logits. Rows cover greedy, temperature alone, top-k,
 //! top-p, both, penalties and bans, many ties, NaN and infinities, rows with nothing
-//! allowed, and vocabularies from 77 to 128256 ids.
+//! allowed, min-p, logit bias, the most likely alternatives with their log-probabilities
+//! (which must name the same tokens, in the same order, with log-probabilities within
+//! rounding), scored target tokens (prompt log-probabilities), and vocabularies from 77
+//! to 128256 ids.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,7 +17,9 @@ use rand::Rng;
 use super::Row;
 use crate::error::Result;
 use crate::kernels::cuda::{launch, DevBuf, Gpu, Mapped};
-use crate::sampling::{pack, Edit, RowPlan, TokenMask, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT};
+use crate::sampling::{
+    pack, Edit, RowPlan, TokenMask, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT, TOP_WORDS,
+};
 
 /// Rows per case.
 const ROWS: usize = 64;
@@ -39,6 +44,14 @@ struct Case {
     /// Rows in the launch ([`ROWS`] unless a case needs few: greedy rows without
     /// log-probabilities split over more blocks the fewer the rows).
     rows: usize,
+    /// Alternatives each row asks for (even rows only, so rows without them share the
+    /// launch).
+    top: usize,
+    min_p: f32,
+    /// A logit bias on a few random tokens (some of them -100 and +100).
+    bias: bool,
+    /// Rows score a random target token instead of choosing one.
+    score: bool,
 }
 
 const fn case(name: &'static str, temperature: f32, top_k: usize, top_p: f32) -> Case {
@@ -55,6 +68,10 @@ const fn case(name: &'static str, temperature: f32, top_k: usize, top_p: f32) ->
         mixed: false,
         masked: false,
         rows: ROWS,
+        top: 0,
+        min_p: 0.0,
+        bias: false,
+        score: false,
     }
 }
 
@@ -127,6 +144,67 @@ fn cases() -> Vec<Case> {
             masked: true,
             ..case("top_k 50, top_p 0.9, token masks", 1.0, 50, 0.9)
         },
+        Case {
+            min_p: 0.3,
+            ..case("min_p 0.3", 1.0, 0, 1.0)
+        },
+        Case {
+            min_p: 0.05,
+            ..case("min_p 0.05, top_k 100, top_p 0.9", 0.8, 100, 0.9)
+        },
+        Case {
+            min_p: 0.1,
+            ties: true,
+            ..case("min_p 0.1, ties, top_p 0.7", 1.0, 0, 0.7)
+        },
+        Case {
+            bias: true,
+            penalties: true,
+            ..case("logit bias, penalties, top_k 40", 1.0, 40, 1.0)
+        },
+        Case {
+            bias: true,
+            log_prob: false,
+            ..case("greedy, no log-prob, logit bias", 0.0, 0, 1.0)
+        },
+        Case {
+            top: 5,
+            log_prob: false,
+            ..case("greedy, 5 alternatives", 0.0, 0, 1.0)
+        },
+        Case {
+            top: 20,
+            penalties: true,
+            odd: true,
+            ..case(
+                "20 alternatives, top_k 50, penalties, NaN/inf",
+                0.9,
+                50,
+                1.0,
+            )
+        },
+        Case {
+            top: 20,
+            ties: true,
+            bias: true,
+            min_p: 0.2,
+            ..case(
+                "20 alternatives, ties, bias, min_p 0.2, top_p 0.9",
+                1.0,
+                0,
+                0.9,
+            )
+        },
+        Case {
+            score: true,
+            top: 5,
+            ..case("score targets, 5 alternatives", 0.0, 0, 1.0)
+        },
+        Case {
+            score: true,
+            odd: true,
+            ..case("score targets, NaN/inf", 0.0, 0, 1.0)
+        },
     ]
 }
 
@@ -171,7 +249,24 @@ fn plan(rng: &mut StdRng, vocab: usize, c: &Case) -> RowPlan {
             edits.push(Edit { token: t, info });
         }
     }
-    RowPlan {
+    let mut logit_bias = Vec::new();
+    if c.bias {
+        let mut tokens: Vec<u32> = (0..rng.gen_range(1..12))
+            .map(|_| rng.gen_range(0..vocab as u32 + 3))
+            .collect();
+        tokens.sort_unstable();
+        tokens.dedup();
+        logit_bias = tokens
+            .into_iter()
+            .map(|t| {
+                (
+                    t,
+                    [-100.0, 100.0, rng.gen_range(-5.0..5.0)][rng.gen_range(0..3)],
+                )
+            })
+            .collect();
+    }
+    let plan = RowPlan {
         greedy: c.greedy,
         inv_t: if c.greedy { 1.0 } else { 1.0 / c.temperature },
         top_k: c.top_k,
@@ -200,7 +295,18 @@ fn plan(rng: &mut StdRng, vocab: usize, c: &Case) -> RowPlan {
             }
             Arc::new(m)
         }),
+        logit_bias,
+        min_p: c.min_p,
+        top_log_probs: 0,
+        target: None,
+    };
+    if c.score {
+        return RowPlan {
+            edits: Vec::new(),
+            ..RowPlan::score(rng.gen_range(0..vocab as u32), c.top)
+        };
     }
+    plan
 }
 
 /// Every case at several vocabulary sizes.
@@ -246,7 +352,7 @@ impl Launch {
             tokens: gpu.upload(&vec![-2i32; plans.len()])?,
             log_probs: gpu.upload(&vec![f32::NAN; plans.len()])?,
             best: gpu.zeros(2 * plans.len())?,
-            host: poisoned(gpu.mapped(2 * plans.len())?)?,
+            host: poisoned(gpu.mapped((2 + TOP_WORDS) * plans.len())?)?,
             vocab,
             rows: plans.len(),
             slices: launch::sample_slices(
@@ -277,7 +383,10 @@ fn one(gpu: &Gpu, rng: &mut StdRng, vocab: usize, c: &Case) -> Result<Row> {
     let rows: Vec<Vec<f32>> = (0..c.rows).map(|r| logits(rng, vocab, c, r)).collect();
     let plans: Vec<RowPlan> = (0..c.rows)
         .map(|r| {
-            let p = plan(rng, vocab, c);
+            let mut p = plan(rng, vocab, c);
+            if r % 2 == 0 {
+                p.top_log_probs = c.top;
+            }
             if c.mixed && r % 3 == 1 {
                 RowPlan {
                     greedy: false,
@@ -302,9 +411,10 @@ fn one(gpu: &Gpu, rng: &mut StdRng, vocab: usize, c: &Case) -> Result<Row> {
         .filter(|&r| host[r] != tokens[r] as u32 || host[c.rows + r] != lps[r].to_bits())
         .count();
     let (mut mismatched, mut lp_err, mut edits_differ) = (0usize, 0f64, 0usize);
-    // Without edits a second launch sees the same logits: the same tokens, also where the
+    let mut tops_differ = 0usize;
+    // Without edits or biases a second launch sees the same logits: the same tokens, also where the
     // blocks of split rows met in words the first launch left cleared.
-    if !c.penalties {
+    if !c.penalties && !c.bias {
         l.run(gpu)?;
         let again = gpu.read(&l.tokens, c.rows)?;
         mismatched += again.iter().zip(&tokens).filter(|(a, b)| a != b).count();
@@ -331,9 +441,33 @@ fn one(gpu: &Gpu, rng: &mut StdRng, vocab: usize, c: &Case) -> Result<Row> {
         } else if lps[r] != f32::NEG_INFINITY {
             written = false;
         }
+        // The alternatives: the same tokens in the same order, log-probabilities within
+        // rounding; unused slots marked.
+        if want.token.is_some() && p.top_log_probs > 0 {
+            let words = &host[2 * c.rows + r * TOP_WORDS..][..2 * p.top_log_probs];
+            let got: Vec<(u32, f32)> = words
+                .chunks_exact(2)
+                .take_while(|w| w[0] != u32::MAX)
+                .map(|w| (w[0], f32::from_bits(w[1])))
+                .collect();
+            let marked = words[2 * got.len()..]
+                .chunks_exact(2)
+                .all(|w| w[0] == u32::MAX && f32::from_bits(w[1]) == f32::NEG_INFINITY);
+            let same = got.len() == want.top.len()
+                && got.iter().zip(&want.top).all(|(g, w)| g.0 == w.token);
+            if !same || !marked {
+                tops_differ += 1;
+            } else {
+                for (g, w) in got.iter().zip(&want.top) {
+                    let e =
+                        (g.1 as f64 - w.log_prob as f64).abs() / (w.log_prob.abs() as f64).max(1.0);
+                    lp_err = lp_err.max(e);
+                }
+            }
+        }
     }
     // A token differs only when a draw lands within rounding of a boundary: allow one row.
-    let err = (mismatched as f64 / c.rows as f64).max(lp_err) + edits_differ as f64;
+    let err = (mismatched as f64 / c.rows as f64).max(lp_err) + (edits_differ + tops_differ) as f64;
     Ok(Row {
         check: format!("sample_rows: {}", c.name),
         shape: format!("vocab {vocab}, {} rows", c.rows),
@@ -341,7 +475,7 @@ fn one(gpu: &Gpu, rng: &mut StdRng, vocab: usize, c: &Case) -> Result<Row> {
         tol: 0.02,
         written,
         note: format!(
-            "{mismatched} tokens differ, log-prob err {lp_err:.1e}, {edits_differ} edited logits differ"
+            "{mismatched} tokens differ, log-prob err {lp_err:.1e}, {edits_differ} edited logits differ, {tops_differ} rows' alternatives differ"
         ),
         info: false,
     })

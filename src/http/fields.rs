@@ -300,6 +300,9 @@ pub fn build_request(
         )?,
         compiled_guide: None,
         pooling: None,
+        // TensorRT-LLM's min-p sampling (SamplingConfig::minP).
+        min_p: fields.float(&["min_p"])?.unwrap_or(d.min_p),
+        ..d
     };
     Ok(Request {
         id: request_id(fields)?,

@@ -7,10 +7,14 @@
 //! client raises on the status alone); a failure in mid-stream is an
 //! `{"error": {...}}` event, which the client raises as `APIError`, and ends the stream.
 //!
-//! Log-probabilities are those of the sampled tokens only: no alternatives are computed,
-//! so completions' `top_logprobs` is null and chat's is empty (`top_logprobs` > 0 is
-//! refused). Output constraints come from src/http/guided.rs; tools and their calls from
-//! src/http/tools.rs.
+//! Sampling: `n` choices per prompt (`index` `prompt * n + j`; streamed deltas carry
+//! their choice's index), `best_of` (completions, not streamed: the `n` of `best_of`
+//! sequences with the highest cumulative log-probability), per-choice seeds, `logit_bias`,
+//! `min_p`. Log-probabilities: the sampled token's with `logprobs` (completions) or
+//! `logprobs: true` (chat), the most likely alternatives (completions' `logprobs` of them,
+//! chat's `top_logprobs`), and with `echo` and `logprobs` the prompt's (its first token's
+//! null). Usage counts each prompt's tokens once, however many choices it has. Output
+//! constraints come from src/http/guided.rs; tools and their calls from src/http/tools.rs.
 
 use std::convert::Infallible;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -29,7 +33,7 @@ use serde_json::json;
 use super::openai_types::*;
 use super::tracked::TrackedStream;
 use super::{parse_json, ApiError, ApiResult, AppState};
-use crate::request::{Chunk, Prompt, Request};
+use crate::request::{Chunk, Prompt, PromptLogprob, Request, TokenLogprob};
 use crate::tokenizer::Tokenizer;
 
 pub fn routes() -> Router<AppState> {
@@ -115,18 +119,22 @@ pub(super) fn sse(events: impl Stream<Item = Event> + Send + 'static) -> Respons
         .into_response()
 }
 
-/// The answer of each prompt, merged from its chunks; an engine failure is an error.
-async fn collect(stream: TrackedStream, prompts: usize) -> ApiResult<Vec<Chunk>> {
-    let mut merged = vec![Chunk::default(); prompts];
+/// Each answer (`answers`: the prompts times the sequences of each), merged from its
+/// chunks; an engine failure is an error.
+async fn collect(stream: TrackedStream, answers: usize) -> ApiResult<Vec<Chunk>> {
+    let mut merged = vec![Chunk::default(); answers];
     let chunks: Vec<Chunk> = stream.collect().await;
     for c in chunks {
         if let Some(e) = c.error {
             return Err(ApiError::EngineFailed(e));
         }
-        let slot = &mut merged[c.batch_index.min(prompts - 1)];
+        let slot = &mut merged[c.batch_index.min(answers - 1)];
+        slot.batch_index = c.batch_index;
         slot.text.push_str(&c.text);
         slot.token_ids.extend(c.token_ids);
         slot.log_probs.extend(c.log_probs);
+        slot.top_log_probs.extend(c.top_log_probs);
+        slot.prompt_log_probs.extend(c.prompt_log_probs);
         slot.finish_reason = c.finish_reason.or(slot.finish_reason);
         if c.finish_reason.is_some() {
             slot.prompt_tokens = c.prompt_tokens;
@@ -137,17 +145,67 @@ async fn collect(stream: TrackedStream, prompts: usize) -> ApiResult<Vec<Chunk>>
     Ok(merged)
 }
 
-/// Completions' `logprobs` for a chunk's tokens; `offset` is the choice's text so far,
-/// in characters, and advances past them.
-fn completion_logprobs(tok: &Tokenizer, c: &Chunk, offset: &mut usize) -> CompletionLogprobs {
+/// Completions' alternatives of one token: the `k` likeliest, and the token itself when
+/// it is not among them (so up to `k + 1`, as OpenAI's).
+fn completion_top(
+    tok: &Tokenizer,
+    id: u32,
+    lp: f32,
+    top: &[TokenLogprob],
+    k: usize,
+) -> TopLogprobs {
+    let mut out = TopLogprobs::default();
+    for a in top.iter().take(k) {
+        out.push(tok.token_text(a.token).unwrap_or_default(), a.log_prob);
+    }
+    if !top.iter().take(k).any(|a| a.token == id) {
+        out.push(tok.token_text(id).unwrap_or_default(), lp);
+    }
+    out
+}
+
+/// Completions' `logprobs` for a chunk's tokens, with `k` alternatives each (`top_logprobs`
+/// null when `k` is 0); `offset` is the choice's text so far, in characters, and advances
+/// past them.
+fn completion_logprobs(
+    tok: &Tokenizer,
+    c: &Chunk,
+    offset: &mut usize,
+    k: usize,
+) -> CompletionLogprobs {
     let mut out = CompletionLogprobs::default();
-    for (&id, &lp) in c.token_ids.iter().zip(&c.log_probs) {
+    let mut tops = Vec::new();
+    for (i, (&id, &lp)) in c.token_ids.iter().zip(&c.log_probs).enumerate() {
         let text = tok.token_text(id).unwrap_or_default();
         out.text_offset.push(*offset);
         *offset += text.chars().count();
         out.tokens.push(text);
-        out.token_logprobs.push(lp);
+        out.token_logprobs.push(Some(finite(lp)));
+        let top = c.top_log_probs.get(i).map_or(&[][..], Vec::as_slice);
+        tops.push(Some(completion_top(tok, id, lp, top, k)));
     }
+    out.top_logprobs = (k > 0).then_some(tops);
+    out
+}
+
+/// Completions' `logprobs` for an echoed prompt: its tokens from offset 0, the first one's
+/// log-probability and alternatives null.
+fn prompt_logprobs(tok: &Tokenizer, prompt: &[PromptLogprob], k: usize) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
+    let mut tops = Vec::new();
+    let mut offset = 0;
+    for p in prompt {
+        let text = tok.token_text(p.token).unwrap_or_default();
+        out.text_offset.push(offset);
+        offset += text.chars().count();
+        out.tokens.push(text);
+        out.token_logprobs.push(p.log_prob.map(finite));
+        tops.push(
+            p.log_prob
+                .map(|lp| completion_top(tok, p.token, lp, &p.top, k)),
+        );
+    }
+    out.top_logprobs = (k > 0).then_some(tops);
     out
 }
 
@@ -156,14 +214,42 @@ fn chat_logprobs(tok: &Tokenizer, c: &Chunk) -> ChatLogprobs {
         .token_ids
         .iter()
         .zip(&c.log_probs)
-        .map(|(&id, &logprob)| ChatTokenLogprob {
+        .enumerate()
+        .map(|(i, (&id, &logprob))| ChatTokenLogprob {
             token: tok.token_text(id).unwrap_or_default(),
-            logprob,
+            logprob: finite(logprob),
             bytes: tok.token_bytes(id).unwrap_or_default(),
-            top_logprobs: Vec::new(),
+            top_logprobs: c
+                .top_log_probs
+                .get(i)
+                .map(|top| {
+                    top.iter()
+                        .map(|a| ChatTopLogprob {
+                            token: tok.token_text(a.token).unwrap_or_default(),
+                            logprob: finite(a.log_prob),
+                            bytes: tok.token_bytes(a.token).unwrap_or_default(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
         .collect();
     ChatLogprobs { content }
+}
+
+/// The sequences of one prompt to return, by place among its sequences: the `n` with the
+/// highest cumulative log-probability (the first on ties), in their order, or all of them
+/// when there is no choosing.
+fn best(group: &[Chunk], n: usize) -> Vec<usize> {
+    if group.len() <= n {
+        return (0..group.len()).collect();
+    }
+    let cum = |c: &Chunk| c.log_probs.iter().map(|&l| l as f64).sum::<f64>();
+    let mut order: Vec<usize> = (0..group.len()).collect();
+    order.sort_by(|&a, &b| cum(&group[b]).total_cmp(&cum(&group[a])).then(a.cmp(&b)));
+    order.truncate(n);
+    order.sort_unstable();
+    order
 }
 
 /// The text `echo` puts before a prompt's answer.
@@ -215,6 +301,7 @@ async fn completions(
     };
     let prompts = req.prompts.len();
     let streamed = req.params.stream;
+    let (n, best_of) = (req.n, req.best_of);
     let request = Request {
         id: request_id(&headers)?,
         prompts: req.prompts,
@@ -228,36 +315,49 @@ async fn completions(
         model: req.model,
         created: unix_now(),
     };
+    let k = req.logprobs.map_or(0, usize::from);
     if streamed {
+        // No best_of when streamed: each sequence is a choice.
         let events = stream_completion(
             state,
             meta,
             stream,
             echoes,
-            req.logprobs.is_some(),
+            n,
+            req.logprobs.map(|_| k),
             req.include_usage,
         );
         return Ok(with_request_id(sse(events), &rid));
     }
-    let answers = collect(stream, prompts).await?;
+    let answers = collect(stream, prompts * best_of).await?;
     let tok = state.model().tokenizer();
     let mut usage = Usage::default();
-    let choices = answers
-        .into_iter()
-        .zip(echoes)
-        .enumerate()
-        .map(|(index, (c, echo))| {
-            usage.add(&c);
-            let logprobs = req.logprobs.map(|_| completion_logprobs(tok, &c, &mut 0));
-            let finish_reason = c.finish_reason.map(finish_reason);
-            CompletionChoice {
-                index,
-                text: echo + &c.text,
+    let mut choices = Vec::with_capacity(prompts * n);
+    for (i, (group, echo)) in answers.chunks(best_of).zip(echoes).enumerate() {
+        // Every sequence generated counts, returned or not.
+        for (j, c) in group.iter().enumerate() {
+            usage.add_choice(c, j == 0);
+        }
+        for (j, at) in best(group, n).into_iter().enumerate() {
+            let c = &group[at];
+            let logprobs = req.logprobs.map(|_| {
+                // An echoed prompt's own log-probabilities come first.
+                let mut lp = match req.echo {
+                    true => prompt_logprobs(tok, &c.prompt_log_probs, k),
+                    false => CompletionLogprobs::default(),
+                };
+                let mut offset = echo.chars().count();
+                lp.extend(completion_logprobs(tok, c, &mut offset, k));
+                lp
+            });
+            choices.push(CompletionChoice {
+                index: i * n + j,
+                text: echo.clone() + &c.text,
                 logprobs,
-                finish_reason,
-            }
-        })
-        .collect();
+                finish_reason: c.finish_reason.map(finish_reason),
+            });
+        }
+    }
     let answer = Completion {
         id: &meta.id,
         object: "text_completion",
@@ -305,41 +405,65 @@ fn worth_sending(c: &Chunk, logprobs: bool) -> bool {
     !c.text.is_empty() || c.finish_reason.is_some() || (logprobs && !c.token_ids.is_empty())
 }
 
+/// A streamed completion: each prompt's `n` choices (`index` `prompt * n + j`), each
+/// echoed first when asked (with the prompt's log-probabilities, once they are known, when
+/// `logprobs` asks for `k` alternatives each too).
 fn stream_completion(
     state: AppState,
     meta: Meta,
     mut stream: TrackedStream,
     echoes: Vec<String>,
-    logprobs: bool,
+    n: usize,
+    logprobs: Option<usize>,
     include_usage: bool,
 ) -> impl Stream<Item = Event> + Send + 'static {
     // With include_usage every chunk carries `usage: null` but the last, as OpenAI's do.
     let usage_field: Option<Option<Usage>> = include_usage.then_some(None);
+    // Each choice's echo, its prompt's text.
+    let echoes: Vec<String> = echoes
+        .into_iter()
+        .flat_map(|e| std::iter::repeat_n(e, n))
+        .collect();
     async_stream::stream! {
         let mut offsets = vec![0usize; echoes.len()];
-        for (index, text) in echoes.into_iter().enumerate().filter(|(_, t)| !t.is_empty()) {
+        // An echo with log-probabilities waits for the prompt's, on its choice's first chunk.
+        let mut echo_pending = vec![false; echoes.len()];
+        for (index, text) in echoes.iter().enumerate().filter(|(_, t)| !t.is_empty()) {
+            if logprobs.is_some() {
+                echo_pending[index] = true;
+                continue;
+            }
             offsets[index] = text.chars().count();
-            let choice = CompletionChoice { index, text, logprobs: None, finish_reason: None };
+            let choice = CompletionChoice { index, text: text.clone(), logprobs: None, finish_reason: None };
             yield meta.completion(vec![choice], usage_field);
         }
         let mut usage = Usage::default();
-        while let Some(c) = stream.next().await {
+        while let Some(mut c) = stream.next().await {
             if let Some(e) = &c.error {
                 yield error_event(e);
                 return;
             }
+            let index = c.batch_index;
             if c.finish_reason.is_some() {
-                usage.add(&c);
+                usage.add_choice(&c, index % n == 0);
             }
-            if !worth_sending(&c, logprobs) {
+            let mut lp = None;
+            if let (Some(k), Some(offset)) = (logprobs, offsets.get_mut(index)) {
+                let tok = state.model().tokenizer();
+                let mut all = CompletionLogprobs::default();
+                if echo_pending.get(index).copied().unwrap_or(false) {
+                    echo_pending[index] = false;
+                    let echo = &echoes[index];
+                    all = prompt_logprobs(tok, &c.prompt_log_probs, k);
+                    c.text.insert_str(0, echo);
+                    *offset = echo.chars().count();
+                }
+                all.extend(completion_logprobs(tok, &c, offset, k));
+                lp = Some(all);
+            }
+            if !worth_sending(&c, logprobs.is_some()) {
                 continue;
             }
-            let index = c.batch_index;
-            let offset = offsets.get_mut(index);
-            let lp = match (logprobs, offset) {
-                (true, Some(offset)) => Some(completion_logprobs(state.model().tokenizer(), &c, offset)),
-                _ => None,
-            };
             let choice = CompletionChoice { index, text: c.text, logprobs: lp, finish_reason: c.finish_reason.map(finish_reason) };
             yield meta.completion(vec![choice], usage_field);
         }
@@ -373,6 +497,7 @@ async fn chat_completions(
         }],
         params: req.params,
     };
+    let n = req.n;
     let stream = state.submit(&req.model, request).await?;
     let rid = stream.id().to_owned();
     let meta = Meta {
@@ -385,6 +510,7 @@ async fn chat_completions(
             state,
             meta,
             stream,
+            n,
             req.logprobs,
             req.include_usage,
             tools,
@@ -392,100 +518,112 @@ async fn chat_completions(
         );
         return Ok(with_request_id(sse(events), &rid));
     }
-    let c = collect(stream, 1).await?.remove(0);
+    let answers = collect(stream, n).await?;
+    let tok = state.model().tokenizer();
     let mut usage = Usage::default();
-    usage.add(&c);
-    let logprobs = req
-        .logprobs
-        .then(|| chat_logprobs(state.model().tokenizer(), &c));
-    let mut finish = c.finish_reason.map_or("stop", finish_reason);
-    let (content, calls) = match tools {
-        Some(format) => super::tools::parse(&c.text, format),
-        None => (c.text, Vec::new()),
-    };
-    let tool_calls = (!calls.is_empty()).then(|| {
-        if finish == "stop" {
-            finish = "tool_calls";
-        }
-        super::tools::calls_out(calls, &rid, false)
-    });
-    let choice = ChatChoice {
-        index: 0,
-        message: ChatMessageOut {
-            role: "assistant",
-            content: (tool_calls.is_none() || !content.is_empty()).then_some(content),
-            tool_calls,
-        },
-        logprobs,
-        finish_reason: finish,
-    };
+    let choices = answers
+        .into_iter()
+        .enumerate()
+        .map(|(index, c)| {
+            usage.add_choice(&c, index == 0);
+            let logprobs = req.logprobs.then(|| chat_logprobs(tok, &c));
+            let mut finish = c.finish_reason.map_or("stop", finish_reason);
+            let (content, calls) = match tools {
+                Some(format) => super::tools::parse(&c.text, format),
+                None => (c.text, Vec::new()),
+            };
+            let tool_calls = (!calls.is_empty()).then(|| {
+                if finish == "stop" {
+                    finish = "tool_calls";
+                }
+                super::tools::calls_out(calls, &format!("{rid}-{index}"), false)
+            });
+            ChatChoice {
+                index,
+                logprobs,
+                message: ChatMessageOut {
+                    role: "assistant",
+                    content: (tool_calls.is_none() || !content.is_empty()).then_some(content),
+                    tool_calls,
+                },
+                finish_reason: finish,
+            }
+        })
+        .collect();
     let answer = ChatCompletion {
         id: &meta.id,
         object: "chat.completion",
         created: meta.created,
         model: &meta.model,
-        choices: vec![choice],
+        choices,
         usage,
     };
     Ok(with_request_id(Json(answer).into_response(), &rid))
 }
 
+/// A streamed chat completion: each of the `n` choices opens with its role, then its
+/// deltas and its finish, each under its `index`.
 fn stream_chat(
     state: AppState,
     meta: Meta,
     mut stream: TrackedStream,
+    n: usize,
     logprobs: bool,
     include_usage: bool,
     tools: Option<super::tools::ToolFormat>,
     rid: String,
 ) -> impl Stream<Item = Event> + Send + 'static {
     let usage_field: Option<Option<Usage>> = include_usage.then_some(None);
-    let choice = |delta: ChatDelta,
+    let choice = |index: usize,
+                  delta: ChatDelta,
                   logprobs: Option<ChatLogprobs>,
                   finish_reason: Option<&'static str>| ChatChunkChoice {
-        index: 0,
+        index,
         delta,
         logprobs,
         finish_reason,
     };
     async_stream::stream! {
-        let first = ChatDelta { role: Some("assistant"), content: Some(String::new()), tool_calls: None };
-        yield meta.chat_chunk(vec![choice(first, None, None)], usage_field);
+        for index in 0..n {
+            let first = ChatDelta { role: Some("assistant"), content: Some(String::new()), tool_calls: None };
+            yield meta.chat_chunk(vec![choice(index, first, None, None)], usage_field);
+        }
         let mut usage = Usage::default();
-        let mut calls = tools.map(super::tools::ToolStream::new);
+        let mut calls: Vec<super::tools::ToolStream> = tools.map_or_else(Vec::new, |f| (0..n).map(|_| super::tools::ToolStream::new(f)).collect());
         while let Some(c) = stream.next().await {
             if let Some(e) = &c.error {
                 yield error_event(e);
                 return;
             }
-            let text = match calls.as_mut() {
+            let index = c.batch_index;
+            let text = match calls.get_mut(index) {
                 Some(s) => s.push(&c.text),
                 None => c.text.clone(),
             };
             if !text.is_empty() || (logprobs && !c.token_ids.is_empty()) {
                 let lp = logprobs.then(|| chat_logprobs(state.model().tokenizer(), &c));
                 let delta = ChatDelta { role: None, content: Some(text), tool_calls: None };
-                yield meta.chat_chunk(vec![choice(delta, lp, None)], usage_field);
+                yield meta.chat_chunk(vec![choice(index, delta, lp, None)], usage_field);
             }
             if let Some(r) = c.finish_reason {
-                usage.add(&c);
+                usage.add_choice(&c, index == 0);
                 let mut reason = finish_reason(r);
-                if let Some(s) = calls.as_mut() {
+                if let Some(s) = calls.get_mut(index) {
                     let (rest, found) = s.finish();
                     if !rest.is_empty() {
                         let delta = ChatDelta { role: None, content: Some(rest), tool_calls: None };
-                        yield meta.chat_chunk(vec![choice(delta, None, None)], usage_field);
+                        yield meta.chat_chunk(vec![choice(index, delta, None, None)], usage_field);
                     }
                     if !found.is_empty() {
                         if reason == "stop" {
                             reason = "tool_calls";
                         }
-                        let out = super::tools::calls_out(found, &rid, true);
+                        let out = super::tools::calls_out(found, &format!("{rid}-{index}"), true);
                         let delta = ChatDelta { role: None, content: None, tool_calls: Some(out) };
-                        yield meta.chat_chunk(vec![choice(delta, None, None)], usage_field);
+                        yield meta.chat_chunk(vec![choice(index, delta, None, None)], usage_field);
                     }
                 }
-                yield meta.chat_chunk(vec![choice(ChatDelta::default(), None, Some(reason))], usage_field);
+                yield meta.chat_chunk(vec![choice(index, ChatDelta::default(), None, Some(reason))], usage_field);
             }
         }
         if include_usage {

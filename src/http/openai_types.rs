@@ -13,6 +13,12 @@ use crate::tokenizer::chat::{ChatMessage, TemplateVars};
 const MAX_STOP: usize = 4;
 /// Completions' `logprobs` ranges over 0..=5, as OpenAI's does.
 const MAX_LOGPROBS: i64 = 5;
+/// Chat's `top_logprobs` ranges over 0..=20, as OpenAI's does.
+const MAX_TOP_LOGPROBS: i64 = crate::sampling::MAX_TOP_LOG_PROBS as i64;
+/// The most choices (`n`, `best_of`) per prompt.
+const MAX_CHOICES: i64 = crate::actors::preprocess::MAX_CHOICES as i64;
+/// OpenAI's `logit_bias` range, either way.
+const MAX_BIAS: f64 = crate::actors::preprocess::MAX_LOGIT_BIAS as f64;
 
 /// A parsed `/v1/completions` body.
 #[derive(Debug)]
@@ -20,9 +26,14 @@ pub struct CompletionRequest {
     pub model: String,
     pub prompts: Vec<Prompt>,
     pub echo: bool,
-    /// `Some` when log-probabilities are wanted.
+    /// `Some` when log-probabilities are wanted: how many alternatives each token lists.
     pub logprobs: Option<u8>,
     pub include_usage: bool,
+    /// Choices returned per prompt.
+    pub n: usize,
+    /// Sequences generated per prompt (`params.n`), of which the `n` with the highest
+    /// cumulative log-probability are returned; `n` without `best_of`.
+    pub best_of: usize,
     pub params: GenerationParams,
 }
 
@@ -36,6 +47,8 @@ pub struct ChatRequest {
     pub template_vars: TemplateVars,
     pub logprobs: bool,
     pub include_usage: bool,
+    /// Choices returned (`params.n`).
+    pub n: usize,
     pub params: GenerationParams,
     /// `tools` with `tool_choice`, when the request offers tools.
     pub tools: Option<super::tools::ToolRequest>,
@@ -186,13 +199,37 @@ impl<'a> Body<'a> {
         Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
     }
 
-    /// Fields we accept only at their one supported value.
-    fn only_one(&self, key: &str) -> ApiResult<()> {
-        match self.int(key)? {
-            None | Some(1) => Ok(()),
-            Some(v) => Err(ApiError::Unsupported(format!(
-                "'{key}' must be 1 (one choice per prompt is supported), got {v}"
+    /// `logit_bias`: an object from token ids (as strings, OpenAI's form) to a bias in
+    /// -100..=100. Whether the ids are in the vocabulary is checked with the model.
+    fn logit_bias(&self) -> ApiResult<Vec<(u32, f32)>> {
+        let Some(map) = self.object("logit_bias")? else {
+            return Ok(Vec::new());
+        };
+        map.iter()
+            .map(|(key, v)| {
+                let id = key.trim().parse::<u32>().map_err(|_| {
+                    bad(format!("'logit_bias' keys must be token ids, got {key:?}"))
+                })?;
+                let bias = v
+                    .as_f64()
+                    .ok_or_else(|| wrong_type(&format!("logit_bias.{key}"), "a number", v))?;
+                if !(-MAX_BIAS..=MAX_BIAS).contains(&bias) {
+                    return Err(bad(format!(
+                        "'logit_bias.{key}' must be between -{MAX_BIAS} and {MAX_BIAS}, got {bias}"
+                    )));
+                }
+                Ok((id, bias as f32))
+            })
+            .collect()
+    }
+
+    /// A number in `min..=max`.
+    fn float_in(&self, key: &str, min: f32, max: f32) -> ApiResult<Option<f32>> {
+        match self.float(key)? {
+            Some(v) if !(min..=max).contains(&v) => Err(bad(format!(
+                "'{key}' must be between {min} and {max}, got {v}"
             ))),
+            v => Ok(v),
         }
     }
 
@@ -221,9 +258,6 @@ impl<'a> Body<'a> {
         default_max: usize,
         context: usize,
     ) -> ApiResult<GenerationParams> {
-        self.only_one("n")?;
-        self.only_one("best_of")?;
-        self.refuse_if_set("logit_bias", "logits are not biased by this server")?;
         self.string("user")?;
         let (stream, _) = self.stream()?;
         let mut max_tokens = default_max;
@@ -268,6 +302,10 @@ impl<'a> Body<'a> {
             stop_strings: self.stop()?,
             stream,
             exclude_input_in_output: true,
+            n: self.int_in("n", 1, MAX_CHOICES)?.unwrap_or(1) as usize,
+            logit_bias: self.logit_bias()?,
+            // vLLM's extension.
+            min_p: self.float_in("min_p", 0.0, 1.0)?.unwrap_or(0.0),
             ..d
         })
     }
@@ -281,20 +319,35 @@ pub fn completion_request(body: &Value, context: usize) -> ApiResult<CompletionR
     b.refuse_if_set("suffix", "insertion (suffix) is not supported")?;
     let echo = b.boolean("echo")?.unwrap_or(false);
     let logprobs = b.int_in("logprobs", 0, MAX_LOGPROBS)?.map(|n| n as u8);
-    if echo && logprobs.is_some() {
-        return Err(ApiError::Unsupported(
-            "'echo' with 'logprobs' asks for the prompt's log-probabilities, which this server does not compute".into(),
-        ));
-    }
-    let (_, include_usage) = b.stream()?;
+    let (stream, include_usage) = b.stream()?;
     let mut params = b.params(&["max_tokens"], 16, context)?;
-    params.return_log_probs = logprobs.is_some();
+    let n = params.n;
+    let best_of = b.int_in("best_of", 1, MAX_CHOICES)?.map(|v| v as usize);
+    if let Some(best_of) = best_of {
+        if best_of < n {
+            return Err(bad(format!(
+                "'best_of' ({best_of}) must be at least 'n' ({n})"
+            )));
+        }
+        if stream && best_of > 1 {
+            return Err(bad("'best_of' cannot be used with 'stream'".into()));
+        }
+    }
+    let best_of = best_of.unwrap_or(n);
+    params.n = best_of;
+    // Choosing the best needs every sequence's log-probability.
+    params.return_log_probs = logprobs.is_some() || best_of > n;
+    params.top_log_probs = logprobs.map_or(0, usize::from);
+    // The prompt's log-probabilities come first in an echoed answer's.
+    params.prompt_log_probs = echo && logprobs.is_some();
     Ok(CompletionRequest {
         model,
         prompts,
         echo,
         logprobs,
         include_usage,
+        n,
+        best_of,
         params,
     })
 }
@@ -375,13 +428,9 @@ pub fn chat_request(body: &Value, context: usize) -> ApiResult<ChatRequest> {
         .unwrap_or_default();
     let tools = super::tools::tool_request(b.0)?;
     let logprobs = b.boolean("logprobs")?.unwrap_or(false);
-    match b.int_in("top_logprobs", 0, 20)? {
-        None | Some(0) => {}
-        Some(n) => {
-            return Err(ApiError::Unsupported(format!(
-                "'top_logprobs' {n}: only 0 is supported (the sampled token's log-probability is returned, not alternatives)"
-            )))
-        }
+    let top_logprobs = b.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS)?.unwrap_or(0) as usize;
+    if top_logprobs > 0 && !logprobs {
+        return Err(bad("'top_logprobs' needs 'logprobs' set to true".into()));
     }
     let (_, include_usage) = b.stream()?;
     let mut params = b.params(
@@ -390,12 +439,14 @@ pub fn chat_request(body: &Value, context: usize) -> ApiResult<ChatRequest> {
         context,
     )?;
     params.return_log_probs = logprobs;
+    params.top_log_probs = top_logprobs;
     Ok(ChatRequest {
         model,
         messages,
         template_vars,
         logprobs,
         include_usage,
+        n: params.n,
         params,
         tools,
     })
@@ -577,23 +628,78 @@ pub struct PromptTokensDetails {
 }
 
 impl Usage {
-    /// Adds one prompt's final chunk.
-    pub fn add(&mut self, c: &crate::request::Chunk) {
-        self.prompt_tokens += c.prompt_tokens;
+    /// Adds one sequence's final chunk: its completion tokens, and, for the first
+    /// sequence of its prompt (`first`), the prompt's tokens, counted once however many
+    /// sequences it has (as OpenAI counts them).
+    pub fn add_choice(&mut self, c: &crate::request::Chunk, first: bool) {
+        if first {
+            self.prompt_tokens += c.prompt_tokens;
+            self.prompt_tokens_details.cached_tokens += c.cached_tokens;
+        }
         self.completion_tokens += c.output_tokens;
         self.total_tokens = self.prompt_tokens + self.completion_tokens;
-        self.prompt_tokens_details.cached_tokens += c.cached_tokens;
     }
 }
 
-/// `logprobs` of a completion choice. We compute the sampled token's log-probability
-/// only, so `top_logprobs` is always null.
+/// A log-probability as JSON can carry it: -inf (a token the request's bans or cuts
+/// made impossible) as -9999, vLLM's stand-in (JSON has no infinity, and the official
+/// client needs a number).
+pub fn finite(lp: f32) -> f32 {
+    if lp.is_finite() {
+        lp
+    } else {
+        -9999.0
+    }
+}
+
+/// Completions' `top_logprobs` entry: token texts to log-probabilities, from the most
+/// likely, as a JSON object (a text that two tokens share keeps the likelier).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TopLogprobs(pub Vec<(String, f32)>);
+
+impl TopLogprobs {
+    /// Adds an entry unless its text is there already.
+    pub fn push(&mut self, text: String, lp: f32) {
+        if !self.0.iter().any(|(t, _)| *t == text) {
+            self.0.push((text, finite(lp)));
+        }
+    }
+}
+
+impl Serialize for TopLogprobs {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+/// `logprobs` of a completion choice: each token's text, log-probability (null for an
+/// echoed prompt's first token), alternatives (`logprobs` of them, and the token itself;
+/// null when `logprobs` is 0) and character offset in the choice's text.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
-    pub token_logprobs: Vec<f32>,
-    pub top_logprobs: Option<Vec<Value>>,
+    pub token_logprobs: Vec<Option<f32>>,
+    pub top_logprobs: Option<Vec<Option<TopLogprobs>>>,
     pub text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// Appends `other`'s tokens after these.
+    pub fn extend(&mut self, other: CompletionLogprobs) {
+        self.tokens.extend(other.tokens);
+        self.token_logprobs.extend(other.token_logprobs);
+        self.text_offset.extend(other.text_offset);
+        match (&mut self.top_logprobs, other.top_logprobs) {
+            (Some(mine), Some(theirs)) => mine.extend(theirs),
+            (mine @ None, theirs) => *mine = theirs,
+            (Some(_), None) => {}
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -617,13 +723,22 @@ pub struct Completion<'a> {
     pub usage: Option<Option<Usage>>,
 }
 
-/// One token of a chat choice's `logprobs.content`; `top_logprobs` is always empty.
+/// One token of a chat choice's `logprobs.content`, with its `top_logprobs`
+/// alternatives (as many as asked for, from the most likely).
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatTokenLogprob {
     pub token: String,
     pub logprob: f32,
     pub bytes: Vec<u8>,
-    pub top_logprobs: Vec<Value>,
+    pub top_logprobs: Vec<ChatTopLogprob>,
+}
+
+/// One alternative of a chat token.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatTopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -762,7 +877,28 @@ mod tests {
         assert!(e(json!({"model": "m"})).contains("'prompt'"));
         assert!(e(json!({"model": "m", "prompt": "x", "max_tokens": 100})).contains("'max_tokens'"));
         assert!(e(json!({"model": "m", "prompt": "x", "max_tokens": -3})).contains("'max_tokens'"));
-        assert!(e(json!({"model": "m", "prompt": "x", "n": 2})).contains("'n'"));
+        assert!(e(json!({"model": "m", "prompt": "x", "n": 17})).contains("'n'"));
+        assert!(e(json!({"model": "m", "prompt": "x", "n": 0})).contains("'n'"));
+        assert!(
+            e(json!({"model": "m", "prompt": "x", "n": 3, "best_of": 2})).contains("'best_of'")
+        );
+        assert!(
+            e(json!({"model": "m", "prompt": "x", "best_of": 2, "stream": true}))
+                .contains("'best_of'")
+        );
+        assert!(
+            e(json!({"model": "m", "prompt": "x", "logit_bias": {"a": 1}}))
+                .contains("'logit_bias'")
+        );
+        assert!(
+            e(json!({"model": "m", "prompt": "x", "logit_bias": {"5": 101}}))
+                .contains("'logit_bias.5'")
+        );
+        assert!(
+            e(json!({"model": "m", "prompt": "x", "logit_bias": {"5": "up"}}))
+                .contains("'logit_bias.5'")
+        );
+        assert!(e(json!({"model": "m", "prompt": "x", "min_p": 1.5})).contains("'min_p'"));
         assert!(e(json!({"model": "m", "prompt": "x", "logprobs": 6})).contains("'logprobs'"));
         assert!(
             e(json!({"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}))
@@ -774,6 +910,48 @@ mod tests {
         );
         assert!(
             e(json!({"model": "m", "prompt": "x", "temperature": "hot"})).contains("'temperature'")
+        );
+    }
+
+    #[test]
+    fn sampling_fields() {
+        let r = completion_request(
+            &json!({"model": "m", "prompt": "x", "n": 2, "best_of": 5, "logprobs": 3,
+                    "echo": true, "logit_bias": {"7": -100, " 12 ": 2.5}, "min_p": 0.1}),
+            100,
+        )
+        .unwrap();
+        assert_eq!((r.n, r.best_of, r.params.n), (2, 5, 5));
+        assert_eq!(r.params.top_log_probs, 3);
+        assert!(r.params.return_log_probs && r.params.prompt_log_probs);
+        let mut bias = r.params.logit_bias.clone();
+        bias.sort_by_key(|b| b.0);
+        assert_eq!(bias, vec![(7, -100.0), (12, 2.5)]);
+        assert_eq!(r.params.min_p, 0.1);
+        // best_of above n needs the log-probabilities, even unasked; without best_of, n
+        // sequences are generated.
+        let r =
+            completion_request(&json!({"model": "m", "prompt": "x", "best_of": 3}), 100).unwrap();
+        assert!(r.params.return_log_probs && !r.params.prompt_log_probs);
+        assert_eq!((r.n, r.best_of), (1, 3));
+        let r = completion_request(
+            &json!({"model": "m", "prompt": "x", "n": 4, "stream": true}),
+            100,
+        )
+        .unwrap();
+        assert_eq!((r.n, r.best_of, r.params.n), (4, 4, 4));
+        assert!(!r.params.return_log_probs);
+        let user = json!([{"role": "user", "content": "x"}]);
+        let r = chat_request(
+            &json!({"model": "m", "messages": user, "n": 3, "logprobs": true, "top_logprobs": 20}),
+            100,
+        )
+        .unwrap();
+        assert_eq!((r.n, r.params.n, r.params.top_log_probs), (3, 3, 20));
+        let e = |v: Value| err(chat_request(&v, 100));
+        assert!(
+            e(json!({"model": "m", "messages": user, "logprobs": true, "top_logprobs": 21}))
+                .contains("'top_logprobs'")
         );
     }
 

@@ -41,6 +41,7 @@ impl TrackedStream {
         timing: RequestTiming,
     ) -> Self {
         let tokens_in = inner.prompt_tokens().iter().sum();
+        let answers = inner.answers();
         TrackedStream {
             inner,
             state,
@@ -48,7 +49,7 @@ impl TrackedStream {
             timing,
             prompts,
             tokens_in,
-            open: prompts,
+            open: answers,
             reason: None,
             queue: None,
             cached: 0,

@@ -147,6 +147,14 @@ fn exp_in_place_lanes(row: &mut [f32], max: f32, inv_t: f32) -> f64 {
     row.chunks(BLOCK).map(block_sum).sum()
 }
 
+/// Sets the weights below `min` to 0 and returns the sum of those left (min-p's cut).
+pub(crate) fn cut_below(weights: &mut [f32], min: f32) -> f64 {
+    for w in weights.iter_mut() {
+        *w = if *w < min { 0.0 } else { *w };
+    }
+    weights.chunks(BLOCK).map(block_sum).sum()
+}
+
 /// The sum of a block of weights in f32 lanes (an f32 partial sum then holds only
 /// `BLOCK / LANES` weights, so its relative error stays near 1e-7), finished in f64.
 #[inline(always)]

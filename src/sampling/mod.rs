@@ -1,6 +1,7 @@
-//! Turning a sequence's row of logits into its next token, TensorRT-LLM style: penalties,
-//! bad words, `min_length`, greedy or temperature/top-k/top-p from a per-sequence seeded
-//! generator, log-probabilities, end tokens and stop words. Pure logic: the Sampler actor
+//! Turning a sequence's row of logits into its next token, TensorRT-LLM style: logit
+//! bias, penalties, bad words, `min_length`, greedy or temperature/min-p/top-k/top-p from
+//! a per-sequence seeded generator, log-probabilities and the most likely alternatives,
+//! prompt tokens' scores, end tokens and stop words. Pure logic: the Sampler actor
 //! holds one `SeqSampler` per running sequence and calls `SeqSampler::sample`.
 //!
 //! # Layout
@@ -23,15 +24,18 @@ mod seq;
 mod speculative;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_surface;
 mod words;
 
 pub use mask::TokenMask;
+pub use plan::{
+    choice_seed, log_softmax, Edit, RowChoice, RowPlan, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT,
+    MAX_TOP_LOG_PROBS,
+};
 #[cfg(feature = "cuda")]
-pub(crate) use plan::{pack, PLAN_WORDS};
-pub use plan::{Edit, RowChoice, RowPlan, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT};
-#[cfg(test)]
-use seq::Sampled;
-pub(crate) use seq::SeqSampler;
+pub(crate) use plan::{pack, PLAN_WORDS, TOP_WORDS};
+pub(crate) use seq::{Sampled, SeqSampler};
 pub(crate) use speculative::{DraftSampler, Verdict};
 
 /// The index of the largest logit (the first one on ties); NaN counts as -inf, and a row

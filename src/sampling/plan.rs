@@ -5,7 +5,12 @@
 //! tokens on either.
 //!
 //! The row's penalties and masks travel as sparse [`Edit`]s (only tokens the sequence
-//! has seen or may not produce), so the device never needs a sequence's history.
+//! has seen or may not produce), so the device never needs a sequence's history; its
+//! logit bias as sparse `(token, bias)` pairs.
+//!
+//! A plan may also ask for the row's most likely tokens with their log-probabilities
+//! (`top_log_probs`), or score a given token instead of choosing one (`target`: a prompt
+//! token's log-probability).
 
 use std::sync::Arc;
 
@@ -14,6 +19,10 @@ use rand::RngCore;
 use super::math;
 use super::select::{self, Cuts};
 use super::TokenMask;
+use crate::request::TokenLogprob;
+
+/// The most alternatives a row returns (OpenAI's `top_logprobs` limit).
+pub const MAX_TOP_LOG_PROBS: usize = 20;
 
 /// `Edit::info` bit: apply the repetition penalty to this token.
 pub const EDIT_REPEAT: u32 = 1 << 30;
@@ -61,23 +70,73 @@ pub struct RowPlan {
     pub edits: Vec<Edit>,
     /// Structured output: only these tokens may come next (after the edits).
     pub mask: Option<Arc<TokenMask>>,
+    /// Added to these tokens' logits before the edits: at most one per token, sorted by
+    /// token, finite.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Tokens whose weight after temperature (the most likely one's is 1) is below it are
+    /// not drawn; 0 keeps every token.
+    pub min_p: f32,
+    /// Alternatives to return: the row's most likely tokens (after the edits) with their
+    /// log-probabilities, at most [`MAX_TOP_LOG_PROBS`].
+    pub top_log_probs: usize,
+    /// Score this token instead of choosing one: the choice is `target` with its
+    /// log-probability (a prompt token's, for `prompt_log_probs`).
+    pub target: Option<u32>,
 }
 
 /// What choosing from one row gave.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RowChoice {
     /// None when no token is allowed (every logit -inf or NaN after the edits).
     pub token: Option<u32>,
     /// The chosen token's log-probability (see `SeqSampler::sample`); -inf with no token,
-    /// 0 when not asked for.
+    /// 0 when neither it nor alternatives were asked for.
     pub log_prob: f32,
+    /// The plan's `top_log_probs` most likely tokens, from the most likely (ties to the
+    /// lower id), tokens with a logit of -inf left out.
+    pub top: Vec<TokenLogprob>,
+}
+
+impl RowChoice {
+    /// The choice of a row with no allowed token.
+    pub fn none() -> Self {
+        RowChoice {
+            token: None,
+            log_prob: f32::NEG_INFINITY,
+            top: Vec::new(),
+        }
+    }
+}
+
+/// `(x - max) * inv_t - ln(total)`: the log-softmax of a cleaned logit at `1 / inv_t`,
+/// `total` being the row's weight (both sides compute it this way, the device in the
+/// same f32 steps).
+pub fn log_softmax(x: f32, max: f32, inv_t: f32, total: f64) -> f32 {
+    (((x - max) * inv_t) as f64 - total.ln()) as f32
 }
 
 impl RowPlan {
     /// Greedy without the token's log-probability: the device's sampler may then split the
     /// row over blocks (kernels/sample.cu), since only the maximum's first id is needed.
     pub fn greedy_without_log_prob(&self) -> bool {
-        self.greedy && !self.want_log_prob
+        self.greedy && !self.wants_total()
+    }
+
+    /// Whether the row's total weight is needed: for the chosen token's log-probability,
+    /// alternatives, or a score.
+    pub fn wants_total(&self) -> bool {
+        self.want_log_prob || self.top_log_probs > 0 || self.target.is_some()
+    }
+
+    /// The plan that scores `target` (a prompt token) under the raw logits, with `top`
+    /// alternatives.
+    pub fn score(target: u32, top: usize) -> Self {
+        RowPlan {
+            want_log_prob: true,
+            top_log_probs: top.min(MAX_TOP_LOG_PROBS),
+            target: Some(target),
+            ..RowPlan::argmax()
+        }
     }
 
     /// The plan that takes the argmax and nothing else.
@@ -95,6 +154,10 @@ impl RowPlan {
             frequency: 0.0,
             edits: Vec::new(),
             mask: None,
+            logit_bias: Vec::new(),
+            min_p: 0.0,
+            top_log_probs: 0,
+            target: None,
         }
     }
 
@@ -104,11 +167,18 @@ impl RowPlan {
             inv_t: self.inv_t,
             top_k: self.top_k,
             top_p: self.top_p,
+            min_p: self.min_p,
         }
     }
 
-    /// Applies the edits in place: the CPU twin of the kernel's first phase.
+    /// Applies the logit bias, then the edits, in place: the CPU twin of the kernel's
+    /// first phase.
     pub fn apply_edits(&self, logits: &mut [f32]) {
+        for &(token, bias) in &self.logit_bias {
+            if let Some(x) = logits.get_mut(token as usize) {
+                *x += bias;
+            }
+        }
         for e in &self.edits {
             let Some(x) = logits.get_mut(e.token as usize) else {
                 continue;
@@ -134,39 +204,87 @@ impl RowPlan {
     }
 
     /// Chooses a token from `logits` (scratch: its contents on return are unspecified):
-    /// edits, then greedy or temperature, top-k, top-p and the draw `step_uniform(seed,
-    /// step)` over the kept tokens in id order. The CPU twin of `sample_rows`.
+    /// logit bias and edits, then greedy or temperature, min-p, top-k, top-p and the draw
+    /// `step_uniform(seed, step)` over the kept tokens in id order; or, with a `target`,
+    /// that token. The alternatives are the most likely tokens after the edits, scored
+    /// like the chosen token (before the cuts). The CPU twin of `sample_rows`.
     pub fn choose(&self, logits: &mut [f32]) -> RowChoice {
         self.apply_edits(logits);
         let Some((best, max)) = math::sanitize(logits) else {
-            return RowChoice {
-                token: None,
-                log_prob: f32::NEG_INFINITY,
-            };
+            return RowChoice::none();
         };
-        let choice = if self.greedy {
-            select::greedy(logits, best, max, self.inv_t, self.want_log_prob)
-        } else {
-            let u = step_uniform(self.seed, self.step);
-            select::draw(logits, max, self.cuts(), u, self.want_log_prob)
+        let want_total = self.wants_total();
+        // Ranked before the choice scratches the row.
+        let top = match self.top_log_probs.min(MAX_TOP_LOG_PROBS) {
+            0 => Vec::new(),
+            k => select::top_candidates(logits, k),
+        };
+        let choice = match self.target {
+            Some(t) => {
+                let Some(&x) = logits.get(t as usize) else {
+                    return RowChoice::none();
+                };
+                let total = math::exp_in_place(logits, max, self.inv_t);
+                select::Choice {
+                    token: t,
+                    log_prob: Some(log_softmax(x, max, self.inv_t, total)),
+                    total: Some(total),
+                }
+            }
+            None if self.greedy => select::greedy(logits, best, max, self.inv_t, want_total),
+            None => {
+                let u = step_uniform(self.seed, self.step);
+                select::draw(logits, max, self.cuts(), u, want_total)
+            }
+        };
+        let top = match choice.total {
+            Some(total) => top
+                .into_iter()
+                .filter(|&(_, x)| x > f32::NEG_INFINITY)
+                .map(|(token, x)| TokenLogprob {
+                    token,
+                    log_prob: log_softmax(x, max, self.inv_t, total),
+                })
+                .collect(),
+            None => Vec::new(),
         };
         RowChoice {
             token: Some(choice.token),
             log_prob: choice.log_prob.unwrap_or(0.0),
+            top,
         }
+    }
+}
+
+/// Derives the seed of sequence `j` of a prompt generating several (`n`, `best_of`) from
+/// the request's seed: `seed` itself for the first, so a request of one sequence draws as
+/// before; the others apart from it and from each other.
+pub fn choice_seed(seed: u64, j: usize) -> u64 {
+    if j == 0 {
+        seed
+    } else {
+        mix(seed ^ mix(0x6e5f_6368_6f69_6365 ^ j as u64))
     }
 }
 
 /// Words per row in [`pack`]'s parameter layout.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub const PLAN_WORDS: usize = 16;
+pub const PLAN_WORDS: usize = 24;
 
-/// Plans laid out for the `sample_rows` kernel: per row [`PLAN_WORDS`] words (flags: 1
-/// greedy, 2 log-prob; inv_t; top_k, 0 for all; top_p; seed lo, hi; step lo, hi;
-/// repetition; presence; frequency; first edit; end of edits; mask; mask bits; one spare),
-/// and every row's edits as (token, info) pairs followed by the rows' token masks
-/// ([`TokenMask::words`]). A row's mask word is 1 + the offset of its mask's first word in
-/// `edits`, 0 when it has none; rows sharing one mask share its words.
+/// Words per row of the alternatives the kernel writes after the tokens and
+/// log-probabilities in the host's buffer: (token, log-probability bits) pairs.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub const TOP_WORDS: usize = 2 * MAX_TOP_LOG_PROBS;
+
+/// Plans laid out for the `sample_rows` kernel: per row [`PLAN_WORDS`] words (0 flags: 1
+/// greedy, 2 the row's total (log-probabilities), 4 score the target; 1 inv_t; 2 top_k, 0
+/// for all; 3 top_p; 4, 5 seed lo, hi; 6, 7 step lo, hi; 8 repetition; 9 presence; 10
+/// frequency; 11 first edit; 12 end of edits; 13 mask; 14 mask bits; 15 spare; 16 first
+/// bias; 17 end of biases; 18 min_p; 19 alternatives; 20 target; 21-23 spare), and every
+/// row's edits as (token, info) pairs followed by its biases as (token, bias bits) pairs,
+/// indexed as pairs of the same array; after every row's pairs, the rows' token masks
+/// ([`TokenMask::words`]). A row's mask word is 1 + the offset of its mask's first word
+/// in `edits`, 0 when it has none; rows sharing one mask share its words.
 #[derive(Debug, Clone, Default, PartialEq)]
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub struct PackedPlans {
@@ -185,7 +303,12 @@ pub fn pack<'a>(plans: impl IntoIterator<Item = &'a RowPlan>) -> PackedPlans {
             out.edits.extend([e.token, e.info]);
         }
         let end = (out.edits.len() / 2) as u32;
-        let flags = p.greedy as u32 | (p.want_log_prob as u32) << 1;
+        for &(token, bias) in &p.logit_bias {
+            out.edits.extend([token, bias.to_bits()]);
+        }
+        let bias_end = (out.edits.len() / 2) as u32;
+        let flags =
+            p.greedy as u32 | (p.wants_total() as u32) << 1 | (p.target.is_some() as u32) << 2;
         if let Some(m) = &p.mask {
             masks.push((row, m));
         }
@@ -207,6 +330,14 @@ pub fn pack<'a>(plans: impl IntoIterator<Item = &'a RowPlan>) -> PackedPlans {
             p.mask
                 .as_ref()
                 .map_or(0, |m| m.bits().min(u32::MAX as usize) as u32),
+            0,
+            end,
+            bias_end,
+            p.min_p.to_bits(),
+            p.top_log_probs.min(MAX_TOP_LOG_PROBS) as u32,
+            p.target.unwrap_or(0),
+            0,
+            0,
             0,
         ]);
     }
@@ -325,7 +456,7 @@ mod tests {
                 token: 4,
                 info: EDIT_BAN,
             }],
-            mask: None,
+            ..RowPlan::argmax()
         };
         let b = RowPlan {
             greedy: true,
@@ -409,12 +540,6 @@ mod tests {
             token: 3,
             info: EDIT_BAN,
         }];
-        assert_eq!(
-            only_banned.choose(&mut dead),
-            RowChoice {
-                token: None,
-                log_prob: f32::NEG_INFINITY
-            }
-        );
+        assert_eq!(only_banned.choose(&mut dead), RowChoice::none());
     }
 }

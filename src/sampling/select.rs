@@ -1,5 +1,5 @@
-//! Choosing one token from a row of cleaned logits: greedy, or temperature, top-k, top-p
-//! and a draw from the sequence's generator; plus the chosen token's log-softmax.
+//! Choosing one token from a row of cleaned logits: greedy, or temperature, min-p, top-k,
+//! top-p and a draw from the sequence's generator; plus the chosen token's log-softmax.
 //!
 //! Rows hold 49k-128k logits, so nothing here sorts a whole row: top-k keeps a small heap
 //! (or partitions with `select_nth_unstable` when k is large) and sorts only its k
@@ -9,7 +9,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::math::{exp_fast, exp_in_place, find_cumulative};
+use super::math::{cut_below, exp_fast, exp_in_place, find_cumulative};
 use super::nucleus::nucleus;
 
 /// Largest k for which top-k keeps a heap instead of partitioning a copy of the row.
@@ -18,11 +18,13 @@ const HEAP_MAX_K: usize = 1024;
 /// language model); only flatter rows go through the histogram.
 const NUCLEUS_FIRST_K: usize = 64;
 
-/// The chosen token and, when asked, its log-probability.
+/// The chosen token and, when asked, its log-probability and the row's total weight
+/// it was taken against.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Choice {
     pub token: u32,
     pub log_prob: Option<f32>,
+    pub total: Option<f64>,
 }
 
 /// The cuts applied before a draw, already validated.
@@ -34,6 +36,9 @@ pub(crate) struct Cuts {
     pub top_k: usize,
     /// Not NaN; 1 or more keeps every token, 0 or less keeps the most likely one.
     pub top_p: f32,
+    /// In `[0, 1]`: tokens whose weight (the most likely one's is 1) is below it are cut
+    /// first; 0 keeps every token.
+    pub min_p: f32,
 }
 
 /// `ln(weight / total)`: the drawn token's weight is positive, so this is finite.
@@ -50,17 +55,20 @@ pub(crate) fn greedy(
     inv_t: f32,
     want_log_prob: bool,
 ) -> Choice {
+    let total = want_log_prob.then(|| exp_in_place(logits, max, inv_t));
     Choice {
         token: best as u32,
-        log_prob: want_log_prob.then(|| log_prob(1.0, exp_in_place(logits, max, inv_t))),
+        log_prob: total.map(|t| log_prob(1.0, t)),
+        total,
     }
 }
 
 /// The tokens a draw chooses among after temperature, top-k and top-p, from [`cut`].
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Kept {
-    /// Every token: the row now holds the weights, which sum to `total`.
-    All { total: f64 },
+    /// Every token that min-p keeps: the row now holds the weights (0 for those min-p
+    /// cut), which sum to `kept`; `total` is the whole row's weight before the cut.
+    All { kept: f64, total: f64 },
     /// Only these `(id, weight)`, from the most likely. `row_total` is the weight of the
     /// whole row when the row now holds the weights; None when it still holds the logits.
     Some {
@@ -69,10 +77,12 @@ pub(crate) enum Kept {
     },
 }
 
-/// Softmax weights of `(x - max) * inv_t`, then top-k (renormalised over the k best, as
-/// TensorRT-LLM does when both are set), then top-p (the shortest run of most likely
-/// tokens whose mass reaches `top_p`, ties to the lower id, at least one). `max` is the
-/// row's maximum as returned by `math::sanitize`. The row is scratch (see [`Kept`]).
+/// Softmax weights of `(x - max) * inv_t`, then min-p (weights below `min_p`, that is
+/// probabilities below `min_p` times the largest, are cut) and top-k (their intersection:
+/// both keep the most likely tokens), renormalised over what they keep, as TensorRT-LLM
+/// does, then top-p (the shortest run of most likely tokens whose mass reaches `top_p`,
+/// ties to the lower id, at least one). `max` is the row's maximum as returned by
+/// `math::sanitize`. The row is scratch (see [`Kept`]).
 pub(crate) fn cut(logits: &mut [f32], max: f32, cuts: Cuts) -> Kept {
     let n = logits.len();
     let k = if cuts.top_k == 0 {
@@ -84,18 +94,28 @@ pub(crate) fn cut(logits: &mut [f32], max: f32, cuts: Cuts) -> Kept {
     if k < n {
         let mut cands = top_candidates(logits, k);
         cands.iter_mut().for_each(|c| c.1 = weight_of(c.1));
+        if cuts.min_p > 0.0 {
+            // The most likely token has weight 1: at least it stays.
+            cands.retain(|c| c.1 >= cuts.min_p);
+        }
         let total: f64 = cands.iter().map(|c| c.1 as f64).sum();
-        cands.truncate(nucleus_len(&cands, total * cuts.top_p as f64).unwrap_or(k));
+        let keep = nucleus_len(&cands, total * cuts.top_p as f64).unwrap_or(cands.len());
+        cands.truncate(keep);
         return Kept::Some {
             cands,
             row_total: None,
         };
     }
     let total = exp_in_place(logits, max, cuts.inv_t);
+    let kept = if cuts.min_p > 0.0 {
+        cut_below(logits, cuts.min_p)
+    } else {
+        total
+    };
     if cuts.top_p >= 1.0 {
-        return Kept::All { total };
+        return Kept::All { kept, total };
     }
-    let target = total * cuts.top_p as f64;
+    let target = kept * cuts.top_p as f64;
     // Ranked by weight, like the histogram: the same nucleus either way.
     let mut cands = top_candidates(logits, NUCLEUS_FIRST_K);
     match nucleus_len(&cands, target) {
@@ -112,7 +132,7 @@ pub(crate) fn cut(logits: &mut [f32], max: f32, cuts: Cuts) -> Kept {
 /// the row into weights, when the cut left the logits in place).
 pub(crate) fn row_total(kept: &Kept, logits: &mut [f32], max: f32, inv_t: f32) -> f64 {
     match kept {
-        Kept::All { total }
+        Kept::All { total, .. }
         | Kept::Some {
             row_total: Some(total),
             ..
@@ -136,8 +156,8 @@ pub(crate) fn draw(
 ) -> Choice {
     let mut kept = cut(logits, max, cuts);
     let (token, weight) = match &mut kept {
-        Kept::All { total } => {
-            let i = find_cumulative(logits, u * *total)
+        Kept::All { kept, .. } => {
+            let i = find_cumulative(logits, u * *kept)
                 .or_else(|| logits.iter().rposition(|&w| w > 0.0))
                 .unwrap_or(0);
             (i as u32, logits[i])
@@ -147,10 +167,11 @@ pub(crate) fn draw(
             cands[pick_candidate(cands, u)]
         }
     };
+    let total = want_log_prob.then(|| row_total(&kept, logits, max, cuts.inv_t));
     Choice {
         token,
-        log_prob: want_log_prob
-            .then(|| log_prob(weight, row_total(&kept, logits, max, cuts.inv_t))),
+        log_prob: total.map(|t| log_prob(weight, t)),
+        total,
     }
 }
 
@@ -158,8 +179,8 @@ pub(crate) fn draw(
 /// what the cuts keep). The row is scratch.
 pub(crate) fn distribution(logits: &mut [f32], max: f32, cuts: Cuts) -> Vec<f32> {
     match cut(logits, max, cuts) {
-        Kept::All { total } => {
-            let inv = (1.0 / total) as f32;
+        Kept::All { kept, .. } => {
+            let inv = (1.0 / kept) as f32;
             logits.iter().map(|&w| w * inv).collect()
         }
         Kept::Some { cands, .. } => {

@@ -8,15 +8,15 @@ use rand::rngs::OsRng;
 use rand::RngCore;
 
 use super::penalties::Penalties;
-use super::plan::{Edit, RowChoice, RowPlan, StepRng};
+use super::plan::{Edit, RowChoice, RowPlan, StepRng, MAX_TOP_LOG_PROBS};
 use super::select::Cuts;
 use super::words::WordRules;
 use super::TokenMask;
 use crate::guide::GuideState;
-use crate::request::GenerationParams;
+use crate::request::{GenerationParams, TokenLogprob};
 
 /// The outcome of one sampling step.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     /// The chosen token, already appended to the sampler's generated tokens.
     pub token: u32,
@@ -26,6 +26,9 @@ pub struct Sampled {
     /// The sequence ends here: an end token (see [`SeqSampler::is_end_token`]), a stop
     /// word, or a row with no allowed token.
     pub stop: bool,
+    /// The most likely tokens with their log-probabilities (as `log_prob` is taken),
+    /// when `top_log_probs` asked for them.
+    pub top: Vec<TokenLogprob>,
 }
 
 /// The sampling state of one sequence. Its draws are keyed by its seed and the number of
@@ -39,6 +42,10 @@ pub struct SeqSampler {
     /// `inv_t` is 1 when the temperature is not positive.
     cuts: Cuts,
     want_log_probs: bool,
+    /// Alternatives per token (`top_log_probs`, at most 20).
+    top: usize,
+    /// Added to the logits first: sorted by token, one per token, finite.
+    logit_bias: Vec<(u32, f32)>,
     penalties: Penalties,
     words: WordRules,
     seed: u64,
@@ -58,7 +65,9 @@ impl SeqSampler {
     /// positive means greedy, a positive one is clamped to `[f32::MIN_POSITIVE, 1e30]` so
     /// that `1 / temperature` is finite and positive; a NaN top_p is 1 (off); top_k beyond
     /// the vocabulary keeps it all; invalid penalties are off (see `Penalties`); empty
-    /// bad or stop words are dropped and ids outside the vocabulary are never masked.
+    /// bad or stop words are dropped and ids outside the vocabulary are never masked; a
+    /// min_p outside `[0, 1]` (or NaN) is clamped (NaN: off); biases that are not finite
+    /// are dropped (the last of a token's counts); more than 20 alternatives are 20.
     pub fn new(params: &GenerationParams, prompt: &[u32], eos_ids: &[u32]) -> Self {
         let seed = seed_of(params);
         let words = WordRules::new(params, eos_ids);
@@ -73,6 +82,8 @@ impl SeqSampler {
             greedy: is_greedy(params),
             cuts: Cuts::of(params),
             want_log_probs: params.return_log_probs,
+            top: params.top_log_probs.min(MAX_TOP_LOG_PROBS),
+            logit_bias: clean_bias(&params.logit_bias),
             penalties: Penalties::new(params, prompt),
             history: prompt[prompt.len() - prompt_tail..].to_vec(),
             prompt_tail,
@@ -83,9 +94,9 @@ impl SeqSampler {
 
     /// Chooses the next token from this sequence's row of logits and records it.
     ///
-    /// Order: penalties on the raw logits, then masks (bad words, `min_length`), then NaN
-    /// to -inf; then greedy (the first maximum) when temperature is 0 or top_k is 1, else
-    /// temperature, top-k, top-p and a draw from this sequence's generator. Bad and stop
+    /// Order: the logit bias, then penalties, then masks (bad words, `min_length`), then
+    /// NaN to -inf; then greedy (the first maximum) when temperature is 0 or top_k is 1,
+    /// else temperature, min-p, top-k, top-p and a draw from this sequence's generator. Bad and stop
     /// words are matched against the prompt's tail and the generated tokens together, as
     /// in TensorRT-LLM (a stop word may begin in the prompt; it always ends at the new
     /// token).
@@ -93,7 +104,9 @@ impl SeqSampler {
     /// `log_prob` is the log-softmax of the logits after penalties, masks and temperature
     /// (temperature 1 when it is 0), before the top-k/top-p cuts: the probability of the
     /// token under the request's penalties, which truncation would otherwise inflate (a
-    /// top_k of 1 would give every token a log-probability of 0).
+    /// top_k of 1 would give every token a log-probability of 0). The alternatives
+    /// (`top_log_probs`) are the most likely tokens by those same logits, with their
+    /// log-probabilities taken the same way.
     ///
     /// A row with no allowed token (empty, or all -inf/NaN after masking) cannot go on: it
     /// gives the lowest end token id (even with `ignore_eos`; 0 when there is none) with
@@ -105,6 +118,12 @@ impl SeqSampler {
         self.take(choice)
     }
 
+    /// How a prompt token of this sequence is scored (`prompt_log_probs`): its raw
+    /// log-softmax, with this sequence's number of alternatives.
+    pub fn score_plan(&self, target: u32) -> RowPlan {
+        RowPlan::score(target, self.top)
+    }
+
     /// Records a choice made from this sequence's [`plan`](Self::plan) (on the host or a
     /// device) as [`sample`](Self::sample) would have.
     pub fn take(&mut self, choice: RowChoice) -> Sampled {
@@ -112,7 +131,11 @@ impl SeqSampler {
             None => self.no_token(),
             Some(token) => {
                 let log_prob = self.want_log_probs.then_some(choice.log_prob);
-                self.record_sampled(token, log_prob)
+                let mut s = self.record_sampled(token, log_prob);
+                if self.top > 0 {
+                    s.top = choice.top;
+                }
+                s
             }
         }
     }
@@ -238,6 +261,10 @@ impl SeqSampler {
             frequency: self.penalties.frequency(),
             edits,
             mask: None,
+            logit_bias: self.logit_bias.clone(),
+            min_p: self.cuts.min_p,
+            top_log_probs: self.top,
+            target: None,
         }
     }
 
@@ -249,6 +276,7 @@ impl SeqSampler {
             token,
             log_prob: self.want_log_probs.then_some(f32::NEG_INFINITY),
             stop: true,
+            top: Vec::new(),
         }
     }
 
@@ -259,6 +287,7 @@ impl SeqSampler {
             token,
             log_prob,
             stop: self.words.stops(&self.history),
+            top: Vec::new(),
         }
     }
 
@@ -278,6 +307,11 @@ impl SeqSampler {
 
     pub(super) fn wants_log_probs(&self) -> bool {
         self.want_log_probs
+    }
+
+    /// Alternatives wanted per token.
+    pub(super) fn top_log_probs(&self) -> usize {
+        self.top
     }
 
     /// Applies penalties and masks in place: the logits [`sample`](Self::sample) chooses
@@ -318,6 +352,17 @@ impl SeqSampler {
     pub fn seed(&self) -> u64 {
         self.seed
     }
+}
+
+/// The finite biases of `bias`, sorted by token, the last one given for a token kept.
+fn clean_bias(bias: &[(u32, f32)]) -> Vec<(u32, f32)> {
+    let mut out: Vec<(u32, f32)> = bias.iter().copied().filter(|b| b.1.is_finite()).collect();
+    // Stable: a token's entries keep their order, and the last one wins.
+    out.sort_by_key(|b| b.0);
+    out.reverse();
+    out.dedup_by_key(|b| b.0);
+    out.reverse();
+    out
 }
 
 /// Adds a ban on `token` (merged with its penalty edit by `merge_edits`).
@@ -365,6 +410,12 @@ impl Cuts {
                 1.0
             } else {
                 params.top_p
+            },
+            // NaN fails the comparison: off.
+            min_p: if params.min_p > 0.0 {
+                params.min_p.min(1.0)
+            } else {
+                0.0
             },
         }
     }

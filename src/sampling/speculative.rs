@@ -19,10 +19,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::math;
-use super::plan::RowChoice;
+use super::plan::{log_softmax, RowChoice};
 use super::select::{self, Cuts};
 use super::seq::{self, Sampled, SeqSampler};
-use crate::request::GenerationParams;
+use crate::request::{GenerationParams, TokenLogprob};
 
 /// What verifying one sequence's draft gave.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,6 +32,8 @@ pub struct Verdict {
     pub tokens: Vec<u32>,
     /// Their log-probabilities, when the request asked for them.
     pub log_probs: Vec<Option<f32>>,
+    /// Their alternatives (`top_log_probs`; empty lists when not asked for).
+    pub tops: Vec<Vec<TokenLogprob>>,
     /// The last token ends the sequence.
     pub stop: bool,
     /// Draft tokens kept.
@@ -43,6 +45,7 @@ impl Verdict {
         Verdict {
             tokens: Vec::with_capacity(n),
             log_probs: Vec::with_capacity(n),
+            tops: Vec::with_capacity(n),
             stop: false,
             accepted: 0,
         }
@@ -53,6 +56,7 @@ impl Verdict {
     fn push(&mut self, s: Sampled, kept: bool) -> bool {
         self.tokens.push(s.token);
         self.log_probs.push(s.log_prob);
+        self.tops.push(s.top);
         self.stop = s.stop;
         if kept {
             self.accepted += 1;
@@ -109,7 +113,8 @@ impl SeqSampler {
                 (Some(d), Some(q)) => self.judge(row, d, &q[i * vocab..(i + 1) * vocab], rule),
                 _ => {
                     let s = self.sample(row);
-                    (s, Some(s.token) == d)
+                    let kept = Some(s.token) == d;
+                    (s, kept)
                 }
             };
             if verdict.push(s, kept) {
@@ -124,8 +129,8 @@ impl SeqSampler {
     /// is what sampling that row here would have given, so the verdict is the same.
     pub fn verify_choices(&mut self, draft: &[u32], choices: &[RowChoice]) -> Verdict {
         let mut verdict = Verdict::with_capacity(draft.len() + 1);
-        for (i, &choice) in choices.iter().take(draft.len() + 1).enumerate() {
-            let s = self.take(choice);
+        for (i, choice) in choices.iter().take(draft.len() + 1).enumerate() {
+            let s = self.take(choice.clone());
             let kept = Some(s.token) == draft.get(i).copied();
             if verdict.push(s, kept) {
                 break;
@@ -148,8 +153,10 @@ impl SeqSampler {
             return (self.no_token(), false);
         };
         let cuts = self.cuts();
-        // The processed logits, for the log-probability (the cut below scratches the row).
-        let logits = self.wants_log_probs().then(|| row.to_vec());
+        // The processed logits, for the log-probability and the alternatives (the cut
+        // below scratches the row).
+        let top = self.top_log_probs();
+        let logits = (self.wants_log_probs() || top > 0).then(|| row.to_vec());
         let p = select::distribution(row, max, cuts);
         let di = d as usize;
         let keep_p = rule(
@@ -163,12 +170,31 @@ impl SeqSampler {
         } else {
             (residual_draw(&p, q, &mut rng), false)
         };
-        let log_prob = logits.map(|mut row| {
-            let z = (row[token as usize] - max) * cuts.inv_t;
+        let mut alternatives = Vec::new();
+        let mut log_prob = None;
+        if let Some(mut row) = logits {
+            let ranked = if top > 0 {
+                select::top_candidates(&row, top)
+            } else {
+                Vec::new()
+            };
+            let x = row[token as usize];
             let total = math::exp_in_place(&mut row, max, cuts.inv_t);
-            (z as f64 - total.ln()) as f32
-        });
-        (self.record_sampled(token, log_prob), kept)
+            alternatives = ranked
+                .into_iter()
+                .filter(|&(_, x)| x > f32::NEG_INFINITY)
+                .map(|(token, x)| TokenLogprob {
+                    token,
+                    log_prob: log_softmax(x, max, cuts.inv_t, total),
+                })
+                .collect();
+            log_prob = self
+                .wants_log_probs()
+                .then(|| log_softmax(x, max, cuts.inv_t, total));
+        }
+        let mut s = self.record_sampled(token, log_prob);
+        s.top = alternatives;
+        (s, kept)
     }
 }
 

@@ -404,7 +404,8 @@ fn a_row_with_no_allowed_token_stops_on_the_end_token() {
         Sampled {
             token: 8,
             log_prob: Some(NEG),
-            stop: true
+            stop: true,
+            top: Vec::new(),
         }
     );
     let mut s = SeqSampler::new(&params(|p| p.temperature = 1.0), &[], &[]);

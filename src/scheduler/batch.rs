@@ -81,6 +81,9 @@ pub struct ScheduledSeq {
     /// tokens before `start_pos`, whose KV the cached blocks hold (engines that keep
     /// per-sequence state see them here); empty otherwise.
     pub cached: Vec<u32>,
+    /// The known token after `tokens`, when the chunk does not reach the last one (a
+    /// chunk that scores its prompt's tokens scores this one on its last row).
+    pub next: Option<u32>,
 }
 
 /// A token the sampler produced for a sequence scheduled with `sample`, after the draft

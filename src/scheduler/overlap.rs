@@ -15,6 +15,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::step::prompt_targets;
 use super::{Batch, BlockCopy, Scheduler, SeqId, StepSeq};
 use crate::request::GenerationParams;
 
@@ -153,6 +154,10 @@ impl Overlap {
                 new_table,
                 new_blocks: s.block_table[from..].to_vec(),
                 sample: s.sample,
+                score: match seq.params.prompt_log_probs {
+                    true => prompt_targets(&s.tokens, s.start_pos, s.next, seq.prompt_len),
+                    false => Vec::new(),
+                },
                 params: seq.params,
                 max_draft: s.max_draft,
                 draft: None,

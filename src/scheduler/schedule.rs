@@ -164,6 +164,7 @@ impl Scheduler {
                 swapped_in: false,
                 max_draft: 0,
                 cached: Vec::new(),
+                next: None,
             });
         }
     }
@@ -558,6 +559,7 @@ impl Scheduler {
             swapped_in: false,
             max_draft: draft,
             cached: Vec::new(),
+            next: seq.tokens.get(end).copied(),
         });
     }
 

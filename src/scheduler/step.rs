@@ -37,6 +37,10 @@ pub struct StepSeq {
     /// With `reset` after a prefix-cache hit: the known tokens before `start_pos`, whose
     /// KV the shared blocks hold (state kept per sequence starts from them); else empty.
     pub cached: Vec<u32>,
+    /// Prompt tokens this chunk scores (`prompt_log_probs`): the token after each of its
+    /// first `score.len()` rows, whose logits rows come before the sampling ones
+    /// ([`prompt_targets`]); empty otherwise.
+    pub score: Vec<u32>,
 }
 
 impl StepSeq {
@@ -52,14 +56,49 @@ impl StepSeq {
         &self.tokens[..self.tokens.len().saturating_sub(draft)]
     }
 
-    /// Rows of logits the engine returns for this chunk.
+    /// Rows of logits the engine returns for this chunk: those that score prompt tokens,
+    /// then the sampling ones.
     pub fn logit_rows(&self) -> usize {
+        self.score.len() + self.sample_rows()
+    }
+
+    /// Rows that sample: the last known token's and one per draft token (none when the
+    /// chunk does not sample).
+    pub fn sample_rows(&self) -> usize {
         if self.sample {
             1 + self.draft.as_ref().map_or(0, |d| d.tokens.len())
         } else {
             0
         }
     }
+}
+
+/// The prompt tokens a chunk of `tokens` at `start` scores (each row's next token, while
+/// that is a prompt token), given the known token after the chunk (`next`) and the
+/// prompt's length. Only a chunk inside the prompt scores (a recomputed chunk that runs
+/// past it scored its prompt the first time): then its rows are all its known rows but
+/// the one that samples after the prompt, so with the sampling rows they are the chunk's
+/// last rows, as the engines return them.
+pub fn prompt_targets(
+    tokens: &[u32],
+    start: usize,
+    next: Option<u32>,
+    prompt_len: usize,
+) -> Vec<u32> {
+    let end = start + tokens.len();
+    if tokens.is_empty() || end > prompt_len {
+        return Vec::new();
+    }
+    let mut targets = tokens[1..].to_vec();
+    if end < prompt_len {
+        // The chunk stops inside the prompt: its last row scores the next chunk's first
+        // token.
+        match next {
+            Some(t) => targets.push(t),
+            None => return Vec::new(),
+        }
+    }
+    targets
 }
 
 /// Tokens a draft source proposes after a sequence's last known token.
@@ -70,4 +109,27 @@ pub struct Draft {
     /// when the acceptance rule uses it (`use_draft_logits`); None means each token is
     /// taken as certain (prompt lookup, greedy drafts).
     pub probs: Option<Vec<f32>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prompt_targets;
+
+    #[test]
+    fn a_chunk_scores_the_prompt_tokens_after_its_rows() {
+        // A 6-token prompt [10..16) in chunks of 4 and 2: the first chunk's last row scores
+        // the second chunk's first token; the last chunk leaves its last row to sample.
+        assert_eq!(
+            prompt_targets(&[10, 11, 12, 13], 0, Some(14), 6),
+            [11, 12, 13, 14]
+        );
+        assert_eq!(prompt_targets(&[14, 15], 4, None, 6), [15]);
+        assert_eq!(
+            prompt_targets(&[10, 11, 12, 13, 14, 15], 0, None, 6),
+            [11, 12, 13, 14, 15]
+        );
+        // A one-token prompt scores nothing; nor does a recomputed chunk past the prompt.
+        assert!(prompt_targets(&[10], 0, None, 1).is_empty());
+        assert!(prompt_targets(&[10, 11, 12, 13, 14, 15, 40], 0, None, 6).is_empty());
+    }
 }

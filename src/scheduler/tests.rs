@@ -1001,3 +1001,30 @@ fn a_sequence_without_new_tokens_ends_when_its_prompt_is_computed() {
     step(&mut s, &[]);
     assert_eq!(s.num_free_blocks(), 8);
 }
+
+#[test]
+fn the_sequences_of_one_prompt_share_its_blocks() {
+    // Four sequences of one 20-token prompt (OpenAI's n = 4), blocks of 4, against four
+    // separate requests that share nothing (other salts).
+    let used = |salted: bool| {
+        let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 64, 4));
+        for id in 1..=4 {
+            let mut spec = spec(id, 0, 8);
+            spec.prompt = (500..520).collect();
+            spec.cache_salt = if salted { id } else { 0 };
+            s.add(spec).unwrap();
+        }
+        // Until every sequence has computed its first generated token (22 to 24 positions
+        // each: 6 blocks).
+        while s.running.len() < 4 || s.running.iter().any(|q| q.num_computed < 21) {
+            step(&mut s, &[]);
+        }
+        (s.num_used_blocks(), s.prefix_cache_tokens().1)
+    };
+    let (shared, hits) = used(false);
+    let (apart, no_hits) = used(true);
+    assert_eq!((apart, no_hits), (4 * 6, 0));
+    // Shared: the prompt's 4 whole blocks that leave its last token to compute (the first
+    // sequence computed them), then 2 of each sequence's own.
+    assert_eq!((shared, hits), (4 + 4 * 2, 3 * 16));
+}

@@ -92,6 +92,7 @@ mod tests {
             max_draft: 3,
             draft: None,
             cached: Vec::new(),
+            score: Vec::new(),
         }
     }
 

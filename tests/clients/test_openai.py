@@ -1,7 +1,12 @@
 """The OpenAI API through the official `openai` client: models, completions and chat
 completions, whole and streamed, with stop, seed, temperature, top_p, max_tokens and
-logprobs; embeddings (base64 and float) and responses (whole and streamed); and vLLM's
-/tokenize and /detokenize through `requests`."""
+logprobs; the sampling surface: n choices, best_of, per-choice seeds, top_logprobs and
+echoed prompt log-probabilities (checked against a second computation of the same
+logits: a prompt's echoed scores at a position against a request whose prompt ends
+there), logit_bias and min_p; embeddings (base64 and float) and responses (whole and
+streamed); and vLLM's /tokenize and /detokenize through `requests`."""
+
+import math
 
 import openai
 import pytest
@@ -261,3 +266,137 @@ def test_responses_refusals(oai):
         with pytest.raises(openai.BadRequestError) as err:
             oai.responses.create(model=MODEL, input="x", **extra)
         assert next(iter(extra)) in err.value.message, err.value.message
+# Token ids of SmolLM2's vocabulary (any ids serve: only the logits they give matter).
+IDS = [504, 3458, 282, 5765, 314, 253, 1789, 30, 378, 2215, 2123, 1181]
+
+
+def texts(c):
+    return [ch.text for ch in c.choices]
+
+
+def test_n_choices(oai):
+    c = oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, n=4, extra_body=EXACT)
+    assert [ch.index for ch in c.choices] == [0, 1, 2, 3], c
+    # Greedy choices are identical, and the answer a single request gives.
+    assert texts(c) == [greedy_text(PROMPT, 6)] * 4, c
+    one = oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, extra_body=EXACT)
+    # The prompt counts once; every choice's tokens count.
+    assert c.usage.prompt_tokens == one.usage.prompt_tokens, (c.usage, one.usage)
+    assert c.usage.completion_tokens == 24, c.usage
+
+    def seeded(**kw):
+        return oai.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10, temperature=1.0,
+                                      seed=11, n=4, extra_body=EXACT, **kw)
+
+    # Seeded: reproducible, and the choices differ from each other.
+    a = texts(seeded())
+    assert texts(seeded()) == a
+    assert len(set(a)) >= 2, a
+    # Streamed, each delta carries its choice's index: the same four texts.
+    per = {}
+    chunks = list(seeded(stream=True, stream_options={"include_usage": True}))
+    for chunk in chunks:
+        for ch in chunk.choices:
+            per[ch.index] = per.get(ch.index, "") + ch.text
+    assert [per[i] for i in range(4)] == a, per
+    assert chunks[-1].usage.completion_tokens == 40, chunks[-1]
+    # Two prompts: choice index prompt * n + j.
+    two = oai.completions.create(model=MODEL, prompt=["Hi", "Once upon a time"], max_tokens=10, temperature=1.0,
+                                 seed=11, n=4, extra_body=EXACT)
+    assert [ch.index for ch in two.choices] == list(range(8))
+    assert texts(two)[4:] == a
+
+
+def test_best_of(oai):
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=5, extra_body=EXACT)
+    # best_of 4 draws the sequences n = 4 draws (the same seeds) and returns the two of
+    # highest cumulative log-probability.
+    four = oai.completions.create(n=4, logprobs=0, **kw)
+    ranked = sorted(four.choices, key=lambda ch: -sum(ch.logprobs.token_logprobs))
+    best = oai.completions.create(n=2, best_of=4, **kw)
+    assert sorted(texts(best)) == sorted(ch.text for ch in ranked[:2]), (best, four)
+    assert [ch.index for ch in best.choices] == [0, 1]
+    assert best.usage.completion_tokens == 32, best.usage
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(n=3, best_of=2, **kw)
+    assert "best_of" in e.value.body["message"]
+
+
+def test_chat_n_and_top_logprobs(oai):
+    kw = dict(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0.8, seed=9, n=3, logprobs=True,
+              top_logprobs=5, extra_body=EXACT)
+    c = oai.chat.completions.create(**kw)
+    assert [ch.index for ch in c.choices] == [0, 1, 2], c
+    for ch in c.choices:
+        assert len(ch.logprobs.content) == 6, ch
+        for t in ch.logprobs.content:
+            top = t.top_logprobs
+            assert len(top) == 5, t
+            values = [a.logprob for a in top]
+            assert values == sorted(values, reverse=True), t
+            # Log-probabilities of one distribution: they sum to at most 1.
+            assert sum(math.exp(v) for v in values) <= 1 + 1e-4, t
+            # The sampled token, where listed, has the same value.
+            for a in top:
+                if a.token == t.token:
+                    assert abs(a.logprob - t.logprob) < 1e-4, t
+            assert t.logprob <= values[0] + 1e-5, t
+    # Streamed: each choice opens with its role, then its content, under its index.
+    per = {}
+    roles = []
+    for chunk in oai.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            if ch.delta.role:
+                roles.append(ch.index)
+            per[ch.index] = per.get(ch.index, "") + (ch.delta.content or "")
+    assert sorted(roles) == [0, 1, 2], roles
+    assert [per[i] for i in range(3)] == [ch.message.content for ch in c.choices], (per, c)
+
+
+def test_top_logprobs_are_the_log_softmax_of_the_logits(oai):
+    # The prompt's echoed scores come from one prefill of the whole prompt; a request whose
+    # prompt ends at position p computes the logits there again (its last row) and samples
+    # from them. Both must give the same log-softmax: the same alternatives and values.
+    k = 5
+    echo = oai.completions.create(model=MODEL, prompt=IDS, max_tokens=1, temperature=0, logprobs=k, echo=True,
+                                  extra_body=EXACT)
+    lp = echo.choices[0].logprobs
+    assert len(lp.tokens) == len(IDS) + 1, lp
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, lp
+    for p in range(1, len(IDS)):
+        # The prompt token's own value is among its alternatives (k of them, and itself).
+        top = lp.top_logprobs[p]
+        assert lp.tokens[p] in top and abs(top[lp.tokens[p]] - lp.token_logprobs[p]) < 1e-5, (p, top)
+        assert len(top) <= k + 1, top
+    for p in (3, 7, len(IDS) - 1):
+        alone = oai.completions.create(model=MODEL, prompt=IDS[:p], max_tokens=1, temperature=0, logprobs=k,
+                                       extra_body=EXACT).choices[0].logprobs
+        want = alone.top_logprobs[0]
+        assert len(want) == k, want
+        got = lp.top_logprobs[p]
+        best = sorted(got, key=got.get, reverse=True)[:k]
+        assert sorted(best) == sorted(want), (p, got, want)
+        for t in want:
+            assert abs(got[t] - want[t]) < 2e-3, (p, t, got[t], want[t])
+        # Greedy: the token chosen is the likeliest, at the likeliest value.
+        assert alone.tokens[0] == max(want, key=want.get), (alone, want)
+        assert abs(alone.token_logprobs[0] - max(want.values())) < 1e-5, alone
+
+
+def test_logit_bias_and_min_p(oai):
+    kw = dict(model=MODEL, prompt=IDS, max_tokens=5, temperature=1.0, seed=4, logprobs=0, extra_body=EXACT)
+    # +100 on one token: every token is that one.
+    c = oai.completions.create(logit_bias={"1789": 100}, **kw)
+    tokens = c.choices[0].logprobs.tokens
+    assert len(tokens) == 5 and len(set(tokens)) == 1, tokens
+    # min_p 1 keeps the likeliest token alone: sampling is greedy.
+    strict = oai.completions.create(model=MODEL, prompt=IDS, max_tokens=5, temperature=1.0, seed=4,
+                                    extra_body={**EXACT, "min_p": 1.0})
+    greedy = oai.completions.create(model=MODEL, prompt=IDS, max_tokens=5, temperature=0, extra_body=EXACT)
+    assert texts(strict) == texts(greedy), (strict, greedy)
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(logit_bias={"not-a-token": 1}, **kw)
+    assert "logit_bias" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(logit_bias={"99999999": 1}, **kw)
+    assert "logit_bias" in e.value.body["message"]

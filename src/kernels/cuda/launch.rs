@@ -268,8 +268,10 @@ pub fn sample_slices(vocab: usize, rows: usize, split: bool) -> usize {
 /// (`sampling::pack`): `tokens[r]` (-1 when no token is allowed) and `log_probs[r]`. The
 /// greedy rows without log-probabilities split over `slices` blocks ([`sample_slices`]),
 /// meeting in `best` (2 words a row, zero before and after). The kernel also writes the m
-/// tokens, then the m log-probabilities' bits, into `host` (mapped host memory,
-/// [`Gpu::mapped`]), where the host takes them.
+/// tokens, then the m log-probabilities' bits, then for each row that asks for
+/// alternatives its (token, log-probability bits) pairs at `2 * m + row *
+/// sampling::TOP_WORDS`, into `host` (mapped host memory, [`Gpu::mapped`], at least `(2 +
+/// TOP_WORDS) * m` words), where the host takes them.
 #[allow(clippy::too_many_arguments)]
 pub fn sample_rows(
     gpu: &Gpu,
@@ -303,8 +305,8 @@ pub fn sample_rows(
         .arg(&best)
         .arg(&host);
     // SAFETY: argument order and types match sample.cu; params hold m rows whose edit
-    // ranges lie inside edits; best holds 2 zero words for each of the m rows; host is
-    // 2 * m words of mapped page-locked memory.
+    // and bias ranges lie inside edits; best holds 2 zero words for each of the m rows;
+    // host is (2 + TOP_WORDS) * m words of mapped page-locked memory.
     unsafe { gpu.launch(f, cfg((slices.max(1), m, 1), SAMPLE_THREADS)?, &mut b) }
         .map_err(cuda_err("sample_rows"))?;
     Ok(())

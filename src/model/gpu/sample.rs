@@ -12,13 +12,16 @@ use super::scratch::SampleBufs;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{cuda_err, launch};
 use crate::model::backend::RowsOut;
-use crate::sampling::{RowChoice, RowPlan};
+use crate::request::TokenLogprob;
+use crate::sampling::{RowChoice, RowPlan, TOP_WORDS};
 
 /// A launched step whose choices the sampler is writing into mapped host memory.
 pub(super) struct Launched {
     /// Logit rows per chunk, and whether each chunk's rows were chosen (it had plans).
     pub counts: Vec<usize>,
     pub chosen: Vec<bool>,
+    /// Alternatives each logits row asked for (0 for rows without a plan).
+    pub tops: Vec<usize>,
     /// The logits of the chunks without plans (read at launch).
     pub logits: Vec<f32>,
     pub m: usize,
@@ -48,6 +51,7 @@ impl CudaForward {
             return Ok(Launched {
                 counts: lay.counts.clone(),
                 chosen: vec![false; lay.counts.len()],
+                tops: Vec::new(),
                 logits: Vec::new(),
                 m,
                 host,
@@ -67,8 +71,11 @@ impl CudaForward {
             self.graphs.clear();
         }
         self.next_host = 1 - host;
-        if self.host[host].as_ref().is_none_or(|b| b.len() < 2 * m) {
-            let len = (2 * m).next_power_of_two().max(128);
+        // Tokens, log-probabilities, then room for each row's alternatives, of which the
+        // kernel writes only those asked for.
+        let words = (2 + TOP_WORDS) * m;
+        if self.host[host].as_ref().is_none_or(|b| b.len() < words) {
+            let len = words.next_power_of_two().max(128);
             self.host[host] = Some(g.mapped(len)?);
         }
         let bufs = self
@@ -81,6 +88,13 @@ impl CudaForward {
             .iter()
             .zip(plans)
             .map(|(&c, p)| c > 0 && p.len() == c)
+            .collect();
+        let tops: Vec<usize> = lay
+            .counts
+            .iter()
+            .zip(plans)
+            .zip(&chosen)
+            .flat_map(|((&c, p), &ch)| (0..c).map(move |r| if ch { p[r].top_log_probs } else { 0 }))
             .collect();
         let logits_wanted = lay.counts.iter().zip(&chosen).any(|(&c, &ch)| c > 0 && !ch);
         let logits = if logits_wanted {
@@ -108,6 +122,7 @@ impl CudaForward {
         Ok(Launched {
             counts: lay.counts.clone(),
             chosen,
+            tops,
             logits,
             m,
             host,
@@ -134,6 +149,7 @@ impl CudaForward {
             .ok_or_else(|| Error::Cuda("no host buffer".into()))?
             .read()?;
         let (tokens, log_probs) = words[..2 * l.m].split_at(l.m);
+        let alternatives = &words[2 * l.m..];
         let vocab = self.model.config.vocab_size;
         let mut out = Vec::with_capacity(l.counts.len());
         let mut at = 0;
@@ -141,10 +157,15 @@ impl CudaForward {
             out.push(if chosen {
                 RowsOut::Chosen(
                     (at..at + c)
-                        .map(|r| RowChoice {
+                        .map(|r| {
                             // -1 (no token allowed) is not a token.
-                            token: (tokens[r] as i32 >= 0).then_some(tokens[r]),
-                            log_prob: f32::from_bits(log_probs[r]),
+                            let token = (tokens[r] as i32 >= 0).then_some(tokens[r]);
+                            let k = if token.is_some() { l.tops[r] } else { 0 };
+                            RowChoice {
+                                token,
+                                log_prob: f32::from_bits(log_probs[r]),
+                                top: read_top(alternatives, r, k),
+                            }
                         })
                         .collect(),
                 )
@@ -160,4 +181,19 @@ impl CudaForward {
         }
         Ok(out)
     }
+}
+
+/// Row `r`'s `k` alternatives from the kernel's (token, log-probability bits) pairs, up to
+/// the first unused slot.
+fn read_top(words: &[u32], r: usize, k: usize) -> Vec<TokenLogprob> {
+    let Some(row) = words.get(r * TOP_WORDS..r * TOP_WORDS + 2 * k) else {
+        return Vec::new();
+    };
+    row.chunks_exact(2)
+        .take_while(|p| p[0] != u32::MAX)
+        .map(|p| TokenLogprob {
+            token: p[0],
+            log_prob: f32::from_bits(p[1]),
+        })
+        .collect()
 }
