@@ -514,7 +514,6 @@ async fn chat_completions(
             req.logprobs,
             req.include_usage,
             tools,
-            rid.clone(),
         );
         return Ok(with_request_id(sse(events), &rid));
     }
@@ -571,8 +570,8 @@ fn stream_chat(
     logprobs: bool,
     include_usage: bool,
     tools: Option<super::tools::ToolFormat>,
-    rid: String,
 ) -> impl Stream<Item = Event> + Send + 'static {
+    let rid = meta.id.trim_start_matches("chatcmpl-").to_owned();
     let usage_field: Option<Option<Usage>> = include_usage.then_some(None);
     let choice = |index: usize,
                   delta: ChatDelta,
