@@ -15,20 +15,9 @@ use futures::StreamExt;
 use inflight::model::Pooling;
 use serde_json::{json, Value};
 
-async fn post(s: &TestServer, path: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(s.url(path))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
 /// A 400 whose OpenAI error object's message contains `needle`.
 async fn refused(s: &TestServer, path: &str, body: Value, needle: &str) {
-    let (status, r) = post(s, path, body.clone()).await;
+    let (status, r) = s.post(path, body.clone()).await;
     assert_eq!(status, 400, "{body} gave {r}");
     assert_eq!(r["error"]["type"], "invalid_request_error", "{r}");
     let message = r["error"]["message"].as_str().unwrap();
@@ -45,57 +34,54 @@ fn messages() -> Value {
 async fn tokenize_counts_what_a_generation_counts() {
     let s = start_tiny("ep-tok", |_| {}).await;
     let prompt = "The quick brown fox <|im_end|> jumps";
-    let (status, t) = post(
-        &s,
-        "/tokenize",
-        json!({"model": "ensemble", "prompt": prompt}),
-    )
-    .await;
+    let (status, t) = s
+        .post("/tokenize", json!({"model": "ensemble", "prompt": prompt}))
+        .await;
     assert_eq!(status, 200, "{t}");
     let tokens: Vec<u64> = serde_json::from_value(t["tokens"].clone()).unwrap();
     assert_eq!(t["count"], tokens.len());
     assert_eq!(t["max_model_len"], 2048);
     assert!(t.get("token_strs").is_none());
-    let (_, c) = post(
-        &s,
-        "/v1/completions",
-        json!({"model": "ensemble", "prompt": prompt, "max_tokens": 1}),
-    )
-    .await;
+    let (_, c) = s
+        .post(
+            "/v1/completions",
+            json!({"model": "ensemble", "prompt": prompt, "max_tokens": 1}),
+        )
+        .await;
     assert_eq!(c["usage"]["prompt_tokens"], t["count"]);
     // Control tokens written in the text are one id each, and come back whole.
-    let (_, d) = post(&s, "/detokenize", json!({"tokens": tokens})).await;
+    let (_, d) = s.post("/detokenize", json!({"tokens": tokens})).await;
     assert_eq!(d["prompt"], prompt);
-    let (_, strs) = post(
-        &s,
-        "/tokenize",
-        json!({"prompt": prompt, "return_token_strs": true}),
-    )
-    .await;
+    let (_, strs) = s
+        .post(
+            "/tokenize",
+            json!({"prompt": prompt, "return_token_strs": true}),
+        )
+        .await;
     let pieces: Vec<String> = serde_json::from_value(strs["token_strs"].clone()).unwrap();
     assert_eq!(pieces.len(), tokens.len());
     assert_eq!(pieces.concat(), prompt);
 
     // Chat messages through the template, with and without the generation prompt.
-    let (_, chat) = post(
-        &s,
-        "/tokenize",
-        json!({"model": "ensemble", "messages": messages()}),
-    )
-    .await;
-    let (_, cc) = post(
-        &s,
-        "/v1/chat/completions",
-        json!({"model": "ensemble", "messages": messages(), "max_tokens": 1}),
-    )
-    .await;
+    let (_, chat) = s
+        .post(
+            "/tokenize",
+            json!({"model": "ensemble", "messages": messages()}),
+        )
+        .await;
+    let (_, cc) = s
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "ensemble", "messages": messages(), "max_tokens": 1}),
+        )
+        .await;
     assert_eq!(chat["count"], cc["usage"]["prompt_tokens"]);
-    let (_, bare) = post(
-        &s,
-        "/tokenize",
-        json!({"messages": messages(), "add_generation_prompt": false}),
-    )
-    .await;
+    let (_, bare) = s
+        .post(
+            "/tokenize",
+            json!({"messages": messages(), "add_generation_prompt": false}),
+        )
+        .await;
     assert!(
         bare["count"].as_u64() < chat["count"].as_u64(),
         "{bare} vs {chat}"
@@ -133,7 +119,9 @@ async fn tokenize_counts_what_a_generation_counts() {
     .await;
     refused(&s, "/detokenize", json!({"tokens": [1, 100000]}), "100000").await;
     refused(&s, "/detokenize", json!({"tokens": [-1]}), "'tokens[0]'").await;
-    let (status, r) = post(&s, "/tokenize", json!({"model": "gpt-4", "prompt": "x"})).await;
+    let (status, r) = s
+        .post("/tokenize", json!({"model": "gpt-4", "prompt": "x"}))
+        .await;
     assert_eq!(
         (status, r["error"]["code"].as_str()),
         (404, Some("model_not_found"))
@@ -156,12 +144,12 @@ async fn embeddings_as_floats_and_base64() {
         "a second, different one",
         "the first text to embed",
     ];
-    let (status, r) = post(
-        &s,
-        "/v1/embeddings",
-        json!({"model": "ensemble", "input": texts}),
-    )
-    .await;
+    let (status, r) = s
+        .post(
+            "/v1/embeddings",
+            json!({"model": "ensemble", "input": texts}),
+        )
+        .await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["object"], "list");
     assert_eq!(r["model"], "ensemble");
@@ -186,19 +174,19 @@ async fn embeddings_as_floats_and_base64() {
     );
     let mut count = 0;
     for t in texts {
-        let (_, tok) = post(&s, "/tokenize", json!({"prompt": t})).await;
+        let (_, tok) = s.post("/tokenize", json!({"prompt": t})).await;
         count += tok["count"].as_u64().unwrap();
     }
     assert_eq!(r["usage"]["prompt_tokens"], count);
     assert_eq!(r["usage"]["total_tokens"], count);
 
     // base64 of little-endian f32: the same numbers.
-    let (_, b) = post(
-        &s,
-        "/v1/embeddings",
-        json!({"model": "ensemble", "input": texts[0], "encoding_format": "base64"}),
-    )
-    .await;
+    let (_, b) = s
+        .post(
+            "/v1/embeddings",
+            json!({"model": "ensemble", "input": texts[0], "encoding_format": "base64"}),
+        )
+        .await;
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(b["data"][0]["embedding"].as_str().unwrap())
         .unwrap();
@@ -209,13 +197,13 @@ async fn embeddings_as_floats_and_base64() {
     assert_eq!(decoded, vectors[0]);
 
     // Token ids in: the same vector as their text.
-    let (_, tok) = post(&s, "/tokenize", json!({"prompt": texts[1]})).await;
-    let (_, by_ids) = post(
-        &s,
-        "/v1/embeddings",
-        json!({"model": "ensemble", "input": [tok["tokens"]]}),
-    )
-    .await;
+    let (_, tok) = s.post("/tokenize", json!({"prompt": texts[1]})).await;
+    let (_, by_ids) = s
+        .post(
+            "/v1/embeddings",
+            json!({"model": "ensemble", "input": [tok["tokens"]]}),
+        )
+        .await;
     assert_eq!(floats(&by_ids["data"][0]["embedding"]), vectors[1]);
 
     refused(
@@ -261,22 +249,19 @@ async fn embeddings_as_floats_and_base64() {
     )
     .await;
     refused(&s, "/v1/embeddings", json!({"input": "x"}), "`model`").await;
-    let (status, _) = post(
-        &s,
-        "/v1/embeddings",
-        json!({"model": "gpt-4", "input": "x"}),
-    )
-    .await;
+    let (status, _) = s
+        .post("/v1/embeddings", json!({"model": "gpt-4", "input": "x"}))
+        .await;
     assert_eq!(status, 404);
 
     // Mean pooling, configured: another vector, unit norm too.
     let m = start_tiny("ep-embed-mean", |o| o.pooling = Pooling::Mean).await;
-    let (_, mean) = post(
-        &m,
-        "/v1/embeddings",
-        json!({"model": "ensemble", "input": texts[0]}),
-    )
-    .await;
+    let (_, mean) = m
+        .post(
+            "/v1/embeddings",
+            json!({"model": "ensemble", "input": texts[0]}),
+        )
+        .await;
     let mean = floats(&mean["data"][0]["embedding"]);
     assert!((dot(&mean, &mean) - 1.0).abs() < 1e-5);
     assert!(
@@ -288,12 +273,12 @@ async fn embeddings_as_floats_and_base64() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_answer_what_chat_answers() {
     let s = start_tiny("ep-resp", |_| {}).await;
-    let (_, chat) = post(
-        &s,
-        "/v1/chat/completions",
-        json!({"model": "ensemble", "messages": messages(), "max_tokens": 8, "temperature": 0}),
-    )
-    .await;
+    let (_, chat) = s
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "ensemble", "messages": messages(), "max_tokens": 8, "temperature": 0}),
+        )
+        .await;
     let want = chat["choices"][0]["message"]["content"].as_str().unwrap();
     let body = json!({"model": "ensemble", "instructions": "be brief", "input": "Name three colours.", "max_output_tokens": 8, "temperature": 0, "metadata": {"k": "v"}});
     let r = reqwest::Client::new()
@@ -414,12 +399,12 @@ async fn responses_answer_what_chat_answers() {
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]},
         {"role": "user", "content": [{"type": "input_text", "text": "again"}]},
     ]);
-    let (status, r) = post(
-        &s,
-        "/v1/responses",
-        json!({"model": "ensemble", "input": items, "max_output_tokens": 3}),
-    )
-    .await;
+    let (status, r) = s
+        .post(
+            "/v1/responses",
+            json!({"model": "ensemble", "input": items, "max_output_tokens": 3}),
+        )
+        .await;
     assert_eq!(status, 200, "{r}");
 
     for (field, value, needle) in [

@@ -11,39 +11,6 @@ use inflight::model::{KvCache, Llama, LoadedModel, SeqChunk};
 use inflight::tokenizer::chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 use serde_json::{json, Value};
 
-async fn post(s: &TestServer, path: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(s.url(path))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
-/// The `data:` payloads of an SSE answer, which must end with `[DONE]`.
-async fn stream(s: &TestServer, path: &str, body: Value) -> Vec<Value> {
-    let text = reqwest::Client::new()
-        .post(s.url(path))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let data: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
-    assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
-    data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect()
-}
-
 fn choices(r: &Value) -> &Vec<Value> {
     r["choices"].as_array().unwrap()
 }
@@ -78,7 +45,7 @@ async fn n_choices_are_indexed_streamed_by_index_and_counted_once() {
     let s = start(&dir, |_| {}).await;
     let prompt = "The quick brown fox jumps over the lazy dog again and again";
     let greedy = json!({"model": "ensemble", "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": true, "n": 4});
-    let (status, r) = post(&s, "/v1/completions", greedy.clone()).await;
+    let (status, r) = s.post("/v1/completions", greedy.clone()).await;
     assert_eq!(status, 200, "{r}");
     let cs = choices(&r);
     assert_eq!(cs.len(), 4);
@@ -94,7 +61,7 @@ async fn n_choices_are_indexed_streamed_by_index_and_counted_once() {
     let mut streamed = greedy.clone();
     streamed["stream"] = json!(true);
     streamed["stream_options"] = json!({"include_usage": true});
-    let events = stream(&s, "/v1/completions", streamed).await;
+    let events = s.sse("/v1/completions", streamed).await;
     let (usage, chunks) = events.split_last().unwrap();
     for (i, c) in cs.iter().enumerate() {
         assert_eq!(streamed_text(chunks, i), c["text"].as_str().unwrap());
@@ -110,8 +77,8 @@ async fn n_choices_are_indexed_streamed_by_index_and_counted_once() {
 
     // Seeded: the same choices again, and choices that differ.
     let seeded = json!({"model": "ensemble", "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "seed": 5, "ignore_eos": true, "n": 4});
-    let (_, a) = post(&s, "/v1/completions", seeded.clone()).await;
-    let (_, b) = post(&s, "/v1/completions", seeded.clone()).await;
+    let (_, a) = s.post("/v1/completions", seeded.clone()).await;
+    let (_, b) = s.post("/v1/completions", seeded.clone()).await;
     let texts = |r: &Value| -> Vec<String> {
         choices(r)
             .iter()
@@ -126,13 +93,13 @@ async fn n_choices_are_indexed_streamed_by_index_and_counted_once() {
     // Streamed, the same seeded choices.
     let mut seeded_stream = seeded.clone();
     seeded_stream["stream"] = json!(true);
-    let events = stream(&s, "/v1/completions", seeded_stream).await;
+    let events = s.sse("/v1/completions", seeded_stream).await;
     for (i, t) in texts(&a).iter().enumerate() {
         assert_eq!(&streamed_text(&events, i), t);
     }
 
     // Several prompts: choice index prompt * n + j.
-    let (_, r) = post(&s, "/v1/completions", json!({"model": "ensemble", "prompt": ["one two", prompt], "max_tokens": 8, "temperature": 1.0, "seed": 5, "ignore_eos": true, "n": 4})).await;
+    let (_, r) = s.post("/v1/completions", json!({"model": "ensemble", "prompt": ["one two", prompt], "max_tokens": 8, "temperature": 1.0, "seed": 5, "ignore_eos": true, "n": 4})).await;
     assert_eq!(choices(&r).len(), 8);
     assert_eq!(texts(&r)[4..], texts(&a)[..]);
     assert_eq!(
@@ -142,7 +109,7 @@ async fn n_choices_are_indexed_streamed_by_index_and_counted_once() {
 
     // Chat: n choices, each streamed under its index after its own role delta.
     let chat = json!({"model": "ensemble", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5, "temperature": 0.9, "seed": 3, "ignore_eos": true, "n": 3});
-    let (status, r) = post(&s, "/v1/chat/completions", chat.clone()).await;
+    let (status, r) = s.post("/v1/chat/completions", chat.clone()).await;
     assert_eq!(status, 200, "{r}");
     let cs = choices(&r);
     assert_eq!(cs.len(), 3);
@@ -150,7 +117,7 @@ async fn n_choices_are_indexed_streamed_by_index_and_counted_once() {
     let mut chat_stream = chat;
     chat_stream["stream"] = json!(true);
     chat_stream["stream_options"] = json!({"include_usage": true});
-    let events = stream(&s, "/v1/chat/completions", chat_stream).await;
+    let events = s.sse("/v1/chat/completions", chat_stream).await;
     for (i, c) in cs.iter().enumerate() {
         assert_eq!(c["index"], i);
         assert_eq!(
@@ -183,7 +150,9 @@ async fn best_of_returns_the_choices_of_highest_cumulative_log_probability() {
         b
     };
     // best_of 4 generates the sequences n = 4 does (the same seeds); the best two return.
-    let (_, all) = post(&s, "/v1/completions", body(json!({"n": 4, "logprobs": 0}))).await;
+    let (_, all) = s
+        .post("/v1/completions", body(json!({"n": 4, "logprobs": 0})))
+        .await;
     let mut ranked: Vec<(f64, String)> = choices(&all)
         .iter()
         .map(|c| {
@@ -197,7 +166,9 @@ async fn best_of_returns_the_choices_of_highest_cumulative_log_probability() {
         })
         .collect();
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let (status, r) = post(&s, "/v1/completions", body(json!({"n": 2, "best_of": 4}))).await;
+    let (status, r) = s
+        .post("/v1/completions", body(json!({"n": 2, "best_of": 4})))
+        .await;
     assert_eq!(status, 200, "{r}");
     let cs = choices(&r);
     assert_eq!(cs.len(), 2);
@@ -275,7 +246,7 @@ async fn top_logprobs_and_echoed_prompt_logprobs_are_the_log_softmax_of_the_logi
     // Completions on token ids, greedy, echoed, 5 alternatives.
     let prompt: Vec<u32> = vec![5, 17, 43, 99, 120, 7, 7, 250, 31];
     let body = json!({"model": "tensorrt_llm", "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": true, "logprobs": 5, "echo": true});
-    let (status, r) = post(&s, "/v1/completions", body).await;
+    let (status, r) = s.post("/v1/completions", body).await;
     assert_eq!(status, 200, "{r}");
     let (generated, rows) = greedy_reference(&model, &prompt, 4);
     let lp = &choices(&r)[0]["logprobs"];
@@ -331,7 +302,7 @@ async fn top_logprobs_and_echoed_prompt_logprobs_are_the_log_softmax_of_the_logi
         .unwrap();
     let chat_prompt = tok.encode(&rendered, true).unwrap();
     let (generated, rows) = greedy_reference(&model, &chat_prompt, 5);
-    let (status, r) = post(&s, "/v1/chat/completions", chat.clone()).await;
+    let (status, r) = s.post("/v1/chat/completions", chat.clone()).await;
     assert_eq!(status, 200, "{r}");
     let content = choices(&r)[0]["logprobs"]["content"]
         .as_array()
@@ -339,7 +310,8 @@ async fn top_logprobs_and_echoed_prompt_logprobs_are_the_log_softmax_of_the_logi
         .clone();
     let mut streamed_chat = chat;
     streamed_chat["stream"] = json!(true);
-    let streamed: Vec<Value> = stream(&s, "/v1/chat/completions", streamed_chat)
+    let streamed: Vec<Value> = s
+        .sse("/v1/chat/completions", streamed_chat)
         .await
         .iter()
         .flat_map(|e| choices(e).to_vec())
@@ -374,7 +346,7 @@ async fn logit_bias_and_min_p_steer_sampling() {
     // +100 on token 77: every token is 77.
     let mut pinned = body.clone();
     pinned["logit_bias"] = json!({"77": 100});
-    let (status, r) = post(&s, "/v1/completions", pinned).await;
+    let (status, r) = s.post("/v1/completions", pinned).await;
     assert_eq!(status, 200, "{r}");
     let want = s
         .state
@@ -389,7 +361,7 @@ async fn logit_bias_and_min_p_steer_sampling() {
     strict["min_p"] = json!(1.0);
     let mut greedy = body;
     greedy["temperature"] = json!(0);
-    let (_, a) = post(&s, "/v1/completions", strict).await;
-    let (_, b) = post(&s, "/v1/completions", greedy).await;
+    let (_, a) = s.post("/v1/completions", strict).await;
+    let (_, b) = s.post("/v1/completions", greedy).await;
     assert_eq!(choices(&a)[0]["text"], choices(&b)[0]["text"]);
 }

@@ -6,40 +6,8 @@
 
 mod common;
 
-use common::server::{start_tiny, TestServer};
+use common::server::start_tiny;
 use serde_json::{json, Value};
-
-async fn post(s: &TestServer, path: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(s.url(path))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
-/// The `data:` payloads of an SSE answer, without the final `[DONE]`.
-async fn stream(s: &TestServer, path: &str, body: Value) -> Vec<Value> {
-    let r = reqwest::Client::new()
-        .post(s.url(path))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let text = r.text().await.unwrap();
-    let data: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
-    assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
-    data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect()
-}
 
 fn chat(body: Value) -> Value {
     let mut b = json!({"model": "ensemble", "messages": [{"role": "user", "content": "Answer."}],
@@ -84,45 +52,45 @@ async fn json_schema_answers_validate_whole_and_streamed() {
     let s = start_tiny("structured-json", |_| {}).await;
     let rf = json!({"type": "json_schema", "json_schema": {"name": "person", "schema": person_schema(), "strict": true}});
     for seed in 0..4 {
-        let (status, r) = post(
-            &s,
-            "/v1/chat/completions",
-            chat(json!({"response_format": rf, "seed": seed})),
-        )
-        .await;
+        let (status, r) = s
+            .post(
+                "/v1/chat/completions",
+                chat(json!({"response_format": rf, "seed": seed})),
+            )
+            .await;
         assert_eq!(status, 200, "{r}");
         assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
         check_person(r["choices"][0]["message"]["content"].as_str().unwrap());
     }
-    let events = stream(
-        &s,
-        "/v1/chat/completions",
-        chat(json!({"response_format": rf, "seed": 9, "stream": true})),
-    )
-    .await;
+    let events = s
+        .sse(
+            "/v1/chat/completions",
+            chat(json!({"response_format": rf, "seed": 9, "stream": true})),
+        )
+        .await;
     let text: String = events
         .iter()
         .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
         .collect();
     check_person(&text);
     // vLLM's extra field, on completions.
-    let (status, r) = post(
-        &s,
-        "/v1/completions",
-        json!({"model": "ensemble", "prompt": "A person:",
+    let (status, r) = s
+        .post(
+            "/v1/completions",
+            json!({"model": "ensemble", "prompt": "A person:",
         "max_tokens": 120, "guided_json": person_schema(), "seed": 3}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, 200, "{r}");
     check_person(r["choices"][0]["text"].as_str().unwrap());
     // json_object: any object.
-    let (_, r) = post(
-        &s,
-        "/v1/chat/completions",
-        chat(json!({"response_format": {"type": "json_object"},
+    let (_, r) = s
+        .post(
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "json_object"},
         "max_tokens": 400, "temperature": 0})),
-    )
-    .await;
+        )
+        .await;
     if r["choices"][0]["finish_reason"] == "stop" {
         let text = r["choices"][0]["message"]["content"].as_str().unwrap();
         assert!(
@@ -136,12 +104,12 @@ async fn json_schema_answers_validate_whole_and_streamed() {
 async fn regex_choice_and_grammar_are_always_satisfied() {
     let s = start_tiny("structured-rx", |_| {}).await;
     for seed in 0..6 {
-        let (_, r) = post(
-            &s,
-            "/v1/chat/completions",
-            chat(json!({"guided_regex": "[0-9]{3}-[a-z]{2,4}", "seed": seed})),
-        )
-        .await;
+        let (_, r) = s
+            .post(
+                "/v1/chat/completions",
+                chat(json!({"guided_regex": "[0-9]{3}-[a-z]{2,4}", "seed": seed})),
+            )
+            .await;
         let t = r["choices"][0]["message"]["content"].as_str().unwrap();
         let b = t.as_bytes();
         assert!(
@@ -152,15 +120,13 @@ async fn regex_choice_and_grammar_are_always_satisfied() {
                 && b[4..].iter().all(u8::is_ascii_lowercase),
             "{t:?}"
         );
-        let (_, r) = post(
-            &s,
-            "/v1/chat/completions",
+        let (_, r) = s.post("/v1/chat/completions",
             chat(json!({"guided_choice": ["red", "green", "blue"], "seed": seed, "stream": false})),
         )
         .await;
         let t = r["choices"][0]["message"]["content"].as_str().unwrap();
         assert!(["red", "green", "blue"].contains(&t), "{t:?}");
-        let events = stream(&s, "/v1/chat/completions", chat(json!({"structured_outputs": {"grammar": "root ::= (\"yes\" | \"no\") \"!\"{1,3}"}, "seed": seed, "stream": true}))).await;
+        let events = s.sse("/v1/chat/completions", chat(json!({"structured_outputs": {"grammar": "root ::= (\"yes\" | \"no\") \"!\"{1,3}"}, "seed": seed, "stream": true}))).await;
         let t: String = events
             .iter()
             .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
@@ -171,13 +137,13 @@ async fn regex_choice_and_grammar_are_always_satisfied() {
         );
     }
     // TensorRT-LLM's fields on the Triton route.
-    let (status, r) = post(
-        &s,
-        "/v2/models/ensemble/generate",
-        json!({"text_input": "Q", "max_tokens": 20,
+    let (status, r) = s
+        .post(
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "Q", "max_tokens": 20,
         "guided_decoding_guide_type": "regex", "guided_decoding_guide": "(ab){1,3}c"}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, 200, "{r}");
     let out = r["text_output"].as_str().unwrap();
     let answer = out.strip_prefix("Q").unwrap_or(out);
@@ -190,7 +156,7 @@ async fn regex_choice_and_grammar_are_always_satisfied() {
             && pairs.as_bytes().chunks(2).all(|p| p == b"ab"),
         "{out:?}"
     );
-    let (status, r) = post(&s, "/v2/models/ensemble/generate", json!({"text_input": "Q", "max_tokens": 60,
+    let (status, r) = s.post("/v2/models/ensemble/generate", json!({"text_input": "Q", "max_tokens": 60,
         "exclude_input_in_output": true, "temperature": 0,
         "guided_decoding_guide_type": "json_schema",
         "guided_decoding_guide": "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"}},\"required\":[\"ok\"],\"additionalProperties\":false}"})).await;
@@ -215,7 +181,7 @@ async fn tool_calls_are_parsed_whole_and_streamed() {
         let body = chat(
             json!({"tools": [weather_tool()], "tool_choice": choice, "parallel_tool_calls": false, "seed": 1}),
         );
-        let (status, r) = post(&s, "/v1/chat/completions", body.clone()).await;
+        let (status, r) = s.post("/v1/chat/completions", body.clone()).await;
         assert_eq!(status, 200, "{r}");
         let c = &r["choices"][0];
         assert_eq!(c["finish_reason"], "tool_calls", "{r}");
@@ -231,7 +197,7 @@ async fn tool_calls_are_parsed_whole_and_streamed() {
         );
         let mut streamed = body;
         streamed["stream"] = json!(true);
-        let events = stream(&s, "/v1/chat/completions", streamed).await;
+        let events = s.sse("/v1/chat/completions", streamed).await;
         let deltas: Vec<&Value> = events
             .iter()
             .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].as_array())
@@ -253,7 +219,7 @@ async fn tool_calls_are_parsed_whole_and_streamed() {
         );
     }
     // The call and the tool's answer go back into the conversation.
-    let (status, r) = post(&s, "/v1/chat/completions", chat(json!({"tools": [weather_tool()], "max_tokens": 5,
+    let (status, r) = s.post("/v1/chat/completions", chat(json!({"tools": [weather_tool()], "max_tokens": 5,
         "messages": [
             {"role": "user", "content": "Weather in Paris?"},
             {"role": "assistant", "content": null, "tool_calls": [{"id": "call-1", "type": "function",
@@ -305,7 +271,7 @@ async fn broken_constraints_are_400s_and_the_server_stays_healthy() {
         ),
     ];
     for (body, want) in cases {
-        let (status, r) = post(&s, "/v1/chat/completions", chat(body.clone())).await;
+        let (status, r) = s.post("/v1/chat/completions", chat(body.clone())).await;
         assert_eq!(status, 400, "{body}: {r}");
         let msg = r["error"]["message"]
             .as_str()
@@ -313,22 +279,22 @@ async fn broken_constraints_are_400s_and_the_server_stays_healthy() {
             .to_owned();
         assert!(msg.contains(want), "{body}: {msg}");
     }
-    let (status, _) = post(
-        &s,
-        "/v2/models/ensemble/generate",
-        json!({"text_input": "Q", "max_tokens": 5,
+    let (status, _) = s
+        .post(
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "Q", "max_tokens": 5,
         "guided_decoding_guide_type": "json_schema", "guided_decoding_guide": "{\"type\": 3}"}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, 400);
     let ready = reqwest::get(s.url("/v2/health/ready")).await.unwrap();
     assert_eq!(ready.status(), 200);
-    let (status, r) = post(
-        &s,
-        "/v1/chat/completions",
-        chat(json!({"guided_choice": ["fine"]})),
-    )
-    .await;
+    let (status, r) = s
+        .post(
+            "/v1/chat/completions",
+            chat(json!({"guided_choice": ["fine"]})),
+        )
+        .await;
     assert_eq!(
         (status, r["choices"][0]["message"]["content"].as_str()),
         (200, Some("fine"))
@@ -353,9 +319,9 @@ async fn drafts_are_checked_against_the_grammar() {
         json!({"model": "ensemble", "prompt": prompt, "max_tokens": 40, "temperature": 0,
                "num_draft_tokens": drafts, "guided_regex": "( (the|cat|dog|and)){4,12}\\."})
     };
-    let (status, plain) = post(&s, "/v1/completions", body(0)).await;
+    let (status, plain) = s.post("/v1/completions", body(0)).await;
     assert_eq!(status, 200, "{plain}");
-    let (status, spec) = post(&s, "/v1/completions", body(4)).await;
+    let (status, spec) = s.post("/v1/completions", body(4)).await;
     assert_eq!(status, 200, "{spec}");
     let text = spec["choices"][0]["text"].as_str().unwrap();
     assert_eq!(
@@ -398,8 +364,7 @@ async fn guided_sequences_survive_preemption() {
         let s = &s;
         let list = list.clone();
         async move {
-            post(
-                s,
+            s.post(
                 "/v1/completions",
                 json!({"model": "ensemble", "prompt": "Numbers:",
                 "max_tokens": 90, "seed": seed, "temperature": 1.0, "guided_json": list}),

@@ -93,6 +93,40 @@ impl TestServer {
         format!("{}{}", self.base, path)
     }
 
+    /// POSTs `body` as JSON to `path`: the status and the JSON answer (null if none).
+    pub async fn post(&self, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+        let r = reqwest::Client::new()
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    /// POSTs `body` to `path` and reads an SSE answer: its `data:` payloads as JSON, which
+    /// must end with `[DONE]` (left out).
+    pub async fn sse(&self, path: &str, body: serde_json::Value) -> Vec<serde_json::Value> {
+        let r = reqwest::Client::new()
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let text = r.text().await.unwrap();
+        let data: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect();
+        assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+        data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).expect("an event is JSON"))
+            .collect()
+    }
+
     /// The value of the first metric line of /metrics that starts with `line_start`.
     pub async fn metric(&self, line_start: &str) -> Option<f64> {
         let text = reqwest::get(format!("{}/metrics", self.metrics))
