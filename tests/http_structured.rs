@@ -269,6 +269,11 @@ async fn broken_constraints_are_400s_and_the_server_stays_healthy() {
             json!({"messages": [{"role": "tool", "content": "x"}]}),
             "tool_call_id",
         ),
+        // A field the server does not read is named, never dropped.
+        (
+            json!({"priority": 1, "reasoning_effort": "low"}),
+            "'priority', 'reasoning_effort'",
+        ),
     ];
     for (body, want) in cases {
         let (status, r) = s.post("/v1/chat/completions", chat(body.clone())).await;

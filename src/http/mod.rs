@@ -12,6 +12,7 @@ mod error_body;
 mod fields;
 mod guided;
 mod json_body;
+mod known_fields;
 mod kserve;
 mod kserve_stats;
 mod listener;

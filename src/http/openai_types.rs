@@ -340,6 +340,7 @@ pub fn completion_request(body: &Value, context: usize) -> ApiResult<CompletionR
     params.top_log_probs = logprobs.map_or(0, usize::from);
     // The prompt's log-probabilities come first in an echoed answer's.
     params.prompt_log_probs = echo && logprobs.is_some();
+    super::known_fields::completions(b.0)?;
     Ok(CompletionRequest {
         model,
         prompts,
@@ -440,6 +441,7 @@ pub fn chat_request(body: &Value, context: usize) -> ApiResult<ChatRequest> {
     )?;
     params.return_log_probs = logprobs;
     params.top_log_probs = top_logprobs;
+    super::known_fields::chat(b.0)?;
     Ok(ChatRequest {
         model,
         messages,

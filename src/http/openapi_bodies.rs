@@ -48,6 +48,8 @@ pub struct CompletionRequestDoc {
     pub top_p: Option<f32>,
     /// vLLM's: -1 or 0 is off.
     pub top_k: Option<i64>,
+    /// vLLM's: drop tokens less likely than this fraction of the most likely one's.
+    pub min_p: Option<f32>,
     /// Only 1.
     pub n: Option<u32>,
     /// Only 1.
@@ -108,6 +110,7 @@ pub struct ChatRequestDoc {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
     pub n: Option<u32>,
     pub stop: Option<OneOrMany>,
     pub stream: Option<bool>,
