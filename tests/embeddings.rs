@@ -9,7 +9,6 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
 
 use futures::StreamExt;
 
@@ -17,7 +16,7 @@ use common::handle::wait_idle;
 use common::scratch::Scratch;
 use inflight::model::pooling::{normalized, PoolSum};
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
-use inflight::model::{CpuBackend, KvCache, Llama, LoadedModel, Pooling, SeqChunk};
+use inflight::model::{KvCache, Llama, LoadedModel, Pooling, SeqChunk};
 use inflight::{Chunk, GenerationParams, ModelHandle, ModelOptions, Prompt, Request};
 
 fn model_dir(tag: &str) -> Scratch {
@@ -39,16 +38,7 @@ async fn spawn(dir: &Path, in_engine: bool, max_num_tokens: usize) -> ModelHandl
     options.scheduler.block_size = 8;
     options.scheduler.max_num_tokens = max_num_tokens;
     options.scheduler.enable_chunked_context = true;
-    let model = Arc::new(m.model);
-    let backend: Arc<dyn inflight::model::Backend> = if in_engine {
-        Arc::new(CpuBackend::sampling_in_engine(model))
-    } else {
-        Arc::new(CpuBackend::new(model))
-    };
-    let bytes = options.kv_cache_bytes(&config);
-    ModelHandle::spawn_with_backend(m.name, config, m.tokenizer, backend, bytes, options)
-        .await
-        .unwrap()
+    common::handle::spawn_cpu(m, options, in_engine).await
 }
 
 /// The prompt's embedding computed directly: one forward pass over a fresh cache.

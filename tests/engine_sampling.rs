@@ -62,16 +62,7 @@ async fn spawn_swapping(
         options.scheduler.policy = SchedulerPolicy::MaxUtilization;
     }
     options.speculative = speculative;
-    let model = Arc::new(m.model);
-    let backend: Arc<dyn inflight::model::Backend> = if in_engine {
-        Arc::new(CpuBackend::sampling_in_engine(model))
-    } else {
-        Arc::new(CpuBackend::new(model))
-    };
-    let bytes = options.kv_cache_bytes(&config);
-    ModelHandle::spawn_with_backend(m.name, config, m.tokenizer, backend, bytes, options)
-        .await
-        .unwrap()
+    common::handle::spawn_cpu(m, options, in_engine).await
 }
 
 /// Per case: the params.

@@ -7,11 +7,8 @@
 
 mod common;
 
-use std::time::Duration;
-
 use base64::Engine as _;
 use common::server::{start_tiny, TestServer};
-use futures::StreamExt;
 use inflight::model::Pooling;
 use serde_json::{json, Value};
 
@@ -459,26 +456,8 @@ async fn a_response_that_fails_mid_stream_ends_with_response_failed() {
     let s = start_tiny("ep-resp-fault", |_| {}).await;
     let body =
         json!({"model": "ensemble", "input": "x", "max_output_tokens": 1500, "stream": true});
-    let r = reqwest::Client::new()
-        .post(s.url("/v1/responses"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let mut bytes = r.bytes_stream();
-    let first = bytes.next().await.unwrap().unwrap();
+    let (first, rest) = s.fault_mid_stream("/v1/responses", body).await;
     assert!(first.starts_with(b"event: response.created"));
-    s.state.model().inject_engine_fault();
-    let mut rest = String::new();
-    let read = async {
-        while let Some(b) = bytes.next().await {
-            rest.push_str(&String::from_utf8_lossy(&b.unwrap()));
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(20), read)
-        .await
-        .expect("the stream ends");
     let last: Value = serde_json::from_str(
         rest.lines()
             .filter_map(|l| l.strip_prefix("data: "))

@@ -9,13 +9,8 @@ mod common;
 use std::time::Duration;
 
 use common::server::{start_tiny, TestServer};
-use futures::StreamExt;
 use inflight::tokenizer::chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 use serde_json::{json, Value};
-
-async fn post(s: &TestServer, path: &str, body: Value) -> (u16, Value) {
-    post_raw(s, path, body.to_string()).await
-}
 
 async fn post_raw(s: &TestServer, path: &str, body: String) -> (u16, Value) {
     let r = reqwest::Client::new()
@@ -29,31 +24,6 @@ async fn post_raw(s: &TestServer, path: &str, body: String) -> (u16, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
-/// The `data:` payloads of an SSE answer; the stream must end with `[DONE]`.
-async fn stream(s: &TestServer, path: &str, body: Value) -> Vec<Value> {
-    let r = reqwest::Client::new()
-        .post(s.url(path))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .starts_with("text/event-stream"));
-    let text = r.text().await.unwrap();
-    let data: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
-    assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
-    data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).expect("event is JSON"))
-        .collect()
-}
-
 fn text_of(events: &[Value], index: u64) -> String {
     events
         .iter()
@@ -61,15 +31,6 @@ fn text_of(events: &[Value], index: u64) -> String {
         .filter(|c| c["index"] == index)
         .map(|c| c["text"].as_str().unwrap_or(""))
         .collect()
-}
-
-fn prompt_tokens(s: &TestServer, text: &str) -> usize {
-    s.state
-        .model()
-        .tokenizer()
-        .encode(text, true)
-        .unwrap()
-        .len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,7 +74,7 @@ async fn completion_counts_tokens_and_streams_the_same_text() {
     let s = start_tiny("oai-cmpl", |_| {}).await;
     let prompt = "The quick brown fox";
     let body = json!({"model": "ensemble", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true, "logprobs": 0});
-    let (status, r) = post(&s, "/v1/completions", body.clone()).await;
+    let (status, r) = s.post("/v1/completions", body.clone()).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["object"], "text_completion");
     assert!(r["id"].as_str().unwrap().starts_with("cmpl-"));
@@ -144,19 +105,19 @@ async fn completion_counts_tokens_and_streams_the_same_text() {
         .collect();
     assert_eq!(offsets[0], 0);
     assert!(offsets.windows(2).all(|w| w[0] <= w[1]));
-    assert_eq!(r["usage"]["prompt_tokens"], prompt_tokens(&s, prompt));
+    assert_eq!(r["usage"]["prompt_tokens"], s.prompt_tokens(prompt));
     assert_eq!(r["usage"]["completion_tokens"], 8);
-    assert_eq!(r["usage"]["total_tokens"], prompt_tokens(&s, prompt) + 8);
+    assert_eq!(r["usage"]["total_tokens"], s.prompt_tokens(prompt) + 8);
     let text = choice["text"].as_str().unwrap();
 
     let mut streamed = body;
     streamed["stream"] = json!(true);
     streamed["stream_options"] = json!({"include_usage": true});
-    let events = stream(&s, "/v1/completions", streamed).await;
+    let events = s.sse("/v1/completions", streamed).await;
     let (usage, chunks) = events.split_last().unwrap();
     assert!(usage["choices"].as_array().unwrap().is_empty());
     assert_eq!(usage["usage"]["completion_tokens"], 8);
-    assert_eq!(usage["usage"]["prompt_tokens"], prompt_tokens(&s, prompt));
+    assert_eq!(usage["usage"]["prompt_tokens"], s.prompt_tokens(prompt));
     assert!(chunks.iter().all(|c| c["object"] == "text_completion"
         && c["usage"].is_null()
         && c["id"] == chunks[0]["id"]));
@@ -179,12 +140,12 @@ async fn completion_counts_tokens_and_streams_the_same_text() {
 
     // echo puts the prompt first, whole and streamed.
     let echo = json!({"model": "ensemble", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true, "echo": true});
-    let (_, r) = post(&s, "/v1/completions", echo.clone()).await;
+    let (_, r) = s.post("/v1/completions", echo.clone()).await;
     assert_eq!(r["choices"][0]["text"], format!("{prompt}{text}"));
     let mut echo_stream = echo;
     echo_stream["stream"] = json!(true);
     assert_eq!(
-        text_of(&stream(&s, "/v1/completions", echo_stream).await, 0),
+        text_of(&s.sse("/v1/completions", echo_stream).await, 0),
         format!("{prompt}{text}")
     );
 }
@@ -194,7 +155,7 @@ async fn batch_prompts_give_one_choice_each() {
     let s = start_tiny("oai-batch", |_| {}).await;
     let prompts = ["one", "two three", "four five six"];
     let body = json!({"model": "tensorrt_llm_bls", "prompt": prompts, "max_tokens": 5, "temperature": 0, "ignore_eos": true});
-    let (status, r) = post(&s, "/v1/completions", body.clone()).await;
+    let (status, r) = s.post("/v1/completions", body.clone()).await;
     assert_eq!(status, 200, "{r}");
     let choices = r["choices"].as_array().unwrap();
     assert_eq!(choices.len(), 3);
@@ -202,16 +163,16 @@ async fn batch_prompts_give_one_choice_each() {
     for (i, (c, p)) in choices.iter().zip(prompts).enumerate() {
         assert_eq!(c["index"], i);
         // Each choice is what its prompt alone gives.
-        let (_, alone) = post(&s, "/v1/completions", json!({"model": "ensemble", "prompt": p, "max_tokens": 5, "temperature": 0, "ignore_eos": true})).await;
+        let (_, alone) = s.post("/v1/completions", json!({"model": "ensemble", "prompt": p, "max_tokens": 5, "temperature": 0, "ignore_eos": true})).await;
         assert_eq!(c["text"], alone["choices"][0]["text"]);
-        prompt_total += prompt_tokens(&s, p);
+        prompt_total += s.prompt_tokens(p);
     }
     assert_eq!(r["usage"]["prompt_tokens"], prompt_total);
     assert_eq!(r["usage"]["completion_tokens"], 15);
 
     let mut streamed = body;
     streamed["stream"] = json!(true);
-    let events = stream(&s, "/v1/completions", streamed).await;
+    let events = s.sse("/v1/completions", streamed).await;
     for (i, c) in choices.iter().enumerate() {
         assert_eq!(text_of(&events, i as u64), c["text"].as_str().unwrap());
         let finals = events
@@ -224,13 +185,11 @@ async fn batch_prompts_give_one_choice_each() {
     }
 
     // Token-id prompts, one and several.
-    let (status, r) = post(&s, "/v1/completions", json!({"model": "tensorrt_llm", "prompt": [[5, 6, 7], [8, 9]], "max_tokens": 3, "ignore_eos": true})).await;
+    let (status, r) = s.post("/v1/completions", json!({"model": "tensorrt_llm", "prompt": [[5, 6, 7], [8, 9]], "max_tokens": 3, "ignore_eos": true})).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["choices"].as_array().unwrap().len(), 2);
     assert_eq!(r["usage"]["prompt_tokens"], 5);
-    let (status, r) = post(
-        &s,
-        "/v1/completions",
+    let (status, r) = s.post("/v1/completions",
         json!({"model": "tensorrt_llm", "prompt": [5, 6, 7], "max_tokens": 3, "ignore_eos": true}),
     )
     .await;
@@ -242,7 +201,7 @@ async fn batch_prompts_give_one_choice_each() {
 async fn stop_strings_are_trimmed_and_seeds_repeat() {
     let s = start_tiny("oai-stop", |_| {}).await;
     let base = json!({"model": "ensemble", "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "ignore_eos": true});
-    let (_, r) = post(&s, "/v1/completions", base.clone()).await;
+    let (_, r) = s.post("/v1/completions", base.clone()).await;
     let full = r["choices"][0]["text"].as_str().unwrap().to_string();
     let chars: Vec<char> = full.chars().collect();
     assert!(chars.len() >= 8, "{full:?}");
@@ -250,7 +209,7 @@ async fn stop_strings_are_trimmed_and_seeds_repeat() {
     let expected = &full[..full.find(&stop).unwrap()];
     let mut with_stop = base.clone();
     with_stop["stop"] = json!([stop, "never appears \u{1F600}"]);
-    let (_, r) = post(&s, "/v1/completions", with_stop.clone()).await;
+    let (_, r) = s.post("/v1/completions", with_stop.clone()).await;
     assert_eq!(
         r["choices"][0]["text"], expected,
         "stop {stop:?} in {full:?}"
@@ -258,7 +217,7 @@ async fn stop_strings_are_trimmed_and_seeds_repeat() {
     assert_eq!(r["choices"][0]["finish_reason"], "stop");
     with_stop["stream"] = json!(true);
     assert_eq!(
-        text_of(&stream(&s, "/v1/completions", with_stop).await, 0),
+        text_of(&s.sse("/v1/completions", with_stop).await, 0),
         expected
     );
 
@@ -266,12 +225,12 @@ async fn stop_strings_are_trimmed_and_seeds_repeat() {
     let mut sampled = base;
     sampled["temperature"] = json!(1.0);
     sampled["seed"] = json!(1234);
-    let (_, a) = post(&s, "/v1/completions", sampled.clone()).await;
-    let (_, b) = post(&s, "/v1/completions", sampled.clone()).await;
+    let (_, a) = s.post("/v1/completions", sampled.clone()).await;
+    let (_, b) = s.post("/v1/completions", sampled.clone()).await;
     assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
     let chat = json!({"model": "ensemble", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12, "temperature": 0.9, "seed": 7, "ignore_eos": true});
-    let (_, a) = post(&s, "/v1/chat/completions", chat.clone()).await;
-    let (_, b) = post(&s, "/v1/chat/completions", chat).await;
+    let (_, a) = s.post("/v1/chat/completions", chat.clone()).await;
+    let (_, b) = s.post("/v1/chat/completions", chat).await;
     assert_eq!(
         a["choices"][0]["message"]["content"],
         b["choices"][0]["message"]["content"]
@@ -283,7 +242,7 @@ async fn chat_uses_the_template_and_streams_deltas() {
     let s = start_tiny("oai-chat", |_| {}).await;
     let messages = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]}]);
     let body = json!({"model": "ensemble", "messages": messages, "max_completion_tokens": 10, "temperature": 0, "ignore_eos": true, "logprobs": true});
-    let (status, r) = post(&s, "/v1/chat/completions", body.clone()).await;
+    let (status, r) = s.post("/v1/chat/completions", body.clone()).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["object"], "chat.completion");
     assert!(r["id"].as_str().unwrap().starts_with("chatcmpl-"));
@@ -316,17 +275,14 @@ async fn chat_uses_the_template_and_streams_deltas() {
             true,
         )
         .unwrap();
-    assert_eq!(r["usage"]["prompt_tokens"], prompt_tokens(&s, &rendered));
+    assert_eq!(r["usage"]["prompt_tokens"], s.prompt_tokens(&rendered));
     assert_eq!(r["usage"]["completion_tokens"], 10);
-    assert_eq!(
-        r["usage"]["total_tokens"],
-        prompt_tokens(&s, &rendered) + 10
-    );
+    assert_eq!(r["usage"]["total_tokens"], s.prompt_tokens(&rendered) + 10);
 
     let mut streamed = body;
     streamed["stream"] = json!(true);
     streamed["stream_options"] = json!({"include_usage": true});
-    let events = stream(&s, "/v1/chat/completions", streamed).await;
+    let events = s.sse("/v1/chat/completions", streamed).await;
     assert!(events
         .iter()
         .all(|e| e["object"] == "chat.completion.chunk"));
@@ -381,23 +337,23 @@ async fn chat_template_kwargs_reach_the_template() {
         json!({"enable_thinking": false}),
         json!({"enable_thinking": true}),
     ] {
-        let (status, r) = post(&s, "/v1/chat/completions", body(kwargs.clone())).await;
+        let (status, r) = s.post("/v1/chat/completions", body(kwargs.clone())).await;
         assert_eq!(status, 200, "{r}");
         let vars = kwargs.as_object().cloned().unwrap_or_default();
         let rendered = template.apply_with(&chat, true, &vars).unwrap();
         assert_eq!(
             r["usage"]["prompt_tokens"],
-            prompt_tokens(&s, &rendered),
+            s.prompt_tokens(&rendered),
             "{kwargs}"
         );
     }
     // Thinking off adds the empty think block to the prompt.
     let tokens = |kwargs: Value| {
         let vars = kwargs.as_object().cloned().unwrap_or_default();
-        prompt_tokens(&s, &template.apply_with(&chat, true, &vars).unwrap())
+        s.prompt_tokens(&template.apply_with(&chat, true, &vars).unwrap())
     };
     assert!(tokens(json!({"enable_thinking": false})) > tokens(json!({})));
-    let (status, r) = post(&s, "/v1/chat/completions", body(json!([1]))).await;
+    let (status, r) = s.post("/v1/chat/completions", body(json!([1]))).await;
     assert_eq!(status, 400, "{r}");
     assert!(r.to_string().contains("chat_template_kwargs"), "{r}");
 }
@@ -406,26 +362,8 @@ async fn chat_template_kwargs_reach_the_template() {
 async fn a_failure_mid_stream_is_an_error_event() {
     let s = start_tiny("oai-fault", |_| {}).await;
     let body = json!({"model": "ensemble", "prompt": "x", "max_tokens": 1500, "ignore_eos": true, "stream": true});
-    let r = reqwest::Client::new()
-        .post(s.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let mut bytes = r.bytes_stream();
-    let first = bytes.next().await.unwrap().unwrap();
+    let (first, rest) = s.fault_mid_stream("/v1/completions", body).await;
     assert!(first.starts_with(b"data: "));
-    s.state.model().inject_engine_fault();
-    let mut rest = String::new();
-    let read = async {
-        while let Some(b) = bytes.next().await {
-            rest.push_str(&String::from_utf8_lossy(&b.unwrap()));
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(20), read)
-        .await
-        .expect("the stream ends");
     let last = rest
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
@@ -497,7 +435,7 @@ async fn malformed_requests_are_4xx_naming_the_field() {
     }
     let ready = reqwest::get(s.url("/v2/health/ready")).await.unwrap();
     assert_eq!(ready.status(), 200);
-    let (status, _) = post(&s, "/v1/chat/completions", json!({"model": "ensemble", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})).await;
+    let (status, _) = s.post("/v1/chat/completions", json!({"model": "ensemble", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})).await;
     assert_eq!(status, 200);
 }
 
@@ -540,12 +478,12 @@ async fn openai_requests_carry_an_id_that_a_stop_request_can_name() {
         .unwrap();
     assert_eq!(stream.headers()["x-request-id"], "long-1");
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let (status, _) = post(
-        &s,
-        "/v2/models/ensemble/generate",
-        json!({"id": "long-1", "stop": true}),
-    )
-    .await;
+    let (status, _) = s
+        .post(
+            "/v2/models/ensemble/generate",
+            json!({"id": "long-1", "stop": true}),
+        )
+        .await;
     assert_eq!(status, 200);
     let text = tokio::time::timeout(Duration::from_secs(30), stream.text())
         .await

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::server::{start, tiny_model_dir, TestServer};
+use common::server::{start, tiny_model_dir};
 use inflight::model::{KvCache, Llama, LoadedModel, SeqChunk};
 use inflight::tokenizer::chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 use serde_json::{json, Value};
@@ -30,15 +30,6 @@ fn streamed_text(events: &[Value], index: usize) -> String {
         .collect()
 }
 
-fn prompt_tokens(s: &TestServer, text: &str) -> usize {
-    s.state
-        .model()
-        .tokenizer()
-        .encode(text, true)
-        .unwrap()
-        .len()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n_choices_are_indexed_streamed_by_index_and_counted_once() {
     let dir = tiny_model_dir("oai-n");
@@ -54,7 +45,7 @@ async fn n_choices_are_indexed_streamed_by_index_and_counted_once() {
         assert_eq!(c["text"], cs[0]["text"], "greedy choices are identical");
     }
     // The prompt counts once; every choice's tokens count.
-    assert_eq!(r["usage"]["prompt_tokens"], prompt_tokens(&s, prompt));
+    assert_eq!(r["usage"]["prompt_tokens"], s.prompt_tokens(prompt));
     assert_eq!(r["usage"]["completion_tokens"], 4 * 6);
 
     // Streamed: each choice's deltas under its index, one finish each, usage last.
@@ -72,7 +63,7 @@ async fn n_choices_are_indexed_streamed_by_index_and_counted_once() {
             .count();
         assert_eq!(finals, 1, "choice {i}");
     }
-    assert_eq!(usage["usage"]["prompt_tokens"], prompt_tokens(&s, prompt));
+    assert_eq!(usage["usage"]["prompt_tokens"], s.prompt_tokens(prompt));
     assert_eq!(usage["usage"]["completion_tokens"], 4 * 6);
 
     // Seeded: the same choices again, and choices that differ.
@@ -104,7 +95,7 @@ async fn n_choices_are_indexed_streamed_by_index_and_counted_once() {
     assert_eq!(texts(&r)[4..], texts(&a)[..]);
     assert_eq!(
         r["usage"]["prompt_tokens"],
-        prompt_tokens(&s, "one two") + prompt_tokens(&s, prompt)
+        s.prompt_tokens("one two") + s.prompt_tokens(prompt)
     );
 
     // Chat: n choices, each streamed under its index after its own role delta.

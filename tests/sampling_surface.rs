@@ -9,14 +9,13 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
 
 use futures::StreamExt;
 
 use common::handle::wait_idle;
 use common::scratch::Scratch;
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
-use inflight::model::{CpuBackend, KvCache, Llama, LoadedModel, SeqChunk};
+use inflight::model::{KvCache, Llama, LoadedModel, SeqChunk};
 use inflight::scheduler::SchedulerPolicy;
 use inflight::{Chunk, GenerationParams, ModelHandle, ModelOptions, Prompt, Request};
 
@@ -42,16 +41,7 @@ async fn spawn(dir: &Path, in_engine: bool, tweak: impl FnOnce(&mut ModelOptions
     options.scheduler.block_size = BLOCK;
     options.scheduler.max_batch_size = 16;
     tweak(&mut options);
-    let model = Arc::new(m.model);
-    let backend: Arc<dyn inflight::model::Backend> = if in_engine {
-        Arc::new(CpuBackend::sampling_in_engine(model))
-    } else {
-        Arc::new(CpuBackend::new(model))
-    };
-    let bytes = options.kv_cache_bytes(&config);
-    ModelHandle::spawn_with_backend(m.name, config, m.tokenizer, backend, bytes, options)
-        .await
-        .unwrap()
+    common::handle::spawn_cpu(m, options, in_engine).await
 }
 
 /// The answers of one request (by batch index).

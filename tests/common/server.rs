@@ -105,6 +105,43 @@ impl TestServer {
         (status, r.json().await.unwrap_or(serde_json::Value::Null))
     }
 
+    /// Tokens of `text` as the served model's tokenizer encodes a prompt.
+    pub fn prompt_tokens(&self, text: &str) -> usize {
+        self.state
+            .model()
+            .tokenizer()
+            .encode(text, true)
+            .unwrap()
+            .len()
+    }
+
+    /// POSTs a streamed `body` to `path`, takes the answer's first chunk, injects an
+    /// engine fault, and reads the rest (which must end within 20 s): the first chunk's
+    /// bytes and the rest's text.
+    pub async fn fault_mid_stream(&self, path: &str, body: serde_json::Value) -> (Vec<u8>, String) {
+        use futures::StreamExt;
+        let r = reqwest::Client::new()
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let mut bytes = r.bytes_stream();
+        let first = bytes.next().await.unwrap().unwrap().to_vec();
+        self.state.model().inject_engine_fault();
+        let mut rest = String::new();
+        let read = async {
+            while let Some(b) = bytes.next().await {
+                rest.push_str(&String::from_utf8_lossy(&b.unwrap()));
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(20), read)
+            .await
+            .expect("the stream ends");
+        (first, rest)
+    }
+
     /// POSTs `body` to `path` and reads an SSE answer: its `data:` payloads as JSON, which
     /// must end with `[DONE]` (left out).
     pub async fn sse(&self, path: &str, body: serde_json::Value) -> Vec<serde_json::Value> {
@@ -115,6 +152,10 @@ impl TestServer {
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
+        assert!(r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"));
         let text = r.text().await.unwrap();
         let data: Vec<&str> = text
             .lines()
