@@ -34,14 +34,10 @@ pub struct ChatMessageDoc {
     pub name: Option<String>,
 }
 
-/// `POST /v1/completions` (OpenAI's legacy completions, with vLLM's extensions).
+/// The sampling and output-constraint fields both OpenAI routes read.
 #[derive(JsonSchema)]
-pub struct CompletionRequestDoc {
-    pub model: String,
-    /// A string, a list of strings, a list of token ids or a list of such lists.
-    #[schemars(with = "Value")]
-    pub prompt: Value,
-    /// Default 16.
+pub struct SamplingDoc {
+    /// Default 16 on completions; on chat the rest of the context.
     pub max_tokens: Option<u32>,
     /// Default 1.
     pub temperature: Option<f32>,
@@ -50,27 +46,20 @@ pub struct CompletionRequestDoc {
     pub top_k: Option<i64>,
     /// vLLM's: drop tokens less likely than this fraction of the most likely one's.
     pub min_p: Option<f32>,
-    /// Only 1.
+    /// Choices per prompt, 1 to 16.
     pub n: Option<u32>,
-    /// Only 1.
-    pub best_of: Option<u32>,
     /// Up to 4 stop strings.
     pub stop: Option<OneOrMany>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptionsDoc>,
     pub seed: Option<i64>,
-    pub echo: Option<bool>,
-    /// 0 to 5: the sampled tokens' log-probabilities (no alternatives).
-    pub logprobs: Option<u32>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     pub repetition_penalty: Option<f32>,
     pub min_tokens: Option<u32>,
     pub ignore_eos: Option<bool>,
-    /// Refused unless empty.
+    /// Token id to a bias in -100..100.
     pub logit_bias: Option<BTreeMap<String, f32>>,
-    /// Refused unless empty.
-    pub suffix: Option<String>,
     pub user: Option<String>,
     pub cache_salt: Option<String>,
     pub num_draft_tokens: Option<u32>,
@@ -91,6 +80,25 @@ pub struct CompletionRequestDoc {
     /// vLLM's newer form: one of `json`, `json_object`, `regex`, `choice`, `grammar`.
     #[schemars(with = "Option<BTreeMap<String, Value>>")]
     pub structured_outputs: Option<Value>,
+}
+
+/// `POST /v1/completions` (OpenAI's legacy completions, with vLLM's extensions).
+#[derive(JsonSchema)]
+pub struct CompletionRequestDoc {
+    pub model: String,
+    /// A string, a list of strings, a list of token ids or a list of such lists.
+    #[schemars(with = "Value")]
+    pub prompt: Value,
+    #[serde(flatten)]
+    pub sampling: SamplingDoc,
+    /// Sequences generated per choice; the `n` likeliest are returned (not streamed).
+    pub best_of: Option<u32>,
+    pub echo: Option<bool>,
+    /// 0 to 5: the sampled tokens' log-probabilities and this many alternatives (with
+    /// `echo`, the prompt's too).
+    pub logprobs: Option<u32>,
+    /// Refused unless empty.
+    pub suffix: Option<String>,
 }
 
 /// `stream_options`.
@@ -106,43 +114,13 @@ pub struct ChatRequestDoc {
     pub messages: Vec<ChatMessageDoc>,
     /// Default: the rest of the context.
     pub max_completion_tokens: Option<u32>,
-    pub max_tokens: Option<u32>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub n: Option<u32>,
-    pub stop: Option<OneOrMany>,
-    pub stream: Option<bool>,
-    pub stream_options: Option<StreamOptionsDoc>,
-    pub seed: Option<i64>,
+    #[serde(flatten)]
+    pub sampling: SamplingDoc,
     pub logprobs: Option<bool>,
-    /// Only 0.
+    /// Alternatives per token, 0 to 20.
     pub top_logprobs: Option<u32>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    pub repetition_penalty: Option<f32>,
-    pub min_tokens: Option<u32>,
-    pub ignore_eos: Option<bool>,
-    pub logit_bias: Option<BTreeMap<String, f32>>,
     /// Extra chat template variables (vLLM's).
     pub chat_template_kwargs: Option<BTreeMap<String, Value>>,
-    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
-    /// "strict"}}`: the output is constrained to it.
-    #[schemars(with = "Option<BTreeMap<String, Value>>")]
-    pub response_format: Option<Value>,
-    /// A JSON Schema the output must match (vLLM's), an object or a string holding one.
-    #[schemars(with = "Option<Value>")]
-    pub guided_json: Option<Value>,
-    /// A regex the whole output must match (vLLM's).
-    pub guided_regex: Option<String>,
-    /// The output is one of these strings (vLLM's).
-    pub guided_choice: Option<Vec<String>>,
-    /// A grammar: GBNF (`root ::= ...`) or llguidance's Lark (vLLM's).
-    pub guided_grammar: Option<String>,
-    /// vLLM's newer form: one of `json`, `json_object`, `regex`, `choice`, `grammar`.
-    #[schemars(with = "Option<BTreeMap<String, Value>>")]
-    pub structured_outputs: Option<Value>,
     /// Function tools: `{"type": "function", "function": {"name", "description",
     /// "parameters"}}`.
     #[schemars(with = "Option<Vec<BTreeMap<String, Value>>>")]
@@ -152,10 +130,6 @@ pub struct ChatRequestDoc {
     pub tool_choice: Option<Value>,
     /// Default true.
     pub parallel_tool_calls: Option<bool>,
-    pub user: Option<String>,
-    pub cache_salt: Option<String>,
-    pub num_draft_tokens: Option<u32>,
-    pub use_draft_logits: Option<bool>,
 }
 
 /// `POST /v2/models/{model}/generate` and `generate_stream` (Triton's generate
