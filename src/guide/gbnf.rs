@@ -24,7 +24,7 @@ pub fn to_lark(gbnf: &str) -> Result<String, String> {
                 body.push(match t {
                     Tok::Name(n) => rule_name(n),
                     Tok::Text(s) => s.clone(),
-                    Tok::Defines => unreachable!("'::=' is consumed with its rule name"),
+                    Tok::Defines => return Err("'::=' must follow a rule name".into()),
                 });
                 i += 1;
             }
@@ -191,5 +191,6 @@ mod tests {
         assert!(to_lark("root ::= [a-z").unwrap_err().contains("not closed"));
         assert!(to_lark("root ::= a{x}").unwrap_err().contains("repetition"));
         assert!(to_lark("root ::= a ; b").unwrap_err().contains("';'"));
+        assert!(to_lark("root ::= ::= \"x\"").unwrap_err().contains("rule name"));
     }
 }

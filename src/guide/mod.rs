@@ -64,6 +64,8 @@ impl Guide {
 pub struct Compiled {
     start: Arc<Matcher>,
     first: Arc<GrammarMask>,
+    /// The vocabulary trie's end tokens, which the masks take out.
+    trie_eos: Arc<[u32]>,
 }
 
 impl std::fmt::Debug for Compiled {
@@ -180,13 +182,15 @@ impl Guides {
         if let Some(e) = start.get_error() {
             return Err(short(&e));
         }
-        let first = state::grammar_mask(&mut start, self.tokenizer.vocab_size())?;
+        let trie_eos: Arc<[u32]> = self.tokenizer.eos_token_ids().into();
+        let first = state::grammar_mask(&mut start, self.tokenizer.vocab_size(), &trie_eos)?;
         if first.allowed.count() == 0 && !first.may_end {
             return Err("the constraint can match nothing".into());
         }
         Ok(Compiled {
             start: Arc::new(start),
             first: Arc::new(first),
+            trie_eos,
         })
     }
 }

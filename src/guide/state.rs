@@ -10,8 +10,13 @@ use super::{Compiled, GrammarMask};
 use crate::sampling::TokenMask;
 
 /// The grammar's next-token mask from `m`: its allowed tokens with the end tokens taken
-/// out, and whether it may end (it accepts, or has nothing more to match).
-pub(super) fn grammar_mask(m: &mut Matcher, bits: usize) -> Result<GrammarMask, String> {
+/// out, and whether it may end (it accepts, or has nothing more to match). `trie_eos`:
+/// the vocabulary trie's end tokens (the model's, see `vocab`).
+pub(super) fn grammar_mask(
+    m: &mut Matcher,
+    bits: usize,
+    trie_eos: &[u32],
+) -> Result<GrammarMask, String> {
     if m.is_stopped() {
         return match m.get_error() {
             Some(e) => Err(e),
@@ -23,12 +28,8 @@ pub(super) fn grammar_mask(m: &mut Matcher, bits: usize) -> Result<GrammarMask, 
     }
     let vob = m.compute_mask().map_err(|e| e.to_string())?;
     let mut allowed = TokenMask::from_words(vob.as_slice().to_vec(), bits);
-    let eos: Vec<u32> = m
-        .tok_env()
-        .map(|env| env.tok_trie().eos_tokens().to_vec())
-        .unwrap_or_default();
     let mut may_end = false;
-    for t in eos {
+    for &t in trie_eos {
         may_end |= allowed.allows(t);
         allowed.forbid(t);
     }
@@ -36,8 +37,10 @@ pub(super) fn grammar_mask(m: &mut Matcher, bits: usize) -> Result<GrammarMask, 
 }
 
 /// One sequence's grammar state.
+#[derive(Clone)]
 pub struct GuideState {
     matcher: Matcher,
+    trie_eos: Arc<[u32]>,
     /// The request's end tokens (none with `ignore_eos`): allowed where the grammar may end.
     end_ids: Vec<u32>,
     bits: usize,
@@ -56,18 +59,6 @@ impl std::fmt::Debug for GuideState {
     }
 }
 
-impl Clone for GuideState {
-    fn clone(&self) -> Self {
-        GuideState {
-            matcher: self.matcher.clone(),
-            end_ids: self.end_ids.clone(),
-            bits: self.bits,
-            next: self.next.clone(),
-            broken: self.broken,
-        }
-    }
-}
-
 impl GuideState {
     /// A sequence at the start of `compiled`'s grammar; `end_ids` end it where the
     /// grammar may end.
@@ -75,6 +66,7 @@ impl GuideState {
         let bits = compiled.first.allowed.bits();
         let mut s = GuideState {
             matcher: (*compiled.start).clone(),
+            trie_eos: compiled.trie_eos.clone(),
             end_ids,
             bits,
             next: None,
@@ -101,7 +93,7 @@ impl GuideState {
                 may_end: true,
             });
         }
-        match grammar_mask(&mut self.matcher, self.bits) {
+        match grammar_mask(&mut self.matcher, self.bits, &self.trie_eos) {
             Ok(g) => self.finish(g),
             Err(e) => {
                 tracing::warn!("grammar failed, ending the sequence: {e}");

@@ -535,7 +535,7 @@ async fn chat_completions(
                 if finish == "stop" {
                     finish = "tool_calls";
                 }
-                super::tools::calls_out(calls, &format!("{rid}-{index}"), false)
+                super::tools::calls_out(calls, &meta.id, index, false)
             });
             ChatChoice {
                 index,
@@ -571,7 +571,6 @@ fn stream_chat(
     include_usage: bool,
     tools: Option<super::tools::ToolFormat>,
 ) -> impl Stream<Item = Event> + Send + 'static {
-    let rid = meta.id.trim_start_matches("chatcmpl-").to_owned();
     let usage_field: Option<Option<Usage>> = include_usage.then_some(None);
     let choice = |index: usize,
                   delta: ChatDelta,
@@ -617,7 +616,7 @@ fn stream_chat(
                         if reason == "stop" {
                             reason = "tool_calls";
                         }
-                        let out = super::tools::calls_out(found, &format!("{rid}-{index}"), true);
+                        let out = super::tools::calls_out(found, &meta.id, index, true);
                         let delta = ChatDelta { role: None, content: None, tool_calls: Some(out) };
                         yield meta.chat_chunk(vec![choice(index, delta, None, None)], usage_field);
                     }

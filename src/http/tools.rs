@@ -520,10 +520,12 @@ pub fn prepare_chat(
     Ok(Some(format))
 }
 
-/// OpenAI's shape of parsed calls; `stream` numbers them for deltas.
+/// OpenAI's shape of the calls parsed from choice `choice` of the answer `answer_id`,
+/// each with an id unique to it; `stream` numbers them for deltas.
 pub fn calls_out(
     calls: Vec<ToolCall>,
-    rid: &str,
+    answer_id: &str,
+    choice: usize,
     stream: bool,
 ) -> Vec<super::openai_types::ToolCallOut> {
     use super::openai_types::{FunctionCallOut, ToolCallOut};
@@ -532,7 +534,7 @@ pub fn calls_out(
         .enumerate()
         .map(|(i, c)| ToolCallOut {
             index: stream.then_some(i),
-            id: format!("call-{rid}-{i}"),
+            id: format!("call-{answer_id}-{choice}-{i}"),
             kind: "function",
             function: FunctionCallOut {
                 name: c.name,
