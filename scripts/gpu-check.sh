@@ -14,7 +14,10 @@
 #      with a host cache: sequences are preempted by swapping (none by recompute), every
 #      answer whole; how many equal the same request served alone is noted. 3d: the OpenAI
 #      sampling surface (scripts/sampling_check.py): n, seeds, best_of, min_p, logit_bias,
-#      top_logprobs, echoed prompt log-probabilities, all sampled on the device.
+#      top_logprobs, echoed prompt log-probabilities, all sampled on the device. 3e:
+#      structured output (JSON schemas, regex, choice, GBNF, Triton's guided fields) and a
+#      required tool call conform under the device's masks; embeddings equal a CPU server's
+#      (scripts/structured_check.py).
 #   4. compute-sanitizer memcheck over a short serving run, and (4b) over the forward pass
 #      alone (gpu-logits, four prompts batched and four decode steps).
 # Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
@@ -226,7 +229,7 @@ echo; echo "## 3d. the OpenAI sampling surface on the device's sampler"
 # shorter prompts, the same logits in two batch shapes, within f16 rounding).
 if serve "$BIN" serve --config "$WORK/serve.toml"; then
   python3 "$HERE/sampling_check.py" http://localhost:18500 --tol 5e-2 | tee "$WORK/sampling.txt"
-  SAMPLING=$?
+  SAMPLING=${PIPESTATUS[0]}
   stop
   if [ "$SAMPLING" = 0 ]; then
     status "serve, OpenAI sampling surface" PASS "$(grep -c '^PASS' "$WORK/sampling.txt") checks"
@@ -236,6 +239,29 @@ if serve "$BIN" serve --config "$WORK/serve.toml"; then
 else
   tail -20 "$WORK/serve.log"; status "serve, OpenAI sampling surface" FAIL "server did not become ready"
 fi
+
+echo; echo "## 3e. structured output, tool calls and embeddings on the GPU engine"
+# JSON schemas, regex, choice, GBNF and Triton's guided_decoding fields: every answer
+# conforms (the grammar's mask applied by sample.cu), a required tool call parses; the
+# GPU's embeddings against a CPU-engine server of the same model (scripts/structured_check.py).
+cp "$WORK/serve.toml" "$WORK/serve-cpu.toml"
+sed -i 's/^device = "cuda"/device = "cpu"/; s/^http_port = 18500/http_port = 18510/; s/^metrics_port = 18502/metrics_port = 18512/' "$WORK/serve-cpu.toml"
+"$BIN" serve --config "$WORK/serve-cpu.toml" > "$WORK/serve-cpu.log" 2>&1 &
+CPU_SERVER=$!
+if serve "$BIN" serve --config "$WORK/serve.toml"; then
+  for _ in $(seq 1 120); do curl -sf localhost:18510/v2/health/ready >/dev/null && break; sleep 0.5; done
+  python3 "$HERE/structured_check.py" http://localhost:18500 --cpu http://localhost:18510 | tee "$WORK/structured.txt"
+  STRUCTURED=${PIPESTATUS[0]}
+  stop
+  if [ "$STRUCTURED" = 0 ]; then
+    status "serve, structured output, tools, embeddings" PASS "$(grep -c '^PASS' "$WORK/structured.txt") checks; $(grep '^INFO' "$WORK/structured.txt" | cut -c6-)"
+  else
+    status "serve, structured output, tools, embeddings" FAIL "$(grep '^FAIL' "$WORK/structured.txt" | head -2 | cut -c1-200)"
+  fi
+else
+  tail -20 "$WORK/serve.log"; status "serve, structured output, tools, embeddings" FAIL "server did not become ready"
+fi
+kill -TERM $CPU_SERVER 2>/dev/null; wait $CPU_SERVER 2>/dev/null
 
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   echo; echo "## 4. compute-sanitizer memcheck, short serving run"
