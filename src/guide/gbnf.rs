@@ -191,6 +191,8 @@ mod tests {
         assert!(to_lark("root ::= [a-z").unwrap_err().contains("not closed"));
         assert!(to_lark("root ::= a{x}").unwrap_err().contains("repetition"));
         assert!(to_lark("root ::= a ; b").unwrap_err().contains("';'"));
-        assert!(to_lark("root ::= ::= \"x\"").unwrap_err().contains("rule name"));
+        assert!(to_lark("root ::= ::= \"x\"")
+            .unwrap_err()
+            .contains("rule name"));
     }
 }

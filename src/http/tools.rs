@@ -311,72 +311,96 @@ fn call_of(v: &Value) -> Option<ToolCall> {
     Some(ToolCall { name, arguments })
 }
 
-/// Splits a model's whole answer into its text and its calls, in `format`. Text that
-/// looks like a call but does not parse stays text.
+/// Splits a model's whole answer into its text and its calls, in `format`. Every call
+/// that parses is kept; text that looks like a call but does not parse (a malformed
+/// block, or the last call cut short by `max_tokens`) stays in the text, so nothing the
+/// model wrote is lost.
 pub fn parse(text: &str, format: ToolFormat) -> (String, Vec<ToolCall>) {
-    match format {
+    let parsed = |s: &str| {
+        serde_json::from_str::<Value>(s.trim())
+            .ok()
+            .as_ref()
+            .and_then(call_of)
+    };
+    let (rest, calls) = match format {
         ToolFormat::Hermes => {
-            let Some(first) = text.find("<tool_call>") else {
-                return (text.to_owned(), Vec::new());
-            };
+            const OPEN: &str = "<tool_call>";
+            const CLOSE: &str = "</tool_call>";
             let mut calls = Vec::new();
-            let mut rest = &text[first..];
-            while let Some(open) = rest.find("<tool_call>") {
-                let body = &rest[open + "<tool_call>".len()..];
-                let (inner, next) = match body.find("</tool_call>") {
-                    Some(close) => (&body[..close], &body[close + "</tool_call>".len()..]),
-                    None => (body, ""),
+            let mut kept = String::new();
+            let mut rest = text;
+            while let Some(open) = rest.find(OPEN) {
+                kept.push_str(&rest[..open]);
+                let body = &rest[open + OPEN.len()..];
+                let (inner, end) = match body.find(CLOSE) {
+                    Some(close) => (&body[..close], open + OPEN.len() + close + CLOSE.len()),
+                    None => (body, rest.len()),
                 };
-                match serde_json::from_str::<Value>(inner.trim())
-                    .ok()
-                    .as_ref()
-                    .and_then(call_of)
-                {
+                match parsed(inner) {
                     Some(c) => calls.push(c),
-                    None => return (text.to_owned(), Vec::new()),
+                    None => kept.push_str(&rest[open..end]),
                 }
-                rest = next;
+                rest = &rest[end..];
             }
-            (text[..first].trim_end().to_owned(), calls)
+            kept.push_str(rest);
+            (kept.trim().to_owned(), calls)
         }
         ToolFormat::Llama3 => {
             let body = text.trim().trim_start_matches("<|python_tag|>").trim();
-            if !body.starts_with('{') {
-                return (text.to_owned(), Vec::new());
+            let mut calls = Vec::new();
+            let mut rest = body;
+            if body.starts_with('{') {
+                for part in body.split("; ") {
+                    match parsed(part) {
+                        Some(c) => calls.push(c),
+                        None => break,
+                    }
+                    rest = rest[part.len()..].strip_prefix("; ").unwrap_or("");
+                }
             }
-            let calls: Option<Vec<ToolCall>> = body
-                .split("; ")
-                .map(|part| {
-                    serde_json::from_str::<Value>(part.trim())
-                        .ok()
-                        .as_ref()
-                        .and_then(call_of)
-                })
-                .collect();
-            match calls {
-                Some(c) if !c.is_empty() => (String::new(), c),
-                _ => (text.to_owned(), Vec::new()),
-            }
+            (rest.to_owned(), calls)
         }
         ToolFormat::Mistral => {
             let (before, body) = match text.find("[TOOL_CALLS]") {
                 Some(at) => (&text[..at], &text[at + "[TOOL_CALLS]".len()..]),
                 // The marker is a control token, which decoding drops.
                 None if text.trim_start().starts_with("[{") => ("", text),
-                None => return (text.to_owned(), Vec::new()),
+                None => ("", ""),
             };
-            let calls = serde_json::from_str::<Value>(body.trim())
-                .ok()
-                .and_then(|v| {
-                    v.as_array()
-                        .map(|a| a.iter().map(call_of).collect::<Option<Vec<_>>>())
-                })
-                .flatten();
-            match calls {
-                Some(c) if !c.is_empty() => (before.trim_end().to_owned(), c),
-                _ => (text.to_owned(), Vec::new()),
-            }
+            let (calls, rest) = leading_array_calls(body);
+            (format!("{}{rest}", before.trim_end()), calls)
         }
+    };
+    if calls.is_empty() {
+        return (text.to_owned(), calls);
+    }
+    (rest, calls)
+}
+
+/// The calls of a JSON list of calls as far as its elements parse (a list cut short keeps
+/// its whole elements), and the text from the first element that does not.
+fn leading_array_calls(body: &str) -> (Vec<ToolCall>, &str) {
+    let mut calls = Vec::new();
+    let Some(mut rest) = body.trim_start().strip_prefix('[') else {
+        return (calls, body);
+    };
+    loop {
+        rest = rest.trim_start();
+        if let Some(after) = rest.strip_prefix(']') {
+            return (calls, after.trim());
+        }
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        let Some(call) = values
+            .next()
+            .and_then(|v| v.ok())
+            .as_ref()
+            .and_then(call_of)
+        else {
+            return (calls, rest);
+        };
+        calls.push(call);
+        rest = rest[values.byte_offset()..].trim_start();
+        rest = rest.strip_prefix(',').unwrap_or(rest);
     }
 }
 

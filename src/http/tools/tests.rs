@@ -103,6 +103,31 @@ fn whole_answers_parse_in_each_format() {
             arguments: "{\"x\": 1}".into()
         }
     );
+    // Cut short by max_tokens: the whole calls are kept, the cut one stays text.
+    let (text, calls) = parse(
+        "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"argu",
+        ToolFormat::Hermes,
+    );
+    assert_eq!(calls.len(), 1);
+    assert_eq!(text, "<tool_call>\n{\"name\": \"b\", \"argu");
+    let (text, calls) = parse(
+        "Ok\n<tool_call>{oops</tool_call>\n<tool_call>{\"name\": \"a\"}</tool_call>",
+        ToolFormat::Hermes,
+    );
+    assert_eq!(
+        (text.as_str(), calls.len()),
+        ("Ok\n<tool_call>{oops</tool_call>", 1)
+    );
+    let (text, calls) = parse(
+        "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}} , {\"name\": \"b\", \"arg",
+        ToolFormat::Mistral,
+    );
+    assert_eq!((text.as_str(), calls.len()), ("{\"name\": \"b\", \"arg", 1));
+    let (text, calls) = parse(
+        "{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"par",
+        ToolFormat::Llama3,
+    );
+    assert_eq!((text.as_str(), calls.len()), ("{\"name\": \"b\", \"par", 1));
     // Not a call: the text stays.
     for (t, f) in [
         ("<tool_call>{oops</tool_call>", ToolFormat::Hermes),
