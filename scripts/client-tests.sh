@@ -6,8 +6,8 @@
 # status (or 1 when the server misbehaved); its last line is pytest's summary.
 #
 # Needs: python3 -m pip install -r tests/clients/requirements.txt
-# Environment: INFLIGHT_HTTP_PORT / INFLIGHT_METRICS_PORT (default 18400 / 18402, other
-# free ports when those are taken), INFLIGHT_READY_TIMEOUT (seconds, default 600: the
+# Environment: INFLIGHT_HTTP_PORT / INFLIGHT_METRICS_PORT / INFLIGHT_GRPC_PORT (default
+# 18400 / 18402 / 18401, other free ports when those are taken), INFLIGHT_READY_TIMEOUT (seconds, default 600: the
 # first start may fetch the model), INFLIGHT_SKIP_BUILD=1 to use the binary as it is,
 # INFLIGHT_BIN to name the binary (default: release/inflight under CARGO_TARGET_DIR, or
 # ./target). Extra arguments go to pytest (e.g. -k openai).
@@ -22,13 +22,13 @@ if [ "${INFLIGHT_SKIP_BUILD:-0}" != 1 ] || [ ! -x "$BIN" ]; then
   cargo build --release
 fi
 
-if ! python3 -c 'import tritonclient.http, openai, requests, pytest' 2>/dev/null; then
+if ! python3 -c 'import tritonclient.http, tritonclient.grpc, openai, requests, pytest' 2>/dev/null; then
   echo "client-tests: the Python clients are missing; run: python3 -m pip install -r tests/clients/requirements.txt" >&2
   exit 2
 fi
 
 # The requested ports if both are free, else two free ones the kernel picks.
-read -r HTTP_PORT METRICS_PORT < <(python3 - "${INFLIGHT_HTTP_PORT:-18400}" "${INFLIGHT_METRICS_PORT:-18402}" <<'EOF'
+read -r HTTP_PORT METRICS_PORT GRPC_PORT < <(python3 - "${INFLIGHT_HTTP_PORT:-18400}" "${INFLIGHT_METRICS_PORT:-18402}" "${INFLIGHT_GRPC_PORT:-18401}" <<'EOF'
 import socket, sys
 def free(port):
     s = socket.socket()
@@ -41,11 +41,11 @@ def free(port):
         return None
     finally:
         s.close()
-want = [int(p) for p in sys.argv[1:3]]
-if all(free(p) for p in want) and want[0] != want[1]:
+want = [int(p) for p in sys.argv[1:4]]
+if all(free(p) for p in want) and len(set(want)) == 3:
     print(*want)
 else:
-    socks = [socket.socket() for _ in range(2)]
+    socks = [socket.socket() for _ in range(3)]
     for s in socks:
         s.bind(("127.0.0.1", 0))
     print(*(s.getsockname()[1] for s in socks))
@@ -53,7 +53,7 @@ else:
         s.close()
 EOF
 )
-export INFLIGHT_HTTP_PORT=$HTTP_PORT INFLIGHT_METRICS_PORT=$METRICS_PORT
+export INFLIGHT_HTTP_PORT=$HTTP_PORT INFLIGHT_METRICS_PORT=$METRICS_PORT INFLIGHT_GRPC_PORT=$GRPC_PORT
 
 WORK=$(mktemp -d)
 LOG=$WORK/server.log
@@ -73,8 +73,8 @@ log_tail() {
   echo "--------------------------------------" >&2
 }
 
-echo "client-tests: starting $BIN serve --http-port $HTTP_PORT --metrics-port $METRICS_PORT"
-NO_COLOR=1 "$BIN" serve --http-port "$HTTP_PORT" --metrics-port "$METRICS_PORT" >"$LOG" 2>&1 &
+echo "client-tests: starting $BIN serve --http-port $HTTP_PORT --metrics-port $METRICS_PORT --grpc-port $GRPC_PORT"
+NO_COLOR=1 "$BIN" serve --http-port "$HTTP_PORT" --metrics-port "$METRICS_PORT" --grpc-port "$GRPC_PORT" >"$LOG" 2>&1 &
 SERVER_PID=$!
 
 # Bounded wait for /v2/health/ready; fail at once if the server dies.

@@ -110,6 +110,9 @@ pub struct ServerSection {
     pub http_port: u16,
     /// Port of the Prometheus metrics.
     pub metrics_port: u16,
+    /// Port of Triton's gRPC service (`ModelInfer`, `ModelStreamInfer`, metadata); 0 serves
+    /// no gRPC.
+    pub grpc_port: u16,
     /// `cpu`, or `cuda` / `cuda:N` (builds with feature `cuda`).
     pub device: String,
     /// Seconds to let running requests finish on SIGTERM.
@@ -136,6 +139,7 @@ impl Default for ServerSection {
             host: "0.0.0.0".into(),
             http_port: 8000,
             metrics_port: 8002,
+            grpc_port: 8001,
             device: "cpu".into(),
             shutdown_timeout_s: 30,
             header_read_timeout_s: 30.0,

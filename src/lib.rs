@@ -31,6 +31,7 @@ pub mod generate;
 #[cfg(feature = "gpu-tools")]
 #[doc(hidden)]
 pub mod gpu_check;
+pub mod grpc;
 pub mod guide;
 pub mod handle;
 pub mod http;

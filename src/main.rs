@@ -127,6 +127,9 @@ struct ServeArgs {
     http_port: Option<u16>,
     #[arg(long)]
     metrics_port: Option<u16>,
+    /// Triton's gRPC service (default 8001; 0: none).
+    #[arg(long)]
+    grpc_port: Option<u16>,
     /// cpu, or cuda / cuda:N (builds with feature `cuda`).
     #[arg(long)]
     device: Option<String>,
@@ -311,6 +314,7 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
     server.host = args.host.unwrap_or(server.host.clone());
     server.http_port = args.http_port.unwrap_or(server.http_port);
     server.metrics_port = args.metrics_port.unwrap_or(server.metrics_port);
+    server.grpc_port = args.grpc_port.unwrap_or(server.grpc_port);
     server.device = args.device.unwrap_or(server.device.clone());
     server.api_key = args.api_key.or(server.api_key.clone());
     let device: Device = server.device.parse()?;
@@ -374,8 +378,11 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
         serve(
             state,
             &cfg.server.host,
-            cfg.server.http_port,
-            cfg.server.metrics_port,
+            inflight::http::Ports {
+                http: cfg.server.http_port,
+                metrics: cfg.server.metrics_port,
+                grpc: cfg.server.grpc_port,
+            },
             inflight::http::ServeLimits::from(&cfg.server),
         )
         .await

@@ -11,6 +11,8 @@ use crate::tokenizer::Tokenizer;
 
 /// Output state of one prompt of a request.
 pub struct SeqOutputState {
+    /// Chunks of this iteration held for the final chunk (the sequence ends in it).
+    held_chunk: Option<Chunk>,
     batch_index: usize,
     stream: bool,
     detok: Detokenizer,
@@ -66,6 +68,7 @@ impl SeqOutputState {
             pending.text = prompt_text.unwrap_or_default();
         }
         SeqOutputState {
+            held_chunk: None,
             batch_index,
             stream: params.stream,
             detok: Detokenizer::new(),
@@ -250,6 +253,19 @@ impl SeqOutputState {
         self.pending.prompt_log_probs.extend(c.prompt_log_probs);
         self.pending.cum_log_prob = c.cum_log_prob;
         self.pending.queue_time = self.pending.queue_time.or(c.queue_time);
+    }
+
+    /// Holds a streamed chunk for the final one (see [`SeqOutputState::take_held`]).
+    pub fn hold(&mut self, c: Chunk) {
+        self.held_chunk = Some(match self.held_chunk.take() {
+            Some(h) => c.after(h),
+            None => c,
+        });
+    }
+
+    /// The chunks held since the last one sent, as one.
+    pub fn take_held(&mut self) -> Option<Chunk> {
+        self.held_chunk.take()
     }
 
     /// The last chunk: flushes held text (unless a stop string ended it) and pending bytes.

@@ -296,6 +296,23 @@ impl Chunk {
     }
 }
 
+impl Chunk {
+    /// This chunk with `earlier` (of the same sequence) before it: the tokens, text and
+    /// log-probabilities of both, this chunk's end and counts, the first queue time and
+    /// first-token time.
+    pub fn after(mut self, earlier: Chunk) -> Chunk {
+        self.text.insert_str(0, &earlier.text);
+        self.token_ids.splice(0..0, earlier.token_ids);
+        self.log_probs.splice(0..0, earlier.log_probs);
+        self.top_log_probs.splice(0..0, earlier.top_log_probs);
+        self.prompt_log_probs.splice(0..0, earlier.prompt_log_probs);
+        self.queue_time = earlier.queue_time.or(self.queue_time);
+        self.first_token_at = earlier.first_token_at.or(self.first_token_at);
+        self.cum_log_prob = self.cum_log_prob.or(earlier.cum_log_prob);
+        self
+    }
+}
+
 /// Each answer whole, from the chunks of a request (by `batch_index`: `answers` is the
 /// number of prompts times `n`).
 pub fn answers(chunks: Vec<Chunk>, prompts: usize) -> Vec<Chunk> {

@@ -118,10 +118,11 @@ async fn generate_stream_sends_sse_events_with_batch_index() {
         let mine: Vec<&Value> = events.iter().filter(|e| e["batch_index"] == i).collect();
         assert_eq!(
             mine.len(),
-            6,
-            "5 token events and a final one for prompt {i}"
+            5,
+            "5 token events for prompt {i}, the last one carrying the end"
         );
         assert!(mine.last().unwrap()["finish_reason"] == "length");
+        assert!(mine[..4].iter().all(|e| e.get("finish_reason").is_none()));
     }
     // Non-streamed through generate_stream: one event per prompt with the whole answer.
     let r = client()

@@ -102,8 +102,18 @@ impl Actor for Postprocess {
                 state.seqs.retain(|_, (r, _)| *r != rid);
             }
             PostprocessMsg::Emit(outputs) => {
+                // A sequence that ends in this iteration sends its last tokens with its
+                // final chunk, so the end comes with the last token, not as an empty
+                // chunk after it (TRT-LLM's final response carries its last tokens).
+                let ending: Vec<SeqId> = outputs
+                    .iter()
+                    .filter_map(|o| match o {
+                        SeqOutput::Finished { seq, .. } => Some(*seq),
+                        _ => None,
+                    })
+                    .collect();
                 for o in outputs {
-                    emit(state, o);
+                    emit(state, o, &ending);
                 }
             }
             PostprocessMsg::Flush(reply) => {
@@ -115,7 +125,9 @@ impl Actor for Postprocess {
 }
 
 /// Applies one output to its sequence and sends what it produced.
-fn emit(state: &mut PostprocessState, output: SeqOutput) {
+/// Delivers one output; the token chunks of a sequence in `ending` are held for its
+/// final chunk.
+fn emit(state: &mut PostprocessState, output: SeqOutput, ending: &[SeqId]) {
     let seq = match &output {
         SeqOutput::Token { seq, .. }
         | SeqOutput::PromptLogprobs { seq, .. }
@@ -148,15 +160,20 @@ fn emit(state: &mut PostprocessState, output: SeqOutput) {
             if pushed.stop_string {
                 // The token's chunk (text before the stop string) and the final one, as one.
                 let mut last = out.finish(FinishReason::Stop);
-                if let Some(c) = pushed.chunk {
-                    last.text.insert_str(0, &c.text);
-                    last.token_ids.splice(0..0, c.token_ids);
-                    last.log_probs.splice(0..0, c.log_probs);
-                    last.top_log_probs.splice(0..0, c.top_log_probs);
-                    last.prompt_log_probs.splice(0..0, c.prompt_log_probs);
-                    last.queue_time = last.queue_time.or(c.queue_time);
+                if let Some(c) = out
+                    .take_held()
+                    .into_iter()
+                    .chain(pushed.chunk)
+                    .reduce(|a, b| b.after(a))
+                {
+                    last = last.after(c);
                 }
                 (Some(last), true, true)
+            } else if ending.contains(&seq) {
+                if let Some(c) = pushed.chunk {
+                    out.hold(c);
+                }
+                return;
             } else {
                 (pushed.chunk, false, false)
             }
@@ -169,6 +186,9 @@ fn emit(state: &mut PostprocessState, output: SeqOutput) {
                 SeqFinish::Length => FinishReason::Length,
             };
             let mut last = out.finish(reason);
+            if let Some(c) = out.take_held() {
+                last = last.after(c);
+            }
             last.embedding = embedding;
             (Some(last), true, false)
         }

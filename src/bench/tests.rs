@@ -179,7 +179,7 @@ impl Server {
                     drain_timeout: Duration::from_secs(5),
                     ..Default::default()
                 };
-                serve_on(state, http, metrics, shutdown, limits)
+                serve_on(state, http, metrics, None, shutdown, limits)
                     .await
                     .unwrap();
             });

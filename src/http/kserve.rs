@@ -73,16 +73,18 @@ pub(super) fn served(state: &AppState, p: &ModelPath) -> ApiResult<ModelKind> {
     }
 }
 
+/// The protocol extensions the server implements (HTTP and gRPC metadata).
+pub(crate) const EXTENSIONS: [&str; 5] = [
+    "binary_tensor_data",
+    "model_configuration",
+    "statistics",
+    "parameters",
+    "generate",
+];
+
 async fn server_metadata() -> Json<Value> {
-    let extensions = [
-        "binary_tensor_data",
-        "model_configuration",
-        "statistics",
-        "parameters",
-        "generate",
-    ];
     Json(
-        json!({"name": "inflight", "version": env!("CARGO_PKG_VERSION"), "extensions": extensions}),
+        json!({"name": "inflight", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS}),
     )
 }
 
@@ -256,6 +258,11 @@ async fn model_metadata(
     Path(p): Path<ModelPath>,
 ) -> ApiResult<Json<Value>> {
     let kind = served(&state, &p)?;
+    Ok(Json(metadata_json(&p.model, kind)))
+}
+
+/// A served name's metadata: its inputs and outputs with their batch dimension.
+pub(crate) fn metadata_json(model: &str, kind: ModelKind) -> Value {
     let ins: Vec<Value> = inputs(kind)
         .filter(|s| s.listed)
         .map(|s| json!({"name": s.name, "datatype": s.dt.name(), "shape": with_batch(s.dims)}))
@@ -264,9 +271,7 @@ async fn model_metadata(
         .iter()
         .map(|(n, dt, dims)| json!({"name": n, "datatype": dt.name(), "shape": with_batch(dims)}))
         .collect();
-    Ok(Json(
-        json!({"name": p.model, "versions": ["1"], "platform": platform(&p.model).0, "inputs": ins, "outputs": outs}),
-    ))
+    json!({"name": model, "versions": ["1"], "platform": platform(model).0, "inputs": ins, "outputs": outs})
 }
 
 async fn model_config(
@@ -274,6 +279,15 @@ async fn model_config(
     Path(p): Path<ModelPath>,
 ) -> ApiResult<Json<Value>> {
     let kind = served(&state, &p)?;
+    Ok(Json(config_json(&state, &p.model, kind).await?))
+}
+
+/// A served name's configuration in protobuf field names (model_config.proto).
+pub(crate) async fn config_json(
+    state: &AppState,
+    model: &str,
+    kind: ModelKind,
+) -> ApiResult<Value> {
     let stats = state
         .model()
         .stats()
@@ -290,16 +304,16 @@ async fn model_config(
         .iter()
         .map(|(n, dt, dims)| json!({"name": n, "data_type": dt.config_name(), "dims": dims, "label_filename": "", "is_shape_tensor": false}))
         .collect();
-    let (platform, backend) = platform(&p.model);
+    let (platform, backend) = platform(model);
     let mut config = json!({
-        "name": p.model, "platform": platform, "backend": backend,
+        "name": model, "platform": platform, "backend": backend,
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": stats.max_batch_size.max(1),
         "input": ins, "output": outs,
         // Every served name streams through generate_stream.
         "model_transaction_policy": {"decoupled": true},
     });
-    if p.model == ENSEMBLE {
+    if model == ENSEMBLE {
         // perf_analyzer walks the steps and fetches each composing model's config and
         // stats. Tokenizing happens inside, so the one step is the core model.
         let input_map: Map<String, Value> = [
@@ -325,7 +339,7 @@ async fn model_config(
     } else {
         config["dynamic_batching"] = json!({});
     }
-    Ok(Json(config))
+    Ok(config)
 }
 
 /// `POST /v2/models/{model}/infer`.
@@ -351,16 +365,88 @@ async fn infer(
             "request parameter '{k}': names starting with 'triton_' are reserved"
         )));
     }
-    let wanted = select_outputs(model, kind, &req)?;
-    let object = Value::Object(field_object(model, kind, &req)?);
+    let mut run = match prepare(&state, model, kind, &req)? {
+        Prepared::Stop(id) => {
+            return Ok(Json(
+                json!({"model_name": model, "model_version": "1", "id": id, "outputs": []}),
+            )
+            .into_response())
+        }
+        Prepared::Run(run) => run,
+    };
+    run.request.params.stream = false;
+    let outputs = run.whole(&state, model).await?;
+    let mut head = Map::new();
+    head.insert("model_name".into(), json!(model));
+    head.insert("model_version".into(), json!("1"));
+    if let Some(id) = &req.id {
+        head.insert("id".into(), json!(id));
+    }
+    tensors::encode_response(head, outputs)
+}
+
+/// An infer request decoded and checked, before anything runs (HTTP and gRPC share it).
+pub(crate) enum Prepared {
+    /// TRT-LLM's stop request: the request with this id was cancelled; it is answered
+    /// with no outputs.
+    Stop(String),
+    /// A generation to run.
+    Run(Box<InferRun>),
+}
+
+/// A generation an infer request asks for, and how its answer is shaped.
+pub(crate) struct InferRun {
+    pub request: crate::request::Request,
+    pub shape: AnswerShape,
+}
+
+/// Which output tensors an infer request gets back, and how they are filled.
+pub(crate) struct AnswerShape {
+    wanted: Vec<(&'static OutSpec, bool)>,
+    pad: u32,
+    logprobs: bool,
+    pub prompts: usize,
+}
+
+impl AnswerShape {
+    /// The output tensors of `answers` (one per prompt, or one chunk's worth of a
+    /// stream: each carries its own `batch_index`).
+    pub fn outputs(&self, answers: &[Chunk]) -> Vec<Output> {
+        self.wanted
+            .iter()
+            .map(|&(spec, binary)| output(spec, binary, answers, self.pad, self.logprobs))
+            .collect()
+    }
+}
+
+impl InferRun {
+    /// Runs the request to its end and returns its whole answer's outputs.
+    pub async fn whole(self, state: &AppState, model: &str) -> ApiResult<Vec<Output>> {
+        let stream = state.submit(model, self.request).await?;
+        let chunks: Vec<Chunk> = stream.collect().await;
+        if let Some(err) = chunks.iter().find_map(|c| c.error.clone()) {
+            return Err(ApiError::EngineFailed(err));
+        }
+        Ok(self
+            .shape
+            .outputs(&crate::request::answers(chunks, self.shape.prompts)))
+    }
+}
+
+/// Checks `req` for `model` and turns it into a generation, or carries out a stop
+/// request (cancelling its target).
+pub(crate) fn prepare(
+    state: &AppState,
+    model: &str,
+    kind: ModelKind,
+    req: &InferRequest,
+) -> ApiResult<Prepared> {
+    let wanted = select_outputs(model, kind, req)?;
+    let object = Value::Object(field_object(model, kind, req)?);
     let fields = Fields::new(&object)?;
     if let Some(id) = stop_target(&fields)? {
-        // TRT-LLM's stop request: cancel the request with this id, answer with no outputs.
         state.model().cancel(&id);
-        return Ok(Json(
-            json!({"model_name": model, "model_version": "1", "id": id, "outputs": []}),
-        )
-        .into_response());
+        return Ok(Prepared::Stop(id));
     }
     if let Some(missing) = inputs(kind)
         .find(|s| !s.optional && fields.get(s.name).is_none() && !alias_present(&fields, s.name))
@@ -370,32 +456,22 @@ async fn infer(
             missing.name
         )));
     }
-    let mut request = build_request(
+    let request = build_request(
         &fields,
         kind,
         state.model().tokenizer(),
         state.model().config().max_position_embeddings,
     )?;
-    request.params.stream = false;
     let pad = request.params.pad_id.or(request.params.end_id).unwrap_or(0);
-    let logprobs = request.params.return_log_probs;
-    let prompts = request.prompts.len();
-    let chunks: Vec<Chunk> = state.submit(model, request).await?.collect().await;
-    if let Some(err) = chunks.iter().find_map(|c| c.error.clone()) {
-        return Err(ApiError::EngineFailed(err));
-    }
-    let answers = crate::request::answers(chunks, prompts);
-    let outputs = wanted
-        .into_iter()
-        .map(|(spec, binary)| output(spec, binary, &answers, pad, logprobs))
-        .collect();
-    let mut head = Map::new();
-    head.insert("model_name".into(), json!(model));
-    head.insert("model_version".into(), json!("1"));
-    if let Some(id) = &req.id {
-        head.insert("id".into(), json!(id));
-    }
-    tensors::encode_response(head, outputs)
+    Ok(Prepared::Run(Box::new(InferRun {
+        shape: AnswerShape {
+            logprobs: request.params.return_log_probs,
+            prompts: request.prompts.len(),
+            wanted,
+            pad,
+        },
+        request,
+    })))
 }
 
 /// A required input given under its alias (`max_tokens` for the core model).
@@ -621,7 +697,7 @@ fn output(spec: &OutSpec, binary: bool, answers: &[Chunk], pad: u32, logprobs: b
             (vec![b, 1], ints(&|_, a| a.token_ids.len() as i128))
         }
         "num_input_tokens" => (vec![b, 1], ints(&|_, a| a.prompt_tokens as i128)),
-        "batch_index" => (vec![b, 1], ints(&|i, _| i as i128)),
+        "batch_index" => (vec![b, 1], ints(&|_, a| a.batch_index as i128)),
         _ => (vec![b, 1], ints(&|_, _| 0)),
     };
     Output {

@@ -14,7 +14,7 @@ pub(super) async fn all_stats(State(state): State<AppState>) -> ApiResult<Json<V
     let mut names = state.served_names();
     let mut seen = std::collections::HashSet::new();
     names.retain(|n| seen.insert(n.clone()));
-    stats(&state, &names).await
+    Ok(Json(stats(&state, &names).await?))
 }
 
 pub(super) async fn model_stats(
@@ -22,7 +22,7 @@ pub(super) async fn model_stats(
     Path(p): Path<ModelPath>,
 ) -> ApiResult<Json<Value>> {
     served(&state, &p)?;
-    stats(&state, &[p.model]).await
+    Ok(Json(stats(&state, &[p.model]).await?))
 }
 
 /// Per-model request counters, as the metrics module recorded them.
@@ -41,7 +41,7 @@ struct Counts {
 /// The statistics extension, computed from the Prometheus counters (one source of truth).
 /// Durations: `queue` is time waiting to be scheduled, `compute_infer` the rest of each
 /// request; `last_inference` is not recorded and reads 0.
-async fn stats(state: &AppState, names: &[String]) -> ApiResult<Json<Value>> {
+pub(crate) async fn stats(state: &AppState, names: &[String]) -> ApiResult<Value> {
     let counts = counts(&state.metrics().render());
     let iterations = state
         .model()
@@ -79,7 +79,7 @@ async fn stats(state: &AppState, names: &[String]) -> ApiResult<Json<Value>> {
             })
         })
         .collect();
-    Ok(Json(json!({ "model_stats": model_stats })))
+    Ok(json!({ "model_stats": model_stats }))
 }
 
 /// Reads the `nv_inference_*` counters of each model from the Prometheus text.

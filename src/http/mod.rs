@@ -13,8 +13,8 @@ mod fields;
 mod guided;
 mod json_body;
 mod known_fields;
-mod kserve;
-mod kserve_stats;
+pub(crate) mod kserve;
+pub(crate) mod kserve_stats;
 mod listener;
 mod openai;
 mod openai_types;
@@ -24,7 +24,7 @@ mod request_body;
 mod responses;
 mod responses_types;
 mod serve;
-mod tensors;
+pub(crate) mod tensors;
 mod tokenize;
 mod tools;
 mod tracked;
@@ -41,7 +41,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 pub use error::{ApiError, ApiResult};
-pub use serve::{serve, serve_on, ServeLimits};
+pub use serve::{serve, serve_on, Ports, ServeLimits};
 
 use crate::handle::ModelHandle;
 use crate::metrics::{Metrics, Outcome, RequestTiming};

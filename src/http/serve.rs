@@ -61,6 +61,7 @@ pub async fn serve_on(
     state: AppState,
     http: TcpListener,
     metrics: TcpListener,
+    grpc: Option<TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     limits: ServeLimits,
 ) -> Result<()> {
@@ -82,6 +83,16 @@ pub async fn serve_on(
         .api_key
         .as_deref()
         .map(|k| ApiKey::new(k, &limits.api_key_exempt_paths));
+    let grpc_task = grpc.map(|listener| {
+        tokio::spawn(crate::grpc::run(
+            listener,
+            state.clone(),
+            limits.api_key.clone(),
+            limits.max_request_body_bytes,
+            wait(stop_rx.clone()),
+            grace,
+        ))
+    });
     let http_app = app_with(state.clone(), body, key.clone());
     let metrics_app = metrics_app_with(state, key);
     let http_task = tokio::spawn(listener::run(
@@ -108,17 +119,26 @@ pub async fn serve_on(
     let _ = stop_tx.send(true);
     let _ = http_task.await;
     let _ = metrics_task.await;
+    if let Some(t) = grpc_task {
+        let _ = t.await;
+    }
     Ok(())
 }
 
-/// Binds `host:http_port` and `host:metrics_port` and serves until SIGTERM or Ctrl-C.
-pub async fn serve(
-    state: AppState,
-    host: &str,
-    http_port: u16,
-    metrics_port: u16,
-    limits: ServeLimits,
-) -> Result<()> {
+/// The ports [`serve`] binds.
+#[derive(Debug, Clone, Copy)]
+pub struct Ports {
+    /// HTTP: Triton, KServe v2, OpenAI, health.
+    pub http: u16,
+    /// Prometheus metrics.
+    pub metrics: u16,
+    /// Triton's gRPC service; 0 serves none.
+    pub grpc: u16,
+}
+
+/// Binds `host:http_port`, `host:metrics_port` and (unless 0) `host:grpc_port`, and
+/// serves until SIGTERM or Ctrl-C.
+pub async fn serve(state: AppState, host: &str, ports: Ports, limits: ServeLimits) -> Result<()> {
     // A host name (`localhost`) is resolved; an IP address (IPv6 in brackets) is taken as is.
     let bind = |port: u16| async move {
         let addr = format!("{host}:{port}");
@@ -126,10 +146,15 @@ pub async fn serve(
             .await
             .map_err(|e| Error::Config(format!("cannot listen on {addr}: {e}")))
     };
-    let http = bind(http_port).await?;
-    let metrics = bind(metrics_port).await?;
-    tracing::info!(model = %state.model().name(), "serving HTTP on {host}:{http_port}, metrics on {host}:{metrics_port}");
-    serve_on(state, http, metrics, shutdown_signal(), limits).await
+    let http = bind(ports.http).await?;
+    let metrics = bind(ports.metrics).await?;
+    let grpc = match ports.grpc {
+        0 => None,
+        port => Some(bind(port).await?),
+    };
+    tracing::info!(model = %state.model().name(), "serving HTTP on {host}:{}, gRPC on {}, metrics on {host}:{}",
+        ports.http, if ports.grpc == 0 { "no port".to_string() } else { format!("{host}:{}", ports.grpc) }, ports.metrics);
+    serve_on(state, http, metrics, grpc, shutdown_signal(), limits).await
 }
 
 async fn shutdown_signal() {

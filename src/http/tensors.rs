@@ -87,7 +87,7 @@ impl DataType {
     }
 
     /// The inclusive range of an integer type, as i128 so every type fits.
-    fn int_range(self) -> Option<(i128, i128)> {
+    pub(crate) fn int_range(self) -> Option<(i128, i128)> {
         use DataType::*;
         let r = match self {
             U8 => (0, u8::MAX as i128),
@@ -439,7 +439,12 @@ fn decode_json(name: &str, dt: DataType, items: &[&Value]) -> ApiResult<Data> {
     })
 }
 
-fn decode_binary(name: &str, dt: DataType, blob: &[u8], count: usize) -> ApiResult<Data> {
+pub(crate) fn decode_binary(
+    name: &str,
+    dt: DataType,
+    blob: &[u8],
+    count: usize,
+) -> ApiResult<Data> {
     let Some(size) = dt.size() else {
         return decode_bytes(name, blob, count);
     };
@@ -608,7 +613,7 @@ pub fn encode_response(mut head: Map<String, Value>, outputs: Vec<Output>) -> Ap
     response.map_err(|e| ApiError::Internal(e.to_string()))
 }
 
-fn encode_binary(dt: DataType, data: &Data, out: &mut Vec<u8>) {
+pub(crate) fn encode_binary(dt: DataType, data: &Data, out: &mut Vec<u8>) {
     use DataType::*;
     match data {
         Data::Bool(v) => out.extend(v.iter().map(|&b| b as u8)),

@@ -10,9 +10,11 @@ import requests
 
 HTTP_PORT = int(os.environ.get("INFLIGHT_HTTP_PORT", "18400"))
 METRICS_PORT = int(os.environ.get("INFLIGHT_METRICS_PORT", "18402"))
+GRPC_PORT = int(os.environ.get("INFLIGHT_GRPC_PORT", "18401"))
 HOST = os.environ.get("INFLIGHT_HOST", "localhost")
 HTTP = f"http://{HOST}:{HTTP_PORT}"
 METRICS = f"http://{HOST}:{METRICS_PORT}/metrics"
+GRPC = f"{HOST}:{GRPC_PORT}"
 TIMEOUT = 120
 
 # The ensemble's text model as TensorRT-LLM names it.

@@ -18,6 +18,8 @@ pub struct TestServer {
     pub base: String,
     /// `http://127.0.0.1:PORT` of the metrics port.
     pub metrics: String,
+    /// `http://127.0.0.1:PORT` of the gRPC port.
+    pub grpc: String,
     pub state: AppState,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -67,6 +69,8 @@ pub async fn start_limited(
     let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", http.local_addr().unwrap());
     let metrics_base = format!("http://{}", metrics.local_addr().unwrap());
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc_base = format!("http://{}", grpc.local_addr().unwrap());
     let (stop, stopped) = oneshot::channel::<()>();
     let s = state.clone();
     let task = tokio::spawn(async move {
@@ -77,11 +81,14 @@ pub async fn start_limited(
             drain_timeout: Duration::from_secs(5),
             ..limits
         };
-        serve_on(s, http, metrics, shutdown, limits).await.unwrap();
+        serve_on(s, http, metrics, Some(grpc), shutdown, limits)
+            .await
+            .unwrap();
     });
     TestServer {
         base,
         metrics: metrics_base,
+        grpc: grpc_base,
         state,
         stop: Some(stop),
         task: Some(task),

@@ -1,0 +1,63 @@
+//! Triton's gRPC front end (`inference.GRPCInferenceService`, the vendored
+//! proto/grpc_service.proto) on its own port (8001 by default): health, metadata, model
+//! configuration, statistics, the repository index, `ModelInfer` and the decoupled
+//! `ModelStreamInfer` that TensorRT-LLM's clients, `tritonclient.grpc`, perf_analyzer and
+//! genai-perf stream tokens through. One request path, two codecs: a message becomes the
+//! same decoded infer request HTTP's `infer` builds (src/http/kserve.rs), with the same
+//! checks, metrics and cancellation.
+
+mod codec;
+mod service;
+
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use crate::http::AppState;
+
+pub use service::TritonGrpc;
+
+/// The code generated from the vendored protocol (build.rs).
+#[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+pub mod proto {
+    tonic::include_proto!("inference");
+}
+
+/// Serves the gRPC front end on `listener` until `shutdown` resolves; calls still open
+/// then (a client holding a stream) get `grace` more before they are closed.
+pub async fn run(
+    listener: TcpListener,
+    state: AppState,
+    key: Option<String>,
+    max_message_bytes: usize,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) {
+    let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+    let service = proto::grpc_inference_service_server::GrpcInferenceServiceServer::new(
+        TritonGrpc::new(state, key.as_deref()),
+    )
+    .max_decoding_message_size(max_message_bytes)
+    .max_encoding_message_size(usize::MAX);
+    let server = tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            async move {
+                shutdown.await;
+                let _ = stopped_tx.send(());
+            },
+        );
+    let grace_after_stop = async move {
+        let _ = stopped_rx.await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        r = server => {
+            if let Err(e) = r {
+                tracing::error!("gRPC server failed: {e}");
+            }
+        }
+        _ = grace_after_stop => tracing::info!("gRPC calls still open after the grace period were closed"),
+    }
+}
