@@ -311,3 +311,45 @@ fn tokio_stream_of(
 ) -> impl futures::Stream<Item = ModelInferRequest> + Send + 'static {
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_and_connection_cap() {
+    let dir = common::server::tiny_model_dir("grpc-limits");
+    let limits = inflight::http::ServeLimits {
+        api_key: Some("sesame".into()),
+        max_connections: 2,
+        ..Default::default()
+    };
+    let s = common::server::start_limited(&dir, limits, |_| {}).await;
+    let mut a = connect(&s).await;
+    // Health needs no key; everything else does.
+    assert!(a.server_live(ServerLiveRequest {}).await.unwrap().into_inner().live);
+    let meta = || ServerMetadataRequest {};
+    let err = a.server_metadata(meta()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    let mut keyed = tonic::Request::new(meta());
+    keyed
+        .metadata_mut()
+        .insert("authorization", "Bearer sesame".parse().unwrap());
+    assert_eq!(a.server_metadata(keyed).await.unwrap().into_inner().name, "inflight");
+    // Two connections open: a third is closed at once; once one goes, a new one is served.
+    let mut b = connect(&s).await;
+    b.server_live(ServerLiveRequest {}).await.unwrap();
+    let third = async {
+        let mut c = connect(&s).await;
+        c.server_live(ServerLiveRequest {}).await
+    };
+    let refused = tokio::time::timeout(Duration::from_secs(10), third).await.unwrap();
+    assert!(refused.is_err(), "a third connection was served: {refused:?}");
+    drop(b);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut c = connect(&s).await;
+        if c.server_live(ServerLiveRequest {}).await.is_ok() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the freed slot was never given to a new connection");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.stop().await;
+}

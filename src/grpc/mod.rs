@@ -7,6 +7,7 @@
 //! checks, metrics and cancellation.
 
 mod codec;
+mod incoming;
 mod service;
 
 use std::time::Duration;
@@ -23,26 +24,42 @@ pub mod proto {
     tonic::include_proto!("inference");
 }
 
+/// What the gRPC listener allows.
+#[derive(Debug, Clone)]
+pub struct GrpcLimits {
+    /// `authorization: Bearer <key>` required on every call but the server's live and
+    /// ready checks.
+    pub api_key: Option<String>,
+    /// Largest request message.
+    pub max_message_bytes: usize,
+    /// Open connections at most.
+    pub max_connections: usize,
+}
+
+/// HTTP/2 pings on a connection idle this long, so a peer that vanished is noticed.
+const KEEPALIVE: Duration = Duration::from_secs(30);
+
 /// Serves the gRPC front end on `listener` until `shutdown` resolves; calls still open
 /// then (a client holding a stream) get `grace` more before they are closed.
 pub async fn run(
     listener: TcpListener,
     state: AppState,
-    key: Option<String>,
-    max_message_bytes: usize,
+    limits: GrpcLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) {
     let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
     let service = proto::grpc_inference_service_server::GrpcInferenceServiceServer::new(
-        TritonGrpc::new(state, key.as_deref()),
+        TritonGrpc::new(state, limits.api_key.as_deref()),
     )
-    .max_decoding_message_size(max_message_bytes)
+    .max_decoding_message_size(limits.max_message_bytes)
     .max_encoding_message_size(usize::MAX);
     let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(service)
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener),
+            incoming::capped(listener, limits.max_connections),
             async move {
                 shutdown.await;
                 let _ = stopped_tx.send(());

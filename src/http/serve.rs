@@ -87,8 +87,11 @@ pub async fn serve_on(
         tokio::spawn(crate::grpc::run(
             listener,
             state.clone(),
-            limits.api_key.clone(),
-            limits.max_request_body_bytes,
+            crate::grpc::GrpcLimits {
+                api_key: limits.api_key.clone(),
+                max_message_bytes: limits.max_request_body_bytes,
+                max_connections: limits.max_connections,
+            },
             wait(stop_rx.clone()),
             grace,
         ))
