@@ -23,6 +23,7 @@ fn spec(id: u64) -> SeqSpec {
         max_new_tokens: MAX_NEW,
         num_draft_tokens: 0,
         cache_salt: 0,
+        priority: 0,
     }
 }
 

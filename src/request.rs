@@ -81,6 +81,10 @@ pub struct GenerationParams {
     pub stop_after_ms: Option<u64>,
     /// Keep generating past end tokens (benchmarks force output lengths this way).
     pub ignore_eos: bool,
+    /// Scheduling priority: lower runs first (vLLM's `priority`), first come first served
+    /// within a level; under `max_utilization` a waiting request may preempt running ones
+    /// of a higher value. 0 by default.
+    pub priority: i32,
     /// Draft tokens the target verifies per step (speculative decoding); None: the
     /// model's default, 0: no speculation. Only where a draft source is configured.
     pub num_draft_tokens: Option<usize>,
@@ -148,6 +152,7 @@ impl Default for GenerationParams {
             num_draft_tokens: None,
             use_draft_logits: false,
             cache_salt: None,
+            priority: 0,
             guide: None,
             compiled_guide: None,
             pooling: None,

@@ -323,7 +323,13 @@ async fn api_key_and_connection_cap() {
     let s = common::server::start_limited(&dir, limits, |_| {}).await;
     let mut a = connect(&s).await;
     // Health needs no key; everything else does.
-    assert!(a.server_live(ServerLiveRequest {}).await.unwrap().into_inner().live);
+    assert!(
+        a.server_live(ServerLiveRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .live
+    );
     let meta = || ServerMetadataRequest {};
     let err = a.server_metadata(meta()).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
@@ -331,7 +337,10 @@ async fn api_key_and_connection_cap() {
     keyed
         .metadata_mut()
         .insert("authorization", "Bearer sesame".parse().unwrap());
-    assert_eq!(a.server_metadata(keyed).await.unwrap().into_inner().name, "inflight");
+    assert_eq!(
+        a.server_metadata(keyed).await.unwrap().into_inner().name,
+        "inflight"
+    );
     // Two connections open: a third is closed at once; once one goes, a new one is served.
     let mut b = connect(&s).await;
     b.server_live(ServerLiveRequest {}).await.unwrap();
@@ -339,8 +348,13 @@ async fn api_key_and_connection_cap() {
         let mut c = connect(&s).await;
         c.server_live(ServerLiveRequest {}).await
     };
-    let refused = tokio::time::timeout(Duration::from_secs(10), third).await.unwrap();
-    assert!(refused.is_err(), "a third connection was served: {refused:?}");
+    let refused = tokio::time::timeout(Duration::from_secs(10), third)
+        .await
+        .unwrap();
+    assert!(
+        refused.is_err(),
+        "a third connection was served: {refused:?}"
+    );
     drop(b);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -348,7 +362,10 @@ async fn api_key_and_connection_cap() {
         if c.server_live(ServerLiveRequest {}).await.is_ok() {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "the freed slot was never given to a new connection");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the freed slot was never given to a new connection"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     s.stop().await;

@@ -666,3 +666,74 @@ async fn stopping_lets_running_requests_finish() {
         .await
         .is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priority_orders_the_queue_and_is_range_checked() {
+    // One sequence at a time: while a long one runs, the queue's order is the answer order.
+    let s = start_tiny("priority", |o| o.scheduler.max_batch_size = 1).await;
+    let running = client()
+        .post(s.url("/v2/models/ensemble/generate_stream"))
+        .body(
+            json!({"text_input": "x", "max_tokens": 300, "ignore_eos": true, "stream": true})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut events = running.bytes_stream();
+    let _ = events.next().await;
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    // Arrival order 5, 0, -1, 0 (a Triton field and the OpenAI extra): answers -1, 0, 0, 5.
+    for (i, p) in [5, 0, -1, 0].into_iter().enumerate() {
+        let (url, body) = if i % 2 == 0 {
+            (
+                s.url("/v2/models/ensemble/generate"),
+                json!({"text_input": "y", "max_tokens": 2, "priority": p}),
+            )
+        } else {
+            (
+                s.url("/v1/completions"),
+                json!({"model": "ensemble", "prompt": "y", "max_tokens": 2, "priority": p}),
+            )
+        };
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = client()
+                .post(url)
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            order.lock().unwrap().push(i);
+        }));
+        // Queued one after the other, before the running one ends.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while metric(&s, "nv_trt_llm_request_metrics{request_type=\"waiting\"").await
+            < (i + 1) as f64
+        {
+            assert!(Instant::now() < deadline, "request {i} never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    while events.next().await.is_some() {}
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![2, 1, 3, 0]);
+    let (status, body) = post(
+        &s,
+        "/v2/models/ensemble/generate",
+        json!({"text_input": "y", "max_tokens": 2, "priority": 1u64 << 31}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("'priority' must be between"),
+        "{body}"
+    );
+}

@@ -171,6 +171,7 @@ impl SchedulerState {
                 max_new_tokens: s.params.max_tokens,
                 num_draft_tokens,
                 cache_salt: cache_salt(s),
+                priority: s.params.priority,
             };
             if let Err(e) = self.core.add(spec) {
                 for added in &seqs[..i] {

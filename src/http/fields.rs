@@ -219,6 +219,19 @@ fn prompts(fields: &Fields<'_>, kind: ModelKind) -> ApiResult<Vec<Prompt>> {
 }
 
 /// Builds the request of a generate call. `max_tokens` is required, as in the ensemble.
+/// A request's `priority`, which must fit a 32-bit signed integer.
+pub fn priority(v: Option<i64>) -> ApiResult<i32> {
+    v.map_or(Ok(0), |p| {
+        i32::try_from(p).map_err(|_| {
+            ApiError::BadRequest(format!(
+                "'priority' must be between {} and {}, got {p}",
+                i32::MIN,
+                i32::MAX
+            ))
+        })
+    })
+}
+
 pub fn build_request(
     fields: &Fields<'_>,
     kind: ModelKind,
@@ -285,6 +298,7 @@ pub fn build_request(
         stream: fields.bool(&["stream", "streaming"])?.unwrap_or(false),
         stop_after_ms: fields.uint(&["stop_after_ms"])?,
         ignore_eos: fields.bool(&["ignore_eos"])?.unwrap_or(false),
+        priority: priority(fields.int(&["priority"])?)?,
         num_draft_tokens: fields.uint(&["num_draft_tokens"])?.map(|v| v as usize),
         use_draft_logits: fields.bool(&["use_draft_logits"])?.unwrap_or(false),
         cache_salt: fields.strings("cache_salt")?.into_iter().next(),

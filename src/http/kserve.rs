@@ -156,6 +156,7 @@ const COMMON_INPUTS: &[Spec] = &[
     opt("beam_width", I32),
     opt("ignore_eos", Bool),
     opt("stop_after_ms", I32),
+    opt("priority", I32),
     alias("min_length", I32),
     alias("random_seed", U64),
     alias("return_context_logits", Bool),

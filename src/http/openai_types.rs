@@ -292,6 +292,9 @@ impl<'a> Body<'a> {
             // Any 64-bit seed is accepted; negative ones keep their bits.
             random_seed: self.int("seed")?.map(|s| s as u64),
             ignore_eos: self.boolean("ignore_eos")?.unwrap_or(false),
+            priority: self
+                .int_in("priority", i32::MIN as i64, i32::MAX as i64)?
+                .unwrap_or(0) as i32,
             // Speculative decoding, per request (extensions, as in vLLM's extra body).
             num_draft_tokens: self
                 .int_in("num_draft_tokens", 0, i64::MAX)?

@@ -58,6 +58,8 @@ pub struct SamplingDoc {
     pub repetition_penalty: Option<f32>,
     pub min_tokens: Option<u32>,
     pub ignore_eos: Option<bool>,
+    /// Scheduling priority (vLLM's): lower runs first; 0 by default.
+    pub priority: Option<i32>,
     /// Token id to a bias in -100..100.
     pub logit_bias: Option<BTreeMap<String, f32>>,
     pub user: Option<String>,
@@ -171,6 +173,8 @@ pub struct GenerateRequestDoc {
     pub streaming: Option<bool>,
     pub stop_after_ms: Option<u64>,
     pub ignore_eos: Option<bool>,
+    /// Scheduling priority (vLLM's): lower runs first; 0 by default.
+    pub priority: Option<i32>,
     pub num_draft_tokens: Option<u32>,
     pub use_draft_logits: Option<bool>,
     pub cache_salt: Option<String>,

@@ -194,8 +194,12 @@ impl Scheduler {
             }
         }
         self.live.insert(spec.id);
+        // Behind every waiting sequence of its priority or a lower value (FCFS within a level).
+        let at = self
+            .waiting
+            .partition_point(|s| s.priority <= spec.priority);
         self.waiting
-            .push_back(Sequence::new(spec, self.config.max_seq_len));
+            .insert(at, Sequence::new(spec, self.config.max_seq_len));
         Ok(())
     }
 

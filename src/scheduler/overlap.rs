@@ -241,6 +241,7 @@ mod tests {
             max_new_tokens,
             num_draft_tokens: 0,
             cache_salt: 0,
+            priority: 0,
         })
         .unwrap();
     }

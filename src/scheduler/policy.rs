@@ -226,6 +226,7 @@ mod tests {
             max_new_tokens: max_new,
             num_draft_tokens: 0,
             cache_salt: 0,
+            priority: 0,
         }
     }
 

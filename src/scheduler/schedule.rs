@@ -88,8 +88,10 @@ impl Scheduler {
         if let Some(continues) = continues {
             self.schedule_continuations(continues, &mut step);
         }
+        self.make_room_for_urgent(&mut step);
+        let made_room = step.preempted.len();
         self.schedule_running(&mut step);
-        let evicted = !step.preempted.is_empty() || step.swapped_out > 0;
+        let evicted = step.preempted.len() > made_room || step.swapped_out > 0;
         if !evicted {
             self.resume_swapped(&mut step);
             if self.swapped.is_empty() {
@@ -170,15 +172,15 @@ impl Scheduler {
     }
 
     fn schedule_running(&mut self, step: &mut Step) {
-        let mut order: Vec<(u64, bool)> = self
+        let mut order: Vec<(u64, bool, i32)> = self
             .running
             .iter()
             .filter(|s| s.in_flight.is_none() && s.num_uncomputed() > 0)
-            .map(|s| (s.id, s.num_uncomputed() > 1))
+            .map(|s| (s.id, s.num_uncomputed() > 1, s.priority))
             .collect();
-        // Stable: decodes first, admission order kept within each group.
-        order.sort_by_key(|&(_, prefill)| prefill);
-        for (id, _) in order {
+        // Stable: decodes first, then by priority, admission order kept within each.
+        order.sort_by_key(|&(_, prefill, priority)| (prefill, priority));
+        for (id, ..) in order {
             if step.seqs.len() >= self.config.max_batch_size {
                 break;
             }
@@ -212,15 +214,53 @@ impl Scheduler {
                 SchedulerPolicy::MaxUtilization,
                 "GuaranteedNoEvict ran out of reserved blocks"
             );
-            let Some(victim) = self
-                .running
-                .iter()
-                .rposition(|s| s.in_flight.is_none_or(|it| it == step.iteration))
-            else {
+            let Some(victim) = self.victim(step, i32::MIN) else {
                 return;
             };
             self.preempt(victim, step);
         }
+    }
+
+    /// Under `max_utilization`, the first waiting sequence takes the blocks of running
+    /// ones of a higher priority value when the free blocks cannot hold its first chunk:
+    /// they are preempted by recompute (queued behind it; their blocks stay in the prefix
+    /// cache, where they find them again unless evicted meanwhile), before anything else
+    /// is scheduled in the step, so it is admitted in the same step. Only while nothing
+    /// is swapped out (those resume first).
+    fn make_room_for_urgent(&mut self, step: &mut Step) {
+        if self.config.policy != SchedulerPolicy::MaxUtilization
+            || !self.swapped.is_empty()
+            || self.batch_full(step)
+        {
+            return;
+        }
+        let Some(seq) = self.waiting.front() else {
+            return;
+        };
+        let Some(n) = self.chunk_len(seq.num_uncomputed(), step.budget) else {
+            return;
+        };
+        let (needed, urgent) = (self.blocks.blocks_for(n), seq.priority);
+        while self.blocks.num_free() < needed {
+            let Some(victim) = self.victim(step, urgent) else {
+                return;
+            };
+            self.preempt_to(victim, step, false);
+        }
+    }
+
+    /// The running sequence to preempt for blocks: the one of the highest priority value
+    /// above `above` (the least urgent), the most recently admitted among equals; only
+    /// those not in flight in an earlier iteration can be.
+    fn victim(&self, step: &Step, above: i32) -> Option<usize> {
+        self.running
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                s.in_flight.is_none_or(|it| it == step.iteration) && s.priority > above
+            })
+            .max_by_key(|&(i, s)| (s.priority, i))
+            .map(|(i, _)| i)
     }
 
     /// Gives running sequence `idx` blocks for `n` more computed tokens; false (and
@@ -242,6 +282,11 @@ impl Scheduler {
     /// computed blocks, else by recompute. Either way its device blocks are freed and its
     /// chunk in this step, if it had one, withdrawn.
     fn preempt(&mut self, idx: usize, step: &mut Step) {
+        self.preempt_to(idx, step, true);
+    }
+
+    /// [`Self::preempt`], by recompute only unless `may_swap`.
+    fn preempt_to(&mut self, idx: usize, step: &mut Step, may_swap: bool) {
         let mut seq = self.running.remove(idx);
         if let Some(pos) = step.seqs.iter().position(|c| c.id == seq.id) {
             let chunk = step.seqs.remove(pos);
@@ -251,7 +296,9 @@ impl Scheduler {
         seq.ahead = None;
         seq.registered = 0;
         let keep = self.blocks.blocks_for(seq.num_computed);
-        let host = (keep > 0).then(|| self.swap_space(keep, step)).flatten();
+        let host = (may_swap && keep > 0)
+            .then(|| self.swap_space(keep, step))
+            .flatten();
         self.blocks.free(&seq.blocks);
         match host {
             Some(host) => {
@@ -269,7 +316,9 @@ impl Scheduler {
                 step.swapped_out += 1;
                 self.swap_outs += 1;
                 self.blocks_swapped_out += keep as u64;
-                self.swapped.push_front(seq);
+                // First of its level: the most recently swapped resumes first.
+                let at = self.swapped.partition_point(|s| s.priority < seq.priority);
+                self.swapped.insert(at, seq);
             }
             None => {
                 seq.blocks.clear();
@@ -277,7 +326,8 @@ impl Scheduler {
                 seq.num_computed = 0;
                 step.preempted.push(seq.id);
                 self.preemptions += 1;
-                self.waiting.push_front(seq);
+                let at = self.waiting.partition_point(|s| s.priority < seq.priority);
+                self.waiting.insert(at, seq);
             }
         }
     }

@@ -19,11 +19,16 @@ pub struct SeqSpec {
     /// Mixed into its blocks' prefix-cache hashes: only sequences with the same salt share
     /// cached blocks (0: the common pool).
     pub cache_salt: u64,
+    /// Lower runs first (vLLM's meaning); first come, first served within a level. Under
+    /// `max_utilization` a waiting sequence may preempt running ones of a higher value.
+    pub priority: i32,
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct Sequence {
     pub(crate) id: u64,
+    /// [`SeqSpec::priority`].
+    pub(crate) priority: i32,
     /// Known tokens: the prompt followed by every generated token.
     pub(crate) tokens: Vec<u32>,
     pub(crate) prompt_len: usize,
@@ -60,6 +65,7 @@ impl Sequence {
         let prompt_len = spec.prompt.len();
         Sequence {
             id: spec.id,
+            priority: spec.priority,
             tokens: spec.prompt,
             prompt_len,
             max_len: (prompt_len + spec.max_new_tokens).min(max_seq_len),
@@ -142,6 +148,7 @@ mod tests {
             max_new_tokens: 10,
             num_draft_tokens: 4,
             cache_salt: 0,
+            priority: 0,
         };
         let mut s = Sequence::new(spec.clone(), 8);
         assert_eq!(s.max_len, 8, "capped by max_seq_len");
@@ -170,6 +177,7 @@ mod tests {
                     max_new_tokens: 4,
                     num_draft_tokens: 0,
                     cache_salt,
+                    priority: 0,
                 },
                 100,
             )

@@ -13,6 +13,7 @@ fn spec(id: u64, prompt_len: usize, max_new_tokens: usize) -> SeqSpec {
         max_new_tokens,
         num_draft_tokens: 0,
         cache_salt: 0,
+        priority: 0,
     }
 }
 
@@ -1027,4 +1028,90 @@ fn the_sequences_of_one_prompt_share_its_blocks() {
     // Shared: the prompt's 4 whole blocks that leave its last token to compute (the first
     // sequence computed them), then 2 of each sequence's own.
     assert_eq!((shared, hits), (4 + 4 * 2, 3 * 16));
+}
+
+fn urgent(id: u64, prompt_len: usize, max_new_tokens: usize, priority: i32) -> SeqSpec {
+    SeqSpec {
+        priority,
+        ..spec(id, prompt_len, max_new_tokens)
+    }
+}
+
+#[test]
+fn waiting_sequences_are_admitted_by_priority_then_arrival() {
+    // One sequence at a time (batch of 1): admission order is the queue's.
+    let config = SchedulerConfig {
+        max_batch_size: 1,
+        ..small(SchedulerPolicy::GuaranteedNoEvict, 64, 4)
+    };
+    let mut s = scheduler(config);
+    for (id, p) in [(1, 0), (2, 5), (3, -1), (4, 0), (5, -1)] {
+        s.add(urgent(id, 3, 2, p)).unwrap();
+    }
+    let mut admitted = Vec::new();
+    for _ in 0..40 {
+        let (b, _) = step(&mut s, &[]);
+        admitted.extend(b.seqs.iter().filter(|c| c.new).map(|c| c.id));
+    }
+    assert_eq!(admitted, vec![3, 5, 1, 4, 2]);
+}
+
+#[test]
+fn an_urgent_sequence_preempts_less_urgent_ones_under_max_utilization() {
+    let mut config = small(SchedulerPolicy::MaxUtilization, 6, 4);
+    config.enable_kv_cache_reuse = false;
+    let mut s = scheduler(config);
+    // Two running sequences of priority 3 and 1 come to hold all 6 blocks (3 each).
+    s.add(urgent(1, 8, 7, 3)).unwrap();
+    s.add(urgent(2, 8, 7, 1)).unwrap();
+    for _ in 0..3 {
+        let (b, _) = step(&mut s, &[]);
+        assert!(b.preempted.is_empty());
+    }
+    assert_eq!(s.num_free_blocks(), 0);
+    // A waiting sequence of the same value as the least urgent running one takes nothing.
+    s.add(urgent(4, 4, 4, 3)).unwrap();
+    let (b, _) = step(&mut s, &[]);
+    assert!(b.preempted.is_empty() && chunk(&b, 4).is_none());
+    // A more urgent one: the least urgent running sequence (1) makes room, not 2, and
+    // goes back to the queue ahead of 4 (same level, preempted first).
+    s.add(urgent(3, 4, 4, 0)).unwrap();
+    let (b, _) = step(&mut s, &[]);
+    assert_eq!(b.preempted, vec![1]);
+    assert!(
+        chunk(&b, 3).is_some_and(|c| c.new),
+        "admitted in the same step"
+    );
+    assert!(
+        chunk(&b, 2).is_some(),
+        "the more urgent running sequence keeps running"
+    );
+    let queue: Vec<u64> = s.waiting.iter().map(|q| q.id).collect();
+    assert_eq!(queue, vec![1, 4]);
+    // Every sequence ends at its length, the urgent one before the waiting ones.
+    let mut done: Vec<u64> = Vec::new();
+    for _ in 0..200 {
+        let (_, ev) = step(&mut s, &[]);
+        for (id, reason) in finished(&ev) {
+            assert_eq!(reason, FinishReason::Length);
+            done.push(id);
+        }
+    }
+    let at = |id| done.iter().position(|&d| d == id).unwrap();
+    assert!(at(3) < at(1) && at(3) < at(4), "{done:?}");
+    assert_eq!(done.len(), 4);
+    assert_eq!(s.num_free_blocks(), 6);
+}
+
+#[test]
+fn no_evict_never_preempts_for_priority() {
+    let mut s = scheduler(small(SchedulerPolicy::GuaranteedNoEvict, 8, 4));
+    s.add(urgent(1, 4, 20, 5)).unwrap();
+    step(&mut s, &[]);
+    s.add(urgent(2, 4, 20, 0)).unwrap();
+    for _ in 0..5 {
+        let (b, _) = step(&mut s, &[]);
+        assert!(b.preempted.is_empty());
+        assert!(chunk(&b, 2).is_none(), "waits for seq 1's reserved blocks");
+    }
 }

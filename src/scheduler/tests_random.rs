@@ -290,6 +290,8 @@ fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
         num_draft_tokens: [0, 0, 1, 3, 5][rng.gen_range(0..5)],
         cache_salt,
         prompt,
+        // Drawn apart from `rng` too: three levels, most at the default.
+        priority: [0, 0, -1, 2][side.gen_range(0..4)],
     };
     let full = s.num_waiting() >= s.config.max_queue_size;
     let queued: usize = s
