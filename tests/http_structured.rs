@@ -271,8 +271,8 @@ async fn broken_constraints_are_400s_and_the_server_stays_healthy() {
         ),
         // A field the server does not read is named, never dropped.
         (
-            json!({"priority": 1, "reasoning_effort": "low"}),
-            "'priority', 'reasoning_effort'",
+            json!({"prediction": {}, "reasoning_effort": "low"}),
+            "'prediction', 'reasoning_effort'",
         ),
     ];
     for (body, want) in cases {

@@ -76,13 +76,14 @@ mod tests {
     #[test]
     fn unknown_fields_are_named_and_known_ones_pass() {
         let ok = json!({"model": "m", "messages": [], "temperature": 0.5, "tools": [],
-            "metadata": {"a": "b"}, "store": false, "min_p": 0.1, "guided_regex": "x"});
+            "metadata": {"a": "b"}, "store": false, "min_p": 0.1, "guided_regex": "x", "priority": -2});
         chat(ok.as_object().unwrap()).unwrap();
-        let bad = json!({"model": "m", "messages": [], "priority": 1, "reasoning_effort": "low"});
+        let bad =
+            json!({"model": "m", "messages": [], "prediction": {}, "reasoning_effort": "low"});
         match chat(bad.as_object().unwrap()) {
             Err(ApiError::Unsupported(m)) => {
                 assert!(
-                    m.contains("'priority'") && m.contains("'reasoning_effort'"),
+                    m.contains("'prediction'") && m.contains("'reasoning_effort'"),
                     "{m}"
                 )
             }
