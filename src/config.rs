@@ -131,6 +131,11 @@ pub struct ServerSection {
     pub api_key: Option<String>,
     /// Paths open without the key (exact): health and metrics by default.
     pub api_key_exempt_paths: Vec<String>,
+    /// A PEM certificate chain: with `tls_key`, every port (HTTP, gRPC, metrics) serves
+    /// TLS only.
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for ServerSection {
@@ -150,6 +155,8 @@ impl Default for ServerSection {
             api_key_exempt_paths: ["/v2/health/live", "/v2/health/ready", "/health", "/metrics"]
                 .map(String::from)
                 .to_vec(),
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }

@@ -136,6 +136,12 @@ struct ServeArgs {
     /// Requests must carry `Authorization: Bearer <key>` (health and metrics exempt).
     #[arg(long, env = "INFLIGHT_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// A PEM certificate chain: every port serves TLS (with --tls-key).
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -317,6 +323,17 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
     server.grpc_port = args.grpc_port.unwrap_or(server.grpc_port);
     server.device = args.device.unwrap_or(server.device.clone());
     server.api_key = args.api_key.or(server.api_key.clone());
+    server.tls_cert = args.tls_cert.or(server.tls_cert.clone());
+    server.tls_key = args.tls_key.or(server.tls_key.clone());
+    let tls = match (&server.tls_cert, &server.tls_key) {
+        (Some(cert), Some(key)) => Some(inflight::http::tls::Tls::load(cert, key)?),
+        (None, None) => None,
+        _ => {
+            return Err(inflight::Error::Config(
+                "TLS needs both tls_cert and tls_key (--tls-cert, --tls-key)".into(),
+            ))
+        }
+    };
     let device: Device = server.device.parse()?;
     let path = match cfg.model_path() {
         Some(p) => p,
@@ -383,7 +400,10 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
                 metrics: cfg.server.metrics_port,
                 grpc: cfg.server.grpc_port,
             },
-            inflight::http::ServeLimits::from(&cfg.server),
+            inflight::http::ServeLimits {
+                tls,
+                ..inflight::http::ServeLimits::from(&cfg.server)
+            },
         )
         .await
     })

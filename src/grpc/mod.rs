@@ -34,6 +34,8 @@ pub struct GrpcLimits {
     pub max_message_bytes: usize,
     /// Open connections at most.
     pub max_connections: usize,
+    /// TLS on the port when set.
+    pub tls: Option<crate::http::tls::Tls>,
 }
 
 /// HTTP/2 pings on a connection idle this long, so a peer that vanished is noticed.
@@ -54,7 +56,19 @@ pub async fn run(
     )
     .max_decoding_message_size(limits.max_message_bytes)
     .max_encoding_message_size(usize::MAX);
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &limits.tls {
+        let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);
+        builder =
+            match builder.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity)) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::error!("gRPC TLS: {e}; the gRPC port is not served");
+                    return;
+                }
+            };
+    }
+    let server = builder
         .http2_keepalive_interval(Some(KEEPALIVE))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(service)

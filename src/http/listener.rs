@@ -16,13 +16,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 /// What one listener allows its connections.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct ConnLimits {
     /// A connection must send a request's whole head within this, counted from when the
     /// connection is ready for one (opened, or done with the previous request).
     pub header_read_timeout: Duration,
     /// Open connections at most.
     pub max_connections: usize,
+    /// TLS first when set: the handshake must end within `header_read_timeout`.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// Serves `app` on `listener` until `stop` resolves; then stops accepting and waits up to
@@ -64,10 +66,28 @@ pub(crate) async fn run(
             continue;
         };
         let service = TowerToHyperService::new(app.clone());
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
+        let Some(acceptor) = limits.tls.clone() else {
+            let connection = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!("connection: {e}");
+                }
+                drop(slot);
+            });
+            continue;
+        };
+        let (watcher, http, handshake) =
+            (graceful.watcher(), http.clone(), limits.header_read_timeout);
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!("connection: {e}");
+            match tokio::time::timeout(handshake, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => {
+                    let connection = http.serve_connection(TokioIo::new(tls), service);
+                    if let Err(e) = watcher.watch(connection).await {
+                        tracing::debug!("connection: {e}");
+                    }
+                }
+                Ok(Err(e)) => tracing::debug!("TLS handshake: {e}"),
+                Err(_) => tracing::debug!("TLS handshake not done within {handshake:?}"),
             }
             drop(slot);
         });

@@ -25,6 +25,7 @@ mod responses;
 mod responses_types;
 mod serve;
 pub(crate) mod tensors;
+pub mod tls;
 mod tokenize;
 mod tools;
 mod tracked;

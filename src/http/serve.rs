@@ -32,6 +32,8 @@ pub struct ServeLimits {
     pub api_key: Option<String>,
     /// Paths open without the key.
     pub api_key_exempt_paths: Vec<String>,
+    /// TLS on every listener when set ([`super::tls::Tls::load`] of `tls_cert`, `tls_key`).
+    pub tls: Option<super::tls::Tls>,
 }
 
 impl Default for ServeLimits {
@@ -50,6 +52,7 @@ impl From<&ServerSection> for ServeLimits {
             max_connections: s.max_connections,
             api_key: s.api_key.clone(),
             api_key_exempt_paths: s.api_key_exempt_paths.clone(),
+            tls: None,
         }
     }
 }
@@ -73,6 +76,7 @@ pub async fn serve_on(
     let conns = ConnLimits {
         header_read_timeout: limits.header_read_timeout,
         max_connections: limits.max_connections,
+        tls: limits.tls.as_ref().map(|t| t.acceptor.clone()),
     };
     let body = BodyLimits {
         max_bytes: limits.max_request_body_bytes,
@@ -91,6 +95,7 @@ pub async fn serve_on(
                 api_key: limits.api_key.clone(),
                 max_message_bytes: limits.max_request_body_bytes,
                 max_connections: limits.max_connections,
+                tls: limits.tls.clone(),
             },
             wait(stop_rx.clone()),
             grace,
@@ -101,7 +106,7 @@ pub async fn serve_on(
     let http_task = tokio::spawn(listener::run(
         http,
         http_app,
-        conns,
+        conns.clone(),
         wait(stop_rx.clone()),
         grace,
     ));
