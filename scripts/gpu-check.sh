@@ -114,6 +114,7 @@ cat > "$WORK/serve.toml" <<TOML
 device = "cuda"
 http_port = 18500
 metrics_port = 18502
+grpc_port = 18501
 [model]
 path = "$MODEL"
 TOML
@@ -245,7 +246,7 @@ echo; echo "## 3e. structured output, tool calls and embeddings on the GPU engin
 # conforms (the grammar's mask applied by sample.cu), a required tool call parses; the
 # GPU's embeddings against a CPU-engine server of the same model (scripts/structured_check.py).
 cp "$WORK/serve.toml" "$WORK/serve-cpu.toml"
-sed -i 's/^device = "cuda"/device = "cpu"/; s/^http_port = 18500/http_port = 18510/; s/^metrics_port = 18502/metrics_port = 18512/' "$WORK/serve-cpu.toml"
+sed -i 's/^device = "cuda"/device = "cpu"/; s/^http_port = 18500/http_port = 18510/; s/^metrics_port = 18502/metrics_port = 18512/; s/^grpc_port = 18501/grpc_port = 18511/' "$WORK/serve-cpu.toml"
 "$BIN" serve --config "$WORK/serve-cpu.toml" > "$WORK/serve-cpu.log" 2>&1 &
 CPU_SERVER=$!
 if serve "$BIN" serve --config "$WORK/serve.toml"; then
