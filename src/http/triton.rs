@@ -146,8 +146,6 @@ fn response(
         "cum_log_probs".into(),
         json!(c.cum_log_prob.filter(|_| logprobs).unwrap_or(0.0)),
     );
-    m.insert("context_logits".into(), json!(0.0));
-    m.insert("generation_logits".into(), json!(0.0));
     if let Some(r) = c.finish_reason {
         m.insert("finish_reason".into(), json!(r.as_str()));
     }
