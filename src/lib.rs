@@ -25,6 +25,7 @@ pub mod engines;
 pub mod error;
 pub mod fdlimit;
 pub mod fetch;
+pub mod fuzz_entry;
 pub mod generate;
 /// Developer GPU checks and profiles (`inflight gpu-check`, `gpu-logits`, `gpu-profile`),
 /// built only with the `gpu-tools` feature: not part of the embedding API.

@@ -6,7 +6,7 @@
 //! same decoded infer request HTTP's `infer` builds (src/http/kserve.rs), with the same
 //! checks, metrics and cancellation.
 
-mod codec;
+pub(crate) mod codec;
 mod incoming;
 mod service;
 

@@ -8,7 +8,7 @@
 //! - `gbnf`: GBNF grammars rewritten in llguidance's Lark dialect;
 //! - `state`: one sequence's matcher and the mask of the tokens it allows next.
 
-mod gbnf;
+pub mod gbnf;
 mod state;
 mod vocab;
 

@@ -253,6 +253,23 @@ struct HfEngine {
     template_adds: bool,
 }
 
+/// tokenizer.json parsed by the tokenizers crate, whose deserializers can panic on a
+/// malformed file (found by fuzzing: a decoder whose map has a non-string key): a panic
+/// becomes an error, so a broken file is refused instead of aborting the load.
+fn parse_tokenizer_json(bytes: &[u8]) -> std::result::Result<tokenizers::Tokenizer, String> {
+    match std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes)) {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(p) => Err(format!(
+            "malformed tokenizer.json: {}",
+            p.downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| p.downcast_ref::<&str>().copied())
+                .unwrap_or("its parser failed")
+        )),
+    }
+}
+
 fn tk_err(context: &str) -> impl Fn(tokenizers::Error) -> Error + '_ {
     move |e| Error::Tokenizer(format!("{context}: {e}"))
 }
@@ -385,13 +402,22 @@ impl Tokenizer {
         })
     }
 
+    /// A tokenizer from tokenizer.json's bytes alone (no tokenizer_config.json: no bos or
+    /// chat template); what the fuzz target reads.
+    pub fn from_json_bytes(tokenizer_json: &[u8]) -> Result<Tokenizer> {
+        let inner = parse_tokenizer_json(tokenizer_json)
+            .map_err(|e| Error::Tokenizer(format!("tokenizer.json: {e}")))?;
+        Tokenizer::from_inner(inner, serde_json::Value::Null)
+    }
+
     /// Loads an HF checkpoint's tokenizer. `tokenizer_config.json`, when given, supplies
     /// the chat template and the bos/eos token strings.
     pub fn from_files(
         tokenizer_json: &Path,
         tokenizer_config_json: Option<&Path>,
     ) -> Result<Tokenizer> {
-        let inner = tokenizers::Tokenizer::from_file(tokenizer_json)
+        let bytes = std::fs::read(tokenizer_json).map_err(|e| Error::io(tokenizer_json, e))?;
+        let inner = parse_tokenizer_json(&bytes)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", tokenizer_json.display())))?;
         let config = match tokenizer_config_json {
             Some(path) => {
@@ -401,6 +427,11 @@ impl Tokenizer {
             }
             None => serde_json::Value::Null,
         };
+        Tokenizer::from_inner(inner, config)
+    }
+
+    /// The tokenizer of a loaded tokenizer.json and its tokenizer_config.json's values.
+    fn from_inner(inner: tokenizers::Tokenizer, config: serde_json::Value) -> Result<Tokenizer> {
         let token_id = |key: &str| -> Option<u32> {
             let v = config.get(key)?;
             let text = v.as_str().or_else(|| v.get("content")?.as_str())?;

@@ -1,0 +1,4 @@
+//! Fuzz target: inflight::fuzz_entry::tokenizer_json (see src/fuzz_entry.rs).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| inflight::fuzz_entry::tokenizer_json(data));
