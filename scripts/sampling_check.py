@@ -16,8 +16,8 @@ import argparse
 import json
 import math
 import sys
-import urllib.error
-import urllib.request
+
+import checkutil
 
 # Token ids below 100: in every vocabulary the checks meet (only their logits matter).
 IDS = [5, 17, 43, 9, 20, 7, 7, 50, 31, 64, 12, 88]
@@ -28,21 +28,11 @@ def main():
     ap.add_argument("base")
     ap.add_argument("--tol", type=float, default=2e-2)
     args = ap.parse_args()
-    fails = []
+    check = checkutil.Checks()
+    fails = check.failed
 
-    def post(path, body):
-        r = urllib.request.Request(args.base + path, data=json.dumps(body).encode(),
-                                   headers={"content-type": "application/json"})
-        try:
-            with urllib.request.urlopen(r, timeout=300) as f:
-                return json.loads(f.read())
-        except urllib.error.HTTPError as e:
-            sys.exit(f"HTTP {e.code} on {path} {json.dumps(body)}: {e.read().decode()}")
+    post = lambda path, body: checkutil.post(args.base, path, body)
 
-    def check(name, ok, detail=""):
-        print(("PASS " if ok else "FAIL ") + name + ("" if ok else f": {str(detail)[:600]}"))
-        if not ok:
-            fails.append(name)
 
     base = {"model": "ensemble", "prompt": IDS, "max_tokens": 8, "ignore_eos": True}
     texts = lambda r: [c["text"] for c in r["choices"]]

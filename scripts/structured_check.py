@@ -16,8 +16,8 @@ import json
 import math
 import re
 import sys
-import urllib.error
-import urllib.request
+
+import checkutil
 
 SCHEMAS = [
     {"type": "object", "properties": {
@@ -71,21 +71,11 @@ def main():
     ap.add_argument("base")
     ap.add_argument("--cpu", help="a server of the same model on the CPU engine")
     args = ap.parse_args()
-    fails = []
+    check = checkutil.Checks()
+    fails = check.failed
 
-    def post(base, path, body):
-        r = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                   headers={"content-type": "application/json"})
-        try:
-            with urllib.request.urlopen(r, timeout=300) as f:
-                return json.loads(f.read())
-        except urllib.error.HTTPError as e:
-            sys.exit(f"HTTP {e.code} on {path} {json.dumps(body)}: {e.read().decode()}")
+    post = checkutil.post
 
-    def check(name, ok, detail=""):
-        print(("PASS " if ok else "FAIL ") + name + ("" if ok else f": {str(detail)[:600]}"))
-        if not ok:
-            fails.append(name)
 
     def chat(base, extra, content="Describe it."):
         body = {"model": "ensemble", "messages": [{"role": "user", "content": content}],

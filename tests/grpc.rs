@@ -210,11 +210,7 @@ async fn decoupled_stream_stop_errors_and_cancel() {
     let (mut finals, mut errors) = (0, 0);
     let mut ended: Vec<String> = Vec::new();
     while finals < 2 || errors < 1 {
-        let m = tokio::time::timeout(Duration::from_secs(30), responses.message())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let m = next(&mut responses).await;
         let r = m.infer_response.unwrap();
         if !m.error_message.is_empty() {
             assert_eq!(r.id, "bad");
@@ -246,7 +242,7 @@ async fn decoupled_stream_stop_errors_and_cancel() {
 
     // A long generation, then TRT-LLM's stop request for its id on the same stream.
     tx.send(ids_request("long", &a, 2000, true)).await.unwrap();
-    let first = responses.message().await.unwrap().unwrap();
+    let first = next(&mut responses).await;
     assert_eq!(first.error_message, "");
     assert_eq!(first.infer_response.unwrap().id, "long");
     let stop = ModelInferRequest {
@@ -263,11 +259,7 @@ async fn decoupled_stream_stop_errors_and_cancel() {
     tx.send(stop).await.unwrap();
     let (mut tokens, mut long_finals) = (0, 0);
     while long_finals < 2 {
-        let m = tokio::time::timeout(Duration::from_secs(30), responses.message())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let m = next(&mut responses).await;
         let r = m.infer_response.unwrap();
         assert_eq!(r.id, "long");
         if !r.outputs.is_empty() {
@@ -285,7 +277,7 @@ async fn decoupled_stream_stop_errors_and_cancel() {
     tx.send(ids_request("dropped", &a, 2000, true))
         .await
         .unwrap();
-    responses.message().await.unwrap().unwrap();
+    next(&mut responses).await;
     drop(responses);
     drop(tx);
     let stats = wait_idle(s.state.model()).await;
@@ -303,6 +295,17 @@ async fn decoupled_stream_stop_errors_and_cancel() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     s.stop().await;
+}
+
+/// The stream's next response (within 30 s).
+async fn next(
+    responses: &mut tonic::Streaming<ModelStreamInferResponse>,
+) -> ModelStreamInferResponse {
+    tokio::time::timeout(Duration::from_secs(30), responses.message())
+        .await
+        .expect("a response within 30 s")
+        .unwrap()
+        .expect("the stream is open")
 }
 
 /// The request side of a stream, from a channel.

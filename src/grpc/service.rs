@@ -61,16 +61,20 @@ impl TritonGrpc {
         }
     }
 
-    /// The kind of the named model; only version 1 (or none) is served.
     fn served(&self, name: &str, version: &str) -> Result<ModelKind, Status> {
-        let kind = self.state.kind(name).map_err(status)?;
-        if !matches!(version, "" | "1") {
-            return Err(Status::not_found(format!(
-                "Request for unknown model: '{name}' version {version} is not found"
-            )));
-        }
-        Ok(kind)
+        served(&self.state, name, version).map_err(status)
     }
+}
+
+/// The kind of the named model; only version 1 (or none) is served.
+fn served(state: &AppState, name: &str, version: &str) -> Result<ModelKind, ApiError> {
+    let kind = state.kind(name)?;
+    if !matches!(version, "" | "1") {
+        return Err(ApiError::NotFound(format!(
+            "Request for unknown model: '{name}' version {version} is not found"
+        )));
+    }
+    Ok(kind)
 }
 
 /// The gRPC status of an error the HTTP routes answer with a 4xx/5xx.
@@ -344,13 +348,7 @@ async fn run_streamed(
     tx: &mpsc::Sender<StreamOut>,
 ) -> Result<(), ApiError> {
     let model = req.model_name.clone();
-    let kind = state.kind(&model)?;
-    if !matches!(req.model_version.as_str(), "" | "1") {
-        return Err(ApiError::BadRequest(format!(
-            "Request for unknown model: '{model}' version {} is not found",
-            req.model_version
-        )));
-    }
+    let kind = served(state, &model, &req.model_version)?;
     let decoded = codec::infer_request(req)?;
     let id = decoded.id.as_deref();
     let send = |outputs, last| {
