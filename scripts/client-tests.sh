@@ -104,9 +104,10 @@ while time.monotonic() - start < timeout:
 sys.exit(f"client-tests: server not ready after {timeout:.0f}s on {url} (last: {last})")
 EOF
 
-# The last test sends SIGTERM during a request (INFLIGHT_SERVER_PID), to check the drain.
+# The last test sends SIGTERM during a request (INFLIGHT_SERVER_PID), to check the drain;
+# test_repository.py starts a second server of its own from INFLIGHT_BIN.
 set +e
-INFLIGHT_SERVER_PID=$SERVER_PID PYTHONDONTWRITEBYTECODE=1 python3 -m pytest tests/clients -q -rfEs -p no:cacheprovider "$@" 2>&1 | tee "$WORK/pytest.out"
+INFLIGHT_BIN=$BIN INFLIGHT_SERVER_PID=$SERVER_PID PYTHONDONTWRITEBYTECODE=1 python3 -m pytest tests/clients -q -rfEs -p no:cacheprovider "$@" 2>&1 | tee "$WORK/pytest.out"
 STATUS=${PIPESTATUS[0]}
 set -e
 SUMMARY=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' "$WORK/pytest.out" | tail -n 1 || true)

@@ -136,6 +136,10 @@ pub struct ServerSection {
     pub tls_cert: Option<PathBuf>,
     /// The PEM private key of `tls_cert`.
     pub tls_key: Option<PathBuf>,
+    /// A model repository: every model folder in it is served (the `[model]` table of
+    /// this file is then unused), and models load and unload at run time
+    /// (`/v2/repository/...`, gRPC's RepositoryModelLoad/Unload).
+    pub model_repository: Option<PathBuf>,
 }
 
 impl Default for ServerSection {
@@ -157,6 +161,7 @@ impl Default for ServerSection {
                 .to_vec(),
             tls_cert: None,
             tls_key: None,
+            model_repository: None,
         }
     }
 }
@@ -222,6 +227,34 @@ pub struct ModelSection {
     /// How `/v1/embeddings` pools a prompt's final hidden states: `last` (the last
     /// token's) or `mean`.
     pub pooling: Pooling,
+    /// `[model.triton_names]`: the names of Triton's TensorRT-LLM layout the model answers
+    /// to besides its own. Unset: `ensemble`, `tensorrt_llm_bls` and `tensorrt_llm` for
+    /// the one model of a plain `serve`, none for a repository's models (each needs its
+    /// own).
+    pub triton_names: Option<TritonNames>,
+}
+
+/// `[model.triton_names]`: a model's names in Triton's TensorRT-LLM layout.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TritonNames {
+    /// The ensemble's name (text_input in, text_output out).
+    pub ensemble: Option<String>,
+    /// The BLS model's name (text in, text out, as the ensemble).
+    pub tensorrt_llm_bls: Option<String>,
+    /// The core model's name (input_ids in, output_ids out).
+    pub tensorrt_llm: Option<String>,
+}
+
+impl TritonNames {
+    /// Triton's own names: `ensemble`, `tensorrt_llm_bls`, `tensorrt_llm`.
+    pub fn standard() -> Self {
+        TritonNames {
+            ensemble: Some(crate::repository::ENSEMBLE.into()),
+            tensorrt_llm_bls: Some(crate::repository::BLS.into()),
+            tensorrt_llm: Some(crate::repository::CORE.into()),
+        }
+    }
 }
 
 impl Default for ModelSection {
@@ -246,6 +279,7 @@ impl Default for ModelSection {
             overlap_scheduling: true,
             enable_kv_cache_reuse: true,
             pooling: Pooling::Last,
+            triton_names: None,
         }
     }
 }

@@ -41,6 +41,9 @@ pub enum Error {
     /// A request that cannot be served as asked (bad parameters, prompt too long, ...).
     #[error("{0}")]
     InvalidRequest(String),
+    /// A model repository that cannot be served (a model that does not load, no model).
+    #[error("model repository: {0}")]
+    Repository(String),
 }
 
 /// The crate's result type, [`Error`] by default.

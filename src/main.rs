@@ -9,17 +9,14 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use inflight::config::ServeConfig;
-use inflight::engines::EngineChoice;
 use inflight::generate::{generate, GenerateOptions};
 use inflight::http::{serve, AppState};
-use inflight::model::device::Device;
 #[cfg(feature = "gpu-tools")]
 use inflight::model::Llama;
 use inflight::model::LoadedModel;
+use inflight::repository::Models;
 use inflight::request::GenerationParams;
-use inflight::speculative::DraftSource;
 use inflight::tokenizer::chat::{ChatMessage, ChatTemplate};
-use inflight::{ModelHandle, ModelOptions};
 
 #[derive(Parser)]
 #[command(
@@ -142,6 +139,10 @@ struct ServeArgs {
     /// The PEM private key of --tls-cert.
     #[arg(long)]
     tls_key: Option<PathBuf>,
+    /// Serve every model folder of this model repository (each with its own config.toml);
+    /// models load and unload at run time.
+    #[arg(long)]
+    model_repository: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -314,6 +315,13 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
     }
     .with_env_overrides();
     if let Some(m) = args.model {
+        if args.model_repository.is_some() {
+            return Err(inflight::Error::Config(
+                "--model and --model-repository exclude each other: a repository's models \
+                 are its folders"
+                    .into(),
+            ));
+        }
         cfg.model.path = m.to_string_lossy().into_owned();
     }
     let server = &mut cfg.server;
@@ -325,6 +333,7 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
     server.api_key = args.api_key.or(server.api_key.clone());
     server.tls_cert = args.tls_cert.or(server.tls_cert.clone());
     server.tls_key = args.tls_key.or(server.tls_key.clone());
+    server.model_repository = args.model_repository.or(server.model_repository.clone());
     let tls = match (&server.tls_cert, &server.tls_key) {
         (Some(cert), Some(key)) => Some(inflight::http::tls::Tls::load(cert, key)?),
         (None, None) => None,
@@ -334,64 +343,22 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
             ))
         }
     };
-    let device: Device = server.device.parse()?;
-    let path = match cfg.model_path() {
-        Some(p) => p,
-        None => inflight::fetch::default_model_path()?,
-    };
-    tracing::info!(model = %path.display(), "loading");
-    let LoadedModel {
-        model,
-        tokenizer,
-        name,
-    } = LoadedModel::load(&path)?;
-    let config = model.config().clone();
-    // The draft model goes on the target's device first, so that a KV cache sized from
-    // free memory leaves room for its weights and for its own cache of the same blocks.
-    let mut draft_kv_bytes = 0;
-    let speculative = match &cfg.speculative {
-        Some(s) => Some(s.options(|p| {
-            tracing::info!(draft = %p.display(), "loading the draft model");
-            let draft = LoadedModel::load(p)?.model;
-            draft_kv_bytes = device.kv_bytes_per_token(draft.config());
-            Ok(DraftSource::Model {
-                vocab_size: draft.config().vocab_size,
-                backend: device.backend(draft)?,
-            })
-        })?),
-        None => None,
-    };
-    let engine = EngineChoice::build(device, model, &cfg, draft_kv_bytes)?;
-    let scheduler = engine.scheduler;
-    let options = ModelOptions {
-        scheduler,
-        preprocess_workers: cfg.model.preprocess_instances,
-        postprocess_workers: cfg.model.postprocess_instances,
-        speculative,
-        device,
-        pooling: cfg.model.pooling,
-    };
-    tracing::info!(
-        kv_blocks = options.scheduler.num_blocks,
-        block_size = options.scheduler.block_size,
-        kv_mib = engine.kv_cache_bytes >> 20,
-        max_batch_size = options.scheduler.max_batch_size,
-        host_kv_blocks = options.scheduler.num_host_blocks,
-        "KV cache"
-    );
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| inflight::Error::Config(format!("tokio: {e}")))?;
     runtime.block_on(async move {
-        let handle = ModelHandle::spawn_with_backend(
-            name,
-            config,
-            tokenizer,
-            engine.backend,
-            engine.kv_cache_bytes,
-            options,
-        )
-        .await?;
-        let state = AppState::new(handle);
+        let models = match &cfg.server.model_repository {
+            Some(dir) => {
+                tracing::info!(repository = %dir.display(), "serving a model repository");
+                Models::open(dir, &cfg.server).await?
+            }
+            None => {
+                let triton = cfg.model.triton_names.clone();
+                let path = cfg.model_path();
+                let handle = inflight::launch::start(cfg.clone(), path, None).await?;
+                Models::single(handle, triton.as_ref())
+            }
+        };
+        let state = AppState::with_models(models);
         serve(
             state,
             &cfg.server.host,

@@ -120,7 +120,7 @@ async fn a_gemma2_gguf_with_a_sentencepiece_vocabulary_serves_chat_and_generate(
     let dir = Scratch::new("family-serving");
     let path = write_gemma2(&dir);
     let s = start(&path, |_| {}).await;
-    let cfg = s.state.model().config().clone();
+    let cfg = s.state.models().only().unwrap().config().clone();
     assert_eq!(cfg.architecture, "gemma2");
     assert_eq!(cfg.arch.window(0), Some(8));
     assert_eq!(cfg.arch.window(1), None);
@@ -131,7 +131,8 @@ async fn a_gemma2_gguf_with_a_sentencepiece_vocabulary_serves_chat_and_generate(
                       "temperature": 0, "ignore_eos": true});
     let (status, r) = post(&s, "/v1/chat/completions", body.clone()).await;
     assert_eq!(status, 200, "{r}");
-    let tok = s.state.model().tokenizer();
+    let handle = s.state.models().only().unwrap();
+    let tok = handle.tokenizer();
     let template = ChatTemplate::for_tokenizer(tok).unwrap();
     let rendered = template
         .apply(

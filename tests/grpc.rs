@@ -271,7 +271,7 @@ async fn decoupled_stream_stop_errors_and_cancel() {
         tokens < 1999,
         "the stop request did not end the generation ({tokens} tokens)"
     );
-    wait_idle(s.state.model()).await;
+    wait_idle(&s.model()).await;
 
     // A client that drops its stream cancels what it had running.
     tx.send(ids_request("dropped", &a, 2000, true))
@@ -280,7 +280,7 @@ async fn decoupled_stream_stop_errors_and_cancel() {
     next(&mut responses).await;
     drop(responses);
     drop(tx);
-    let stats = wait_idle(s.state.model()).await;
+    let stats = wait_idle(&s.model()).await;
     assert_eq!(stats.running, 0);
     // Counted when each request's stream is dropped, which follows the client's leaving.
     let line =

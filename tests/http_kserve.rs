@@ -513,7 +513,7 @@ async fn a_stop_input_cancels_a_running_request() {
     });
     // Stop it once it runs (waiting on the scheduler, not on a guess of its speed).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while s.state.model().stats().await.unwrap().active_requests == 0 {
+    while s.model().stats().await.unwrap().active_requests == 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "the long request never started"

@@ -258,7 +258,9 @@ async fn chat_uses_the_template_and_streams_deltas() {
     // The prompt is the ChatML rendering of the messages (text parts joined by newlines).
     let template = ChatTemplate::new(
         s.state
-            .model()
+            .models()
+            .only()
+            .unwrap()
             .tokenizer()
             .chat_template()
             .unwrap_or(CHATML_TEMPLATE),

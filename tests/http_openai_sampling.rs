@@ -231,7 +231,8 @@ async fn top_logprobs_and_echoed_prompt_logprobs_are_the_log_softmax_of_the_logi
     let dir = tiny_model_dir("oai-top");
     let model = LoadedModel::load(&dir).unwrap().model;
     let s = start(&dir, |_| {}).await;
-    let tok = s.state.model().tokenizer();
+    let handle = s.model();
+    let tok = handle.tokenizer();
     let text = |id: u32| tok.token_text(id).unwrap_or_default();
 
     // Completions on token ids, greedy, echoed, 5 alternatives.
@@ -339,12 +340,7 @@ async fn logit_bias_and_min_p_steer_sampling() {
     pinned["logit_bias"] = json!({"77": 100});
     let (status, r) = s.post("/v1/completions", pinned).await;
     assert_eq!(status, 200, "{r}");
-    let want = s
-        .state
-        .model()
-        .tokenizer()
-        .token_text(77)
-        .unwrap_or_default();
+    let want = s.model().tokenizer().token_text(77).unwrap_or_default();
     let tokens = choices(&r)[0]["logprobs"]["tokens"].as_array().unwrap();
     assert!(tokens.iter().all(|t| *t == want), "{tokens:?}");
     // min_p 1 keeps the likeliest token alone: sampling at any temperature is greedy.

@@ -45,7 +45,7 @@ fn sse_events(body: &str) -> Vec<Value> {
 async fn wait_idle(s: &TestServer) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let st = s.state.model().stats().await.unwrap();
+        let st = s.model().stats().await.unwrap();
         if st.active_requests == 0 && st.free_blocks == st.total_blocks {
             return;
         }
@@ -204,7 +204,7 @@ async fn three_ways_to_cancel_free_the_blocks() {
         .await,
         3.0
     );
-    let st = s.state.model().stats().await.unwrap();
+    let st = s.model().stats().await.unwrap();
     assert_eq!(
         metric(
             &s,
@@ -225,7 +225,7 @@ async fn three_ways_to_cancel_free_the_blocks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_get_clear_errors_and_the_server_stays_healthy() {
     let s = start_tiny("bad", |_| {}).await;
-    let ctx = s.state.model().config().max_position_embeddings;
+    let ctx = s.model().config().max_position_embeddings;
     let long_prompt: String = "word ".repeat(ctx + 10);
     let cases: Vec<(&str, String, u16, &str)> = vec![
         (

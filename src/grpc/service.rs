@@ -15,8 +15,10 @@ use tonic::{Request, Response, Status, Streaming};
 use super::codec;
 use super::proto::grpc_inference_service_server::GrpcInferenceService;
 use super::proto::*;
+use crate::handle::ModelHandle;
 use crate::http::kserve::{self, Prepared, EXTENSIONS};
 use crate::http::{ApiError, AppState, ModelKind};
+use crate::repository::{ChangeError, State};
 
 /// The service over the shared application state; `key` guards every call but the
 /// server's live and ready checks when set.
@@ -61,20 +63,33 @@ impl TritonGrpc {
         }
     }
 
-    fn served(&self, name: &str, version: &str) -> Result<ModelKind, Status> {
+    fn served(&self, name: &str, version: &str) -> Result<(ModelHandle, ModelKind), Status> {
         served(&self.state, name, version).map_err(status)
     }
 }
 
-/// The kind of the named model; only version 1 (or none) is served.
-fn served(state: &AppState, name: &str, version: &str) -> Result<ModelKind, ApiError> {
-    let kind = state.kind(name)?;
+/// The serving model behind the named one and the name's kind; only version 1 (or none)
+/// is served.
+fn served(
+    state: &AppState,
+    name: &str,
+    version: &str,
+) -> Result<(ModelHandle, ModelKind), ApiError> {
+    let routed = state.route(name)?;
     if !matches!(version, "" | "1") {
         return Err(ApiError::NotFound(format!(
             "Request for unknown model: '{name}' version {version} is not found"
         )));
     }
-    Ok(kind)
+    Ok(routed)
+}
+
+/// The gRPC status of a refused load or unload.
+fn change_status(e: ChangeError) -> Status {
+    match e {
+        ChangeError::Unknown(m) => Status::not_found(m),
+        ChangeError::Refused(m) => Status::failed_precondition(m),
+    }
 }
 
 /// The gRPC status of an error the HTTP routes answer with a 4xx/5xx.
@@ -111,17 +126,20 @@ impl GrpcInferenceService for TritonGrpc {
 
     async fn server_ready(&self, _: Request<ServerReadyRequest>) -> Answer<ServerReadyResponse> {
         Ok(Response::new(ServerReadyResponse {
-            ready: self.state.model().is_ready(),
+            ready: self.state.models().is_ready(),
         }))
     }
 
     async fn model_ready(&self, r: Request<ModelReadyRequest>) -> Answer<ModelReadyResponse> {
         self.admit(&r)?;
         let r = r.into_inner();
-        self.served(&r.name, &r.version)?;
-        Ok(Response::new(ModelReadyResponse {
-            ready: self.state.model().is_ready(),
-        }))
+        // A model that is loading or unloaded is not ready (rather than unknown).
+        let ready = match served(&self.state, &r.name, &r.version) {
+            Ok((handle, _)) => handle.is_ready(),
+            Err(ApiError::Unavailable(_)) => false,
+            Err(e) => return Err(status(e)),
+        };
+        Ok(Response::new(ModelReadyResponse { ready }))
     }
 
     async fn server_metadata(
@@ -142,7 +160,7 @@ impl GrpcInferenceService for TritonGrpc {
     ) -> Answer<ModelMetadataResponse> {
         self.admit(&r)?;
         let r = r.into_inner();
-        let kind = self.served(&r.name, &r.version)?;
+        let (_, kind) = self.served(&r.name, &r.version)?;
         Ok(Response::new(codec::metadata(&kserve::metadata_json(
             &r.name, kind,
         ))))
@@ -151,10 +169,10 @@ impl GrpcInferenceService for TritonGrpc {
     async fn model_infer(&self, r: Request<ModelInferRequest>) -> Answer<ModelInferResponse> {
         self.admit(&r)?;
         let r = r.into_inner();
-        let kind = self.served(&r.model_name, &r.model_version)?;
+        let (handle, kind) = self.served(&r.model_name, &r.model_version)?;
         let model = r.model_name.clone();
         let req = codec::infer_request(r).map_err(status)?;
-        let outputs = match kserve::prepare(&self.state, &model, kind, &req).map_err(status)? {
+        let outputs = match kserve::prepare(&handle, &model, kind, &req).map_err(status)? {
             Prepared::Stop(_) => Vec::new(),
             Prepared::Run(mut run) => {
                 run.request.params.stream = false;
@@ -202,8 +220,8 @@ impl GrpcInferenceService for TritonGrpc {
     async fn model_config(&self, r: Request<ModelConfigRequest>) -> Answer<ModelConfigResponse> {
         self.admit(&r)?;
         let r = r.into_inner();
-        let kind = self.served(&r.name, &r.version)?;
-        let json = kserve::config_json(&self.state, &r.name, kind)
+        let (handle, kind) = self.served(&r.name, &r.version)?;
+        let json = kserve::config_json(&handle, &r.name, kind)
             .await
             .map_err(status)?;
         Ok(Response::new(ModelConfigResponse {
@@ -237,35 +255,59 @@ impl GrpcInferenceService for TritonGrpc {
         r: Request<RepositoryIndexRequest>,
     ) -> Answer<RepositoryIndexResponse> {
         self.admit(&r)?;
-        let ready = self.state.model().is_ready();
-        let mut names = self.state.served_names();
-        let mut seen = std::collections::HashSet::new();
-        names.retain(|n| seen.insert(n.clone()));
-        let models = names
+        let ready_only = r.get_ref().ready;
+        let models = self
+            .state
+            .models()
+            .index(true)
             .into_iter()
-            .map(|name| repository_index_response::ModelIndex {
-                name,
+            .filter(|row| !ready_only || row.state == State::Ready)
+            .map(|row| repository_index_response::ModelIndex {
+                name: row.name,
                 version: "1".into(),
-                state: if ready { "READY" } else { "UNAVAILABLE" }.into(),
-                reason: String::new(),
+                state: row.state.as_str().into(),
+                reason: row.reason,
             })
-            .filter(|_| ready || !r.get_ref().ready)
             .collect();
         Ok(Response::new(RepositoryIndexResponse { models }))
     }
 
     async fn repository_model_load(
         &self,
-        _: Request<RepositoryModelLoadRequest>,
+        r: Request<RepositoryModelLoadRequest>,
     ) -> Answer<RepositoryModelLoadResponse> {
-        unimplemented("loading models (the server serves the one model it started with)")
+        self.admit(&r)?;
+        let r = r.into_inner();
+        if let Some(k) = r.parameters.keys().next() {
+            return Err(Status::invalid_argument(format!(
+                "load parameter '{k}' is not supported: a model loads from its folder's config"
+            )));
+        }
+        self.state
+            .models()
+            .load(&r.model_name)
+            .await
+            .map_err(change_status)?;
+        Ok(Response::new(RepositoryModelLoadResponse {}))
     }
 
     async fn repository_model_unload(
         &self,
-        _: Request<RepositoryModelUnloadRequest>,
+        r: Request<RepositoryModelUnloadRequest>,
     ) -> Answer<RepositoryModelUnloadResponse> {
-        unimplemented("unloading models (the server serves the one model it started with)")
+        self.admit(&r)?;
+        let r = r.into_inner();
+        if let Some(k) = r.parameters.keys().find(|k| *k != "unload_dependents") {
+            return Err(Status::invalid_argument(format!(
+                "unload parameter '{k}' is not supported"
+            )));
+        }
+        self.state
+            .models()
+            .unload(&r.model_name)
+            .await
+            .map_err(change_status)?;
+        Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
 
     async fn system_shared_memory_status(
@@ -348,7 +390,7 @@ async fn run_streamed(
     tx: &mpsc::Sender<StreamOut>,
 ) -> Result<(), ApiError> {
     let model = req.model_name.clone();
-    let kind = served(state, &model, &req.model_version)?;
+    let (handle, kind) = served(state, &model, &req.model_version)?;
     let decoded = codec::infer_request(req)?;
     let id = decoded.id.as_deref();
     let send = |outputs, last| {
@@ -358,7 +400,7 @@ async fn run_streamed(
             infer_response: Some(r),
         }))
     };
-    let run = match kserve::prepare(state, &model, kind, &decoded)? {
+    let run = match kserve::prepare(&handle, &model, kind, &decoded)? {
         // TRT-LLM answers a stop request with one empty final response.
         Prepared::Stop(_) => {
             let _ = send(Vec::new(), true).await;
@@ -373,7 +415,7 @@ async fn run_streamed(
     }
     let shape = run.shape;
     let mut open = shape.prompts;
-    let mut chunks = state.submit(&model, run.request).await?;
+    let mut chunks = state.submit(&run.model, &model, run.request).await?;
     loop {
         let chunk = tokio::select! {
             c = chunks.next() => c,

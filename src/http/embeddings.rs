@@ -18,7 +18,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::json_body::parse;
-use super::openai::{check_model, request_id, with_request_id};
+use super::openai::{named_model, request_id, with_request_id};
 use super::{ApiError, ApiResult, AppState};
 use crate::request::{GenerationParams, Prompt, Request};
 
@@ -137,12 +137,12 @@ async fn embeddings(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req = embedding_request(&body)?;
-    check_model(&state, &req.model)?;
+    let model = named_model(&state, Some(&req.model))?;
     if let Some(d) = req.dimensions {
         return Err(ApiError::Unsupported(format!(
             "'dimensions' is not supported: the model's embeddings have {} dimensions, and \
              shortening them is only meaningful for models trained for it (got {d})",
-            state.model().config().hidden_size
+            model.config().hidden_size
         )));
     }
     let prompts = req.input.prompts()?;
@@ -150,9 +150,9 @@ async fn embeddings(
     let request = Request {
         id: request_id(&headers)?,
         prompts,
-        params: GenerationParams::embedding(state.model().pooling()),
+        params: GenerationParams::embedding(model.pooling()),
     };
-    let stream = state.submit(&req.model, request).await?;
+    let stream = state.submit(&model, &req.model, request).await?;
     let rid = stream.id().to_owned();
     let mut vectors: Vec<Option<Vec<f32>>> = vec![None; n];
     let mut usage = EmbeddingUsage::default();

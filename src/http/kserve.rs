@@ -26,6 +26,7 @@ use super::tensors::{self, Data, DataType, InferRequest, Output, Tensor};
 use super::{
     versioned_get, versioned_post, ApiError, ApiResult, AppState, ModelKind, BLS, CORE, ENSEMBLE,
 };
+use crate::handle::ModelHandle;
 use crate::request::Chunk;
 use DataType::{Bool, Bytes as Str, F32, I32, U64};
 
@@ -48,7 +49,7 @@ pub async fn live() -> StatusCode {
 
 /// 503 rather than Triton's 400 when not ready: load balancers read 503 as "not yet".
 pub async fn ready(State(state): State<AppState>) -> StatusCode {
-    if state.model().is_ready() {
+    if state.models().is_ready() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -61,11 +62,17 @@ pub(super) struct ModelPath {
     version: Option<String>,
 }
 
-/// The kind of the named model; only version 1 exists.
-pub(super) fn served(state: &AppState, p: &ModelPath) -> ApiResult<ModelKind> {
-    let kind = state.kind(&p.model)?;
+/// The serving model behind the named one and the name's kind; only version 1 exists.
+pub(super) fn served(state: &AppState, p: &ModelPath) -> ApiResult<(ModelHandle, ModelKind)> {
+    let routed = state.route(&p.model)?;
+    served_version(p)?;
+    Ok(routed)
+}
+
+/// Only version 1 exists.
+fn served_version(p: &ModelPath) -> ApiResult<()> {
     match p.version.as_deref() {
-        None | Some("") | Some("1") => Ok(kind),
+        None | Some("") | Some("1") => Ok(()),
         Some(v) => Err(ApiError::BadRequest(format!(
             "Request for unknown model: '{}' version {v} is not found",
             p.model
@@ -74,9 +81,10 @@ pub(super) fn served(state: &AppState, p: &ModelPath) -> ApiResult<ModelKind> {
 }
 
 /// The protocol extensions the server implements (HTTP and gRPC metadata).
-pub(crate) const EXTENSIONS: [&str; 5] = [
+pub(crate) const EXTENSIONS: [&str; 6] = [
     "binary_tensor_data",
     "model_configuration",
+    "model_repository",
     "statistics",
     "parameters",
     "generate",
@@ -92,8 +100,14 @@ async fn model_ready(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
 ) -> ApiResult<StatusCode> {
-    served(&state, &p)?;
-    Ok(if state.model().is_ready() {
+    // A model that is loading or unloaded is not ready (rather than unknown).
+    let ready = match state.route(&p.model) {
+        Ok((handle, _)) => handle.is_ready(),
+        Err(ApiError::Unavailable(_)) => false,
+        Err(e) => return Err(e),
+    };
+    served_version(&p)?;
+    Ok(if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -258,7 +272,7 @@ async fn model_metadata(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
 ) -> ApiResult<Json<Value>> {
-    let kind = served(&state, &p)?;
+    let (_, kind) = served(&state, &p)?;
     Ok(Json(metadata_json(&p.model, kind)))
 }
 
@@ -279,18 +293,17 @@ async fn model_config(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
 ) -> ApiResult<Json<Value>> {
-    let kind = served(&state, &p)?;
-    Ok(Json(config_json(&state, &p.model, kind).await?))
+    let (handle, kind) = served(&state, &p)?;
+    Ok(Json(config_json(&handle, &p.model, kind).await?))
 }
 
 /// A served name's configuration in protobuf field names (model_config.proto).
 pub(crate) async fn config_json(
-    state: &AppState,
+    handle: &ModelHandle,
     model: &str,
     kind: ModelKind,
 ) -> ApiResult<Value> {
-    let stats = state
-        .model()
+    let stats = handle
         .stats()
         .await
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;
@@ -350,7 +363,7 @@ async fn infer(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let kind = served(&state, &p)?;
+    let (handle, kind) = served(&state, &p)?;
     let model = p.model.as_str();
     if let Some(enc) = headers
         .get(CONTENT_ENCODING)
@@ -366,7 +379,7 @@ async fn infer(
             "request parameter '{k}': names starting with 'triton_' are reserved"
         )));
     }
-    let mut run = match prepare(&state, model, kind, &req)? {
+    let mut run = match prepare(&handle, model, kind, &req)? {
         Prepared::Stop(id) => {
             return Ok(Json(
                 json!({"model_name": model, "model_version": "1", "id": id, "outputs": []}),
@@ -395,8 +408,10 @@ pub(crate) enum Prepared {
     Run(Box<InferRun>),
 }
 
-/// A generation an infer request asks for, and how its answer is shaped.
+/// A generation an infer request asks for, the model that runs it, and how its answer is
+/// shaped.
 pub(crate) struct InferRun {
+    pub model: ModelHandle,
     pub request: crate::request::Request,
     pub shape: AnswerShape,
 }
@@ -423,7 +438,7 @@ impl AnswerShape {
 impl InferRun {
     /// Runs the request to its end and returns its whole answer's outputs.
     pub async fn whole(self, state: &AppState, model: &str) -> ApiResult<Vec<Output>> {
-        let stream = state.submit(model, self.request).await?;
+        let stream = state.submit(&self.model, model, self.request).await?;
         let chunks: Vec<Chunk> = stream.collect().await;
         if let Some(err) = chunks.iter().find_map(|c| c.error.clone()) {
             return Err(ApiError::EngineFailed(err));
@@ -437,7 +452,7 @@ impl InferRun {
 /// Checks `req` for `model` and turns it into a generation, or carries out a stop
 /// request (cancelling its target).
 pub(crate) fn prepare(
-    state: &AppState,
+    handle: &ModelHandle,
     model: &str,
     kind: ModelKind,
     req: &InferRequest,
@@ -446,7 +461,7 @@ pub(crate) fn prepare(
     let object = Value::Object(field_object(model, kind, req)?);
     let fields = Fields::new(&object)?;
     if let Some(id) = stop_target(&fields)? {
-        state.model().cancel(&id);
+        handle.cancel(&id);
         return Ok(Prepared::Stop(id));
     }
     if let Some(missing) = inputs(kind)
@@ -460,11 +475,12 @@ pub(crate) fn prepare(
     let request = build_request(
         &fields,
         kind,
-        state.model().tokenizer(),
-        state.model().config().max_position_embeddings,
+        handle.tokenizer(),
+        handle.config().max_position_embeddings,
     )?;
     let pad = request.params.pad_id.or(request.params.end_id).unwrap_or(0);
     Ok(Prepared::Run(Box::new(InferRun {
+        model: handle.clone(),
         shape: AnswerShape {
             logprobs: request.params.return_log_probs,
             prompts: request.prompts.len(),

@@ -8,7 +8,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::kserve::{served, ModelPath};
-use super::{ApiResult, AppState, CORE};
+use super::{ApiResult, AppState, ModelKind};
 
 pub(super) async fn all_stats(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     let mut names = state.served_names();
@@ -43,42 +43,37 @@ struct Counts {
 /// request; `last_inference` is not recorded and reads 0.
 pub(crate) async fn stats(state: &AppState, names: &[String]) -> ApiResult<Value> {
     let counts = counts(&state.metrics().render());
-    let iterations = state
-        .model()
-        .stats()
-        .await
-        .map(|s| s.iteration)
-        .unwrap_or(0);
     let none = Counts::default();
-    let model_stats: Vec<Value> = names
-        .iter()
-        .map(|name| {
-            let c = counts.get(name.as_str()).unwrap_or(&none);
-            let ran = c.success + c.failed_running;
-            let stat = |count: u64, us: u64| json!({"count": count, "ns": us.saturating_mul(1000)});
-            // Every engine iteration is one execution of the core model; the others run once per request.
-            let executions = if name == CORE {
+    let mut model_stats: Vec<Value> = Vec::with_capacity(names.len());
+    for name in names {
+        let c = counts.get(name.as_str()).unwrap_or(&none);
+        let ran = c.success + c.failed_running;
+        let stat = |count: u64, us: u64| json!({"count": count, "ns": us.saturating_mul(1000)});
+        // Every engine iteration is one execution of a core (token ids) model; the others
+        // run once per request.
+        let executions = match state.route(name) {
+            Ok((handle, ModelKind::Ids)) => {
+                let iterations = handle.stats().await.map(|s| s.iteration).unwrap_or(0);
                 iterations.max(ran)
-            } else {
-                ran
-            };
-            json!({
-                "name": name, "version": "1", "last_inference": 0,
-                "inference_count": c.inferences, "execution_count": executions,
-                "inference_stats": {
-                    "success": stat(c.success, c.duration_us),
-                    "fail": stat(c.failed_running + c.failed_early, 0),
-                    "queue": stat(ran, c.queue_us),
-                    "compute_input": stat(ran, 0),
-                    "compute_infer": stat(ran, c.duration_us.saturating_sub(c.queue_us)),
-                    "compute_output": stat(ran, 0),
-                    "cache_hit": stat(0, 0),
-                    "cache_miss": stat(0, 0),
-                },
-                "response_stats": {}, "batch_stats": [], "memory_usage": [],
-            })
-        })
-        .collect();
+            }
+            _ => ran,
+        };
+        model_stats.push(json!({
+            "name": name, "version": "1", "last_inference": 0,
+            "inference_count": c.inferences, "execution_count": executions,
+            "inference_stats": {
+                "success": stat(c.success, c.duration_us),
+                "fail": stat(c.failed_running + c.failed_early, 0),
+                "queue": stat(ran, c.queue_us),
+                "compute_input": stat(ran, 0),
+                "compute_infer": stat(ran, c.duration_us.saturating_sub(c.queue_us)),
+                "compute_output": stat(ran, 0),
+                "cache_hit": stat(0, 0),
+                "cache_miss": stat(0, 0),
+            },
+            "response_stats": {}, "batch_stats": [], "memory_usage": [],
+        }));
+    }
     Ok(json!({ "model_stats": model_stats }))
 }
 

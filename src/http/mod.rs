@@ -1,6 +1,6 @@
 //! The HTTP surface (axum): Triton's generate extension, KServe v2 (enough for
 //! tritonclient), the OpenAI API (completions, chat, embeddings, responses), vLLM's
-//! tokenizer routes, an OpenAPI document of them all (`/openapi.json`), health, and
+//! tokenizer routes, Triton's model repository routes, an OpenAPI document of them all (`/openapi.json`), health, and
 //! Prometheus metrics on their own port.
 //! [`app`] and [`metrics_app`] build the routers apart from `main` so tests can serve
 //! them on ephemeral ports; [`serve()`] runs both with graceful shutdown.
@@ -20,6 +20,7 @@ mod openai;
 mod openai_types;
 mod openapi;
 mod openapi_bodies;
+mod repository;
 mod request_body;
 mod responses;
 mod responses_types;
@@ -49,42 +50,34 @@ use crate::metrics::{Metrics, Outcome, RequestTiming};
 use crate::request::Request;
 use tracked::TrackedStream;
 
-/// The names the model is served under: TRT-LLM's ensemble (text in, text out), its BLS
-/// model (same), and the core model (token ids in and out).
-pub const ENSEMBLE: &str = "ensemble";
-/// The BLS model's name (text in, text out).
-pub const BLS: &str = "tensorrt_llm_bls";
-/// The core model's name (token ids in and out).
-pub const CORE: &str = "tensorrt_llm";
-
-/// How a served name takes its input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModelKind {
-    /// text_input → text_output.
-    Text,
-    /// input_ids → output_ids.
-    Ids,
-}
+pub use crate::repository::{ModelKind, BLS, CORE, ENSEMBLE};
+use crate::repository::{Models, RouteError};
 
 struct AppInner {
-    model: ModelHandle,
+    models: Models,
     metrics: Metrics,
     started: Instant,
     requests: AtomicU64,
 }
 
-/// What every handler shares: the model, the metrics. Cheap to clone.
+/// What every handler shares: the models, the metrics. Cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
     inner: Arc<AppInner>,
 }
 
 impl AppState {
-    /// The state for serving `model`, with fresh metrics.
+    /// The state for serving the one model `model` under its own name and Triton's
+    /// default names, with fresh metrics.
     pub fn new(model: ModelHandle) -> Self {
+        Self::with_models(Models::single(model, None))
+    }
+
+    /// The state for serving `models`, with fresh metrics.
+    pub fn with_models(models: Models) -> Self {
         AppState {
             inner: Arc::new(AppInner {
-                model,
+                models,
                 metrics: Metrics::new(),
                 started: Instant::now(),
                 requests: AtomicU64::new(0),
@@ -92,9 +85,9 @@ impl AppState {
         }
     }
 
-    /// The served model.
-    pub fn model(&self) -> &ModelHandle {
-        &self.inner.model
+    /// The served models.
+    pub fn models(&self) -> &Models {
+        &self.inner.models
     }
 
     /// The request and engine metrics.
@@ -107,32 +100,46 @@ impl AppState {
         self.inner.started.elapsed()
     }
 
-    /// The kind of a served model name, or Triton's unknown-model error.
-    pub fn kind(&self, name: &str) -> ApiResult<ModelKind> {
+    /// The serving model behind a served name and the kind of input the name takes;
+    /// Triton's unknown-model error, or a 503 while its model is not serving.
+    pub fn route(&self, name: &str) -> ApiResult<(ModelHandle, ModelKind)> {
+        self.models().route(name).map_err(|e| match e {
+            RouteError::Unknown(n) => ApiError::UnknownModel(n),
+            RouteError::NotReady(m) => ApiError::Unavailable(m),
+        })
+    }
+
+    /// The model of a route where naming one is optional: the named one, else the only
+    /// serving one.
+    pub fn model_or_only(&self, name: Option<&str>) -> ApiResult<ModelHandle> {
         match name {
-            ENSEMBLE | BLS => Ok(ModelKind::Text),
-            CORE => Ok(ModelKind::Ids),
-            n if n == self.model().name() => Ok(ModelKind::Text),
-            other => Err(ApiError::UnknownModel(other.to_string())),
+            Some(n) => Ok(self.route(n)?.0),
+            None => self.models().only().ok_or_else(|| {
+                ApiError::BadRequest(
+                    "this server serves several models (or none is ready): name one with 'model'"
+                        .into(),
+                )
+            }),
         }
     }
 
     /// Names listed by metadata endpoints.
     pub fn served_names(&self) -> Vec<String> {
-        vec![
-            ENSEMBLE.into(),
-            BLS.into(),
-            CORE.into(),
-            self.model().name().to_string(),
-        ]
+        self.models().names()
     }
 
-    /// Submits a request for `model`; a refusal is counted and returned as an HTTP error.
-    pub async fn submit(&self, model: &str, request: Request) -> ApiResult<TrackedStream> {
+    /// Submits a request to `handle` (served as `model`); a refusal is counted and
+    /// returned as an HTTP error.
+    pub async fn submit(
+        &self,
+        handle: &ModelHandle,
+        model: &str,
+        request: Request,
+    ) -> ApiResult<TrackedStream> {
         let timing = RequestTiming::start();
         let prompts = request.prompts.len();
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
-        match self.model().submit(request).await {
+        match handle.submit(request).await {
             Ok(stream) => Ok(TrackedStream::new(
                 stream,
                 self.clone(),
@@ -158,17 +165,25 @@ impl AppState {
         }
     }
 
-    /// Refreshes the scheduler gauges and renders every metric.
+    /// Refreshes every serving model's scheduler gauges (labelled with its Triton names,
+    /// else its own) and renders every metric.
     pub async fn render_metrics(&self) -> String {
-        if let Ok(stats) = self.model().stats().await {
-            let names = [ENSEMBLE, BLS, CORE];
-            let model = self.model();
-            let on_gpu = model.device() != crate::model::device::Device::Cpu;
+        for (model, names, handle) in self.models().serving() {
+            let Ok(stats) = handle.stats().await else {
+                continue;
+            };
+            let triton: Vec<&str> = names.iter().filter(|n| *n != model).collect();
+            let labels = if triton.is_empty() {
+                vec![model.as_str()]
+            } else {
+                triton
+            };
+            let on_gpu = handle.device() != crate::model::device::Device::Cpu;
             self.metrics().scheduler(
-                &names,
+                &labels,
                 &stats,
                 stats.iteration,
-                model.kv_cache_bytes(),
+                handle.kv_cache_bytes(),
                 on_gpu,
             );
         }
@@ -209,6 +224,7 @@ pub(crate) fn app_with(
         .merge(embeddings::routes())
         .merge(responses::routes())
         .merge(tokenize::routes())
+        .merge(repository::routes())
         .merge(openapi::routes())
         .route("/metrics", get(metrics))
         .route("/health", get(kserve::ready))

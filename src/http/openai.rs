@@ -28,11 +28,12 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::{Stream, StreamExt};
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::openai_types::*;
 use super::tracked::TrackedStream;
 use super::{parse_json, ApiError, ApiResult, AppState};
+use crate::handle::ModelHandle;
 use crate::request::{Chunk, Prompt, PromptLogprob, Request, TokenLogprob};
 use crate::tokenizer::Tokenizer;
 
@@ -94,8 +95,22 @@ async fn get_model(
 }
 
 /// The context length that `max_tokens` must leave room in.
-pub(super) fn context(state: &AppState) -> usize {
-    state.model().config().max_position_embeddings
+pub(super) fn context(model: &ModelHandle) -> usize {
+    model.config().max_position_embeddings
+}
+
+/// The serving model a body names (`model`: OpenAI's 404 for a name not served, a 503
+/// while its model is not serving), or when it names none the only one served.
+pub(super) fn named_model(state: &AppState, name: Option<&str>) -> ApiResult<ModelHandle> {
+    if let Some(n) = name {
+        check_model(state, n)?;
+    }
+    state.model_or_only(name)
+}
+
+/// [`named_model`] for a JSON body's `model` field.
+fn body_model(state: &AppState, body: &Value) -> ApiResult<ModelHandle> {
+    named_model(state, body.get("model").and_then(Value::as_str))
 }
 
 /// One SSE `data:` event holding `v` as JSON.
@@ -292,9 +307,9 @@ async fn completions(
     body: Bytes,
 ) -> ApiResult<Response> {
     let body = parse_json(&body)?;
-    let req = completion_request(&body, context(&state))?;
-    check_model(&state, &req.model)?;
-    let tok = state.model().tokenizer();
+    let model = body_model(&state, &body)?;
+    let req = completion_request(&body, context(&model))?;
+    let tok = model.tokenizer();
     let echoes: Vec<String> = match req.echo {
         true => req.prompts.iter().map(|p| prompt_text(tok, p)).collect(),
         false => vec![String::new(); req.prompts.len()],
@@ -307,7 +322,7 @@ async fn completions(
         prompts: req.prompts,
         params: req.params,
     };
-    let stream = state.submit(&req.model, request).await?;
+    let stream = state.submit(&model, &req.model, request).await?;
     let rid = stream.id().to_owned();
     let id = format!("cmpl-{rid}");
     let meta = Meta {
@@ -319,7 +334,7 @@ async fn completions(
     if streamed {
         // No best_of when streamed: each sequence is a choice.
         let events = stream_completion(
-            state,
+            model,
             meta,
             stream,
             echoes,
@@ -330,7 +345,7 @@ async fn completions(
         return Ok(with_request_id(sse(events), &rid));
     }
     let answers = collect(stream, prompts * best_of).await?;
-    let tok = state.model().tokenizer();
+    let tok = model.tokenizer();
     let mut usage = Usage::default();
     let mut choices = Vec::with_capacity(prompts * n);
     for (i, (group, echo)) in answers.chunks(best_of).zip(echoes).enumerate() {
@@ -409,7 +424,7 @@ fn worth_sending(c: &Chunk, logprobs: bool) -> bool {
 /// echoed first when asked (with the prompt's log-probabilities, once they are known, when
 /// `logprobs` asks for `k` alternatives each too).
 fn stream_completion(
-    state: AppState,
+    model: ModelHandle,
     meta: Meta,
     mut stream: TrackedStream,
     echoes: Vec<String>,
@@ -449,7 +464,7 @@ fn stream_completion(
             }
             let mut lp = None;
             if let (Some(k), Some(offset)) = (logprobs, offsets.get_mut(index)) {
-                let tok = state.model().tokenizer();
+                let tok = model.tokenizer();
                 let mut all = CompletionLogprobs::default();
                 if echo_pending.get(index).copied().unwrap_or(false) {
                     echo_pending[index] = false;
@@ -480,9 +495,9 @@ async fn chat_completions(
     body: Bytes,
 ) -> ApiResult<Response> {
     let body = parse_json(&body)?;
-    let mut req = chat_request(&body, context(&state))?;
-    check_model(&state, &req.model)?;
-    let tok = state.model().tokenizer();
+    let model = body_model(&state, &body)?;
+    let mut req = chat_request(&body, context(&model))?;
+    let tok = model.tokenizer();
     let tools = super::tools::prepare_chat(
         &mut req,
         tok.chat_template(),
@@ -498,7 +513,7 @@ async fn chat_completions(
         params: req.params,
     };
     let n = req.n;
-    let stream = state.submit(&req.model, request).await?;
+    let stream = state.submit(&model, &req.model, request).await?;
     let rid = stream.id().to_owned();
     let meta = Meta {
         id: format!("chatcmpl-{rid}"),
@@ -507,7 +522,7 @@ async fn chat_completions(
     };
     if streamed {
         let events = stream_chat(
-            state,
+            model,
             meta,
             stream,
             n,
@@ -518,7 +533,7 @@ async fn chat_completions(
         return Ok(with_request_id(sse(events), &rid));
     }
     let answers = collect(stream, n).await?;
-    let tok = state.model().tokenizer();
+    let tok = model.tokenizer();
     let mut usage = Usage::default();
     let choices = answers
         .into_iter()
@@ -563,7 +578,7 @@ async fn chat_completions(
 /// A streamed chat completion: each of the `n` choices opens with its role, then its
 /// deltas and its finish, each under its `index`.
 fn stream_chat(
-    state: AppState,
+    model: ModelHandle,
     meta: Meta,
     mut stream: TrackedStream,
     n: usize,
@@ -599,7 +614,7 @@ fn stream_chat(
                 None => c.text.clone(),
             };
             if !text.is_empty() || (logprobs && !c.token_ids.is_empty()) {
-                let lp = logprobs.then(|| chat_logprobs(state.model().tokenizer(), &c));
+                let lp = logprobs.then(|| chat_logprobs(model.tokenizer(), &c));
                 let delta = ChatDelta { role: None, content: Some(text), tool_calls: None };
                 yield meta.chat_chunk(vec![choice(index, delta, lp, None)], usage_field);
             }

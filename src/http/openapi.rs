@@ -129,6 +129,30 @@ fn operations(req: &mut SchemaGenerator, res: &mut SchemaGenerator) -> Vec<Op> {
             None,
             ("application/json", json_obj()),
         ),
+        op(
+            "post",
+            "/v2/repository/index",
+            "Every model and name with its state (Triton's model repository)",
+            "repository",
+            json_obj(),
+            ("application/json", Some(json!({"type": "array"}))),
+        ),
+        op(
+            "post",
+            "/v2/repository/models/{model}/load",
+            "Load or reload a repository's model from its folder (Triton)",
+            "repository",
+            json_obj(),
+            ("application/json", json_obj()),
+        ),
+        op(
+            "post",
+            "/v2/repository/models/{model}/unload",
+            "Unload a model once its running requests end (Triton)",
+            "repository",
+            json_obj(),
+            ("application/json", json_obj()),
+        ),
     ];
     let generate = Some(req.subschema_for::<GenerateRequestDoc>().to_value());
     let infer = Some(req.subschema_for::<InferRequestDoc>().to_value());

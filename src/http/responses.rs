@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::json_body::parse;
-use super::openai::{check_model, context, request_id, sse, unix_now, with_request_id};
+use super::openai::{context, named_model, request_id, sse, unix_now, with_request_id};
 use super::responses_types::*;
 use super::tracked::TrackedStream;
 use super::{ApiError, ApiResult, AppState};
@@ -39,16 +39,16 @@ async fn responses(
 ) -> ApiResult<Response> {
     let req: ResponsesRequest = parse(&body)?;
     req.check()?;
-    check_model(&state, &req.model)?;
+    let model = named_model(&state, Some(&req.model))?;
     let messages = req.messages()?;
-    let params = req.params(context(&state))?;
+    let params = req.params(context(&model))?;
     let streamed = params.stream;
     let request = Request {
         id: request_id(&headers)?,
         prompts: vec![Prompt::chat(messages)],
         params: params.clone(),
     };
-    let stream = state.submit(&req.model, request).await?;
+    let stream = state.submit(&model, &req.model, request).await?;
     let rid = stream.id().to_owned();
     let shell = ResponseObject {
         id: format!("resp_{rid}"),

@@ -72,7 +72,7 @@ pub async fn serve_on(
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let model = state.model().clone();
+    let models = state.clone();
     let conns = ConnLimits {
         header_read_timeout: limits.header_read_timeout,
         max_connections: limits.max_connections,
@@ -123,7 +123,7 @@ pub async fn serve_on(
         limits.drain_timeout
     );
     // Stop admitting and let running requests finish before the connections close.
-    model.shutdown(limits.drain_timeout).await;
+    models.models().shutdown(limits.drain_timeout).await;
     let _ = stop_tx.send(true);
     let _ = http_task.await;
     let _ = metrics_task.await;
@@ -160,7 +160,7 @@ pub async fn serve(state: AppState, host: &str, ports: Ports, limits: ServeLimit
         0 => None,
         port => Some(bind(port).await?),
     };
-    tracing::info!(model = %state.model().name(), "serving HTTP on {host}:{}, gRPC on {}, metrics on {host}:{}",
+    tracing::info!(models = ?state.served_names(), "serving HTTP on {host}:{}, gRPC on {}, metrics on {host}:{}",
         ports.http, if ports.grpc == 0 { "no port".to_string() } else { format!("{host}:{}", ports.grpc) }, ports.metrics);
     serve_on(state, http, metrics, grpc, shutdown_signal(), limits).await
 }

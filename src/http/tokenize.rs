@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::json_body::parse;
-use super::openai::{check_model, context};
+use super::openai::{context, named_model};
 use super::openai_types::chat_messages;
 use super::{ApiError, ApiResult, AppState};
 use crate::tokenizer::chat::ChatTemplate;
@@ -83,10 +83,8 @@ pub struct DetokenizeResponse {
 
 async fn tokenize(State(state): State<AppState>, body: Bytes) -> ApiResult<Response> {
     let req: TokenizeRequest = parse(&body)?;
-    if let Some(model) = &req.model {
-        check_model(&state, model)?;
-    }
-    let tok = state.model().tokenizer();
+    let model = named_model(&state, req.model.as_deref())?;
+    let tok = model.tokenizer();
     let text = match (&req.prompt, &req.messages) {
         (Some(prompt), None) => {
             for key in [
@@ -153,7 +151,7 @@ async fn tokenize(State(state): State<AppState>, body: Bytes) -> ApiResult<Respo
     });
     Ok(Json(TokenizeResponse {
         count: tokens.len(),
-        max_model_len: context(&state),
+        max_model_len: context(&model),
         tokens,
         token_strs,
     })
@@ -162,11 +160,9 @@ async fn tokenize(State(state): State<AppState>, body: Bytes) -> ApiResult<Respo
 
 async fn detokenize(State(state): State<AppState>, body: Bytes) -> ApiResult<Response> {
     let req: DetokenizeRequest = parse(&body)?;
-    if let Some(model) = &req.model {
-        check_model(&state, model)?;
-    }
-    let tok = state.model().tokenizer();
-    let vocab = state.model().config().vocab_size.min(tok.vocab_size());
+    let model = named_model(&state, req.model.as_deref())?;
+    let tok = model.tokenizer();
+    let vocab = model.config().vocab_size.min(tok.vocab_size());
     if let Some(bad) = req.tokens.iter().find(|&&id| id as usize >= vocab) {
         return Err(ApiError::BadRequest(format!(
             "'tokens': id {bad} is outside the vocabulary ({vocab} tokens)"

@@ -17,6 +17,7 @@ use serde_json::{json, Map, Value};
 
 use super::fields::{build_request, stop_target, Fields};
 use super::{parse_json, versioned_post, ApiError, ApiResult, AppState, ModelKind};
+use crate::handle::ModelHandle;
 use crate::request::Chunk;
 
 pub fn routes() -> Router<AppState> {
@@ -33,11 +34,15 @@ pub struct ModelPath {
 }
 
 /// A stop request, when the body is one: cancels and answers with an empty response.
-fn stop_request(state: &AppState, model: &str, fields: &Fields<'_>) -> ApiResult<Option<Value>> {
+fn stop_request(
+    handle: &ModelHandle,
+    model: &str,
+    fields: &Fields<'_>,
+) -> ApiResult<Option<Value>> {
     let Some(id) = stop_target(fields)? else {
         return Ok(None);
     };
-    state.model().cancel(&id);
+    handle.cancel(&id);
     Ok(Some(
         json!({"model_name": model, "model_version": "1", "id": id}),
     ))
@@ -48,23 +53,23 @@ async fn generate(
     Path(p): Path<ModelPath>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let kind = state.kind(&p.model)?;
+    let (handle, kind) = state.route(&p.model)?;
     let body = parse_json(&body)?;
     let fields = Fields::new(&body)?;
-    if let Some(answer) = stop_request(&state, &p.model, &fields)? {
+    if let Some(answer) = stop_request(&handle, &p.model, &fields)? {
         return Ok(Json(answer).into_response());
     }
     let mut request = build_request(
         &fields,
         kind,
-        state.model().tokenizer(),
-        state.model().config().max_position_embeddings,
+        handle.tokenizer(),
+        handle.config().max_position_embeddings,
     )?;
     request.params.stream = false;
     let id = request.id.clone();
     let prompts = request.prompts.len();
     let want_logprobs = request.params.return_log_probs;
-    let stream = state.submit(&p.model, request).await?;
+    let stream = state.submit(&handle, &p.model, request).await?;
     let chunks: Vec<Chunk> = stream.collect().await;
     if let Some(err) = chunks.iter().find_map(|c| c.error.clone()) {
         return Err(ApiError::EngineFailed(err));
@@ -82,10 +87,10 @@ async fn generate_stream(
     Path(p): Path<ModelPath>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let kind = state.kind(&p.model)?;
+    let (handle, kind) = state.route(&p.model)?;
     let body = parse_json(&body)?;
     let fields = Fields::new(&body)?;
-    if let Some(answer) = stop_request(&state, &p.model, &fields)? {
+    if let Some(answer) = stop_request(&handle, &p.model, &fields)? {
         let once = futures::stream::once(async move {
             Ok::<_, Infallible>(Event::default().data(answer.to_string()))
         });
@@ -94,13 +99,13 @@ async fn generate_stream(
     let request = build_request(
         &fields,
         kind,
-        state.model().tokenizer(),
-        state.model().config().max_position_embeddings,
+        handle.tokenizer(),
+        handle.config().max_position_embeddings,
     )?;
     let id = request.id.clone();
     let want_logprobs = request.params.return_log_probs;
     let model = p.model.clone();
-    let stream = state.submit(&p.model, request).await?;
+    let stream = state.submit(&handle, &p.model, request).await?;
     let events = stream.map(move |c| {
         let body = match &c.error {
             Some(e) => json!({ "error": ApiError::EngineFailed(e.clone()).to_string() }),

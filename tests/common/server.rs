@@ -64,7 +64,24 @@ pub async fn start_limited(
     let handle = ModelHandle::spawn(model, options)
         .await
         .expect("model starts");
-    let state = AppState::new(handle);
+    start_state(AppState::new(handle), limits).await
+}
+
+/// Serves every model of the model repository `dir` (device cpu).
+pub async fn start_repository(dir: &Path) -> TestServer {
+    let server = inflight::config::ServerSection {
+        shutdown_timeout_s: 5,
+        ..Default::default()
+    };
+    let models = inflight::repository::Models::open(dir, &server)
+        .await
+        .expect("the repository's models load");
+    start_state(AppState::with_models(models), ServeLimits::default()).await
+}
+
+/// Serves `state` on ephemeral ports with the listeners' `limits` (the drain takes at
+/// most 5 s).
+pub async fn start_state(state: AppState, limits: ServeLimits) -> TestServer {
     let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", http.local_addr().unwrap());
@@ -96,6 +113,11 @@ pub async fn start_limited(
 }
 
 impl TestServer {
+    /// The one model the server serves.
+    pub fn model(&self) -> inflight::ModelHandle {
+        self.state.models().only().expect("one model serving")
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
@@ -115,7 +137,9 @@ impl TestServer {
     /// Tokens of `text` as the served model's tokenizer encodes a prompt.
     pub fn prompt_tokens(&self, text: &str) -> usize {
         self.state
-            .model()
+            .models()
+            .only()
+            .unwrap()
             .tokenizer()
             .encode(text, true)
             .unwrap()
@@ -136,7 +160,7 @@ impl TestServer {
         assert_eq!(r.status(), 200);
         let mut bytes = r.bytes_stream();
         let first = bytes.next().await.unwrap().unwrap().to_vec();
-        self.state.model().inject_engine_fault();
+        self.state.models().only().unwrap().inject_engine_fault();
         let mut rest = String::new();
         let read = async {
             while let Some(b) = bytes.next().await {
