@@ -71,7 +71,7 @@ fn tokenizer(c: &mut Criterion) {
                 let mut len = 0;
                 for &id in &ids {
                     len += s
-                        .push(&tok, id, None, Vec::new(), None)
+                        .push(&tok, id, (None, Vec::new()), None, None)
                         .chunk
                         .map_or(0, |c| c.text.len());
                 }

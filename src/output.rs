@@ -24,6 +24,11 @@ pub struct SeqOutputState {
     /// The prompt's scores so far (`prompt_log_probs`): its first token, then each one
     /// scored, in order; None when not asked for or once sent.
     prompt: Option<Vec<PromptLogprob>>,
+    /// The prompt's raw logits rows so far, one per position in order
+    /// (`return_context_logits`); None when not asked for or once sent.
+    context: Option<Vec<Vec<f32>>>,
+    /// Each output token's raw logits row is returned (`return_generation_logits`).
+    generation_logits: bool,
     /// Text that may be the start of a stop string, not sent yet.
     held: String,
     /// The answer so far when not streaming.
@@ -93,6 +98,8 @@ impl SeqOutputState {
                         ..PromptLogprob::default()
                     }]
                 }),
+            context: params.return_context_logits.then(Vec::new),
+            generation_logits: params.return_generation_logits,
             held: String::new(),
             pending,
             prompt_tokens,
@@ -123,7 +130,16 @@ impl SeqOutputState {
     /// Adds scores of the prompt's tokens from position `from` on (the token a row scores
     /// comes from the engine; positions already known, from a recomputed chunk, are
     /// skipped). They go out with the sequence's next chunk.
-    pub fn note_prompt(&mut self, from: usize, rows: Vec<RowChoice>) {
+    pub fn note_prompt(&mut self, from: usize, rows: Vec<RowChoice>, logits: Vec<Vec<f32>>) {
+        if let Some(context) = self.context.as_mut() {
+            // The row that scores the token at `pos` was computed at `pos - 1`; the last
+            // position's row comes with the first output token.
+            for (pos, row) in (from.max(1) - 1..).zip(logits) {
+                if pos == context.len() && pos + 1 < self.prompt_tokens {
+                    context.push(row);
+                }
+            }
+        }
         let Some(prompt) = self.prompt.as_mut() else {
             return;
         };
@@ -152,18 +168,32 @@ impl SeqOutputState {
         }
     }
 
+    /// The prompt's logits rows, once: on the chunk of the first output token, whose row
+    /// is the last position's (or on the last chunk).
+    fn take_context(&mut self, last: bool) -> Vec<Vec<f32>> {
+        let complete = self
+            .context
+            .as_ref()
+            .is_some_and(|c| last || c.len() >= self.prompt_tokens);
+        match complete {
+            true => self.context.take().unwrap_or_default(),
+            false => Vec::new(),
+        }
+    }
+
     /// `finish` (or `fail`) has produced the last chunk; later tokens are ignored.
     pub fn is_done(&self) -> bool {
         self.done
     }
 
-    /// Adds one generated token, with its log-probability and alternatives when asked.
+    /// Adds one generated token, with its log-probability and alternatives when asked,
+    /// and the raw logits row it was drawn from where kept.
     pub fn push(
         &mut self,
         tokenizer: &Tokenizer,
         token: u32,
-        log_prob: Option<f32>,
-        top: Vec<TokenLogprob>,
+        (log_prob, top): (Option<f32>, Vec<TokenLogprob>),
+        logits: Option<Vec<f32>>,
         queued: Option<std::time::Duration>,
     ) -> Pushed {
         if self.done {
@@ -180,8 +210,19 @@ impl SeqOutputState {
             ..Chunk::default()
         };
         chunk.prompt_log_probs = self.take_prompt(false);
+        let prompt_tokens = self.prompt_tokens;
+        if let (Some(context), Some(row)) = (self.context.as_mut(), logits.as_ref()) {
+            // The first token's row is the prompt's last position's.
+            if self.output_tokens == 0 && context.len() + 1 == prompt_tokens {
+                context.push(row.clone());
+            }
+        }
+        chunk.context_logits = self.take_context(false);
         // End tokens close the sequence; they are not part of the answer.
         if !self.end_ids.contains(&token) {
+            if let Some(row) = logits.filter(|_| self.generation_logits) {
+                chunk.generation_logits.push(row);
+            }
             self.output_tokens += 1;
             self.first_token_at
                 .get_or_insert_with(std::time::Instant::now);
@@ -251,6 +292,8 @@ impl SeqOutputState {
         self.pending.log_probs.extend(c.log_probs);
         self.pending.top_log_probs.extend(c.top_log_probs);
         self.pending.prompt_log_probs.extend(c.prompt_log_probs);
+        self.pending.context_logits.extend(c.context_logits);
+        self.pending.generation_logits.extend(c.generation_logits);
         self.pending.cum_log_prob = c.cum_log_prob;
         self.pending.queue_time = self.pending.queue_time.or(c.queue_time);
     }
@@ -289,6 +332,7 @@ impl SeqOutputState {
         }
         self.done = true;
         chunk.prompt_log_probs.extend(self.take_prompt(true));
+        chunk.context_logits.extend(self.take_context(true));
         if !self.stream {
             chunk.first_token_at = self.first_token_at;
         }

@@ -125,6 +125,14 @@ pub struct GenerationParams {
     /// Drops the tokens whose probability (after temperature) is below `min_p` times the
     /// most likely token's, before top-k and top-p (vLLM's `min_p`); 0 is off.
     pub min_p: f32,
+    /// Return the model's raw logits at every prompt position (`Chunk::context_logits`,
+    /// TensorRT-LLM's `return_context_logits`): the last one is the first output token's.
+    /// Such a sequence computes its whole prompt (no cached prefix) and does not speculate.
+    pub return_context_logits: bool,
+    /// Return the model's raw logits each output token was drawn from
+    /// (`Chunk::generation_logits`, TensorRT-LLM's `return_generation_logits`), before
+    /// penalties, bias and temperature. Such a sequence does not speculate.
+    pub return_generation_logits: bool,
 }
 
 impl Default for GenerationParams {
@@ -161,11 +169,19 @@ impl Default for GenerationParams {
             prompt_log_probs: false,
             logit_bias: Vec::new(),
             min_p: 0.0,
+            return_context_logits: false,
+            return_generation_logits: false,
         }
     }
 }
 
 impl GenerationParams {
+    /// Whether the engine returns this sequence's logits rows to the host as they are
+    /// (rather than only its choices from them).
+    pub fn wants_logit_rows(&self) -> bool {
+        self.return_context_logits || self.return_generation_logits
+    }
+
     /// The parameters of an embedding request: nothing generated, no speculation, the
     /// answer in one chunk.
     pub fn embedding(pooling: Pooling) -> Self {
@@ -267,6 +283,12 @@ pub struct Chunk {
     /// Every prompt token with its log-probability, on the first chunk of a sequence
     /// (the whole answer's, when not streamed) when `prompt_log_probs` asked for them.
     pub prompt_log_probs: Vec<PromptLogprob>,
+    /// The raw logits at each prompt position (`[prompt_tokens][vocab]`), on the chunk of
+    /// the first output token when `return_context_logits` asked for them.
+    pub context_logits: Vec<Vec<f32>>,
+    /// The raw logits each new token was drawn from (lined up with `token_ids`), when
+    /// `return_generation_logits` asked for them.
+    pub generation_logits: Vec<Vec<f32>>,
     /// Set on the last chunk of this prompt.
     pub finish_reason: Option<FinishReason>,
     /// Set when the request failed.
@@ -311,6 +333,9 @@ impl Chunk {
         self.log_probs.splice(0..0, earlier.log_probs);
         self.top_log_probs.splice(0..0, earlier.top_log_probs);
         self.prompt_log_probs.splice(0..0, earlier.prompt_log_probs);
+        self.context_logits.splice(0..0, earlier.context_logits);
+        self.generation_logits
+            .splice(0..0, earlier.generation_logits);
         self.queue_time = earlier.queue_time.or(self.queue_time);
         self.first_token_at = earlier.first_token_at.or(self.first_token_at);
         self.cum_log_prob = self.cum_log_prob.or(earlier.cum_log_prob);
@@ -336,6 +361,8 @@ pub fn answers(chunks: Vec<Chunk>, prompts: usize) -> Vec<Chunk> {
         slot.log_probs.extend(c.log_probs);
         slot.top_log_probs.extend(c.top_log_probs);
         slot.prompt_log_probs.extend(c.prompt_log_probs);
+        slot.context_logits.extend(c.context_logits);
+        slot.generation_logits.extend(c.generation_logits);
         slot.cum_log_prob = c.cum_log_prob.or(slot.cum_log_prob);
         slot.finish_reason = c.finish_reason.or(slot.finish_reason);
         slot.error = c.error.or(slot.error.take());

@@ -3,7 +3,8 @@
 //! gives from logits: same tokens, same log-probabilities, same finish reasons, for
 //! greedy and seeded requests with every sampling feature, batched together, with
 //! speculation by prompt lookup and by a draft model (whose standard-rule rows fall back
-//! to logits), and after preemption. On the CPU here; scripts/gpu-check.sh runs the
+//! to logits), and after preemption; the raw logits rows that requests ask for
+//! (`return_context_logits`, `return_generation_logits`) the same on both paths. On the CPU here; scripts/gpu-check.sh runs the
 //! speculative and HTTP suites on the GPU, where the engine always samples this way.
 
 mod common;
@@ -104,6 +105,16 @@ fn params(i: usize) -> GenerationParams {
     p
 }
 
+/// [`params`], each case asking for its raw logits rows too (generation, context or
+/// both): they come back as logits, sampled on the host, with no speculation.
+fn logits_params(i: usize) -> GenerationParams {
+    GenerationParams {
+        return_generation_logits: i % 3 != 1,
+        return_context_logits: !i.is_multiple_of(3),
+        ..params(i)
+    }
+}
+
 fn prompt(i: usize) -> Vec<u32> {
     let n = 2 + (i * 5) % 23;
     (0..n)
@@ -116,15 +127,32 @@ async fn run(handle: &ModelHandle, cases: usize) -> Vec<Chunk> {
     run_counting(handle, cases).await.0
 }
 
+/// [`run`] with the cases' parameters from `params_of`.
+async fn run_with(
+    handle: &ModelHandle,
+    cases: usize,
+    params_of: fn(usize) -> GenerationParams,
+) -> Vec<Chunk> {
+    run_counting_with(handle, cases, params_of).await.0
+}
+
 /// [`run`], and how many iterations were planned ahead (overlap) during it.
 async fn run_counting(handle: &ModelHandle, cases: usize) -> (Vec<Chunk>, u64) {
+    run_counting_with(handle, cases, params).await
+}
+
+async fn run_counting_with(
+    handle: &ModelHandle,
+    cases: usize,
+    params_of: fn(usize) -> GenerationParams,
+) -> (Vec<Chunk>, u64) {
     let before = handle.stats().await.unwrap().planned_ahead;
     let mut streams = Vec::new();
     for i in 0..cases {
         let request = Request {
             id: None,
             prompts: vec![Prompt::Tokens(prompt(i))],
-            params: params(i),
+            params: params_of(i),
         };
         streams.push(handle.submit(request).await.expect("accepted"));
     }
@@ -144,7 +172,42 @@ fn assert_same(a: &[Chunk], b: &[Chunk], what: &str) {
         assert_eq!(x.token_ids, y.token_ids, "{what}: case {i} tokens");
         assert_eq!(x.finish_reason, y.finish_reason, "{what}: case {i} finish");
         assert_eq!(x.log_probs, y.log_probs, "{what}: case {i} log-probs");
+        assert_eq!(
+            x.generation_logits, y.generation_logits,
+            "{what}: case {i} generation logits"
+        );
+        assert_eq!(
+            x.context_logits, y.context_logits,
+            "{what}: case {i} context logits"
+        );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logits_rows_are_the_same_on_both_paths() {
+    let dir = model_dir("logits", 7);
+    let base = run_with(&spawn(&dir, false, 4096, None).await, 36, logits_params).await;
+    for (i, c) in base.iter().enumerate() {
+        let p = logits_params(i);
+        let gen = if p.return_generation_logits {
+            c.token_ids.len()
+        } else {
+            0
+        };
+        let ctx = if p.return_context_logits {
+            prompt(i).len()
+        } else {
+            0
+        };
+        assert_eq!(c.generation_logits.len(), gen, "case {i}");
+        assert_eq!(c.context_logits.len(), ctx, "case {i}");
+    }
+    let engine = run_with(&spawn(&dir, true, 4096, None).await, 36, logits_params).await;
+    assert_same(&base, &engine, "logits, no speculation");
+    let tight = spawn(&dir, true, 24, None).await;
+    let preempted = run_with(&tight, 36, logits_params).await;
+    assert_same(&base, &preempted, "logits, preemption");
+    assert!(tight.stats().await.unwrap().preemptions > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -339,9 +339,9 @@ async fn malformed_requests_get_clear_errors_and_the_server_stays_healthy() {
         ),
         (
             "/v2/models/ensemble/generate",
-            json!({"text_input": "hi", "max_tokens": 5, "return_context_logits": true}).to_string(),
+            json!({"text_input": "hi", "max_tokens": 5, "return_perf_metrics": true}).to_string(),
             400,
-            "return_context_logits",
+            "return_perf_metrics",
         ),
         (
             "/v2/models/ensemble/generate",

@@ -185,7 +185,9 @@ impl Actor for Engine {
                 let mut logits = Vec::new();
                 for (s, l) in seqs.into_iter().zip(out) {
                     if s.logit_rows() > 0 {
+                        let keep = s.kept_rows();
                         rows.push(SampleRow {
+                            keep,
                             seq: s.seq,
                             draft: s.draft,
                             score: s.score,

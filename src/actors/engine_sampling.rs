@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use super::messages::{PromptScores, SeqId, SeqSampled, StepSeq};
-use super::sampler::{named, one_token, prepare_masks, push_verdict};
+use super::sampler::{kept, named, one_token, prepare_masks, push_verdict};
 use crate::model::RowsOut;
 use crate::sampling::{RowChoice, RowPlan, SeqSampler};
 use crate::scheduler::StepOutput;
@@ -68,7 +68,10 @@ impl EngineSampling {
         if st.sampler.is_none() {
             st.fed.extend_from_slice(s.known_tokens());
             if !s.sample {
-                return plans;
+                return match s.kept_rows().scored && !s.score.is_empty() {
+                    true => Vec::new(),
+                    false => plans,
+                };
             }
             let fed = std::mem::take(&mut st.fed);
             let prompt_len = s.prompt_len.min(fed.len());
@@ -85,6 +88,11 @@ impl EngineSampling {
             Some(d) if d.probs.is_some() && !sampler.is_greedy() => return Vec::new(),
             Some(d) => plans.extend(sampler.plan(&d.tokens)),
             None => plans.extend(sampler.plan(&[])),
+        }
+        // Rows the request wants whole come back as logits (chosen from on the host).
+        let keep = s.kept_rows();
+        if keep.sampled || (keep.scored && !s.score.is_empty()) {
+            return Vec::new();
         }
         plans
     }
@@ -126,6 +134,7 @@ impl EngineSampling {
                     if scored > 0 {
                         prompt.push(PromptScores {
                             seq: s.seq,
+                            logits: Vec::new(),
                             from: s.start_pos + 1,
                             rows: choices
                                 .into_iter()
@@ -141,6 +150,7 @@ impl EngineSampling {
                     if scored > 0 {
                         prompt.push(PromptScores {
                             seq: s.seq,
+                            logits: kept(s.kept_rows().scored, &rows, v),
                             from: s.start_pos + 1,
                             rows: score_on_host(&mut rows, v, &s.score, s.params.top_log_probs),
                         });
@@ -155,14 +165,25 @@ impl EngineSampling {
                 continue;
             };
             let draft = s.draft.as_ref().map_or(&[][..], |d| &d.tokens[..]);
+            let mut logits = Vec::new();
             let verdict = match out {
                 RowsOut::Chosen(choices) => sampler.verify_choices(draft, &choices),
-                RowsOut::Logits(mut rows) => match &s.draft {
-                    Some(d) => sampler.verify(&mut rows, v, draft, d.probs.as_deref()),
-                    None => one_token(sampler.sample(&mut rows)),
-                },
+                RowsOut::Logits(mut rows) => {
+                    logits = kept(s.kept_rows().sampled, &rows, v);
+                    match &s.draft {
+                        Some(d) => sampler.verify(&mut rows, v, draft, d.probs.as_deref()),
+                        None => one_token(sampler.sample(&mut rows)),
+                    }
+                }
             };
-            push_verdict(&mut output, &mut sampled, s.seq, verdict, draft.len());
+            push_verdict(
+                &mut output,
+                &mut sampled,
+                s.seq,
+                verdict,
+                draft.len(),
+                logits,
+            );
         }
         (output, sampled, prompt)
     }

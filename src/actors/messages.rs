@@ -12,7 +12,7 @@ use crate::request::{Chunk, GenerationParams, Prompt, RequestId, TokenLogprob};
 use crate::sampling::RowChoice;
 pub use crate::scheduler::SchedulerStats;
 use crate::scheduler::{AddError, BlockCopy, FinishReason as SeqFinish, StepOutput};
-pub(crate) use crate::scheduler::{Draft, EngineTime, SeqId, StepSeq, StepTiming};
+pub(crate) use crate::scheduler::{Draft, EngineTime, KeptRows, SeqId, StepSeq, StepTiming};
 
 /// One sequence as the pipeline first learns of it.
 #[derive(Debug, Clone)]
@@ -127,6 +127,8 @@ pub(crate) struct SampleRow {
     /// Position of the first token `score` names.
     pub score_from: usize,
     pub sample: bool,
+    /// Which rows go back whole besides being used ([`StepSeq::kept_rows`]).
+    pub keep: KeptRows,
 }
 
 /// A chunk's scores of its prompt tokens (`prompt_log_probs`), for Postprocess.
@@ -138,6 +140,9 @@ pub(crate) struct PromptScores {
     /// Each token (`token`, as scored; None when the row allowed none) with its
     /// log-probability and alternatives.
     pub rows: Vec<RowChoice>,
+    /// The raw logits rows they were scored from, when `return_context_logits` keeps
+    /// them (else empty).
+    pub logits: Vec<Vec<f32>>,
 }
 
 /// One sequence's embedding (`GenerationParams::pooling`): its prompt's final hidden
@@ -154,6 +159,8 @@ pub(crate) struct SeqSampled {
     /// Draft tokens proposed and accepted in this step.
     pub drafted: usize,
     pub accepted: usize,
+    /// The raw logits row of each emitted token, where kept ([`KeptRows::sampled`]).
+    pub logits: Vec<Vec<f32>>,
 }
 
 pub(crate) enum EngineMsg {
@@ -224,6 +231,8 @@ pub(crate) enum SeqOutput {
         /// the first token of the step).
         drafted: usize,
         accepted: usize,
+        /// The raw logits row it was drawn from, where kept.
+        logits: Option<Vec<f32>>,
     },
     /// Prompt tokens scored (`prompt_log_probs`), from position `from` on; a recomputed
     /// sequence may score some again.
@@ -231,6 +240,8 @@ pub(crate) enum SeqOutput {
         seq: SeqId,
         from: usize,
         rows: Vec<RowChoice>,
+        /// Their raw logits rows (`return_context_logits`; else empty).
+        logits: Vec<Vec<f32>>,
     },
     Finished {
         seq: SeqId,

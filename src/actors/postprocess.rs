@@ -140,8 +140,10 @@ fn emit(state: &mut PostprocessState, output: SeqOutput, ending: &[SeqId]) {
     };
     let rid = *rid;
     let (chunk, ends, stop_string) = match output {
-        SeqOutput::PromptLogprobs { from, rows, .. } => {
-            out.note_prompt(from, rows);
+        SeqOutput::PromptLogprobs {
+            from, rows, logits, ..
+        } => {
+            out.note_prompt(from, rows, logits);
             return;
         }
         SeqOutput::Token {
@@ -152,11 +154,12 @@ fn emit(state: &mut PostprocessState, output: SeqOutput, ending: &[SeqId]) {
             cached,
             drafted,
             accepted,
+            logits,
             ..
         } => {
             out.note_draft(drafted, accepted);
             out.note_cached(cached);
-            let pushed = out.push(&state.tokenizer, token, log_prob, top, queued);
+            let pushed = out.push(&state.tokenizer, token, (log_prob, top), logits, queued);
             if pushed.stop_string {
                 // The token's chunk (text before the stop string) and the final one, as one.
                 let mut last = out.finish(FinishReason::Stop);

@@ -256,6 +256,13 @@ pub fn validate(
         _ => {}
     }
     match p.num_draft_tokens {
+        Some(n) if n > 0 && p.wants_logit_rows() => {
+            return bad(format!(
+                "num_draft_tokens {n} cannot go with return_context_logits or \
+                 return_generation_logits: a sequence whose logits are returned does not \
+                 speculate"
+            ));
+        }
         Some(n) if n > 0 && !speculative => {
             return bad(format!(
                 "num_draft_tokens {n} needs speculative decoding, and this model has no draft \

@@ -125,20 +125,34 @@ fn sample_rows(
             prompt.push(PromptScores {
                 seq: row.seq,
                 from: row.score_from,
+                logits: kept(row.keep.scored, scored, v),
                 rows: score_rows(sampler, scored, v, &row.score),
             });
         }
         if !row.sample {
             continue;
         }
+        let logits = kept(row.keep.sampled, block, v);
         let verdict = match &row.draft {
             Some(d) => sampler.verify(block, v, &d.tokens, d.probs.as_deref()),
             None => one_token(sampler.sample(block)),
         };
         let drafted = row.draft.as_ref().map_or(0, |d| d.tokens.len());
-        push_verdict(&mut output, &mut sampled, row.seq, verdict, drafted);
+        push_verdict(&mut output, &mut sampled, row.seq, verdict, drafted, logits);
     }
     (output, sampled, prompt)
+}
+
+/// Copies of the `vocab`-wide rows of `rows` when `keep` (raw logits the request asked
+/// for, taken before sampling changes them); else none.
+pub(super) fn kept(keep: bool, rows: &[f32], vocab: usize) -> Vec<Vec<f32>> {
+    match keep {
+        true => rows
+            .chunks_exact(vocab.max(1))
+            .map(<[f32]>::to_vec)
+            .collect(),
+        false => Vec::new(),
+    }
 }
 
 /// The verdict of a sequence that sampled one token, with no draft.
@@ -198,6 +212,7 @@ pub(super) fn push_verdict(
     seq: SeqId,
     verdict: Verdict,
     drafted: usize,
+    logits: Vec<Vec<f32>>,
 ) {
     let mut tokens = verdict.tokens;
     let Some(token) = tokens.pop() else {
@@ -214,5 +229,6 @@ pub(super) fn push_verdict(
         tops: verdict.tops,
         drafted,
         accepted: verdict.accepted,
+        logits,
     });
 }

@@ -162,9 +162,14 @@ impl SchedulerState {
             )));
         }
         for (i, s) in seqs.iter().enumerate() {
-            let num_draft_tokens = self
-                .default_draft_tokens
-                .map_or(0, |d| s.params.num_draft_tokens.unwrap_or(d));
+            // A sequence whose logits rows go back whole does not speculate: each row is
+            // one output token's.
+            let num_draft_tokens = match s.params.wants_logit_rows() {
+                true => 0,
+                false => self
+                    .default_draft_tokens
+                    .map_or(0, |d| s.params.num_draft_tokens.unwrap_or(d)),
+            };
             let spec = SeqSpec {
                 id: s.seq,
                 prompt: s.prompt.clone(),
@@ -190,7 +195,9 @@ impl SchedulerState {
                 queued: None,
                 cached: 0,
                 first_scheduled: false,
-                continues: SeqSampler::plans_ahead(&s.params),
+                // Logits rows come back to the host: the device chooses no token to
+                // go on with.
+                continues: SeqSampler::plans_ahead(&s.params) && !s.params.wants_logit_rows(),
             };
             self.seqs.insert(s.seq, meta);
         }
@@ -262,6 +269,7 @@ impl SchedulerState {
                     seq: p.seq,
                     from: p.from,
                     rows: p.rows,
+                    logits: p.logits,
                 };
                 (self.rid(p.seq), out)
             })
@@ -276,19 +284,20 @@ impl SchedulerState {
         for event in self.core.update(&batch, &output) {
             match event {
                 SeqEvent::Token { id, token } => {
-                    let (log_prob, top, drafted, accepted) = match per_seq.get_mut(&id) {
+                    let (log_prob, top, drafted, accepted, logits) = match per_seq.get_mut(&id) {
                         Some((s, i)) => {
                             let first = *i == 0;
                             let lp = s.log_probs.get(*i).copied().flatten();
                             let top = s.tops.get_mut(*i).map(std::mem::take).unwrap_or_default();
+                            let logits = s.logits.get_mut(*i).map(std::mem::take);
                             *i += 1;
                             if first {
-                                (lp, top, s.drafted, s.accepted)
+                                (lp, top, s.drafted, s.accepted, logits)
                             } else {
-                                (lp, top, 0, 0)
+                                (lp, top, 0, 0, logits)
                             }
                         }
-                        None => (None, Vec::new(), 0, 0),
+                        None => (None, Vec::new(), 0, 0, None),
                     };
                     let queued = self.seqs.get_mut(&id).and_then(|m| m.queued.take());
                     let cached = self.seqs.get(&id).map_or(0, |m| m.cached);
@@ -303,6 +312,7 @@ impl SchedulerState {
                             cached,
                             drafted,
                             accepted,
+                            logits,
                         },
                     ));
                 }
@@ -494,7 +504,9 @@ fn cache_salt(s: &SeqInit) -> u64 {
         Some(Pooling::Mean) => salt_of(&format!("\0mean pooling of sequence {}", s.seq)),
         // Its prompt's logits are wanted at every position: a salt of its own finds no
         // cached prefix, so it computes them all.
-        _ if s.params.prompt_log_probs => salt_of(&format!("prompt-log-probs-{}", s.seq)),
+        _ if s.params.prompt_log_probs || s.params.return_context_logits => {
+            salt_of(&format!("prompt-log-probs-{}", s.seq))
+        }
         _ => s.params.cache_salt.as_deref().map_or(0, salt_of),
     }
 }

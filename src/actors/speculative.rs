@@ -130,7 +130,10 @@ impl SpeculativeState {
     /// Brings every scheduled sequence's track up to date with its chunk (requests that
     /// turned speculation off are not tracked).
     fn track(&mut self, seqs: &[StepSeq]) {
-        for s in seqs.iter().filter(|s| s.params.num_draft_tokens != Some(0)) {
+        for s in seqs
+            .iter()
+            .filter(|s| s.params.num_draft_tokens != Some(0) && !s.params.wants_logit_rows())
+        {
             let t = self.seqs.entry(s.seq).or_insert_with(|| Tracked {
                 track: SeqTrack::default(),
                 sampler: DraftSampler::new(&s.params),

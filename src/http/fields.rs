@@ -316,6 +316,8 @@ pub fn build_request(
         pooling: None,
         // TensorRT-LLM's min-p sampling (SamplingConfig::minP).
         min_p: fields.float(&["min_p"])?.unwrap_or(d.min_p),
+        return_context_logits: fields.bool(&["return_context_logits"])?.unwrap_or(false),
+        return_generation_logits: fields.bool(&["return_generation_logits"])?.unwrap_or(false),
         ..d
     };
     Ok(Request {
@@ -340,11 +342,7 @@ fn unsupported(fields: &Fields<'_>) -> ApiResult<()> {
             return no(format!("num_return_sequences {n} is not supported: only 1"));
         }
     }
-    for key in [
-        "return_context_logits",
-        "return_generation_logits",
-        "return_perf_metrics",
-    ] {
+    for key in ["return_perf_metrics"] {
         if fields.bool(&[key])? == Some(true) {
             return no(format!("'{key}' is not supported yet"));
         }

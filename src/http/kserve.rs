@@ -173,8 +173,8 @@ const COMMON_INPUTS: &[Spec] = &[
     opt("priority", I32),
     alias("min_length", I32),
     alias("random_seed", U64),
-    alias("return_context_logits", Bool),
-    alias("return_generation_logits", Bool),
+    opt("return_context_logits", Bool),
+    opt("return_generation_logits", Bool),
     alias("return_perf_metrics", Bool),
 ];
 
@@ -226,6 +226,8 @@ const TEXT_OUTPUTS: &[OutSpec] = &[
     ("sequence_index", I32, &[1]),
     ("num_input_tokens", I32, &[1]),
     ("num_output_tokens", I32, &[1]),
+    ("context_logits", F32, &[-1, -1]),
+    ("generation_logits", F32, &[-1, -1, -1]),
 ];
 
 const IDS_OUTPUTS: &[OutSpec] = &[
@@ -237,6 +239,14 @@ const IDS_OUTPUTS: &[OutSpec] = &[
     ("sequence_index", I32, &[1]),
     ("num_input_tokens", I32, &[1]),
     ("num_output_tokens", I32, &[1]),
+    ("context_logits", F32, &[-1, -1]),
+    ("generation_logits", F32, &[-1, -1, -1]),
+];
+
+/// The outputs sent only when their flag asks for them (they are large).
+const LOGITS_OUTPUTS: [(&str, &str); 2] = [
+    ("context_logits", "return_context_logits"),
+    ("generation_logits", "return_generation_logits"),
 ];
 
 fn inputs(kind: ModelKind) -> impl Iterator<Item = &'static Spec> {
@@ -478,6 +488,24 @@ pub(crate) fn prepare(
         handle.tokenizer(),
         handle.config().max_position_embeddings,
     )?;
+    let p = &request.params;
+    let asked = |flag: &str| match flag {
+        "return_context_logits" => p.return_context_logits,
+        _ => p.return_generation_logits,
+    };
+    let mut wanted = wanted;
+    for (name, flag) in LOGITS_OUTPUTS {
+        let listed = wanted.iter().any(|(spec, _)| spec.0 == name);
+        match (req.outputs.is_some(), listed, asked(flag)) {
+            (true, true, false) => {
+                return Err(ApiError::BadRequest(format!(
+                    "output '{name}' needs the input {flag} = true"
+                )))
+            }
+            (false, _, false) => wanted.retain(|(spec, _)| spec.0 != name),
+            _ => {}
+        }
+    }
     let pad = request.params.pad_id.or(request.params.end_id).unwrap_or(0);
     Ok(Prepared::Run(Box::new(InferRun {
         model: handle.clone(),
@@ -714,6 +742,15 @@ fn output(spec: &OutSpec, binary: bool, answers: &[Chunk], pad: u32, logprobs: b
             (vec![b, 1], ints(&|_, a| a.token_ids.len() as i128))
         }
         "num_input_tokens" => (vec![b, 1], ints(&|_, a| a.prompt_tokens as i128)),
+        // [batch, positions, vocab] and [batch, beam, tokens, vocab], rows padded with 0.
+        "context_logits" => {
+            let (rows, vocab, data) = logits_tensor(answers, |a| &a.context_logits);
+            (vec![b, rows, vocab], data)
+        }
+        "generation_logits" => {
+            let (rows, vocab, data) = logits_tensor(answers, |a| &a.generation_logits);
+            (vec![b, 1, rows, vocab], data)
+        }
         "batch_index" => (vec![b, 1], ints(&|_, a| a.batch_index as i128)),
         _ => (vec![b, 1], ints(&|_, _| 0)),
     };
@@ -724,6 +761,27 @@ fn output(spec: &OutSpec, binary: bool, answers: &[Chunk], pad: u32, logprobs: b
         data,
         binary,
     }
+}
+
+/// The logits rows `rows_of` each answer as one tensor: (rows, vocab, data) with every
+/// answer's rows padded with zeros to the longest.
+fn logits_tensor(
+    answers: &[Chunk],
+    rows_of: impl Fn(&Chunk) -> &Vec<Vec<f32>>,
+) -> (usize, usize, Data) {
+    let rows = answers.iter().map(|a| rows_of(a).len()).max().unwrap_or(0);
+    let vocab = answers
+        .iter()
+        .find_map(|a| rows_of(a).first().map(Vec::len))
+        .unwrap_or(0);
+    let mut data = Vec::with_capacity(answers.len() * rows * vocab);
+    for a in answers {
+        for r in rows_of(a) {
+            data.extend(r.iter().map(|&v| f64::from(v)));
+        }
+        data.resize(data.len() + (rows - rows_of(a).len()) * vocab, 0.0);
+    }
+    (rows, vocab, Data::Float(data))
 }
 
 #[cfg(test)]

@@ -168,6 +168,12 @@ pub struct GenerateRequestDoc {
     pub bad_words: Option<OneOrMany>,
     pub stop_words: Option<OneOrMany>,
     pub return_log_probs: Option<bool>,
+    /// The raw logits at every prompt position (`context_logits`, `[positions, vocab]`
+    /// flattened). The prompt is computed whole.
+    pub return_context_logits: Option<bool>,
+    /// The raw logits each output token was drawn from (`generation_logits`,
+    /// `[1, tokens, vocab]` flattened).
+    pub return_generation_logits: Option<bool>,
     pub exclude_input_in_output: Option<bool>,
     pub stream: Option<bool>,
     pub streaming: Option<bool>,

@@ -151,6 +151,16 @@ fn response(
         "cum_log_probs".into(),
         json!(c.cum_log_prob.filter(|_| logprobs).unwrap_or(0.0)),
     );
+    // Asked-for logits, flattened row-major as Triton's generate extension sends tensors:
+    // context_logits [prompt positions, vocab], generation_logits [1 beam, tokens, vocab].
+    for (key, rows) in [
+        ("context_logits", &c.context_logits),
+        ("generation_logits", &c.generation_logits),
+    ] {
+        if !rows.is_empty() {
+            m.insert(key.into(), json!(rows.concat()));
+        }
+    }
     if let Some(r) = c.finish_reason {
         m.insert("finish_reason".into(), json!(r.as_str()));
     }

@@ -91,7 +91,7 @@ pub use policy::{AddError, ConfigError, Limit, SchedulerConfig, SchedulerPolicy}
 pub use sequence::SeqSpec;
 pub(crate) use stats::StepTiming;
 pub use stats::{EngineTime, SchedulerStats};
-pub(crate) use step::{Draft, SeqId, StepSeq};
+pub(crate) use step::{Draft, KeptRows, SeqId, StepSeq};
 
 use sequence::Sequence;
 

@@ -154,7 +154,7 @@ impl Overlap {
                 new_table,
                 new_blocks: s.block_table[from..].to_vec(),
                 sample: s.sample,
-                score: match seq.params.prompt_log_probs {
+                score: match seq.params.prompt_log_probs || seq.params.return_context_logits {
                     true => prompt_targets(&s.tokens, s.start_pos, s.next, seq.prompt_len),
                     false => Vec::new(),
                 },

@@ -43,6 +43,16 @@ pub struct StepSeq {
     pub score: Vec<u32>,
 }
 
+/// Which of a chunk's logits rows go back to the host whole (`return_context_logits`,
+/// `return_generation_logits`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeptRows {
+    /// The rows that score prompt tokens.
+    pub scored: bool,
+    /// The row its token is drawn from.
+    pub sampled: bool,
+}
+
 impl StepSeq {
     /// The chunk is the one token its previous iteration samples ([`PENDING_TOKEN`]),
     /// planned before that token is known.
@@ -54,6 +64,20 @@ impl StepSeq {
     pub fn known_tokens(&self) -> &[u32] {
         let draft = self.draft.as_ref().map_or(0, |d| d.tokens.len());
         &self.tokens[..self.tokens.len().saturating_sub(draft)]
+    }
+
+    /// Which of this chunk's logits rows go back to the host whole: with
+    /// `return_context_logits` its scoring rows and, on the chunk that ends the prompt, the
+    /// sampling row (the last prompt position's); with `return_generation_logits` every
+    /// sampling row.
+    pub fn kept_rows(&self) -> KeptRows {
+        let p = &self.params;
+        let ends_prompt = self.start_pos + self.known_tokens().len() == self.prompt_len;
+        KeptRows {
+            scored: p.return_context_logits,
+            sampled: self.sample
+                && (p.return_generation_logits || (p.return_context_logits && ends_prompt)),
+        }
     }
 
     /// Rows of logits the engine returns for this chunk: those that score prompt tokens,

@@ -135,6 +135,24 @@ def test_infer_on_the_ensemble(client):
     assert [o.name for o in r.get_response().outputs] == ["text_output"]
 
 
+def test_context_and_generation_logits_as_tensorrt_llm_shapes_them(client):
+    ids = _tokenize(PROMPT)
+    inputs = ids_inputs(ids, 5, False, ignore_eos=True, return_context_logits=True, return_generation_logits=True)
+    r = client.infer(CORE, inputs)
+    ctx, gen = r.as_numpy("context_logits"), r.as_numpy("generation_logits")
+    out = r.as_numpy("output_ids").reshape(-1)
+    vocab = ctx.shape[2]
+    assert ctx.dtype == np.float32 and ctx.shape == (1, len(ids), vocab), ctx.shape
+    assert gen.shape == (1, 1, 5, vocab), gen.shape
+    # Greedy: each output token is its row's argmax; the last prompt position's row is the
+    # first output token's.
+    assert list(gen[0, 0].argmax(axis=1)) == list(out), (gen[0, 0].argmax(axis=1), out)
+    assert np.array_equal(ctx[0, -1], gen[0, 0, 0])
+    # Not asked for: not sent.
+    r = client.infer(CORE, ids_inputs(ids, 2, False))
+    assert r.as_numpy("context_logits") is None and r.as_numpy("generation_logits") is None
+
+
 def test_stream_tokens_one_response_at_a_time(client):
     ids = _tokenize(PROMPT)
     want = greedy_ids(ids, 8)
