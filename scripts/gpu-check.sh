@@ -16,8 +16,9 @@
 #      sampling surface (scripts/sampling_check.py): n, seeds, best_of, min_p, logit_bias,
 #      top_logprobs, echoed prompt log-probabilities, all sampled on the device. 3e:
 #      structured output (JSON schemas, regex, choice, GBNF, Triton's guided fields) and a
-#      required tool call conform under the device's masks; embeddings equal a CPU server's
-#      (scripts/structured_check.py).
+#      required tool call conform under the device's masks; embeddings and returned
+#      logits equal a CPU server's (scripts/structured_check.py, logits_check.py). 3f: a
+#      model repository of two models, one unloaded and loaded again while the other serves.
 #   4. compute-sanitizer memcheck over a short serving run, and (4b) over the forward pass
 #      alone (gpu-logits, four prompts batched and four decode steps).
 # Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
@@ -241,10 +242,11 @@ else
   tail -20 "$WORK/serve.log"; status "serve, OpenAI sampling surface" FAIL "server did not become ready"
 fi
 
-echo; echo "## 3e. structured output, tool calls and embeddings on the GPU engine"
+echo; echo "## 3e. structured output, tool calls, embeddings and logits on the GPU engine"
 # JSON schemas, regex, choice, GBNF and Triton's guided_decoding fields: every answer
 # conforms (the grammar's mask applied by sample.cu), a required tool call parses; the
-# GPU's embeddings against a CPU-engine server of the same model (scripts/structured_check.py).
+# GPU's embeddings and returned logits against a CPU-engine server of the same model
+# (scripts/structured_check.py, scripts/logits_check.py).
 cp "$WORK/serve.toml" "$WORK/serve-cpu.toml"
 sed -i 's/^device = "cuda"/device = "cpu"/; s/^http_port = 18500/http_port = 18510/; s/^metrics_port = 18502/metrics_port = 18512/; s/^grpc_port = 18501/grpc_port = 18511/' "$WORK/serve-cpu.toml"
 "$BIN" serve --config "$WORK/serve-cpu.toml" > "$WORK/serve-cpu.log" 2>&1 &
@@ -253,16 +255,47 @@ if serve "$BIN" serve --config "$WORK/serve.toml"; then
   for _ in $(seq 1 120); do curl -sf localhost:18510/v2/health/ready >/dev/null && break; sleep 0.5; done
   python3 "$HERE/structured_check.py" http://localhost:18500 --cpu http://localhost:18510 | tee "$WORK/structured.txt"
   STRUCTURED=${PIPESTATUS[0]}
+  python3 "$HERE/logits_check.py" http://localhost:18500 --cpu http://localhost:18510 | tee -a "$WORK/structured.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || STRUCTURED=1
   stop
   if [ "$STRUCTURED" = 0 ]; then
-    status "serve, structured output, tools, embeddings" PASS "$(grep -c '^PASS' "$WORK/structured.txt") checks; $(grep '^INFO' "$WORK/structured.txt" | cut -c6-)"
+    status "serve, structured output, tools, embeddings, logits" PASS "$(grep -c '^PASS' "$WORK/structured.txt") checks; $(grep '^INFO' "$WORK/structured.txt" | cut -c6-)"
   else
-    status "serve, structured output, tools, embeddings" FAIL "$(grep '^FAIL' "$WORK/structured.txt" | head -2 | cut -c1-200)"
+    status "serve, structured output, tools, embeddings, logits" FAIL "$(grep '^FAIL' "$WORK/structured.txt" | head -2 | cut -c1-200)"
   fi
 else
-  tail -20 "$WORK/serve.log"; status "serve, structured output, tools, embeddings" FAIL "server did not become ready"
+  tail -20 "$WORK/serve.log"; status "serve, structured output, tools, embeddings, logits" FAIL "server did not become ready"
 fi
 kill -TERM $CPU_SERVER 2>/dev/null; wait $CPU_SERVER 2>/dev/null
+
+echo; echo "## 3f. a model repository on the GPU: two models, one unloaded and loaded again"
+# Both folders serve the same weights (each its own engine and KV cache); while one is
+# unloaded and loaded again the other answers, and then both answer alike.
+REPO="$WORK/repo"; rm -rf "$REPO"
+for m in one two; do
+  mkdir -p "$REPO/$m"
+  printf '[model]\npath = "%s"\nkv_cache_free_gpu_mem_fraction = 0.2\n' "$(realpath "$MODEL")" > "$REPO/$m/config.toml"
+done
+gen() { curl -s -o /dev/null -w '%{http_code}' "localhost:18500/v2/models/$1/generate" -d "{\"text_input\": \"$PROMPT\", \"max_tokens\": 8}"; }
+text() { curl -s "localhost:18500/v2/models/$1/generate" -d "{\"text_input\": \"$PROMPT\", \"max_tokens\": 8}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["text_output"])'; }
+if serve env -u INFLIGHT_MODEL "$BIN" serve --model-repository "$REPO" --device cuda --http-port 18500 --metrics-port 18502 --grpc-port 18501; then
+  R=""
+  R+="$(gen one)$(gen two)"
+  R+="$(curl -s -o /dev/null -w '%{http_code}' -X POST localhost:18500/v2/repository/models/one/unload)"
+  R+="$(gen one)$(gen two)"
+  R+="$(curl -s -o /dev/null -w '%{http_code}' -X POST localhost:18500/v2/repository/models/one/load)"
+  R+="$(gen one)$(gen two)"
+  T1=$(text one); T2=$(text two)
+  stop
+  echo "statuses $R; one: $T1 | two: $T2"
+  if [ "$R" = "200200200503200200200200" ] && [ "$T1" = "$T2" ]; then
+    status "model repository on the GPU" PASS "unload/load of one while the other serves; both answer alike"
+  else
+    status "model repository on the GPU" FAIL "statuses $R (want 200200 200 503200 200 200200)"
+  fi
+else
+  tail -20 "$WORK/serve.log"; status "model repository on the GPU" FAIL "server did not become ready"
+fi
 
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   echo; echo "## 4. compute-sanitizer memcheck, short serving run"

@@ -317,8 +317,8 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
     if let Some(m) = args.model {
         if args.model_repository.is_some() {
             return Err(inflight::Error::Config(
-                "--model and --model-repository exclude each other: a repository's models \
-                 are its folders"
+                "--model (or INFLIGHT_MODEL) and --model-repository exclude each other: a \
+                 repository's models are its folders"
                     .into(),
             ));
         }
