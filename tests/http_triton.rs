@@ -737,3 +737,90 @@ async fn priority_orders_the_queue_and_is_range_checked() {
         "{body}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn num_return_sequences_answers_each_sequence_with_its_index() {
+    let s = start_tiny("triton-nrs", |_| {}).await;
+    let body = json!({"text_input": "Once upon", "max_tokens": 6, "ignore_eos": true,
+                      "temperature": 1.0, "random_seed": 7, "num_return_sequences": 3});
+    let (status, r) = post(&s, "/v2/models/ensemble/generate", body.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["batch_index"], json!([0, 0, 0]));
+    assert_eq!(r["sequence_index"], json!([0, 1, 2]));
+    let texts: Vec<&str> = r["text_output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(texts.len(), 3);
+    assert!(
+        texts[0] != texts[1] || texts[1] != texts[2],
+        "three draws: {texts:?}"
+    );
+    // Seeded: the same sequences again.
+    let (_, again) = post(&s, "/v2/models/ensemble/generate", body).await;
+    assert_eq!(again["text_output"], r["text_output"]);
+
+    // Streamed: every sequence's events carry its index, each ends once.
+    let mut streamed = json!({"text_input": "Once upon", "max_tokens": 4, "ignore_eos": true,
+                              "temperature": 1.0, "random_seed": 7, "num_return_sequences": 2});
+    streamed["stream"] = json!(true);
+    let text = client()
+        .post(s.url("/v2/models/ensemble/generate_stream"))
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = sse_events(&text);
+    for j in 0..2 {
+        let ends = events
+            .iter()
+            .filter(|e| e["sequence_index"] == j && e.get("finish_reason").is_some())
+            .count();
+        assert_eq!(ends, 1, "sequence {j}: {text}");
+    }
+    assert!(events.iter().all(|e| e["batch_index"] == 0));
+
+    // KServe infer: two prompts, two sequences each, rows prompt-major.
+    let infer = json!({"inputs": [
+        {"name": "input_ids", "datatype": "INT32", "shape": [2, 3], "data": [5, 6, 7, 8, 9, 10]},
+        {"name": "request_output_len", "datatype": "INT32", "shape": [2, 1], "data": [3, 3]},
+        {"name": "num_return_sequences", "datatype": "INT32", "shape": [2, 1], "data": [2, 2]},
+    ]});
+    let (status, r) = post(&s, "/v2/models/tensorrt_llm/infer", infer).await;
+    assert_eq!(status, 200, "{r}");
+    let out = |name: &str| {
+        r["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(out("batch_index")["data"], json!([0, 0, 1, 1]));
+    assert_eq!(out("sequence_index")["data"], json!([0, 1, 0, 1]));
+    assert_eq!(out("output_ids")["shape"], json!([4, 1, 3]));
+
+    for bad in [0, 17, -1] {
+        let (status, r) = post(
+            &s,
+            "/v2/models/ensemble/generate",
+            json!({"text_input": "x", "max_tokens": 2, "num_return_sequences": bad}),
+        )
+        .await;
+        assert_eq!(status, 400, "{bad}: {r}");
+        assert!(
+            r["error"]
+                .as_str()
+                .unwrap()
+                .contains("num_return_sequences"),
+            "{r}"
+        );
+    }
+    s.stop().await;
+}

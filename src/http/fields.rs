@@ -316,6 +316,7 @@ pub fn build_request(
         pooling: None,
         // TensorRT-LLM's min-p sampling (SamplingConfig::minP).
         min_p: fields.float(&["min_p"])?.unwrap_or(d.min_p),
+        n: num_return_sequences(fields.int(&["num_return_sequences"])?)?,
         return_context_logits: fields.bool(&["return_context_logits"])?.unwrap_or(false),
         return_generation_logits: fields.bool(&["return_generation_logits"])?.unwrap_or(false),
         ..d
@@ -327,6 +328,19 @@ pub fn build_request(
     })
 }
 
+/// TensorRT-LLM's `num_return_sequences`: sequences sampled per prompt (our `n`), each
+/// answered with its `sequence_index`.
+fn num_return_sequences(v: Option<i64>) -> ApiResult<usize> {
+    let most = crate::actors::preprocess::MAX_CHOICES as i64;
+    match v {
+        None => Ok(1),
+        Some(n) if (1..=most).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ApiError::BadRequest(format!(
+            "num_return_sequences must be between 1 and {most}, got {n}"
+        ))),
+    }
+}
+
 /// Options we recognise but do not implement: refused with a clear message.
 fn unsupported(fields: &Fields<'_>) -> ApiResult<()> {
     let no = |m: String| Err(ApiError::Unsupported(m));
@@ -335,11 +349,6 @@ fn unsupported(fields: &Fields<'_>) -> ApiResult<()> {
             return no(format!(
                 "beam_width {b} is not supported: only 1 (sampling or greedy, no beam search)"
             ));
-        }
-    }
-    if let Some(n) = fields.int(&["num_return_sequences"])? {
-        if n != 1 {
-            return no(format!("num_return_sequences {n} is not supported: only 1"));
         }
     }
     for key in ["return_perf_metrics"] {

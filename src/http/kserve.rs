@@ -431,7 +431,10 @@ pub(crate) struct AnswerShape {
     wanted: Vec<(&'static OutSpec, bool)>,
     pad: u32,
     logprobs: bool,
+    /// Answers: prompts times `n` (num_return_sequences).
     pub prompts: usize,
+    /// Sequences per prompt: answer `i` is prompt `i / n`'s sequence `i % n`.
+    n: usize,
 }
 
 impl AnswerShape {
@@ -440,7 +443,7 @@ impl AnswerShape {
     pub fn outputs(&self, answers: &[Chunk]) -> Vec<Output> {
         self.wanted
             .iter()
-            .map(|&(spec, binary)| output(spec, binary, answers, self.pad, self.logprobs))
+            .map(|&(spec, binary)| output(spec, binary, answers, self))
             .collect()
     }
 }
@@ -511,7 +514,8 @@ pub(crate) fn prepare(
         model: handle.clone(),
         shape: AnswerShape {
             logprobs: request.params.return_log_probs,
-            prompts: request.prompts.len(),
+            prompts: request.prompts.len() * request.params.n,
+            n: request.params.n,
             wanted,
             pad,
         },
@@ -697,7 +701,8 @@ fn trim_ids(rows: Vec<Vec<Value>>, lengths: Option<&[Vec<Value>]>) -> ApiResult<
 }
 
 /// One output tensor over the batch; ragged rows are padded (ids with `pad`, 0.0).
-fn output(spec: &OutSpec, binary: bool, answers: &[Chunk], pad: u32, logprobs: bool) -> Output {
+fn output(spec: &OutSpec, binary: bool, answers: &[Chunk], shape: &AnswerShape) -> Output {
+    let (pad, logprobs, n) = (shape.pad, shape.logprobs, shape.n.max(1));
     let b = answers.len();
     let longest = answers.iter().map(|a| a.token_ids.len()).max().unwrap_or(0);
     let ints = |f: &dyn Fn(usize, &Chunk) -> i128| {
@@ -751,7 +756,8 @@ fn output(spec: &OutSpec, binary: bool, answers: &[Chunk], pad: u32, logprobs: b
             let (rows, vocab, data) = logits_tensor(answers, |a| &a.generation_logits);
             (vec![b, 1, rows, vocab], data)
         }
-        "batch_index" => (vec![b, 1], ints(&|_, a| a.batch_index as i128)),
+        "batch_index" => (vec![b, 1], ints(&|_, a| (a.batch_index / n) as i128)),
+        "sequence_index" => (vec![b, 1], ints(&|_, a| (a.batch_index % n) as i128)),
         _ => (vec![b, 1], ints(&|_, _| 0)),
     };
     Output {

@@ -168,6 +168,8 @@ pub struct GenerateRequestDoc {
     pub bad_words: Option<OneOrMany>,
     pub stop_words: Option<OneOrMany>,
     pub return_log_probs: Option<bool>,
+    /// Sequences sampled per prompt (1-16), each answered with its `sequence_index`.
+    pub num_return_sequences: Option<u32>,
     /// The raw logits at every prompt position (`context_logits`, `[positions, vocab]`
     /// flattened). The prompt is computed whole.
     pub return_context_logits: Option<bool>,

@@ -67,17 +67,18 @@ async fn generate(
     )?;
     request.params.stream = false;
     let id = request.id.clone();
-    let prompts = request.prompts.len();
+    let n = request.params.n;
+    let answers = request.prompts.len() * n;
     let want_logprobs = request.params.return_log_probs;
     let stream = state.submit(&handle, &p.model, request).await?;
     let chunks: Vec<Chunk> = stream.collect().await;
     if let Some(err) = chunks.iter().find_map(|c| c.error.clone()) {
         return Err(ApiError::EngineFailed(err));
     }
-    let per_prompt = crate::request::answers(chunks, prompts);
+    let per_prompt = crate::request::answers(chunks, answers);
     let objects: Vec<Map<String, Value>> = per_prompt
         .iter()
-        .map(|c| response(&p.model, id.as_deref(), kind, c, want_logprobs))
+        .map(|c| response(&p.model, id.as_deref(), kind, c, (want_logprobs, n)))
         .collect();
     Ok(Json(merge_batch(objects)).into_response())
 }
@@ -104,12 +105,19 @@ async fn generate_stream(
     )?;
     let id = request.id.clone();
     let want_logprobs = request.params.return_log_probs;
+    let n = request.params.n;
     let model = p.model.clone();
     let stream = state.submit(&handle, &p.model, request).await?;
     let events = stream.map(move |c| {
         let body = match &c.error {
             Some(e) => json!({ "error": ApiError::EngineFailed(e.clone()).to_string() }),
-            None => Value::Object(response(&model, id.as_deref(), kind, &c, want_logprobs)),
+            None => Value::Object(response(
+                &model,
+                id.as_deref(),
+                kind,
+                &c,
+                (want_logprobs, n),
+            )),
         };
         Ok::<_, Infallible>(Event::default().data(body.to_string()))
     });
@@ -124,7 +132,7 @@ fn response(
     id: Option<&str>,
     kind: ModelKind,
     c: &Chunk,
-    logprobs: bool,
+    (logprobs, n): (bool, usize),
 ) -> Map<String, Value> {
     let mut m = Map::new();
     m.insert("model_name".into(), json!(model));
@@ -139,8 +147,10 @@ fn response(
             m.insert("output_ids".into(), json!(c.token_ids))
         }
     };
-    m.insert("batch_index".into(), json!(c.batch_index));
-    m.insert("sequence_index".into(), json!(0));
+    // With num_return_sequences n, answer `i` is prompt i / n's sequence i % n.
+    let n = n.max(1);
+    m.insert("batch_index".into(), json!(c.batch_index / n));
+    m.insert("sequence_index".into(), json!(c.batch_index % n));
     let output_log_probs = if logprobs {
         c.log_probs.clone()
     } else {
