@@ -342,19 +342,19 @@ impl Metrics {
     }
 
     /// Records a finished (or refused) request of `model` with `prompts` batch elements.
-    /// As in Triton, a request to the ensemble (or the BLS model) counts for it and for
-    /// its composing model, `tensorrt_llm`.
+    /// As in Triton, a request to an ensemble (or a BLS model) counts for it and for its
+    /// composing model (`composing`: its model's token-ids name, `tensorrt_llm` by default).
     pub fn request_done(
         &self,
-        model: &str,
+        (model, composing): (&str, Option<&str>),
         outcome: Outcome,
         prompts: usize,
         timing: &RequestTiming,
         queue: Duration,
     ) {
         self.request_counters(model, outcome, prompts, timing, queue);
-        if model == "ensemble" || model == "tensorrt_llm_bls" {
-            self.request_counters("tensorrt_llm", outcome, prompts, timing, queue);
+        if let Some(core) = composing.filter(|c| *c != model) {
+            self.request_counters(core, outcome, prompts, timing, queue);
         }
         if outcome == Outcome::Rejected || outcome == Outcome::Other {
             return;
@@ -423,11 +423,13 @@ impl Metrics {
         );
     }
 
-    /// Sets the batcher and KV cache gauges from the scheduler's counts (at scrape time).
-    /// The KV cache's `kv_bytes` count as GPU memory when `kv_on_gpu`, else as host memory.
+    /// Sets the batcher and KV cache gauges from one model's scheduler counts (at scrape
+    /// time): TRT-LLM's `nv_trt_llm_*` and the execution counters labelled with its `core`
+    /// name, the pending counts with each of its `models` names. The KV cache's `kv_bytes`
+    /// count as GPU memory when `kv_on_gpu`, else as host memory.
     pub fn scheduler(
         &self,
-        models: &[&str],
+        (models, core): (&[&str], &str),
         s: &SchedulerStats,
         iterations_total: u64,
         kv_bytes: usize,
@@ -502,25 +504,19 @@ impl Metrics {
         for (name, key, label, value) in gauges {
             let labels = [
                 (key, label.to_string()),
-                ("model", "tensorrt_llm".to_string()),
+                ("model", core.to_string()),
                 ("version", "1".to_string()),
             ];
             self.gauge(name, &labels, value);
         }
         self.gauge(
             "inflight_kv_cache_reusable_blocks",
-            &[
-                ("model", "tensorrt_llm".to_string()),
-                ("version", "1".to_string()),
-            ],
+            &[("model", core.to_string()), ("version", "1".to_string())],
             s.cached_blocks as f64,
         );
         self.gauge(
             "inflight_kv_cache_host_reusable_blocks",
-            &[
-                ("model", "tensorrt_llm".to_string()),
-                ("version", "1".to_string()),
-            ],
+            &[("model", core.to_string()), ("version", "1".to_string())],
             s.host_cached_blocks as f64,
         );
         for model in models {
@@ -532,10 +528,7 @@ impl Metrics {
             );
         }
         // Every engine iteration is one model execution of the composing model.
-        let exec = [
-            ("model", "tensorrt_llm".to_string()),
-            ("version", "1".to_string()),
-        ];
+        let exec = [("model", core.to_string()), ("version", "1".to_string())];
         let t = &s.engine_time;
         let counters = [
             ("nv_inference_exec_count", iterations_total),

@@ -261,6 +261,14 @@ async fn two_models_serve_at_once_and_one_reloads_while_the_other_serves() {
         r["error"].as_str().unwrap().contains("'alpha_ensemble'"),
         "{r}"
     );
+    let triton = dir.join("tensorrt_llm");
+    std::fs::create_dir_all(&triton).unwrap();
+    std::fs::write(triton.join("config.pbtxt"), "backend: \"tensorrtllm\"\n").unwrap();
+    let (status, r) = s
+        .post("/v2/repository/models/tensorrt_llm/load", json!({}))
+        .await;
+    assert_eq!(status, 400, "{r}");
+    assert!(r["error"].as_str().unwrap().contains("config.pbtxt"), "{r}");
     std::fs::create_dir_all(dir.join("empty")).unwrap();
     let (status, r) = s.post("/v2/repository/models/empty/load", json!({})).await;
     assert_eq!(status, 400, "{r}");

@@ -433,7 +433,10 @@ async fn run_streamed(
         let last = open == 0;
         // A chunk with nothing new is skipped, unless it ends the request: the final
         // response always comes (its tensors empty then), so no client waits for it.
-        let empty = chunk.token_ids.is_empty() && chunk.text.is_empty();
+        let empty = chunk.token_ids.is_empty()
+            && chunk.text.is_empty()
+            && chunk.context_logits.is_empty()
+            && chunk.generation_logits.is_empty();
         if (!empty || last)
             && send(shape.outputs(std::slice::from_ref(&chunk)), last)
                 .await

@@ -54,7 +54,7 @@ pub use crate::repository::{ModelKind, BLS, CORE, ENSEMBLE};
 use crate::repository::{Models, RouteError};
 
 struct AppInner {
-    models: Models,
+    models: Arc<Models>,
     metrics: Metrics,
     started: Instant,
     requests: AtomicU64,
@@ -77,7 +77,7 @@ impl AppState {
     pub fn with_models(models: Models) -> Self {
         AppState {
             inner: Arc::new(AppInner {
-                models,
+                models: Arc::new(models),
                 metrics: Metrics::new(),
                 started: Instant::now(),
                 requests: AtomicU64::new(0),
@@ -86,7 +86,7 @@ impl AppState {
     }
 
     /// The served models.
-    pub fn models(&self) -> &Models {
+    pub fn models(&self) -> &Arc<Models> {
         &self.inner.models
     }
 
@@ -139,11 +139,12 @@ impl AppState {
         let timing = RequestTiming::start();
         let prompts = request.prompts.len();
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        let composing = self.models().composing_of(model);
         match handle.submit(request).await {
             Ok(stream) => Ok(TrackedStream::new(
                 stream,
                 self.clone(),
-                model,
+                (model, composing),
                 prompts,
                 timing,
             )),
@@ -154,7 +155,7 @@ impl AppState {
                     _ => Outcome::Other,
                 };
                 self.metrics().request_done(
-                    model,
+                    (model, composing.as_deref()),
                     outcome,
                     prompts,
                     &timing,
@@ -178,9 +179,15 @@ impl AppState {
             } else {
                 triton
             };
+            // TRT-LLM labels its engine's gauges with the core model's name.
+            let core = names
+                .0
+                .iter()
+                .find(|(_, k)| *k == ModelKind::Ids)
+                .map_or(model.as_str(), |(n, _)| n.as_str());
             let on_gpu = handle.device() != crate::model::device::Device::Cpu;
             self.metrics().scheduler(
-                &labels,
+                (&labels, core),
                 &stats,
                 stats.iteration,
                 handle.kv_cache_bytes(),

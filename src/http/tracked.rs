@@ -18,6 +18,8 @@ pub struct TrackedStream {
     inner: ResponseStream,
     state: AppState,
     model: Arc<str>,
+    /// The composing model its requests also count for (Triton's ensemble accounting).
+    composing: Option<Arc<str>>,
     timing: RequestTiming,
     prompts: usize,
     /// Prompt tokens of all its prompts, known from submission (a request the client leaves
@@ -36,7 +38,7 @@ impl TrackedStream {
     pub fn new(
         inner: ResponseStream,
         state: AppState,
-        model: &str,
+        (model, composing): (&str, Option<String>),
         prompts: usize,
         timing: RequestTiming,
     ) -> Self {
@@ -46,6 +48,7 @@ impl TrackedStream {
             inner,
             state,
             model: model.into(),
+            composing: composing.map(Into::into),
             timing,
             prompts,
             tokens_in,
@@ -99,7 +102,7 @@ impl TrackedStream {
             self.reason
         };
         self.state.metrics().request_done(
-            &self.model,
+            (&self.model, self.composing.as_deref()),
             Outcome::of(reason),
             self.prompts,
             &self.timing,

@@ -189,7 +189,18 @@ fn merge_batch(mut objects: Vec<Map<String, Value>>) -> Value {
             out.insert(key.into(), v.clone());
         }
     }
-    for (k, _) in objects[0].clone() {
+    // Every key any answer has (one answer may lack a key another has, such as the
+    // logits of a sequence whose only token was its end).
+    let mut keys: Vec<String> = Vec::new();
+    for o in &objects {
+        keys.extend(
+            o.keys()
+                .filter(|k| !keys.contains(k))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
+    }
+    for k in keys {
         if !out.contains_key(&k) {
             out.insert(
                 k.clone(),

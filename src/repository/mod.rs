@@ -11,7 +11,7 @@
 pub mod registry;
 
 use std::path::{Path, PathBuf};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::config::{ServeConfig, ServerSection, TritonNames};
@@ -95,7 +95,7 @@ impl Models {
         }
         for name in folders {
             models
-                .load(&name)
+                .load_now(&name)
                 .await
                 .map_err(|e| Error::Repository(e.to_string()))?;
         }
@@ -111,6 +111,11 @@ impl Models {
     /// answers to) with its state.
     pub fn index(&self, aliases: bool) -> Vec<IndexRow> {
         self.read().index(aliases)
+    }
+
+    /// The composing (token-ids) name of a text name's model, if it has one.
+    pub fn composing_of(&self, name: &str) -> Option<String> {
+        self.read().composing_of(name)
     }
 
     /// Every name a model answers to.
@@ -138,8 +143,20 @@ impl Models {
 
     /// Loads the repository's model `model` from its folder (reading its config anew): a
     /// model that serves keeps serving until the new instance is ready, then that one
-    /// serves and the old one is drained in the background.
-    pub async fn load(&self, model: &str) -> std::result::Result<(), ChangeError> {
+    /// serves and the old one is drained in the background. The load runs to its end in
+    /// a task of its own, even when the caller stops waiting (a client gone, a deadline).
+    pub async fn load(self: &Arc<Self>, model: &str) -> std::result::Result<(), ChangeError> {
+        let (me, m) = (self.clone(), model.to_string());
+        tokio::spawn(async move { me.load_now(&m).await })
+            .await
+            .unwrap_or_else(|e| {
+                Err(ChangeError::Refused(format!(
+                    "the load of '{model}' stopped: {e}"
+                )))
+            })
+    }
+
+    async fn load_now(&self, model: &str) -> std::result::Result<(), ChangeError> {
         let Some(repo) = &self.repository else {
             return Err(single_model("load"));
         };
@@ -172,8 +189,20 @@ impl Models {
     }
 
     /// Takes `model` out of service: its names stop routing at once; the requests it is
-    /// running finish (within the server's shutdown timeout) before this returns.
-    pub async fn unload(&self, model: &str) -> std::result::Result<(), ChangeError> {
+    /// running finish (within the server's shutdown timeout) before this returns. The
+    /// drain runs to its end in a task of its own, even when the caller stops waiting.
+    pub async fn unload(self: &Arc<Self>, model: &str) -> std::result::Result<(), ChangeError> {
+        let (me, m) = (self.clone(), model.to_string());
+        tokio::spawn(async move { me.unload_now(&m).await })
+            .await
+            .unwrap_or_else(|e| {
+                Err(ChangeError::Refused(format!(
+                    "the unload of '{model}' stopped: {e}"
+                )))
+            })
+    }
+
+    async fn unload_now(&self, model: &str) -> std::result::Result<(), ChangeError> {
         let Some(repo) = &self.repository else {
             return Err(single_model("unload"));
         };
@@ -251,6 +280,16 @@ pub fn model_config(folder: &Path, server: &ServerSection) -> Result<ServeConfig
             )));
         }
         ServeConfig::load(&file)?
+    } else if folder.join("config.pbtxt").is_file() {
+        // A folder of Triton's own repository layout (a TensorRT engine, or a Python
+        // pre/postprocessing model): nothing inflight can run as it is.
+        return Err(Error::Config(format!(
+            "{} holds a Triton config.pbtxt and no {MODEL_CONFIG}: inflight serves HF \
+             checkpoints and GGUF files, not TensorRT engines; give the model a folder of \
+             its own with a {MODEL_CONFIG} whose [model] path names its checkpoint (and \
+             [model.triton_names] for the ensemble / tensorrt_llm names)",
+            folder.display()
+        )));
     } else {
         ServeConfig::from_toml("")?
     };

@@ -97,6 +97,8 @@ pub struct IndexRow {
 #[derive(Debug, Clone)]
 struct Entry<H> {
     names: Names,
+    /// The names a load in progress will serve under.
+    pending: Option<Names>,
     /// The serving instance.
     serving: Option<H>,
     /// A load in progress (of a first instance, or of one to replace `serving`).
@@ -124,28 +126,49 @@ impl<H: Clone> Registry<H> {
         Self::default()
     }
 
-    /// The serving model behind `name` and the kind of input the name takes.
+    /// The serving model behind `name` and the kind of input the name takes (a name an
+    /// unloaded model had and a serving one took since routes to the serving one).
     pub fn route(&self, name: &str) -> Result<(H, ModelKind), RouteError> {
+        let serving = self.models.values().find_map(|e| {
+            let kind = e.names.kind_of(name)?;
+            e.serving.clone().map(|h| (h, kind))
+        });
+        if let Some(found) = serving {
+            return Ok(found);
+        }
         for (model, e) in &self.models {
-            let Some(kind) = e.names.kind_of(name) else {
+            if e.names.kind_of(name).is_none() {
                 continue;
+            }
+            // Not serving (a serving match returned above).
+            let why = match e.loading {
+                true => format!("'{model}' is loading"),
+                false if e.reason.is_empty() => format!("'{model}' is unavailable"),
+                false => format!("'{model}' is unavailable ({})", e.reason),
             };
-            return match &e.serving {
-                Some(h) => Ok((h.clone(), kind)),
-                None if e.loading => Err(RouteError::NotReady(format!(
-                    "model '{name}' is not ready: '{model}' is loading"
-                ))),
-                None => Err(RouteError::NotReady(format!(
-                    "model '{name}' is not ready: '{model}' is unavailable{}",
-                    if e.reason.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({})", e.reason)
-                    }
-                ))),
-            };
+            return Err(RouteError::NotReady(format!(
+                "model '{name}' is not ready: {why}"
+            )));
         }
         Err(RouteError::Unknown(name.to_string()))
+    }
+
+    /// The composing model of a text name, as Triton counts an ensemble's requests: the
+    /// token-ids name of the same model (None for a token-ids name, or a model without one).
+    pub fn composing_of(&self, name: &str) -> Option<String> {
+        let e = self
+            .models
+            .values()
+            .filter(|e| e.names.kind_of(name).is_some())
+            .max_by_key(|e| e.serving.is_some())?;
+        if e.names.kind_of(name) != Some(ModelKind::Text) {
+            return None;
+        }
+        e.names
+            .0
+            .iter()
+            .find(|(_, k)| *k == ModelKind::Ids)
+            .map(|(n, _)| n.clone())
     }
 
     /// Whether `model` is a model of the registry (by its own name, not an alias).
@@ -166,10 +189,15 @@ impl<H: Clone> Registry<H> {
     /// one of the names.
     pub fn begin_load(&mut self, model: &str, names: Names) -> Result<(), ChangeError> {
         for (other, e) in &self.models {
-            if other == model {
+            // Only models that serve or are loading hold their names.
+            if other == model || (e.serving.is_none() && !e.loading) {
                 continue;
             }
-            if let Some(n) = names.iter().find(|n| e.names.kind_of(n).is_some()) {
+            let holds = |n: &str| {
+                e.names.kind_of(n).is_some()
+                    || e.pending.as_ref().is_some_and(|p| p.kind_of(n).is_some())
+            };
+            if let Some(n) = names.iter().find(|n| holds(n)) {
                 return Err(ChangeError::Refused(format!(
                     "model '{model}' cannot be served as '{n}': model '{other}' is"
                 )));
@@ -177,6 +205,7 @@ impl<H: Clone> Registry<H> {
         }
         let e = self.models.entry(model.to_string()).or_insert(Entry {
             names: Names::default(),
+            pending: None,
             serving: None,
             loading: false,
             reason: String::new(),
@@ -189,8 +218,9 @@ impl<H: Clone> Registry<H> {
         e.loading = true;
         e.reason.clear();
         if e.serving.is_none() {
-            e.names = names;
+            e.names = names.clone();
         }
+        e.pending = Some(names);
         Ok(())
     }
 
@@ -205,6 +235,7 @@ impl<H: Clone> Registry<H> {
     ) -> Option<H> {
         let e = self.models.get_mut(model)?;
         e.loading = false;
+        e.pending = None;
         match loaded {
             Ok(h) => {
                 e.names = names;
@@ -256,10 +287,10 @@ impl<H: Clone> Registry<H> {
         rows
     }
 
-    /// Every name a model answers to (serving or not), each once.
+    /// Every name a serving model answers to, each once.
     pub fn names(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        for e in self.models.values() {
+        for e in self.models.values().filter(|e| e.serving.is_some()) {
             for n in e.names.iter() {
                 if !out.iter().any(|o| o == n) {
                     out.push(n.to_string());

@@ -126,3 +126,42 @@ fn the_index_lists_aliases_only_when_asked() {
     assert_eq!(long, ["a", "ensemble"]);
     assert_eq!(r.serving().len(), 1);
 }
+
+#[test]
+fn an_unloaded_models_names_are_free_and_not_listed() {
+    let mut r = Registry::new();
+    loaded(&mut r, "a", names("a", &[("ensemble", ModelKind::Text)]), 1);
+    r.unload("a").unwrap();
+    assert_eq!(r.names(), Vec::<String>::new());
+    // Another model takes the alias the unloaded one had, and routing finds it.
+    loaded(&mut r, "b", names("b", &[("ensemble", ModelKind::Text)]), 2);
+    assert_eq!(r.route("ensemble"), Ok((2, ModelKind::Text)));
+    // a cannot come back under a name b now serves.
+    let clash = r.begin_load("a", names("a", &[("ensemble", ModelKind::Text)]));
+    assert!(matches!(clash, Err(ChangeError::Refused(_))));
+}
+
+#[test]
+fn names_a_reload_is_bringing_are_held_while_it_loads() {
+    let mut r = Registry::new();
+    loaded(&mut r, "a", names("a", &[]), 1);
+    r.begin_load("a", names("a", &[("x", ModelKind::Text)]))
+        .unwrap();
+    // b cannot claim x while a's reload that brings it is under way.
+    assert!(matches!(
+        r.begin_load("b", names("b", &[("x", ModelKind::Text)])),
+        Err(ChangeError::Refused(_))
+    ));
+}
+
+#[test]
+fn a_text_names_composing_model_is_its_token_ids_name() {
+    let mut r = Registry::new();
+    let n = names("a", &[("e", ModelKind::Text), ("core", ModelKind::Ids)]);
+    loaded(&mut r, "a", n, 1);
+    loaded(&mut r, "b", names("b", &[]), 2);
+    assert_eq!(r.composing_of("e").as_deref(), Some("core"));
+    assert_eq!(r.composing_of("a").as_deref(), Some("core"));
+    assert_eq!(r.composing_of("core"), None);
+    assert_eq!(r.composing_of("b"), None);
+}
