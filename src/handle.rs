@@ -114,6 +114,13 @@ pub struct ModelHandle {
     inner: Arc<Inner>,
 }
 
+/// Two handles are equal when they are handles of the same actor tree.
+impl PartialEq for ModelHandle {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
 impl ModelHandle {
     /// Spawns the actor tree for `model` on `options.device` in the current tokio runtime.
     pub async fn spawn(model: LoadedModel, options: ModelOptions) -> Result<Self> {

@@ -355,7 +355,7 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
                 let triton = cfg.model.triton_names.clone();
                 let path = cfg.model_path();
                 let handle = inflight::launch::start(cfg.clone(), path, None).await?;
-                Models::single(handle, triton.as_ref())
+                std::sync::Arc::new(Models::single(handle, triton.as_ref()))
             }
         };
         let state = AppState::with_models(models);

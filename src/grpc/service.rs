@@ -172,13 +172,14 @@ impl GrpcInferenceService for TritonGrpc {
         let (handle, kind) = self.served(&r.model_name, &r.model_version)?;
         let model = r.model_name.clone();
         let req = codec::infer_request(r).map_err(status)?;
-        let outputs = match kserve::prepare(&handle, &model, kind, &req).map_err(status)? {
-            Prepared::Stop(_) => Vec::new(),
-            Prepared::Run(mut run) => {
-                run.request.params.stream = false;
-                run.whole(&self.state, &model).await.map_err(status)?
-            }
-        };
+        let outputs =
+            match kserve::prepare(&self.state, &handle, &model, kind, &req).map_err(status)? {
+                Prepared::Stop(_) => Vec::new(),
+                Prepared::Run(mut run) => {
+                    run.request.params.stream = false;
+                    run.whole(&self.state, &model).await.map_err(status)?
+                }
+            };
         Ok(Response::new(codec::infer_response(
             &model,
             req.id.as_deref(),
@@ -400,7 +401,7 @@ async fn run_streamed(
             infer_response: Some(r),
         }))
     };
-    let run = match kserve::prepare(&handle, &model, kind, &decoded)? {
+    let run = match kserve::prepare(state, &handle, &model, kind, &decoded)? {
         // TRT-LLM answers a stop request with one empty final response.
         Prepared::Stop(_) => {
             let _ = send(Vec::new(), true).await;

@@ -389,7 +389,7 @@ async fn infer(
             "request parameter '{k}': names starting with 'triton_' are reserved"
         )));
     }
-    let mut run = match prepare(&handle, model, kind, &req)? {
+    let mut run = match prepare(&state, &handle, model, kind, &req)? {
         Prepared::Stop(id) => {
             return Ok(Json(
                 json!({"model_name": model, "model_version": "1", "id": id, "outputs": []}),
@@ -465,6 +465,7 @@ impl InferRun {
 /// Checks `req` for `model` and turns it into a generation, or carries out a stop
 /// request (cancelling its target).
 pub(crate) fn prepare(
+    state: &AppState,
     handle: &ModelHandle,
     model: &str,
     kind: ModelKind,
@@ -474,7 +475,8 @@ pub(crate) fn prepare(
     let object = Value::Object(field_object(model, kind, req)?);
     let fields = Fields::new(&object)?;
     if let Some(id) = stop_target(&fields)? {
-        handle.cancel(&id);
+        // Every instance of the model: a reload's draining one may run the target.
+        state.models().cancel(model, &id);
         return Ok(Prepared::Stop(id));
     }
     if let Some(missing) = inputs(kind)

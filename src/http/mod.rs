@@ -74,10 +74,10 @@ impl AppState {
     }
 
     /// The state for serving `models`, with fresh metrics.
-    pub fn with_models(models: Models) -> Self {
+    pub fn with_models(models: impl Into<Arc<Models>>) -> Self {
         AppState {
             inner: Arc::new(AppInner {
-                models: Arc::new(models),
+                models: models.into(),
                 metrics: Metrics::new(),
                 started: Instant::now(),
                 requests: AtomicU64::new(0),

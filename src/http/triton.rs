@@ -17,7 +17,6 @@ use serde_json::{json, Map, Value};
 
 use super::fields::{build_request, stop_target, Fields};
 use super::{parse_json, versioned_post, ApiError, ApiResult, AppState, ModelKind};
-use crate::handle::ModelHandle;
 use crate::request::Chunk;
 
 pub fn routes() -> Router<AppState> {
@@ -34,15 +33,12 @@ pub struct ModelPath {
 }
 
 /// A stop request, when the body is one: cancels and answers with an empty response.
-fn stop_request(
-    handle: &ModelHandle,
-    model: &str,
-    fields: &Fields<'_>,
-) -> ApiResult<Option<Value>> {
+fn stop_request(state: &AppState, model: &str, fields: &Fields<'_>) -> ApiResult<Option<Value>> {
     let Some(id) = stop_target(fields)? else {
         return Ok(None);
     };
-    handle.cancel(&id);
+    // Every instance of the model: a reload's draining one may run the target.
+    state.models().cancel(model, &id);
     Ok(Some(
         json!({"model_name": model, "model_version": "1", "id": id}),
     ))
@@ -56,7 +52,7 @@ async fn generate(
     let (handle, kind) = state.route(&p.model)?;
     let body = parse_json(&body)?;
     let fields = Fields::new(&body)?;
-    if let Some(answer) = stop_request(&handle, &p.model, &fields)? {
+    if let Some(answer) = stop_request(&state, &p.model, &fields)? {
         return Ok(Json(answer).into_response());
     }
     let mut request = build_request(
@@ -91,7 +87,7 @@ async fn generate_stream(
     let (handle, kind) = state.route(&p.model)?;
     let body = parse_json(&body)?;
     let fields = Fields::new(&body)?;
-    if let Some(answer) = stop_request(&handle, &p.model, &fields)? {
+    if let Some(answer) = stop_request(&state, &p.model, &fields)? {
         let once = futures::stream::once(async move {
             Ok::<_, Infallible>(Event::default().data(answer.to_string()))
         });

@@ -78,14 +78,14 @@ impl Models {
 
     /// Every model folder of `dir`, each loaded in turn under `server`'s settings; the
     /// first that fails to load fails the start, naming it.
-    pub async fn open(dir: &Path, server: &ServerSection) -> Result<Self> {
-        let models = Models {
+    pub async fn open(dir: &Path, server: &ServerSection) -> Result<Arc<Self>> {
+        let models = Arc::new(Models {
             registry: RwLock::new(Registry::new()),
             repository: Some(Repository {
                 dir: dir.to_path_buf(),
                 server: server.clone(),
             }),
-        };
+        });
         let folders = model_folders(dir)?;
         if folders.is_empty() {
             return Err(Error::Repository(format!(
@@ -156,7 +156,7 @@ impl Models {
             })
     }
 
-    async fn load_now(&self, model: &str) -> std::result::Result<(), ChangeError> {
+    async fn load_now(self: &Arc<Self>, model: &str) -> std::result::Result<(), ChangeError> {
         let Some(repo) = &self.repository else {
             return Err(single_model("load"));
         };
@@ -182,8 +182,9 @@ impl Models {
         }
         tracing::info!(model, "loaded");
         if let Some(old) = old {
-            let drain = Duration::from_secs(repo.server.shutdown_timeout_s);
-            tokio::spawn(async move { old.shutdown(drain).await });
+            // The new instance serves; the old one finishes its requests meanwhile.
+            let (me, m) = (self.clone(), model.to_string());
+            tokio::spawn(async move { me.drain(&m, old).await });
         }
         Ok(())
     }
@@ -203,16 +204,34 @@ impl Models {
     }
 
     async fn unload_now(&self, model: &str) -> std::result::Result<(), ChangeError> {
-        let Some(repo) = &self.repository else {
+        if self.repository.is_none() {
             return Err(single_model("unload"));
-        };
+        }
         let old = self.write().unload(model)?;
         if let Some(old) = old {
-            old.shutdown(Duration::from_secs(repo.server.shutdown_timeout_s))
-                .await;
+            self.drain(model, old).await;
             tracing::info!(model, "unloaded");
         }
         Ok(())
+    }
+
+    /// Lets `old` finish its running requests (within the shutdown timeout), stops it
+    /// and forgets it.
+    async fn drain(&self, model: &str, old: ModelHandle) {
+        let timeout = self
+            .repository
+            .as_ref()
+            .map_or(30, |r| r.server.shutdown_timeout_s);
+        old.shutdown(Duration::from_secs(timeout)).await;
+        self.write().drained(model, &old);
+    }
+
+    /// Cancels the request `id` on every instance of the model behind `name`, draining
+    /// ones included (TensorRT-LLM's stop request).
+    pub fn cancel(&self, name: &str, id: &str) {
+        for h in self.read().instances(name) {
+            h.cancel(id);
+        }
     }
 
     /// Drains and stops every serving model.

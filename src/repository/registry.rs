@@ -99,6 +99,8 @@ struct Entry<H> {
     names: Names,
     /// The names a load in progress will serve under.
     pending: Option<Names>,
+    /// Instances replaced or unloaded that still finish their running requests.
+    draining: Vec<H>,
     /// The serving instance.
     serving: Option<H>,
     /// A load in progress (of a first instance, or of one to replace `serving`).
@@ -120,7 +122,7 @@ impl<H> Default for Registry<H> {
     }
 }
 
-impl<H: Clone> Registry<H> {
+impl<H: Clone + PartialEq> Registry<H> {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
@@ -206,6 +208,7 @@ impl<H: Clone> Registry<H> {
         let e = self.models.entry(model.to_string()).or_insert(Entry {
             names: Names::default(),
             pending: None,
+            draining: Vec::new(),
             serving: None,
             loading: false,
             reason: String::new(),
@@ -240,7 +243,9 @@ impl<H: Clone> Registry<H> {
             Ok(h) => {
                 e.names = names;
                 e.reason.clear();
-                e.serving.replace(h)
+                let old = e.serving.replace(h);
+                e.draining.extend(old.clone());
+                old
             }
             Err(why) => {
                 e.reason = why;
@@ -261,7 +266,26 @@ impl<H: Clone> Registry<H> {
             )));
         }
         e.reason = "unloaded".into();
-        Ok(e.serving.take())
+        let old = e.serving.take();
+        e.draining.extend(old.clone());
+        Ok(old)
+    }
+
+    /// Every instance of the model that answers to `name`: the serving one and those
+    /// still draining (a stop request must reach the one running its target).
+    pub fn instances(&self, name: &str) -> Vec<H> {
+        self.models
+            .values()
+            .filter(|e| e.names.kind_of(name).is_some())
+            .flat_map(|e| e.serving.iter().chain(&e.draining).cloned())
+            .collect()
+    }
+
+    /// Forgets `old`, a drained instance of `model`.
+    pub fn drained(&mut self, model: &str, old: &H) {
+        if let Some(e) = self.models.get_mut(model) {
+            e.draining.retain(|h| h != old);
+        }
     }
 
     /// Every model's row, by model name; with `names`, one row per name it answers to

@@ -165,3 +165,24 @@ fn a_text_names_composing_model_is_its_token_ids_name() {
     assert_eq!(r.composing_of("core"), None);
     assert_eq!(r.composing_of("b"), None);
 }
+
+#[test]
+fn replaced_and_unloaded_instances_drain_until_told() {
+    let mut r = Registry::new();
+    loaded(&mut r, "a", names("a", &[("x", ModelKind::Text)]), 1);
+    r.begin_load("a", names("a", &[("x", ModelKind::Text)]))
+        .unwrap();
+    assert_eq!(
+        r.finish_load("a", names("a", &[("x", ModelKind::Text)]), Ok(2)),
+        Some(1)
+    );
+    // A stop request must reach both: 1 may still run its target.
+    assert_eq!(r.instances("x"), [2, 1]);
+    r.drained("a", &1);
+    assert_eq!(r.instances("a"), [2]);
+    assert_eq!(r.unload("a"), Ok(Some(2)));
+    assert_eq!(r.instances("a"), [2]);
+    r.drained("a", &2);
+    assert!(r.instances("a").is_empty());
+    assert!(r.instances("nope").is_empty());
+}
