@@ -6,8 +6,9 @@
 
 mod common;
 
+use common::direct::logits_of;
 use common::server::{start, tiny_model_dir};
-use inflight::model::{KvCache, Llama, LoadedModel, SeqChunk};
+use inflight::model::{Llama, LoadedModel};
 use inflight::tokenizer::chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 use serde_json::{json, Value};
 
@@ -175,24 +176,6 @@ async fn best_of_returns_the_choices_of_highest_cumulative_log_probability() {
     // Log-probabilities were needed, not asked for: none returned. All four counted.
     assert!(cs.iter().all(|c| c["logprobs"].is_null()));
     assert_eq!(r["usage"]["completion_tokens"], 4 * 8);
-}
-
-/// The model's logits at every position of `tokens`, from one direct forward pass.
-fn logits_of(model: &Llama, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let bs = 16;
-    let blocks = tokens.len().div_ceil(bs);
-    let mut cache = KvCache::new(model.config(), bs, blocks);
-    let table: Vec<u32> = (0..blocks as u32).collect();
-    let chunk = SeqChunk {
-        tokens,
-        start_pos: 0,
-        block_table: &table,
-        logits: tokens.len(),
-    };
-    let out = model.forward(&[chunk], &mut cache).unwrap().remove(0);
-    out.chunks(model.config().vocab_size)
-        .map(<[f32]>::to_vec)
-        .collect()
 }
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {

@@ -6,25 +6,17 @@
 
 mod common;
 
+use common::direct::logits_of;
 use common::server::{start, tiny_model_dir};
-use inflight::model::{KvCache, Llama, LoadedModel, SeqChunk};
+use inflight::model::LoadedModel;
 use serde_json::{json, Value};
 
-/// The model's logits at every position of `tokens`, from one direct forward pass.
-fn logits_of(model: &Llama, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let bs = 16;
-    let blocks = tokens.len().div_ceil(bs);
-    let mut cache = KvCache::new(model.config(), bs, blocks);
-    let table: Vec<u32> = (0..blocks as u32).collect();
-    let chunk = SeqChunk {
-        tokens,
-        start_pos: 0,
-        block_table: &table,
-        logits: tokens.len(),
-    };
-    let out = model.forward(&[chunk], &mut cache).unwrap().remove(0);
-    out.chunks(model.config().vocab_size)
-        .map(<[f32]>::to_vec)
+/// A JSON array of token ids (none for anything else).
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| x.as_u64().unwrap() as u32)
         .collect()
 }
 
@@ -70,12 +62,7 @@ async fn generate_returns_the_models_own_context_and_generation_logits() {
             .post("/v2/models/tensorrt_llm/generate", ask(json!({})))
             .await;
         assert_eq!(status, 200, "{r}");
-        let out: Vec<u32> = r["output_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let out = ids(&r["output_ids"]);
         assert_eq!(out.len(), 6);
         let all: Vec<u32> = PROMPT.iter().copied().chain(out.iter().copied()).collect();
         let want = logits_of(&model, &all);
@@ -107,12 +94,7 @@ async fn generate_returns_the_models_own_context_and_generation_logits() {
         .await;
     assert_eq!(status, 200, "{r}");
     assert!(r.get("context_logits").is_none(), "not asked: {r}");
-    let out: Vec<u32> = r["output_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let out = ids(&r["output_ids"]);
     let all: Vec<u32> = PROMPT.iter().copied().chain(out.iter().copied()).collect();
     let want = logits_of(&model, &all);
     let p = PROMPT.len();
@@ -132,18 +114,12 @@ async fn generate_returns_the_models_own_context_and_generation_logits() {
         .filter_map(|l| l.strip_prefix("data: "))
         .map(|d| serde_json::from_str(d).unwrap())
         .collect();
-    let mut ids = Vec::new();
+    let mut streamed = Vec::new();
     let mut gen_rows = Vec::new();
     let mut context_events = 0;
     for e in &events {
         let n = e["output_ids"].as_array().map_or(0, Vec::len);
-        ids.extend(
-            e["output_ids"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|v| v.as_u64().unwrap() as u32),
-        );
+        streamed.extend(ids(&e["output_ids"]));
         let g = e.get("generation_logits").map(floats).unwrap_or_default();
         assert_eq!(g.len(), n * vocab, "one row per token: {e}");
         gen_rows.extend(g);
@@ -153,7 +129,11 @@ async fn generate_returns_the_models_own_context_and_generation_logits() {
         }
     }
     assert_eq!(context_events, 1);
-    let all: Vec<u32> = PROMPT.iter().copied().chain(ids.iter().copied()).collect();
+    let all: Vec<u32> = PROMPT
+        .iter()
+        .copied()
+        .chain(streamed.iter().copied())
+        .collect();
     let want = logits_of(&model, &all);
     assert!(rel_err(&gen_rows, &want[p - 1..p + 5].concat()) < TOL);
 
@@ -212,18 +192,13 @@ async fn kserve_infer_returns_logits_tensors_of_tensorrt_llms_shapes() {
     assert_eq!(ctx["shape"], json!([2, 9, vocab]));
     let gen = out("generation_logits");
     assert_eq!(gen["shape"], json!([2, 1, 4, vocab]));
-    let ids: Vec<u32> = out("output_ids")["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let out_ids = ids(&out("output_ids")["data"]);
     let (ctx, gen) = (floats(&ctx["data"]), floats(&gen["data"]));
     for (i, prompt) in [&short[..], &PROMPT[..]].into_iter().enumerate() {
         let all: Vec<u32> = prompt
             .iter()
             .copied()
-            .chain(ids[i * 4..i * 4 + 4].iter().copied())
+            .chain(out_ids[i * 4..i * 4 + 4].iter().copied())
             .collect();
         let want = logits_of(&model, &all);
         let p = prompt.len();

@@ -133,12 +133,11 @@ impl GrpcInferenceService for TritonGrpc {
     async fn model_ready(&self, r: Request<ModelReadyRequest>) -> Answer<ModelReadyResponse> {
         self.admit(&r)?;
         let r = r.into_inner();
-        // A model that is loading or unloaded is not ready (rather than unknown).
-        let ready = match served(&self.state, &r.name, &r.version) {
-            Ok((handle, _)) => handle.is_ready(),
-            Err(ApiError::Unavailable(_)) => false,
-            Err(e) => return Err(status(e)),
-        };
+        if !matches!(r.version.as_str(), "" | "1") {
+            // Only version 1 is served (`served`'s answer for another).
+            self.served(&r.name, &r.version)?;
+        }
+        let ready = self.state.model_ready(&r.name).map_err(status)?;
         Ok(Response::new(ModelReadyResponse { ready }))
     }
 

@@ -100,12 +100,7 @@ async fn model_ready(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
 ) -> ApiResult<StatusCode> {
-    // A model that is loading or unloaded is not ready (rather than unknown).
-    let ready = match state.route(&p.model) {
-        Ok((handle, _)) => handle.is_ready(),
-        Err(ApiError::Unavailable(_)) => false,
-        Err(e) => return Err(e),
-    };
+    let ready = state.model_ready(&p.model)?;
     served_version(&p)?;
     Ok(if ready {
         StatusCode::OK

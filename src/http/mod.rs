@@ -109,6 +109,16 @@ impl AppState {
         })
     }
 
+    /// Whether the model behind a served name is ready: false while it loads or after an
+    /// unload (rather than unknown); Triton's unknown-model error for a name never served.
+    pub fn model_ready(&self, name: &str) -> ApiResult<bool> {
+        match self.route(name) {
+            Ok((handle, _)) => Ok(handle.is_ready()),
+            Err(ApiError::Unavailable(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The model of a route where naming one is optional: the named one, else the only
     /// serving one.
     pub fn model_or_only(&self, name: Option<&str>) -> ApiResult<ModelHandle> {
@@ -180,11 +190,7 @@ impl AppState {
                 triton
             };
             // TRT-LLM labels its engine's gauges with the core model's name.
-            let core = names
-                .0
-                .iter()
-                .find(|(_, k)| *k == ModelKind::Ids)
-                .map_or(model.as_str(), |(n, _)| n.as_str());
+            let core = names.core().unwrap_or(&model);
             let on_gpu = handle.device() != crate::model::device::Device::Cpu;
             self.metrics().scheduler(
                 (&labels, core),

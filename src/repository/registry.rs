@@ -28,6 +28,14 @@ impl Names {
         self.0.iter().find(|(n, _)| n == name).map(|(_, k)| *k)
     }
 
+    /// The token-ids name (the core model's, TRT-LLM's `tensorrt_llm`), if there is one.
+    pub fn core(&self) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(_, k)| *k == ModelKind::Ids)
+            .map(|(n, _)| n.as_str())
+    }
+
     /// The names, in order.
     pub fn iter(&self) -> impl Iterator<Item = &str> {
         self.0.iter().map(|(n, _)| n.as_str())
@@ -166,11 +174,7 @@ impl<H: Clone + PartialEq> Registry<H> {
         if e.names.kind_of(name) != Some(ModelKind::Text) {
             return None;
         }
-        e.names
-            .0
-            .iter()
-            .find(|(_, k)| *k == ModelKind::Ids)
-            .map(|(n, _)| n.clone())
+        e.names.core().map(str::to_string)
     }
 
     /// Whether `model` is a model of the registry (by its own name, not an alias).
