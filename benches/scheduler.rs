@@ -24,6 +24,7 @@ fn spec(id: u64) -> SeqSpec {
         num_draft_tokens: 0,
         cache_salt: 0,
         priority: 0,
+        beam_width: 1,
     }
 }
 

@@ -16,8 +16,9 @@
 #      sampling surface (scripts/sampling_check.py): n, seeds, best_of, min_p, logit_bias,
 #      top_logprobs, echoed prompt log-probabilities, all sampled on the device. 3e:
 #      structured output (JSON schemas, regex, choice, GBNF, Triton's guided fields) and a
-#      required tool call conform under the device's masks; embeddings and returned
-#      logits equal a CPU server's (scripts/structured_check.py, logits_check.py). 3f: a
+#      required tool call conform under the device's masks; embeddings, returned logits and
+#      beam search's beams agree with a CPU server's (scripts/structured_check.py,
+#      logits_check.py, beam_check.py). 3f: a
 #      model repository of two models, one unloaded and loaded again while the other serves.
 #   4. compute-sanitizer memcheck over a short serving run, and (4b) over the forward pass
 #      alone (gpu-logits, four prompts batched and four decode steps).
@@ -242,11 +243,11 @@ else
   tail -20 "$WORK/serve.log"; status "serve, OpenAI sampling surface" FAIL "server did not become ready"
 fi
 
-echo; echo "## 3e. structured output, tool calls, embeddings and logits on the GPU engine"
+echo; echo "## 3e. structured output, tool calls, embeddings, logits and beams on the GPU engine"
 # JSON schemas, regex, choice, GBNF and Triton's guided_decoding fields: every answer
 # conforms (the grammar's mask applied by sample.cu), a required tool call parses; the
-# GPU's embeddings and returned logits against a CPU-engine server of the same model
-# (scripts/structured_check.py, scripts/logits_check.py).
+# GPU's embeddings, returned logits and beam search against a CPU-engine server of the
+# same model (scripts/structured_check.py, scripts/logits_check.py, scripts/beam_check.py).
 cp "$WORK/serve.toml" "$WORK/serve-cpu.toml"
 sed -i 's/^device = "cuda"/device = "cpu"/; s/^http_port = 18500/http_port = 18510/; s/^metrics_port = 18502/metrics_port = 18512/; s/^grpc_port = 18501/grpc_port = 18511/' "$WORK/serve-cpu.toml"
 "$BIN" serve --config "$WORK/serve-cpu.toml" > "$WORK/serve-cpu.log" 2>&1 &
@@ -257,14 +258,16 @@ if serve "$BIN" serve --config "$WORK/serve.toml"; then
   STRUCTURED=${PIPESTATUS[0]}
   python3 "$HERE/logits_check.py" http://localhost:18500 --cpu http://localhost:18510 | tee -a "$WORK/structured.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || STRUCTURED=1
+  python3 "$HERE/beam_check.py" http://localhost:18500 --cpu http://localhost:18510 | tee -a "$WORK/structured.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || STRUCTURED=1
   stop
   if [ "$STRUCTURED" = 0 ]; then
-    status "serve, structured output, tools, embeddings, logits" PASS "$(grep -c '^PASS' "$WORK/structured.txt") checks; $(grep '^INFO' "$WORK/structured.txt" | cut -c6-)"
+    status "serve, structured output, tools, embeddings, logits, beams" PASS "$(grep -c '^PASS' "$WORK/structured.txt") checks; $(grep '^INFO' "$WORK/structured.txt" | cut -c6-)"
   else
-    status "serve, structured output, tools, embeddings, logits" FAIL "$(grep '^FAIL' "$WORK/structured.txt" | head -2 | cut -c1-200)"
+    status "serve, structured output, tools, embeddings, logits, beams" FAIL "$(grep '^FAIL' "$WORK/structured.txt" | head -2 | cut -c1-200)"
   fi
 else
-  tail -20 "$WORK/serve.log"; status "serve, structured output, tools, embeddings, logits" FAIL "server did not become ready"
+  tail -20 "$WORK/serve.log"; status "serve, structured output, tools, embeddings, logits, beams" FAIL "server did not become ready"
 fi
 kill -TERM $CPU_SERVER 2>/dev/null; wait $CPU_SERVER 2>/dev/null
 

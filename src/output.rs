@@ -5,7 +5,7 @@
 //! one `SeqOutputState` per sequence.
 
 use crate::request::{Chunk, FinishReason, GenerationParams, PromptLogprob, TokenLogprob};
-use crate::sampling::RowChoice;
+use crate::sampling::{Hypothesis, RowChoice};
 use crate::tokenizer::detok::Detokenizer;
 use crate::tokenizer::Tokenizer;
 
@@ -346,6 +346,67 @@ impl SeqOutputState {
         chunk.accepted_draft_tokens = self.accepted_draft_tokens;
         if self.return_log_probs {
             chunk.cum_log_prob = Some(self.cum_log_prob);
+        }
+        chunk
+    }
+
+    /// A beam search's answer so far (`last` set on its end): one chunk whose `beams` are
+    /// `beams` whole (best first, an end token left out, the prompt's text first when
+    /// echoed), with the prompt's scores and logits when they are complete.
+    pub fn beams(
+        &mut self,
+        tokenizer: &Tokenizer,
+        beams: Vec<Hypothesis>,
+        last: Option<FinishReason>,
+        queued: Option<std::time::Duration>,
+    ) -> Chunk {
+        let at_end = last.is_some();
+        self.first_token_at
+            .get_or_insert_with(std::time::Instant::now);
+        let echo = self.pending.text.clone();
+        let beams: Vec<Chunk> = beams
+            .into_iter()
+            .map(|h| {
+                let n = h.tokens.len() - usize::from(h.ended);
+                let ids = h.tokens[..n].to_vec();
+                let text = tokenizer.decode(&ids, true).unwrap_or_default();
+                Chunk {
+                    batch_index: self.batch_index,
+                    text: format!("{echo}{text}"),
+                    log_probs: match self.return_log_probs {
+                        true => h.log_probs[..n].to_vec(),
+                        false => Vec::new(),
+                    },
+                    cum_log_prob: self.return_log_probs.then_some(h.cum_log_prob),
+                    prompt_tokens: self.prompt_tokens,
+                    output_tokens: n,
+                    finish_reason: last.map(|_| match h.ended {
+                        true => FinishReason::Stop,
+                        false => FinishReason::Length,
+                    }),
+                    token_ids: ids,
+                    ..Chunk::default()
+                }
+            })
+            .collect();
+        self.output_tokens = beams.first().map_or(0, |b| b.output_tokens);
+        let mut chunk = Chunk {
+            batch_index: self.batch_index,
+            queue_time: queued.or(self.pending.queue_time.take()),
+            prompt_tokens: self.prompt_tokens,
+            cached_tokens: self.cached_tokens,
+            output_tokens: self.output_tokens,
+            prompt_log_probs: self.take_prompt(at_end),
+            context_logits: self.take_context(at_end),
+            finish_reason: last,
+            beams,
+            ..Chunk::default()
+        };
+        if at_end {
+            self.done = true;
+            if !self.stream {
+                chunk.first_token_at = self.first_token_at;
+            }
         }
         chunk
     }

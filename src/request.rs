@@ -133,6 +133,21 @@ pub struct GenerationParams {
     /// (`Chunk::generation_logits`, TensorRT-LLM's `return_generation_logits`), before
     /// penalties, bias and temperature. Such a sequence does not speculate.
     pub return_generation_logits: bool,
+    /// Beam search (TensorRT-LLM's `beam_width`): this many beams per prompt, the best by
+    /// length-penalized cumulative log-probability returned whole in `Chunk::beams`; 1 is
+    /// sampling (or greedy), no beams.
+    pub beam_width: usize,
+    /// Beams returned per prompt, best first (`num_return_sequences` with beams): at most
+    /// `beam_width`; 0 returns them all.
+    pub beams_returned: usize,
+    /// A beam's score is its cumulative log-probability over `length ^ length_penalty`
+    /// (its generated tokens, an end token included); 0 (the default) scores by the sum
+    /// alone, as TensorRT-LLM does.
+    pub length_penalty: f32,
+    /// When beam search stops (TensorRT-LLM's `early_stopping`): 1 (the default) once
+    /// `beam_width` finished hypotheses exist; 0 once no running beam can beat the worst
+    /// of them at its current length; 2 or more likewise at the longest length it may reach.
+    pub early_stopping: i32,
 }
 
 impl Default for GenerationParams {
@@ -171,6 +186,10 @@ impl Default for GenerationParams {
             min_p: 0.0,
             return_context_logits: false,
             return_generation_logits: false,
+            beam_width: 1,
+            beams_returned: 0,
+            length_penalty: 0.0,
+            early_stopping: 1,
         }
     }
 }
@@ -180,6 +199,11 @@ impl GenerationParams {
     /// (rather than only its choices from them).
     pub fn wants_logit_rows(&self) -> bool {
         self.return_context_logits || self.return_generation_logits
+    }
+
+    /// Whether the request runs beam search (`beam_width` > 1).
+    pub fn is_beam_search(&self) -> bool {
+        self.beam_width > 1
     }
 
     /// The parameters of an embedding request: nothing generated, no speculation, the
@@ -307,6 +331,12 @@ pub struct Chunk {
     pub first_token_at: Option<std::time::Instant>,
     /// The prompt's embedding, on the last chunk of a request with `pooling` set.
     pub embedding: Option<Vec<f32>>,
+    /// Beam search: every returned beam so far, best first, each whole (its text, token
+    /// ids and log-probabilities from the first output token on, `cum_log_prob` its
+    /// sum, `finish_reason` its own end); each chunk replaces the last one's beams, as a
+    /// beam's earlier tokens may change. Empty without beam search; the prompt's own
+    /// `text` and `token_ids` are then empty.
+    pub beams: Vec<Chunk>,
     /// Speculative decoding of this prompt so far: verification steps (on the last
     /// chunk).
     pub draft_steps: usize,
@@ -339,6 +369,9 @@ impl Chunk {
         self.queue_time = earlier.queue_time.or(self.queue_time);
         self.first_token_at = earlier.first_token_at.or(self.first_token_at);
         self.cum_log_prob = self.cum_log_prob.or(earlier.cum_log_prob);
+        if self.beams.is_empty() {
+            self.beams = earlier.beams;
+        }
         self
     }
 }
@@ -372,6 +405,10 @@ pub fn answers(chunks: Vec<Chunk>, prompts: usize) -> Vec<Chunk> {
         slot.draft_steps = slot.draft_steps.max(c.draft_steps);
         slot.draft_tokens = slot.draft_tokens.max(c.draft_tokens);
         slot.accepted_draft_tokens = slot.accepted_draft_tokens.max(c.accepted_draft_tokens);
+        if !c.beams.is_empty() {
+            // A later chunk's beams replace the earlier ones.
+            slot.beams = c.beams;
+        }
     }
     out
 }

@@ -333,7 +333,7 @@ async fn malformed_requests_get_clear_errors_and_the_server_stays_healthy() {
         ),
         (
             "/v2/models/ensemble/generate",
-            json!({"text_input": "hi", "max_tokens": 5, "beam_width": 4}).to_string(),
+            json!({"text_input": "hi", "max_tokens": 5, "beam_width": 0}).to_string(),
             400,
             "beam_width",
         ),

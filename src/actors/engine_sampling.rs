@@ -6,7 +6,9 @@
 //!
 //! The state is built from what the engine already sees: a sequence's sampler is made at
 //! its first sampling step from the tokens fed so far (the prompt, then, for a sequence
-//! recomputed after preemption, the tokens it had generated).
+//! recomputed after preemption or a beam forked from another, the tokens it had
+//! generated). A beam that goes on records the token its search chose when its next
+//! chunk, that token, comes.
 //!
 //! A chunk that scores its prompt's tokens (`StepSeq::score`) gets a scoring plan per
 //! such row before its sampling plans, so the device returns those scores too.
@@ -65,7 +67,8 @@ impl EngineSampling {
             .iter()
             .map(|&t| RowPlan::score(t, s.params.top_log_probs))
             .collect();
-        if st.sampler.is_none() {
+        let existed = st.sampler.is_some();
+        if !existed {
             st.fed.extend_from_slice(s.known_tokens());
             if !s.sample {
                 return match s.kept_rows().scored && !s.score.is_empty() {
@@ -84,6 +87,12 @@ impl EngineSampling {
         let Some(sampler) = st.sampler.as_mut().filter(|_| s.sample) else {
             return plans;
         };
+        if sampler.is_beam() && existed {
+            // A beam that goes on: its chunk is the token its search chose for it.
+            for &t in s.known_tokens() {
+                sampler.replay(t);
+            }
+        }
         match &s.draft {
             Some(d) if d.probs.is_some() && !sampler.is_greedy() => return Vec::new(),
             Some(d) => plans.extend(sampler.plan(&d.tokens)),

@@ -9,9 +9,9 @@ use ractor::{ActorRef, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::request::{Chunk, GenerationParams, Prompt, RequestId, TokenLogprob};
-use crate::sampling::RowChoice;
+use crate::sampling::{Hypothesis, RowChoice};
 pub use crate::scheduler::SchedulerStats;
-use crate::scheduler::{AddError, BlockCopy, FinishReason as SeqFinish, StepOutput};
+use crate::scheduler::{AddError, BeamFork, BlockCopy, FinishReason as SeqFinish, StepOutput};
 pub(crate) use crate::scheduler::{Draft, EngineTime, KeptRows, SeqId, StepSeq, StepTiming};
 
 /// One sequence as the pipeline first learns of it.
@@ -24,6 +24,9 @@ pub(crate) struct SeqInit {
     pub batch_index: usize,
     pub prompt: Vec<u32>,
     pub params: Arc<GenerationParams>,
+    /// Beam search: its search's first sequence, whose stream carries the search's answer
+    /// (the search's own id for that one); None without beam search.
+    pub beam_of: Option<SeqId>,
 }
 
 /// Why a request is being cancelled.
@@ -212,6 +215,9 @@ pub(crate) enum SamplerMsg {
     },
     /// Drop per-sequence state.
     Drop(Vec<SeqId>),
+    /// A beam search's step, applied at once: each slot's state becomes a copy of its
+    /// parent's (as it was before this message) with the chosen token recorded.
+    Fork(Vec<BeamFork>),
 }
 
 /// What happened to one sequence in an iteration, for Postprocess.
@@ -259,6 +265,17 @@ pub(crate) enum SeqOutput {
     Failed {
         seq: SeqId,
         error: String,
+    },
+    /// A beam search's answer so far (`last` set on its last), for its first sequence's
+    /// stream: the returned hypotheses, best first.
+    Beams {
+        seq: SeqId,
+        beams: Vec<Hypothesis>,
+        last: Option<SeqFinish>,
+        /// Set on its first output: how long it waited to be scheduled.
+        queued: Option<std::time::Duration>,
+        /// Prompt tokens its admission found in the prefix cache.
+        cached: usize,
     },
 }
 

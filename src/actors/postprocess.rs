@@ -5,7 +5,8 @@
 //!
 //! A stream whose receiver is gone (the client left) becomes
 //! `SchedulerMsg::Cancel { Disconnected }`; a completed stop string becomes
-//! `SchedulerMsg::EndSeq` after the final chunk is sent. A request's
+//! `SchedulerMsg::EndSeq` after the final chunk is sent. A beam search answers on its
+//! first sequence's stream: whole beams, each chunk replacing the last one's. A request's
 //! stream closes when its last sequence ends. Supervised by ModelSupervisor.
 
 use std::collections::HashMap;
@@ -133,7 +134,8 @@ fn emit(state: &mut PostprocessState, output: SeqOutput, ending: &[SeqId]) {
         | SeqOutput::PromptLogprobs { seq, .. }
         | SeqOutput::Finished { seq, .. }
         | SeqOutput::Cancelled { seq, .. }
-        | SeqOutput::Failed { seq, .. } => *seq,
+        | SeqOutput::Failed { seq, .. }
+        | SeqOutput::Beams { seq, .. } => *seq,
     };
     let Some((rid, out)) = state.seqs.get_mut(&seq) else {
         return;
@@ -194,6 +196,25 @@ fn emit(state: &mut PostprocessState, output: SeqOutput, ending: &[SeqId]) {
             }
             last.embedding = embedding;
             (Some(last), true, false)
+        }
+        SeqOutput::Beams {
+            beams,
+            last,
+            queued,
+            cached,
+            ..
+        } => {
+            out.note_cached(cached);
+            let last = last.map(|r| match r {
+                SeqFinish::Stop => FinishReason::Stop,
+                SeqFinish::Length => FinishReason::Length,
+            });
+            let ends = last.is_some();
+            (
+                Some(out.beams(&state.tokenizer, beams, last, queued)),
+                ends,
+                false,
+            )
         }
         SeqOutput::Cancelled { .. } => (Some(out.finish(FinishReason::Cancelled)), true, false),
         SeqOutput::Failed { error, .. } => (Some(out.fail(error)), true, false),

@@ -2,7 +2,8 @@
 //! from the ModelHandle), validates its parameters, renders chat prompts through the
 //! model's template and tokenizes, then opens its stream on a Postprocess worker
 //! (`PostprocessMsg::Open`) and queues its sequences with the Scheduler (`Enqueue`): `n`
-//! per prompt (`batch_index` `prompt * n + j`, the `j`-th seeded by `choice_seed`). A
+//! per prompt (`batch_index` `prompt * n + j`, the `j`-th seeded by `choice_seed`), or,
+//! for beam search, `beam_width` per prompt, the first of which answers. A
 //! refusal travels back in the reply, never as an actor error. Supervised by
 //! ModelSupervisor.
 
@@ -96,19 +97,30 @@ impl Actor for Preprocess {
         let n = params.n.max(1);
         let choices = choice_params(params);
         let stop_after_ms = choices[0].stop_after_ms;
-        let mut seqs = Vec::with_capacity(token_lists.len() * n);
+        // A beam search's beams are sequences of consecutive ids; the first answers.
+        let width = choices[0].beam_width.max(1);
+        let mut seqs = Vec::with_capacity(token_lists.len() * n * width);
         for (i, prompt) in token_lists.into_iter().enumerate() {
             for (j, params) in choices.iter().enumerate() {
-                seqs.push(SeqInit {
-                    seq: a.next_seq.fetch_add(1, Ordering::Relaxed),
-                    rid,
-                    request: request.clone(),
-                    batch_index: i * n + j,
-                    prompt: prompt.clone(),
-                    params: params.clone(),
-                });
+                let first = a.next_seq.fetch_add(width as u64, Ordering::Relaxed);
+                for b in 0..width as u64 {
+                    seqs.push(SeqInit {
+                        seq: first + b,
+                        rid,
+                        request: request.clone(),
+                        batch_index: i * n + j,
+                        prompt: prompt.clone(),
+                        params: params.clone(),
+                        beam_of: (width > 1).then_some(first),
+                    });
+                }
             }
         }
+        let answers: Vec<SeqInit> = seqs
+            .iter()
+            .filter(|s| s.beam_of.is_none_or(|first| first == s.seq))
+            .cloned()
+            .collect();
         let prompt_texts: Vec<Option<String>> = prompt_texts
             .into_iter()
             .flat_map(|t| std::iter::repeat_n(t, n))
@@ -117,7 +129,7 @@ impl Actor for Preprocess {
         worker.cast(PostprocessMsg::Open {
             rid,
             request: request.clone(),
-            seqs: seqs.clone(),
+            seqs: answers,
             prompt_texts,
             stream,
             scheduler: a.scheduler.clone(),
@@ -236,6 +248,8 @@ pub(crate) use crate::speculative::MAX_DRAFT_TOKENS;
 
 /// The most sequences a request may generate per prompt (`n`).
 pub const MAX_CHOICES: usize = 16;
+/// The most beams of a beam search (TensorRT-LLM's usual `max_beam_width` range).
+pub const MAX_BEAM_WIDTH: usize = 8;
 /// The largest logit bias, either way (OpenAI's range).
 pub const MAX_LOGIT_BIAS: f32 = 100.0;
 
@@ -339,5 +353,58 @@ pub fn validate(
             ));
         }
     }
-    Ok(())
+    validate_beams(p)
+}
+
+/// Beam search's own limits, and the options it does not go with.
+fn validate_beams(p: &GenerationParams) -> Result<(), SubmitError> {
+    let bad = |m: String| Err(SubmitError::Invalid(m));
+    let w = p.beam_width;
+    if !(1..=MAX_BEAM_WIDTH).contains(&w) {
+        return bad(format!(
+            "beam_width must be between 1 and {MAX_BEAM_WIDTH}, got {w}"
+        ));
+    }
+    if w == 1 {
+        return Ok(());
+    }
+    if p.beams_returned > w {
+        return bad(format!(
+            "num_return_sequences {} is more than beam_width {w}: beam search returns at most its beams",
+            p.beams_returned
+        ));
+    }
+    if !p.length_penalty.is_finite() {
+        return bad(format!(
+            "length_penalty must be a finite number, got {}",
+            p.length_penalty
+        ));
+    }
+    if p.early_stopping < 0 {
+        return bad(format!(
+            "early_stopping must be 0, 1 or more, got {}",
+            p.early_stopping
+        ));
+    }
+    let refused = [
+        (p.n > 1, "n (several sampled sequences)"),
+        (p.guide.is_some(), "guided decoding"),
+        (
+            p.num_draft_tokens.is_some_and(|n| n > 0),
+            "num_draft_tokens (speculative decoding)",
+        ),
+        (p.top_log_probs > 0, "top_log_probs"),
+        (
+            !p.stop_strings.is_empty() || !p.stop_words.is_empty(),
+            "stop words",
+        ),
+        (p.return_generation_logits, "return_generation_logits"),
+        (p.pooling.is_some(), "pooling"),
+    ];
+    match refused.iter().find(|r| r.0) {
+        Some((_, what)) => bad(format!(
+            "{what} cannot go with beam search (beam_width {w})"
+        )),
+        None => Ok(()),
+    }
 }

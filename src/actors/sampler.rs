@@ -6,7 +6,7 @@
 //!
 //! State: one `SeqSampler` per live sequence (penalties, bad/stop words, min_length,
 //! seeded generator), created by `Register` when a request is queued and dropped by
-//! `Drop` when it ends. Each sequence has its own generator, so a seed gives the same
+//! `Drop` when it ends; a beam search's step (`Fork`) copies its beams' samplers. Each sequence has its own generator, so a seed gives the same
 //! tokens whatever else shares the batch. Supervised by ModelSupervisor.
 //!
 //! An engine that samples on its device (the GPU) keeps this state itself
@@ -69,6 +69,7 @@ impl Actor for Sampler {
                     state.seqs.remove(&id);
                 }
             }
+            SamplerMsg::Fork(forks) => fork(&mut state.seqs, &forks),
             SamplerMsg::Sample {
                 iteration,
                 rows,
@@ -141,6 +142,22 @@ fn sample_rows(
         push_verdict(&mut output, &mut sampled, row.seq, verdict, drafted, logits);
     }
     (output, sampled, prompt)
+}
+
+/// Applies a beam search's step to its beams' samplers: each slot's becomes a copy of its
+/// parent's as it was before, with the chosen token recorded.
+fn fork(seqs: &mut HashMap<SeqId, SeqSampler>, forks: &[crate::scheduler::BeamFork]) {
+    let parents: HashMap<SeqId, SeqSampler> = forks
+        .iter()
+        .filter_map(|f| Some((f.parent, seqs.get(&f.parent)?.clone())))
+        .collect();
+    for f in forks {
+        if let Some(p) = parents.get(&f.parent) {
+            let mut s = p.clone();
+            s.replay(f.token);
+            seqs.insert(f.slot, s);
+        }
+    }
 }
 
 /// Copies of the `vocab`-wide rows of `rows` when `keep` (raw logits the request asked

@@ -29,6 +29,10 @@ use crate::request::{GenerationParams, RequestId};
 use crate::sampling::SeqSampler;
 use crate::scheduler::overlap::{Overlap, SeqInfo, Step};
 use crate::scheduler::{SchedulerConfig, SeqEvent, SeqSpec, StepOutput};
+use beams::Search;
+
+#[path = "scheduler_beams.rs"]
+mod beams;
 
 pub(crate) struct SchedulerActor;
 
@@ -41,6 +45,8 @@ pub struct SchedulerArgs {
     pub postprocess: Vec<ActorRef<PostprocessMsg>>,
     /// Plan iterations ahead (the engine samples on its device; no draft source).
     pub overlap: bool,
+    /// The model's end tokens (a beam search's hypotheses end at them).
+    pub eos_ids: Vec<u32>,
 }
 
 struct SeqMeta {
@@ -56,6 +62,8 @@ struct SeqMeta {
     first_scheduled: bool,
     /// Its sampling does not depend on a token not yet known: it may be planned ahead.
     continues: bool,
+    /// A beam's search (its first sequence's id) and slot in it.
+    beam: Option<(SeqId, usize)>,
 }
 
 pub struct SchedulerState {
@@ -70,6 +78,9 @@ pub struct SchedulerState {
     drains: Vec<RpcReplyPort<()>>,
     default_draft_tokens: Option<usize>,
     timing: EngineTime,
+    /// Beam searches in progress, by their first sequence's id.
+    searches: HashMap<SeqId, Search>,
+    eos_ids: Vec<u32>,
 }
 
 impl Actor for SchedulerActor {
@@ -95,6 +106,8 @@ impl Actor for SchedulerActor {
             drains: Vec::new(),
             default_draft_tokens: args.default_draft_tokens,
             timing: EngineTime::default(),
+            searches: HashMap::new(),
+            eos_ids: args.eos_ids,
         })
     }
 
@@ -161,10 +174,15 @@ impl SchedulerState {
                 seqs.len()
             )));
         }
-        for (i, s) in seqs.iter().enumerate() {
+        let mut added = Vec::with_capacity(seqs.len());
+        for s in &seqs {
+            // A search's later beams are forked from its first one once it has run.
+            if s.beam_of.is_some_and(|first| first != s.seq) {
+                continue;
+            }
             // A sequence whose logits rows go back whole does not speculate: each row is
-            // one output token's.
-            let num_draft_tokens = match s.params.wants_logit_rows() {
+            // one output token's; nor does a beam.
+            let num_draft_tokens = match s.params.wants_logit_rows() || s.beam_of.is_some() {
                 true => 0,
                 false => self
                     .default_draft_tokens
@@ -177,13 +195,15 @@ impl SchedulerState {
                 num_draft_tokens,
                 cache_salt: cache_salt(s),
                 priority: s.params.priority,
+                beam_width: s.params.beam_width.max(1),
             };
             if let Err(e) = self.core.add(spec) {
-                for added in &seqs[..i] {
-                    self.core.cancel(added.seq);
+                for &seq in &added {
+                    self.core.cancel(seq);
                 }
                 return Err(e.into());
             }
+            added.push(s.seq);
         }
         for s in &seqs {
             let meta = SeqMeta {
@@ -198,8 +218,13 @@ impl SchedulerState {
                 // Logits rows come back to the host: the device chooses no token to
                 // go on with.
                 continues: SeqSampler::plans_ahead(&s.params) && !s.params.wants_logit_rows(),
+                beam: s.beam_of.map(|first| (first, (s.seq - first) as usize)),
             };
             self.seqs.insert(s.seq, meta);
+            if s.beam_of == Some(s.seq) {
+                let search = Search::new(s, &self.eos_ids, self.core.config().max_seq_len);
+                self.searches.insert(s.seq, search);
+            }
         }
         self.requests
             .insert(request, seqs.iter().map(|s| s.seq).collect());
@@ -244,6 +269,7 @@ impl SchedulerState {
     /// Drops a sequence's bookkeeping here, in the sampler and (next step) in the engine.
     fn forget(&mut self, seq: SeqId) {
         self.seqs.remove(&seq);
+        self.searches.remove(&seq);
         self.overlap.reset(seq);
         let _ = self.sampler.cast(SamplerMsg::Drop(vec![seq]));
     }
@@ -337,6 +363,13 @@ impl SchedulerState {
                         }
                     }
                 }
+                SeqEvent::Sampled { id } => {
+                    let offer = per_seq
+                        .get_mut(&id)
+                        .and_then(|(s, _)| s.tops.first_mut().map(std::mem::take))
+                        .unwrap_or_default();
+                    self.beam_sampled(id, &offer, &mut outs);
+                }
                 // Reset when its batch was sent (`send`): by now a batch planned ahead may
                 // have admitted it again.
                 SeqEvent::Preempted { .. } => {}
@@ -369,6 +402,7 @@ impl SchedulerState {
                 let error = format!("the engine failed: {error}");
                 outs.push((self.rid(seq), SeqOutput::Failed { seq, error }));
                 self.seqs.remove(&seq);
+                self.searches.remove(&seq);
                 let _ = self.sampler.cast(SamplerMsg::Drop(vec![seq]));
             }
         }

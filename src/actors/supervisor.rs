@@ -127,6 +127,7 @@ impl Actor for ModelSupervisor {
             sampler: sampler.clone(),
             postprocess: postprocess.clone(),
             overlap,
+            eos_ids: args.tokenizer.eos_token_ids().to_vec(),
         };
         let (scheduler, _) = Actor::spawn_linked(None, SchedulerActor, sa, cell.clone()).await?;
         let engine = engines.spawn(&myself, &sampler).await?;

@@ -436,7 +436,8 @@ async fn run_streamed(
         let empty = chunk.token_ids.is_empty()
             && chunk.text.is_empty()
             && chunk.context_logits.is_empty()
-            && chunk.generation_logits.is_empty();
+            && chunk.generation_logits.is_empty()
+            && chunk.beams.is_empty();
         if (!empty || last)
             && send(shape.outputs(std::slice::from_ref(&chunk)), last)
                 .await

@@ -266,6 +266,17 @@ pub fn build_request(
             .filter(|r| r.as_ref().map_or(true, |ids| !ids.is_empty()))
             .collect()
     };
+    let beam_width = match fields.int(&["beam_width"])? {
+        None => 1,
+        Some(b) if b >= 1 => b as usize,
+        Some(b) => {
+            return Err(ApiError::BadRequest(format!(
+                "beam_width must be at least 1, got {b}"
+            )))
+        }
+    };
+    let asked_returns = fields.int(&["num_return_sequences"])?;
+    let returned = num_return_sequences(asked_returns)?;
     let params = GenerationParams {
         max_tokens: max_tokens as usize,
         temperature: fields.float(&["temperature"])?.unwrap_or(d.temperature),
@@ -316,7 +327,20 @@ pub fn build_request(
         pooling: None,
         // TensorRT-LLM's min-p sampling (SamplingConfig::minP).
         min_p: fields.float(&["min_p"])?.unwrap_or(d.min_p),
-        n: num_return_sequences(fields.int(&["num_return_sequences"])?)?,
+        n: match beam_width {
+            1 => returned,
+            _ => 1,
+        },
+        beam_width,
+        // With beam search, num_return_sequences is how many of the beams come back.
+        beams_returned: match beam_width {
+            1 => 0,
+            _ => asked_returns.map_or(0, |_| returned),
+        },
+        length_penalty: fields
+            .float(&["length_penalty", "len_penalty"])?
+            .unwrap_or(d.length_penalty),
+        early_stopping: early_stopping(fields)?.unwrap_or(d.early_stopping),
         return_context_logits: fields.bool(&["return_context_logits"])?.unwrap_or(false),
         return_generation_logits: fields.bool(&["return_generation_logits"])?.unwrap_or(false),
         ..d
@@ -341,13 +365,27 @@ fn num_return_sequences(v: Option<i64>) -> ApiResult<usize> {
     }
 }
 
+/// TensorRT-LLM's `early_stopping`: an integer, or a boolean (its Triton models declare one).
+fn early_stopping(fields: &Fields<'_>) -> ApiResult<Option<i32>> {
+    let v = match fields.int(&["early_stopping"]) {
+        Ok(v) => v,
+        Err(_) => fields.bool(&["early_stopping"])?.map(i64::from),
+    };
+    v.map(|v| {
+        i32::try_from(v).map_err(|_| {
+            ApiError::BadRequest(format!("early_stopping must be a small integer, got {v}"))
+        })
+    })
+    .transpose()
+}
+
 /// Options we recognise but do not implement: refused with a clear message.
 fn unsupported(fields: &Fields<'_>) -> ApiResult<()> {
     let no = |m: String| Err(ApiError::Unsupported(m));
-    if let Some(b) = fields.int(&["beam_width"])? {
-        if b != 1 {
+    if let Some(r) = fields.float(&["beam_search_diversity_rate"])? {
+        if r != 0.0 {
             return no(format!(
-                "beam_width {b} is not supported: only 1 (sampling or greedy, no beam search)"
+                "beam_search_diversity_rate {r} is not supported: beams are ranked by log-probability alone"
             ));
         }
     }

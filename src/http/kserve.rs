@@ -163,6 +163,8 @@ const COMMON_INPUTS: &[Spec] = &[
     opt("return_num_input_tokens", Bool),
     opt("return_num_output_tokens", Bool),
     opt("beam_width", I32),
+    opt("early_stopping", Bool),
+    alias("beam_search_diversity_rate", F32),
     opt("ignore_eos", Bool),
     opt("stop_after_ms", I32),
     opt("priority", I32),
@@ -436,9 +438,38 @@ impl AnswerShape {
     /// The output tensors of `answers` (one per prompt, or one chunk's worth of a
     /// stream: each carries its own `batch_index`).
     pub fn outputs(&self, answers: &[Chunk]) -> Vec<Output> {
+        let beams = answers.iter().map(|a| a.beams.len()).max().unwrap_or(0);
+        if beams == 0 {
+            return self
+                .wanted
+                .iter()
+                .map(|&(spec, binary)| output(spec, binary, answers, self))
+                .collect();
+        }
+        // Beam search: a row per beam, TensorRT-LLM's [batch, beam, ...] tensors (a
+        // prompt with fewer beams padded with empty ones).
+        let rows: Vec<Chunk> = answers
+            .iter()
+            .flat_map(|a| {
+                let mut b = a.beams.clone();
+                b.resize_with(beams, Chunk::default);
+                b
+            })
+            .collect();
         self.wanted
             .iter()
-            .map(|&(spec, binary)| output(spec, binary, answers, self))
+            .map(|&(spec, binary)| match spec.0 {
+                "batch_index" | "sequence_index" | "num_input_tokens" | "context_logits" => {
+                    output(spec, binary, answers, self)
+                }
+                _ => {
+                    let mut o = output(spec, binary, &rows, self);
+                    let mut shape = vec![answers.len(), beams];
+                    shape.extend_from_slice(o.shape.get(2..).unwrap_or_default());
+                    o.shape = shape;
+                    o
+                }
+            })
             .collect()
     }
 }

@@ -168,8 +168,21 @@ pub struct GenerateRequestDoc {
     pub bad_words: Option<OneOrMany>,
     pub stop_words: Option<OneOrMany>,
     pub return_log_probs: Option<bool>,
-    /// Sequences sampled per prompt (1-16), each answered with its `sequence_index`.
+    /// Sequences sampled per prompt (1-16), each answered with its `sequence_index`; with
+    /// beam search, the beams returned (at most `beam_width`).
     pub num_return_sequences: Option<u32>,
+    /// Beam search with this many beams (1-8; 1 is no beam search): every output key
+    /// becomes a list over the returned beams, best first.
+    pub beam_width: Option<u32>,
+    /// Beam scores divide by `length ^ length_penalty` (0 by default).
+    pub length_penalty: Option<f32>,
+    /// TensorRT-LLM's name of `length_penalty`.
+    pub len_penalty: Option<f32>,
+    /// When beam search ends: 1 (default) once `beam_width` hypotheses are finished, 0
+    /// once no running beam can beat them, 2 or more likewise at the longest length.
+    pub early_stopping: Option<i32>,
+    /// Only 0: beams are ranked by log-probability alone.
+    pub beam_search_diversity_rate: Option<f32>,
     /// The raw logits at every prompt position (`context_logits`, `[positions, vocab]`
     /// flattened). The prompt is computed whole.
     pub return_context_logits: Option<bool>,

@@ -32,6 +32,8 @@ pub struct TrackedStream {
     /// Prompt tokens found in the prefix cache, summed over its prompts (their last chunks).
     cached: usize,
     done: bool,
+    /// Beam search: output tokens counted so far per prompt (its chunks carry whole beams).
+    beam_tokens: Vec<usize>,
 }
 
 impl TrackedStream {
@@ -57,6 +59,7 @@ impl TrackedStream {
             queue: None,
             cached: 0,
             done: false,
+            beam_tokens: Vec::new(),
         }
     }
 
@@ -65,7 +68,20 @@ impl TrackedStream {
     }
 
     fn observe(&mut self, c: &Chunk) {
-        self.timing.tokens(c.token_ids.len(), c.first_token_at);
+        let new_tokens = match c.beams.is_empty() {
+            true => c.token_ids.len(),
+            false => {
+                // Whole beams: the tokens past the longest this prompt had.
+                if self.beam_tokens.len() <= c.batch_index {
+                    self.beam_tokens.resize(c.batch_index + 1, 0);
+                }
+                let seen = &mut self.beam_tokens[c.batch_index];
+                let new = c.output_tokens.saturating_sub(*seen);
+                *seen = (*seen).max(c.output_tokens);
+                new
+            }
+        };
+        self.timing.tokens(new_tokens, c.first_token_at);
         if let Some(q) = c.queue_time {
             self.queue = self.queue.max(Some(q));
         }

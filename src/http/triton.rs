@@ -136,27 +136,25 @@ fn response(
     if let Some(id) = id {
         m.insert("id".into(), json!(id));
     }
-    match kind {
-        ModelKind::Text => m.insert("text_output".into(), json!(c.text)),
-        ModelKind::Ids => {
-            m.insert("sequence_length".into(), json!(c.token_ids.len()));
-            m.insert("output_ids".into(), json!(c.token_ids))
+    match c.beams.is_empty() {
+        true => m.extend(sequence_fields(kind, c, logprobs)),
+        false => {
+            // Beam search: each key a list over the beams, best first ([beam, ...]).
+            let beams: Vec<Map<String, Value>> = c
+                .beams
+                .iter()
+                .map(|b| sequence_fields(kind, b, logprobs))
+                .collect();
+            for key in beams[0].keys() {
+                let list = beams.iter().map(|b| b[key].clone()).collect();
+                m.insert(key.clone(), Value::Array(list));
+            }
         }
-    };
+    }
     // With num_return_sequences n, answer `i` is prompt i / n's sequence i % n.
     let n = n.max(1);
     m.insert("batch_index".into(), json!(c.batch_index / n));
     m.insert("sequence_index".into(), json!(c.batch_index % n));
-    let output_log_probs = if logprobs {
-        c.log_probs.clone()
-    } else {
-        vec![0.0; c.token_ids.len()]
-    };
-    m.insert("output_log_probs".into(), json!(output_log_probs));
-    m.insert(
-        "cum_log_probs".into(),
-        json!(c.cum_log_prob.filter(|_| logprobs).unwrap_or(0.0)),
-    );
     // Asked-for logits, flattened row-major as Triton's generate extension sends tensors:
     // context_logits [prompt positions, vocab], generation_logits [1 beam, tokens, vocab].
     for (key, rows) in [
@@ -170,6 +168,30 @@ fn response(
     if let Some(r) = c.finish_reason {
         m.insert("finish_reason".into(), json!(r.as_str()));
     }
+    m
+}
+
+/// One sequence's (or beam's) output keys: its text or ids, and its log-probabilities
+/// (zeros when not asked for, as TRT-LLM sends).
+fn sequence_fields(kind: ModelKind, c: &Chunk, logprobs: bool) -> Map<String, Value> {
+    let mut m = Map::new();
+    match kind {
+        ModelKind::Text => m.insert("text_output".into(), json!(c.text)),
+        ModelKind::Ids => {
+            m.insert("sequence_length".into(), json!(c.token_ids.len()));
+            m.insert("output_ids".into(), json!(c.token_ids))
+        }
+    };
+    let output_log_probs = if logprobs {
+        c.log_probs.clone()
+    } else {
+        vec![0.0; c.token_ids.len()]
+    };
+    m.insert("output_log_probs".into(), json!(output_log_probs));
+    m.insert(
+        "cum_log_probs".into(),
+        json!(c.cum_log_prob.filter(|_| logprobs).unwrap_or(0.0)),
+    );
     m
 }
 

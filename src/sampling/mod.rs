@@ -12,8 +12,10 @@
 //! - `select`: greedy, top-k, top-p and the draw, without sorting whole rows;
 //! - `nucleus`: top-p over a whole row through a histogram;
 //! - `math`: vectorised row kernels (cleaning, fast `exp`, sums);
-//! - `speculative`: draft proposals and their verification against the target.
+//! - `speculative`: draft proposals and their verification against the target;
+//! - `beam`: beam search's choices for one prompt ([`BeamSearch`]).
 
+mod beam;
 mod mask;
 mod math;
 mod nucleus;
@@ -28,6 +30,7 @@ mod tests;
 mod tests_surface;
 mod words;
 
+pub use beam::{BeamSearch, BeamSettings, Hypothesis, Move, Selection};
 pub use mask::TokenMask;
 pub use plan::{
     choice_seed, log_softmax, Edit, RowChoice, RowPlan, EDIT_BAN, EDIT_COUNT, EDIT_REPEAT,

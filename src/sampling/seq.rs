@@ -55,6 +55,11 @@ pub struct SeqSampler {
     /// Structured output: the grammar's state, or `Err` for a guide that was never
     /// compiled (nothing may be generated).
     guide: Option<Result<GuideState, ()>>,
+    /// One beam of a beam search: a step offers the row's `2 x beam_width` likeliest
+    /// tokens (`Sampled::top`, log-probabilities after penalties and temperature) and
+    /// records nothing; the search chooses, and the chosen token is recorded with
+    /// [`replay`](Self::replay) (a beam forked from another takes a copy of its sampler).
+    beam: bool,
 }
 
 impl SeqSampler {
@@ -72,6 +77,7 @@ impl SeqSampler {
         let seed = seed_of(params);
         let words = WordRules::new(params, eos_ids);
         let prompt_tail = words.context_len().min(prompt.len());
+        let beam = params.is_beam_search();
         let guide = match (&params.guide, &params.compiled_guide) {
             (_, Some(c)) => Some(Ok(GuideState::new(c, words.end_ids().to_vec()))),
             (Some(_), None) => Some(Err(())),
@@ -79,10 +85,24 @@ impl SeqSampler {
         };
         SeqSampler {
             guide,
-            greedy: is_greedy(params),
-            cuts: Cuts::of(params),
-            want_log_probs: params.return_log_probs,
-            top: params.top_log_probs.min(MAX_TOP_LOG_PROBS),
+            greedy: beam || is_greedy(params),
+            cuts: match beam {
+                // Beams rank by log-probability: no truncation applies.
+                true => Cuts {
+                    top_k: 0,
+                    top_p: 1.0,
+                    min_p: 0.0,
+                    ..Cuts::of(params)
+                },
+                false => Cuts::of(params),
+            },
+            want_log_probs: beam || params.return_log_probs,
+            top: match beam {
+                true => 2 * params.beam_width,
+                false => params.top_log_probs,
+            }
+            .min(MAX_TOP_LOG_PROBS),
+            beam,
             logit_bias: clean_bias(&params.logit_bias),
             penalties: Penalties::new(params, prompt),
             history: prompt[prompt.len() - prompt_tail..].to_vec(),
@@ -127,6 +147,15 @@ impl SeqSampler {
     /// Records a choice made from this sequence's [`plan`](Self::plan) (on the host or a
     /// device) as [`sample`](Self::sample) would have.
     pub fn take(&mut self, choice: RowChoice) -> Sampled {
+        if self.beam {
+            // The search chooses; nothing is recorded until it has.
+            return Sampled {
+                token: choice.token.unwrap_or(0),
+                log_prob: Some(choice.log_prob),
+                stop: false,
+                top: choice.top,
+            };
+        }
         match choice.token {
             None => self.no_token(),
             Some(token) => {
@@ -198,14 +227,21 @@ impl SeqSampler {
     /// their last tokens).
     pub fn plans_ahead(params: &GenerationParams) -> bool {
         let words = WordRules::new(params, &[]);
-        !Penalties::new(params, &[]).is_active() && !words.looks_back() && params.guide.is_none()
+        !Penalties::new(params, &[]).is_active()
+            && !words.looks_back()
+            && params.guide.is_none()
+            && !params.is_beam_search()
     }
 
     /// The plan for the token after the next one, before the next one is known: what
     /// [`plan`](Self::plan) will give once it is recorded, when
     /// [`plans_ahead`](Self::plans_ahead) holds for the request (None otherwise).
     pub fn plan_ahead(&self) -> Option<RowPlan> {
-        if self.penalties.is_active() || self.words.looks_back() || self.guide.is_some() {
+        if self.penalties.is_active()
+            || self.words.looks_back()
+            || self.guide.is_some()
+            || self.beam
+        {
             return None;
         }
         let generated = self.history.len() - self.prompt_tail + 1;
@@ -291,6 +327,11 @@ impl SeqSampler {
         }
     }
 
+    /// Whether this sampler is a beam's (see [`SeqSampler::take`]).
+    pub fn is_beam(&self) -> bool {
+        self.beam
+    }
+
     /// Whether this sequence chooses by argmax.
     pub fn is_greedy(&self) -> bool {
         self.greedy
@@ -322,7 +363,8 @@ impl SeqSampler {
     }
 
     /// Records a token generated before this sampler existed (an engine rebuilding a
-    /// preempted sequence's state from its tokens): counted, never a stop.
+    /// preempted sequence's state from its tokens), or the token a beam search chose for
+    /// this beam: counted, never a stop.
     pub fn replay(&mut self, token: u32) {
         self.record(token);
     }

@@ -77,9 +77,10 @@ pub struct ScheduledSeq {
     /// Draft tokens that may follow `tokens` in this iteration (speculative decoding):
     /// `block_table` covers them too. 0 unless `sample`.
     pub max_draft: usize,
-    /// On the first chunk after an admission that found a prefix in the cache: the known
-    /// tokens before `start_pos`, whose KV the cached blocks hold (engines that keep
-    /// per-sequence state see them here); empty otherwise.
+    /// On the first chunk after an admission that found a prefix in the cache, or after a
+    /// beam was forked from another: the known tokens before `start_pos`, whose KV the
+    /// shared blocks hold (engines that keep per-sequence state see them here); empty
+    /// otherwise.
     pub cached: Vec<u32>,
     /// The known token after `tokens`, when the chunk does not reach the last one (a
     /// chunk that scores its prompt's tokens scores this one on its last row).
@@ -133,6 +134,12 @@ pub enum SeqEvent {
         id: u64,
         /// Why it ended.
         reason: FinishReason,
+    },
+    /// A beam's chunk was computed and sampled: its search chooses what comes next
+    /// ([`Scheduler::fork_beams`](super::Scheduler::fork_beams)); no token is appended.
+    Sampled {
+        /// The sequence.
+        id: u64,
     },
     /// The sequence was preempted by recompute; it keeps its tokens and resumes later.
     /// (A sequence preempted by swapping reports nothing: engines keep its state.)

@@ -91,9 +91,19 @@ pub(super) fn check_invariants(s: &Scheduler) {
     for &b in &owned {
         *owners.entry(b).or_default() += 1;
     }
+    // Beams of one search share blocks whether or not they are cached.
+    let mut searches: HashMap<u32, Vec<u64>> = HashMap::new();
+    for seq in s.running.iter().filter(|q| q.is_beam()) {
+        for &b in &seq.blocks {
+            searches.entry(b).or_default().push(seq.group);
+        }
+    }
     for (&b, &n) in &owners {
         assert_eq!(s.blocks.ref_count(b) as usize, n, "block {b} refcount");
-        if n > 1 {
+        let one_search = searches
+            .get(&b)
+            .is_some_and(|g| g.len() == n && g.iter().all(|&x| x == g[0]));
+        if n > 1 && !one_search {
             assert!(s.blocks.is_cached(b), "shared block {b} is not cached");
         }
     }
@@ -146,12 +156,40 @@ pub(super) fn check_invariants(s: &Scheduler) {
     let mut live: Vec<u64> = s.live.iter().copied().collect();
     live.sort_unstable();
     assert_eq!(ids, live, "live ids out of sync");
+    // Each search may still claim `width x` a beam's life less the blocks its beams hold,
+    // under either policy.
+    let mut held_by: HashMap<u64, (usize, Vec<u32>)> = HashMap::new();
+    for q in s.running.iter().filter(|q| q.is_beam()) {
+        let e = held_by
+            .entry(q.group)
+            .or_insert((q.beam_width * q.max_kv_tokens().div_ceil(bs), Vec::new()));
+        e.1.extend(&q.blocks);
+    }
+    let mut reserve: usize = held_by
+        .into_values()
+        .map(|(whole, mut held)| {
+            held.sort_unstable();
+            held.dedup();
+            whole - held.len()
+        })
+        .sum();
+    // Under max_utilization the other sequences may hold the rest: they can be preempted.
+    let mut preemptible = 0;
     if s.config.policy == SchedulerPolicy::GuaranteedNoEvict {
-        let reserve: usize = s
+        reserve += s
             .running
             .iter()
+            .filter(|q| !q.is_beam())
             .map(|q| q.max_kv_tokens().div_ceil(bs) - q.blocks.len())
-            .sum();
-        assert!(reserve <= s.blocks.num_free(), "NoEvict guarantee broken");
+            .sum::<usize>();
+    } else {
+        preemptible = owners
+            .keys()
+            .filter(|b| !searches.contains_key(b) && s.blocks.ref_count(**b) == 1)
+            .count();
     }
+    assert!(
+        reserve <= s.blocks.num_free() + preemptible,
+        "reserve guarantee broken"
+    );
 }

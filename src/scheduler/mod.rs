@@ -9,6 +9,8 @@
 //! - [`Scheduler::update`] applies the engine's result for a batch and returns
 //!   [`SeqEvent`]s (tokens, finishes, preemptions).
 //! - [`Scheduler::cancel`] drops a request and frees its blocks at once.
+//! - [`Scheduler::fork_beams`] applies a beam search's step to its beams' sequences
+//!   (beams.rs: a beam's sampled chunk reports [`SeqEvent::Sampled`], its search chooses).
 //!
 //! # Decisions
 //! - One invariant drives every iteration: each sequence's computed tokens catch up
@@ -66,6 +68,7 @@
 //!   later, which is the whole rollback. The blocks stay with the sequence.
 
 mod batch;
+mod beams;
 mod block_manager;
 #[cfg(test)]
 mod checks;
@@ -78,6 +81,8 @@ mod step;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_beams;
+#[cfg(test)]
 mod tests_random;
 
 use std::collections::{HashSet, VecDeque};
@@ -86,6 +91,7 @@ pub use batch::{
     Batch, BlockCopy, FinishReason, IterationStats, SampledToken, ScheduledSeq, SeqEvent,
     StepOutput, PENDING_TOKEN,
 };
+pub use beams::BeamFork;
 pub use block_manager::BlockManager;
 pub use policy::{AddError, ConfigError, Limit, SchedulerConfig, SchedulerPolicy};
 pub use sequence::SeqSpec;
@@ -236,6 +242,15 @@ impl Scheduler {
             if !chunk.sample {
                 seq.num_computed += chunk.tokens.len();
                 self.register_blocks(idx);
+                continue;
+            }
+            if seq.is_beam() {
+                // Its search chooses its next token (`fork_beams`); none is appended here.
+                if out.tokens.iter().any(|t| t.id == chunk.id) {
+                    seq.num_computed += chunk.tokens.len();
+                    self.register_blocks(idx);
+                    events.push(SeqEvent::Sampled { id: chunk.id });
+                }
                 continue;
             }
             if seq.at_length_limit() {

@@ -242,6 +242,7 @@ mod tests {
             num_draft_tokens: 0,
             cache_salt: 0,
             priority: 0,
+            beam_width: 1,
         })
         .unwrap();
     }

@@ -141,6 +141,11 @@ impl SchedulerConfig {
         if kv_tokens > capacity {
             return too_long(kv_tokens, capacity, Limit::KvCache);
         }
+        // A beam search holds blocks for all its beams at once.
+        let beams = spec.beam_width.max(1) * kv_tokens.div_ceil(self.block_size) * self.block_size;
+        if spec.beam_width > 1 && beams > capacity {
+            return too_long(beams, capacity, Limit::KvCache);
+        }
         Ok(())
     }
 }
@@ -227,6 +232,7 @@ mod tests {
             num_draft_tokens: 0,
             cache_salt: 0,
             priority: 0,
+            beam_width: 1,
         }
     }
 

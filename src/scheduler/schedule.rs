@@ -251,13 +251,16 @@ impl Scheduler {
 
     /// The running sequence to preempt for blocks: the one of the highest priority value
     /// above `above` (the least urgent), the most recently admitted among equals; only
-    /// those not in flight in an earlier iteration can be.
+    /// those not in flight in an earlier iteration can be, and never a beam (its search
+    /// reserved its blocks).
     fn victim(&self, step: &Step, above: i32) -> Option<usize> {
         self.running
             .iter()
             .enumerate()
             .filter(|(_, s)| {
-                s.in_flight.is_none_or(|it| it == step.iteration) && s.priority > above
+                s.in_flight.is_none_or(|it| it == step.iteration)
+                    && s.priority > above
+                    && !s.is_beam()
             })
             .max_by_key(|&(i, s)| (s.priority, i))
             .map(|(i, _)| i)
@@ -367,12 +370,9 @@ impl Scheduler {
     }
 
     fn admit_waiting(&mut self, step: &mut Step) {
-        // Blocks running sequences may still claim (GuaranteedNoEvict's reserve).
-        let mut reserved: usize = self
-            .running
-            .iter()
-            .map(|s| self.reserve_of(s.max_kv_tokens(), s.blocks.len()))
-            .sum();
+        // Blocks running sequences may still claim (GuaranteedNoEvict's reserve, and every
+        // beam search's).
+        let mut reserved = self.reserved_blocks();
         while !self.waiting.is_empty() {
             if self.batch_full(step) {
                 break;
@@ -406,14 +406,12 @@ impl Scheduler {
             let held = self.blocks.blocks_for(skip + n);
             // New device blocks: those the host tier's blocks are copied into, and the rest.
             let first = held - cached.len();
-            let whole = self.reserve_of(seq.max_kv_tokens(), 0);
+            let whole = self.whole_reserve(seq);
             // Cached blocks no one references count as free: taking them uses that room.
             let unreferenced = self.blocks.num_unreferenced(&cached);
-            let fits = match self.config.policy {
-                SchedulerPolicy::GuaranteedNoEvict => {
-                    reserved + whole + unreferenced <= self.blocks.num_free() + cached.len()
-                }
-                SchedulerPolicy::MaxUtilization => first + unreferenced <= self.blocks.num_free(),
+            let fits = match self.reserves(seq) {
+                true => reserved + whole + unreferenced <= self.blocks.num_free() + cached.len(),
+                false => first + unreferenced <= self.blocks.num_free(),
             };
             if !fits {
                 break;
@@ -566,7 +564,7 @@ impl Scheduler {
     }
 
     /// Blocks a sequence holding `held` blocks may still claim under the policy.
-    fn reserve_of(&self, max_kv_tokens: usize, held: usize) -> usize {
+    pub(super) fn reserve_of(&self, max_kv_tokens: usize, held: usize) -> usize {
         match self.config.policy {
             SchedulerPolicy::GuaranteedNoEvict => {
                 self.blocks.blocks_for(max_kv_tokens).saturating_sub(held)
@@ -599,6 +597,11 @@ impl Scheduler {
         seq.in_flight = Some(step.iteration);
         seq.flight_end = end;
         step.budget -= n + draft;
+        // A forked beam's engines' state starts again from the tokens before its chunk.
+        let cached = match std::mem::take(&mut seq.forked) {
+            true => seq.tokens[..start].to_vec(),
+            false => Vec::new(),
+        };
         step.seqs.push(ScheduledSeq {
             id: seq.id,
             start_pos: start,
@@ -608,7 +611,7 @@ impl Scheduler {
             new: start == 0,
             swapped_in: false,
             max_draft: draft,
-            cached: Vec::new(),
+            cached,
             next: seq.tokens.get(end).copied(),
         });
     }

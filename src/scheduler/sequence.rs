@@ -22,6 +22,10 @@ pub struct SeqSpec {
     /// Lower runs first (vLLM's meaning); first come, first served within a level. Under
     /// `max_utilization` a waiting sequence may preempt running ones of a higher value.
     pub priority: i32,
+    /// Beam search: the first beam of a search of this many (1: none). It is queued alone;
+    /// the others are forked from it ([`Scheduler::fork_beams`](super::Scheduler::fork_beams)),
+    /// and it is admitted only with room for all of them.
+    pub beam_width: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -58,6 +62,13 @@ pub(crate) struct Sequence {
     pub(crate) hashes: Vec<u64>,
     /// Leading blocks of `blocks` registered in the prefix cache (or found there).
     pub(crate) registered: usize,
+    /// Beams of its search (1: not a beam); a beam is never preempted.
+    pub(crate) beam_width: usize,
+    /// Its search's first beam (its own id for any other sequence).
+    pub(crate) group: u64,
+    /// A beam forked from another since its last chunk: its next chunk resets the
+    /// engines' state of it (`ScheduledSeq::cached` carries the tokens before it).
+    pub(crate) forked: bool,
 }
 
 impl Sequence {
@@ -79,7 +90,15 @@ impl Sequence {
             cache_salt: spec.cache_salt,
             hashes: Vec::new(),
             registered: 0,
+            beam_width: spec.beam_width.max(1),
+            group: spec.id,
+            forked: false,
         }
+    }
+
+    /// Whether it carries one beam of a beam search.
+    pub(crate) fn is_beam(&self) -> bool {
+        self.beam_width > 1
     }
 
     /// The hashes of its full blocks of known tokens (`block_size` tokens each), computed
@@ -149,6 +168,7 @@ mod tests {
             num_draft_tokens: 4,
             cache_salt: 0,
             priority: 0,
+            beam_width: 1,
         };
         let mut s = Sequence::new(spec.clone(), 8);
         assert_eq!(s.max_len, 8, "capped by max_seq_len");
@@ -178,6 +198,7 @@ mod tests {
                     num_draft_tokens: 0,
                     cache_salt,
                     priority: 0,
+                    beam_width: 1,
                 },
                 100,
             )

@@ -14,6 +14,7 @@ fn spec(id: u64, prompt_len: usize, max_new_tokens: usize) -> SeqSpec {
         num_draft_tokens: 0,
         cache_salt: 0,
         priority: 0,
+        beam_width: 1,
     }
 }
 
@@ -218,7 +219,7 @@ fn max_utilization_preempts_newest_and_resumes_with_outputs_kept() {
                     assert_eq!(reason, FinishReason::Length);
                     done.push(id);
                 }
-                SeqEvent::Preempted { .. } => {}
+                SeqEvent::Preempted { .. } | SeqEvent::Sampled { .. } => {}
             }
         }
     }
@@ -280,7 +281,7 @@ fn max_utilization_swaps_the_newest_out_and_back_in_without_recompute() {
             match *e {
                 SeqEvent::Token { id, token } => tokens.entry(id).or_default().push(token),
                 SeqEvent::Finished { id, .. } => done.push(id),
-                SeqEvent::Preempted { .. } => {}
+                SeqEvent::Preempted { .. } | SeqEvent::Sampled { .. } => {}
             }
         }
     }

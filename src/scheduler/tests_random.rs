@@ -237,6 +237,7 @@ fn update(s: &mut Scheduler, oracle: &mut Oracle, batch: &Batch, out: &StepOutpu
                 assert!(batch.preempted.contains(&id));
                 assert_eq!(s.config.policy, SchedulerPolicy::MaxUtilization);
             }
+            SeqEvent::Sampled { id } => panic!("seq {id} is no beam"),
         }
     }
     for (id, emitted) in tokens {
@@ -292,6 +293,7 @@ fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
         prompt,
         // Drawn apart from `rng` too: three levels, most at the default.
         priority: [0, 0, -1, 2][side.gen_range(0..4)],
+        beam_width: 1,
     };
     let full = s.num_waiting() >= s.config.max_queue_size;
     let queued: usize = s

@@ -181,6 +181,27 @@ def test_stream_without_streaming_sends_one_final_answer(client):
     assert [int(t) for t in got[0].as_numpy("output_ids").reshape(-1)] == greedy_ids(ids, 5)
 
 
+def test_beam_search_streams_whole_beams_as_tensorrt_llm_shapes_them(client):
+    ids = _tokenize(PROMPT)
+    s = Stream(client)
+    try:
+        client.async_stream_infer(CORE, ids_inputs(ids, 5, True, beam_width=3, ignore_eos=True,
+                                                   return_log_probs=True), request_id="b-1")
+        got = s.until_final("b-1")
+    finally:
+        client.stop_stream()
+    assert len(got) == 5, f"{len(got)} responses: one a step"
+    for i, r in enumerate(got):
+        out = r.as_numpy("output_ids")
+        assert out.shape == (1, 3, i + 1), out.shape
+        assert r.as_numpy("sequence_length").tolist() == [[i + 1] * 3]
+    cum = got[-1].as_numpy("cum_log_probs")[0].tolist()
+    assert cum == sorted(cum, reverse=True) and cum[0] < 0, cum
+    # Not streamed: the same beams in one answer, best first.
+    whole = client.infer(CORE, ids_inputs(ids, 5, False, beam_width=3, ignore_eos=True, return_log_probs=True))
+    assert whole.as_numpy("output_ids").tolist() == got[-1].as_numpy("output_ids").tolist()
+
+
 def test_stop_request_on_the_stream_ends_the_generation():
     c = grpcclient.InferenceServerClient(GRPC)
     ids = _tokenize(PROMPT)
