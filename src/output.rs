@@ -351,16 +351,24 @@ impl SeqOutputState {
     }
 
     /// A beam search's answer so far (`last` set on its end): one chunk whose `beams` are
-    /// `beams` whole (best first, an end token left out, the prompt's text first when
-    /// echoed), with the prompt's scores and logits when they are complete.
+    /// `beams` whole (best first, an end token left out of its tokens, though its
+    /// log-probability is in `cum_log_prob`; the prompt's text first when echoed), with the
+    /// prompt's scores and logits when they are complete.
     pub fn beams(
         &mut self,
         tokenizer: &Tokenizer,
         beams: Vec<Hypothesis>,
         last: Option<FinishReason>,
         queued: Option<std::time::Duration>,
+        context_row: Option<Vec<f32>>,
     ) -> Chunk {
         let at_end = last.is_some();
+        if let (Some(context), Some(row)) = (self.context.as_mut(), context_row) {
+            // The last prompt position's row, as the first token's chunk brings it.
+            if context.len() + 1 == self.prompt_tokens {
+                context.push(row);
+            }
+        }
         self.first_token_at
             .get_or_insert_with(std::time::Instant::now);
         let echo = self.pending.text.clone();
@@ -369,7 +377,15 @@ impl SeqOutputState {
             .map(|h| {
                 let n = h.tokens.len() - usize::from(h.ended);
                 let ids = h.tokens[..n].to_vec();
-                let text = tokenizer.decode(&ids, true).unwrap_or_default();
+                // As `push` builds text: each token's bytes, special tokens left out.
+                let mut detok = Detokenizer::new();
+                let mut text = String::new();
+                for &id in ids.iter().filter(|&&id| !tokenizer.is_special(id)) {
+                    if let Some(bytes) = tokenizer.token_bytes(id) {
+                        text.push_str(&detok.push(&bytes));
+                    }
+                }
+                text.push_str(&detok.finish());
                 Chunk {
                     batch_index: self.batch_index,
                     text: format!("{echo}{text}"),

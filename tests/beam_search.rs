@@ -405,6 +405,30 @@ async fn triton_and_kserve_answer_beams_in_tensorrt_llms_shapes() {
     assert_eq!(out("cum_log_probs")["shape"], json!([2, 2]));
     assert_eq!(out("output_log_probs")["shape"], json!([2, 2, 3]));
 
+    // The prompt's logits with beams: every position's row, the model's own.
+    let (status, r) = s
+        .post(
+            "/v2/models/tensorrt_llm/generate",
+            json!({"input_ids": prompt, "request_output_len": 3, "beam_width": 2,
+                   "return_context_logits": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    let model = LoadedModel::load(&dir).unwrap().model;
+    let want = logits_of(&model, prompt).concat();
+    let got: Vec<f32> = r["context_logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(got.len(), want.len(), "every prompt position's row");
+    let worst = got
+        .iter()
+        .zip(&want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst < 1e-3, "{worst}");
+
     // What beam search refuses, by name.
     for (extra, word) in [
         (json!({"beam_width": 9}), "beam_width"),

@@ -276,6 +276,8 @@ pub(crate) enum SeqOutput {
         queued: Option<std::time::Duration>,
         /// Prompt tokens its admission found in the prefix cache.
         cached: usize,
+        /// The last prompt position's logits row (`return_context_logits`), on the first.
+        context_row: Option<Vec<f32>>,
     },
 }
 

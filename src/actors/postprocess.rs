@@ -202,6 +202,7 @@ fn emit(state: &mut PostprocessState, output: SeqOutput, ending: &[SeqId]) {
             last,
             queued,
             cached,
+            context_row,
             ..
         } => {
             out.note_cached(cached);
@@ -211,7 +212,7 @@ fn emit(state: &mut PostprocessState, output: SeqOutput, ending: &[SeqId]) {
             });
             let ends = last.is_some();
             (
-                Some(out.beams(&state.tokenizer, beams, last, queued)),
+                Some(out.beams(&state.tokenizer, beams, last, queued, context_row)),
                 ends,
                 false,
             )

@@ -167,11 +167,15 @@ impl SchedulerState {
             return Err(SubmitError::DuplicateId(request));
         }
         let max_queue = self.core.config().max_queue_size;
-        if seqs.len() > max_queue {
+        // A search's later beams are not queued.
+        let queued = seqs
+            .iter()
+            .filter(|s| s.beam_of.is_none_or(|first| first == s.seq))
+            .count();
+        if queued > max_queue {
             // Never fits, however long the client waits: a client error, not "queue full".
             return Err(SubmitError::Invalid(format!(
-                "the request has {} prompts; at most {max_queue} fit the queue (max_queue_size)",
-                seqs.len()
+                "the request has {queued} prompts; at most {max_queue} fit the queue (max_queue_size)"
             )));
         }
         let mut added = Vec::with_capacity(seqs.len());
@@ -364,11 +368,14 @@ impl SchedulerState {
                     }
                 }
                 SeqEvent::Sampled { id } => {
-                    let offer = per_seq
+                    let (offer, row) = per_seq
                         .get_mut(&id)
-                        .and_then(|(s, _)| s.tops.first_mut().map(std::mem::take))
+                        .map(|(s, _)| {
+                            let offer = s.tops.first_mut().map(std::mem::take);
+                            (offer, s.logits.first_mut().map(std::mem::take))
+                        })
                         .unwrap_or_default();
-                    self.beam_sampled(id, &offer, &mut outs);
+                    self.beam_sampled(id, &offer.unwrap_or_default(), row, &mut outs);
                 }
                 // Reset when its batch was sent (`send`): by now a batch planned ahead may
                 // have admitted it again.

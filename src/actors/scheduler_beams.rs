@@ -15,6 +15,9 @@ pub(super) struct Search {
     state: BeamSearch,
     first: SeqId,
     stream: bool,
+    /// The last prompt position's logits row (`return_context_logits`), from the first
+    /// beam's first step, until an answer carries it.
+    context_row: Option<Vec<f32>>,
 }
 
 impl Search {
@@ -45,6 +48,7 @@ impl Search {
             }),
             first: s.seq,
             stream: p.stream,
+            context_row: None,
         }
     }
 
@@ -54,12 +58,14 @@ impl Search {
 }
 
 impl SchedulerState {
-    /// Takes beam `seq`'s candidates from its step; when its search has them all, applies
-    /// the search's choice: forks the beams (or ends the search) and answers.
+    /// Takes beam `seq`'s candidates from its step (and the logits row it kept, the last
+    /// prompt position's on the first beam's first step); when its search has them all,
+    /// applies the search's choice: forks the beams (or ends the search) and answers.
     pub(super) fn beam_sampled(
         &mut self,
         seq: SeqId,
         offer: &[TokenLogprob],
+        row: Option<Vec<f32>>,
         outs: &mut Vec<(u64, SeqOutput)>,
     ) {
         let Some(&SeqMeta {
@@ -72,6 +78,9 @@ impl SchedulerState {
         let Some(search) = self.searches.get_mut(&first) else {
             return;
         };
+        if seq == first && search.context_row.is_none() {
+            search.context_row = row.filter(|r| !r.is_empty());
+        }
         let offer: Vec<(u32, f32)> = offer.iter().map(|t| (t.token, t.log_prob)).collect();
         let Some(selection) = search.state.offer(slot, &offer) else {
             return;
@@ -80,8 +89,13 @@ impl SchedulerState {
     }
 
     fn apply(&mut self, first: SeqId, sel: Selection, outs: &mut Vec<(u64, SeqOutput)>) {
-        let Some(search) = self.searches.get(&first) else {
+        let Some(search) = self.searches.get_mut(&first) else {
             return;
+        };
+        // It goes with the first answer sent.
+        let context_row = match sel.done || search.stream {
+            true => search.context_row.take(),
+            false => None,
         };
         let forks: Vec<BeamFork> = sel
             .moves
@@ -95,12 +109,12 @@ impl SchedulerState {
         let dead: Vec<SeqId> = sel.dead.iter().map(|&d| search.seq(d)).collect();
         let width = search.state.settings().width;
         let stream = search.stream;
+        let best = search.state.best();
         let rid = self.rid(first);
         let (queued, cached) = self
             .seqs
             .get_mut(&first)
             .map_or((None, 0), |m| (m.queued.take(), m.cached));
-        let best = search.state.best();
         if sel.done {
             let last = match best.first().is_some_and(|h| h.ended) {
                 true => FinishReason::Stop,
@@ -114,6 +128,7 @@ impl SchedulerState {
                     last: Some(last),
                     queued,
                     cached,
+                    context_row,
                 },
             ));
             self.end_search(first, width);
@@ -149,6 +164,7 @@ impl SchedulerState {
                     last: None,
                     queued,
                     cached,
+                    context_row,
                 },
             ));
         }

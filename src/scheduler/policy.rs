@@ -141,10 +141,22 @@ impl SchedulerConfig {
         if kv_tokens > capacity {
             return too_long(kv_tokens, capacity, Limit::KvCache);
         }
-        // A beam search holds blocks for all its beams at once.
-        let beams = spec.beam_width.max(1) * kv_tokens.div_ceil(self.block_size) * self.block_size;
-        if spec.beam_width > 1 && beams > capacity {
-            return too_long(beams, capacity, Limit::KvCache);
+        // A beam search holds blocks for all its beams at once, runs them all in one batch,
+        // and a forked beam computes up to a block's tokens again in one chunk.
+        if spec.beam_width > 1 {
+            let beams = spec.beam_width * kv_tokens.div_ceil(self.block_size) * self.block_size;
+            if beams > capacity {
+                return too_long(beams, capacity, Limit::KvCache);
+            }
+            if spec.beam_width > self.max_batch_size {
+                return Err(AddError::TooManyBeams {
+                    beams: spec.beam_width,
+                    max: self.max_batch_size,
+                });
+            }
+            if !self.enable_chunked_context && self.max_num_tokens < self.block_size {
+                return too_long(self.block_size, self.max_num_tokens, Limit::MaxNumTokens);
+            }
         }
         Ok(())
     }
@@ -211,6 +223,14 @@ pub enum AddError {
         max: usize,
         /// The limit.
         limit: Limit,
+    },
+    /// A beam search of more beams than a batch holds.
+    #[error("beam_width {beams} is more than max_batch_size ({max}): a search runs all its beams in one batch")]
+    TooManyBeams {
+        /// The search's beams.
+        beams: usize,
+        /// The batch's size.
+        max: usize,
     },
     /// The prompt has no tokens.
     #[error("the prompt is empty")]

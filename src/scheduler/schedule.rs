@@ -234,7 +234,8 @@ impl Scheduler {
         {
             return;
         }
-        let Some(seq) = self.waiting.front() else {
+        // A search waits for room for all its beams: none is made for its first chunk.
+        let Some(seq) = self.waiting.front().filter(|s| !s.is_beam()) else {
             return;
         };
         let Some(n) = self.chunk_len(seq.num_uncomputed(), step.budget) else {
@@ -373,8 +374,12 @@ impl Scheduler {
         // Blocks running sequences may still claim (GuaranteedNoEvict's reserve, and every
         // beam search's).
         let mut reserved = self.reserved_blocks();
-        while !self.waiting.is_empty() {
+        while let Some(next) = self.waiting.front() {
             if self.batch_full(step) {
+                break;
+            }
+            // A search's beams all run: room for each of them in the running set.
+            if next.is_beam() && self.running.len() + next.beam_width > self.config.max_batch_size {
                 break;
             }
             // Blocks of its prefix another sequence computed: taken, not computed again.
@@ -411,7 +416,8 @@ impl Scheduler {
             let unreferenced = self.blocks.num_unreferenced(&cached);
             let fits = match self.reserves(seq) {
                 true => reserved + whole + unreferenced <= self.blocks.num_free() + cached.len(),
-                false => first + unreferenced <= self.blocks.num_free(),
+                // Under max_utilization `reserved` is the beam searches' alone.
+                false => reserved + first + unreferenced <= self.blocks.num_free(),
             };
             if !fits {
                 break;

@@ -170,13 +170,19 @@ fn a_search_is_admitted_only_with_room_for_every_beam() {
 
 #[test]
 fn beams_are_never_preempted_and_others_make_room() {
-    let mut s = Scheduler::new(config(SchedulerPolicy::MaxUtilization, 14)).unwrap();
-    s.add(beam_spec(1, 4, 12, 2)).unwrap();
-    s.add(beam_spec(2, 28, 20, 1)).unwrap();
+    // The search first; a long prompt admitted beside it in chunks of a few tokens (under
+    // max_utilization each chunk is admitted on what is free, the search's reserve kept)
+    // grows into the reserve and gives its blocks back when the beams need them.
+    let mut c = config(SchedulerPolicy::MaxUtilization, 16);
+    c.max_num_tokens = 8;
+    c.enable_chunked_context = true;
+    let mut s = Scheduler::new(c).unwrap();
+    s.add(beam_spec(1, 4, 16, 2)).unwrap();
+    s.add(beam_spec(2, 48, 8, 1)).unwrap();
     step(&mut s);
     s.fork_beams(&[fork(1, 1, 3), fork(100, 1, 4)]).unwrap();
     let mut preempted_other = false;
-    for i in 0..11 {
+    for i in 0..15 {
         let (batch, sampled) = step(&mut s);
         assert!(!batch.preempted.contains(&1) && !batch.preempted.contains(&100));
         preempted_other |= batch.preempted.contains(&2);
@@ -187,4 +193,45 @@ fn beams_are_never_preempted_and_others_make_room() {
         check_invariants(&s);
     }
     assert!(preempted_other, "the other sequence gave its blocks up");
+}
+
+#[test]
+fn a_search_fits_the_batch_and_its_recompute_fits_a_step() {
+    let mut c = config(SchedulerPolicy::GuaranteedNoEvict, 64);
+    c.max_batch_size = 4;
+    let mut s = Scheduler::new(c.clone()).unwrap();
+    assert!(matches!(
+        s.add(beam_spec(1, 6, 4, 5)),
+        Err(AddError::TooManyBeams { beams: 5, max: 4 })
+    ));
+    // Two other sequences run: a search of three waits for one of them to end.
+    for id in [2, 3] {
+        let mut other = beam_spec(id, 5, 2 + id as usize, 1);
+        other.prompt[0] += 7;
+        s.add(other).unwrap();
+    }
+    s.add(beam_spec(1, 6, 4, 3)).unwrap();
+    let (batch, _) = step(&mut s);
+    assert!(batch.seqs.iter().all(|c| c.id != 1), "2 + 3 beams > 4");
+    let mut admitted = false;
+    for _ in 0..8 {
+        let (batch, _) = step(&mut s);
+        if batch.seqs.iter().any(|c| c.id == 1) {
+            assert!(s.running.len() < 4 - 1, "room for all three beams");
+            admitted = true;
+            break;
+        }
+    }
+    assert!(admitted);
+    // Without chunked context a step must hold a block's tokens: a fork computes them.
+    c.enable_chunked_context = false;
+    c.max_num_tokens = 3;
+    let mut s = Scheduler::new(c).unwrap();
+    assert!(matches!(
+        s.add(beam_spec(1, 2, 2, 2)),
+        Err(AddError::TooLong {
+            limit: Limit::MaxNumTokens,
+            ..
+        })
+    ));
 }

@@ -321,6 +321,7 @@ fn add(s: &mut Scheduler, oracle: &mut Oracle, rng: &mut StdRng, id: u64) {
         Err(AddError::Empty) => assert!(spec.prompt.is_empty()),
         Err(AddError::TooLong { tokens, max, .. }) => assert!(tokens > max),
         Err(AddError::DuplicateId) => panic!("fresh id {id} refused"),
+        Err(AddError::TooManyBeams { .. }) => panic!("no beams here"),
     }
 }
 
