@@ -2,7 +2,7 @@
 """Soak: mixed traffic with disconnects against a running server for --minutes, sampling
 the server's resident memory and open descriptors (from /proc/<pid>) every --every
 seconds; prints the curve and checks it is flat: memory at the end within --rss-tol of its
-level after --warmup minutes, descriptors back to the baseline once the traffic stops,
+level after --warmup minutes (half the run by default), descriptors back to the baseline once the traffic stops,
 the server idle (no request running, no KV block held) and ready. The CPU engine's KV
 cache is committed as its blocks are first written, so serve a cache the warm-up fills
 (scripts/soak.sh does). Standard library only.
@@ -134,8 +134,8 @@ def main():
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--every", type=float, default=60)
     ap.add_argument("--rss-tol", type=float, default=0.10)
-    ap.add_argument("--warmup", type=float, default=5,
-                    help="minutes after which memory must stay within --rss-tol")
+    ap.add_argument("--warmup", type=float,
+                    help="minutes after which memory must stay within --rss-tol (default: half the run)")
     ap.add_argument("--kinds", help="only these kinds of request (comma-separated)")
     ap.add_argument("--metrics", help="the metrics port's URL: active requests and KV blocks used end at 0")
     args = ap.parse_args()
@@ -181,7 +181,8 @@ def main():
     print(f"end {end[0]:5.1f} min  rss {end[1]} MiB  fds {end[2]} (baseline fds {base_fds})")
     total = sum(counts.values())
     print(f"INFO {total} requests: " + ", ".join(f"{k[0]} {k[1]}: {v}" for k, v in sorted(counts.items(), key=str)))
-    warm = next((r for m, r, _ in curve if m >= args.warmup), curve[-1][1])
+    warmup = args.minutes / 2 if args.warmup is None else args.warmup
+    warm = next((r for m, r, _ in curve if m >= warmup), curve[-1][1])
     ok = True
     checks = [
         (f"memory flat: {end[1]} MiB at the end against {warm} MiB after the warm-up (tol {args.rss_tol:.0%})",

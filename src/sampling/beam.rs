@@ -163,6 +163,15 @@ impl BeamSearch {
             }
         }
         ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+        // A beam with no token it may take (a row all masked) cannot go on: it is kept as
+        // it is, among the finished hypotheses.
+        for slot in 0..width {
+            if self.offers[slot].as_ref().is_some_and(Vec::is_empty) {
+                if let Some(h) = self.beams[slot].clone() {
+                    self.keep_finished(h);
+                }
+            }
+        }
         let mut next: Vec<(usize, u32, f32)> = Vec::with_capacity(width);
         for (r, &(_, slot, rank)) in ranked.iter().enumerate() {
             if next.len() == width {
@@ -439,6 +448,12 @@ mod tests {
         assert!(!b.is_live(1));
         let sel = b.offer(0, &[]).unwrap();
         assert!(sel.done && sel.moves.is_empty());
-        assert_eq!(b.best()[0].tokens, [5]);
+        let best = b.best();
+        assert_eq!(best.len(), 1, "the beam that could not go on is the answer");
+        assert_eq!((best[0].tokens.clone(), best[0].ended), (vec![5], false));
+        // Nothing at all at the first step: the empty hypothesis.
+        let mut b = BeamSearch::new(settings(2, 9));
+        assert!(b.offer(0, &[]).unwrap().done);
+        assert_eq!(b.best(), [Hypothesis::default()]);
     }
 }
