@@ -9,13 +9,14 @@
 //! the candidates best first, an end token among the first `width` of them finishes a
 //! hypothesis (kept if fewer than `width` are, or if it beats the worst one kept), one
 //! further down is dropped; any other candidate becomes a next beam until `width` are
-//! chosen. A hypothesis scores `cum_log_prob / length ^ length_penalty` over its generated
-//! tokens (its end token included); `length_penalty` 0 scores by the sum alone. The search
-//! ends at the length limit, when no beam is left, or per `early_stopping`: 1, once `width`
-//! hypotheses are finished; 0, once none of the running beams could beat the worst of them
-//! at its current length; 2 or more, likewise at the longest length it may reach (with a
-//! positive `length_penalty`). The answer is the best of the finished hypotheses and the
-//! running beams, by score.
+//! chosen; a beam whose row allows no token is kept as it is among the finished
+//! hypotheses. A hypothesis scores `cum_log_prob / length ^ length_penalty` over its
+//! generated tokens (its end token included); `length_penalty` 0 scores by the sum alone.
+//! The search ends at the length limit, when no beam is left, or per `early_stopping`: 1,
+//! once `width` hypotheses are finished; 0, once none of the running beams could beat the
+//! worst of them at its current length; 2 or more, likewise at the longest length it may
+//! reach (with a positive `length_penalty`). The answer is the best of the finished
+//! hypotheses and the running beams, by score.
 
 /// What a search is asked for.
 #[derive(Debug, Clone, PartialEq)]
