@@ -235,12 +235,8 @@ impl SeqOutputState {
             if self.top_log_probs {
                 chunk.top_log_probs.push(top);
             }
-            if !tokenizer.is_special(token) {
-                if let Some(bytes) = tokenizer.token_bytes(token) {
-                    let text = self.detok.push(&bytes);
-                    self.held.push_str(&text);
-                }
-            }
+            let text = token_text(tokenizer, &mut self.detok, token);
+            self.held.push_str(&text);
         }
         let stop_string = self.release(&mut chunk.text);
         chunk.output_tokens = self.output_tokens;
@@ -377,14 +373,12 @@ impl SeqOutputState {
             .map(|h| {
                 let n = h.tokens.len() - usize::from(h.ended);
                 let ids = h.tokens[..n].to_vec();
-                // As `push` builds text: each token's bytes, special tokens left out.
+                // As `push` builds text, token by token.
                 let mut detok = Detokenizer::new();
-                let mut text = String::new();
-                for &id in ids.iter().filter(|&&id| !tokenizer.is_special(id)) {
-                    if let Some(bytes) = tokenizer.token_bytes(id) {
-                        text.push_str(&detok.push(&bytes));
-                    }
-                }
+                let mut text: String = ids
+                    .iter()
+                    .map(|&id| token_text(tokenizer, &mut detok, id))
+                    .collect();
                 text.push_str(&detok.finish());
                 Chunk {
                     batch_index: self.batch_index,
@@ -433,6 +427,17 @@ impl SeqOutputState {
         chunk.error = Some(error);
         chunk
     }
+}
+
+/// The whole characters `token` completes through `detok` (none for a special token).
+fn token_text(tokenizer: &Tokenizer, detok: &mut Detokenizer, token: u32) -> String {
+    if tokenizer.is_special(token) {
+        return String::new();
+    }
+    tokenizer
+        .token_bytes(token)
+        .map(|bytes| detok.push(&bytes))
+        .unwrap_or_default()
 }
 
 /// Length of the longest proper suffix of `text` that is a prefix of `stop`.

@@ -13,12 +13,13 @@ use futures::StreamExt;
 
 use common::direct::logits_of;
 use common::handle::{spawn_cpu, wait_idle};
+use common::json::{floats, ids, output};
 use common::scratch::Scratch;
 use common::server::start;
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
 use inflight::model::{Llama, LoadedModel};
 use inflight::{Chunk, GenerationParams, ModelHandle, ModelOptions, Prompt, Request};
-use serde_json::{json, Value};
+use serde_json::json;
 
 fn model_dir(tag: &str) -> Scratch {
     let dir = Scratch::new(&format!("beam-{tag}"));
@@ -332,14 +333,6 @@ async fn streamed_beams_come_whole_each_step_and_end_as_the_whole_answer() {
     handle.shutdown(std::time::Duration::from_secs(5)).await;
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list: {v}"))
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn triton_and_kserve_answer_beams_in_tensorrt_llms_shapes() {
     let dir = model_dir("http");
@@ -391,15 +384,7 @@ async fn triton_and_kserve_answer_beams_in_tensorrt_llms_shapes() {
         {"name": "return_log_probs", "datatype": "BOOL", "shape": [2, 1], "data": [true, true]}]});
     let (status, r) = s.post("/v2/models/tensorrt_llm/infer", infer).await;
     assert_eq!(status, 200, "{r}");
-    let out = |name: &str| {
-        r["outputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|o| o["name"] == name)
-            .unwrap_or_else(|| panic!("{name} in {r}"))
-            .clone()
-    };
+    let out = |name: &str| output(&r, name);
     assert_eq!(out("output_ids")["shape"], json!([2, 2, 3]));
     assert_eq!(out("sequence_length")["shape"], json!([2, 2]));
     assert_eq!(out("cum_log_probs")["shape"], json!([2, 2]));
@@ -416,12 +401,7 @@ async fn triton_and_kserve_answer_beams_in_tensorrt_llms_shapes() {
     assert_eq!(status, 200, "{r}");
     let model = LoadedModel::load(&dir).unwrap().model;
     let want = logits_of(&model, prompt).concat();
-    let got: Vec<f32> = r["context_logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect();
+    let got = floats(&r["context_logits"]);
     assert_eq!(got.len(), want.len(), "every prompt position's row");
     let worst = got
         .iter()

@@ -793,15 +793,7 @@ async fn num_return_sequences_answers_each_sequence_with_its_index() {
     ]});
     let (status, r) = post(&s, "/v2/models/tensorrt_llm/infer", infer).await;
     assert_eq!(status, 200, "{r}");
-    let out = |name: &str| {
-        r["outputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|o| o["name"] == name)
-            .cloned()
-            .unwrap()
-    };
+    let out = |name: &str| common::json::output(&r, name);
     assert_eq!(out("batch_index")["data"], json!([0, 0, 1, 1]));
     assert_eq!(out("sequence_index")["data"], json!([0, 1, 0, 1]));
     assert_eq!(out("output_ids")["shape"], json!([4, 1, 3]));

@@ -7,26 +7,10 @@
 mod common;
 
 use common::direct::logits_of;
+use common::json::{floats, ids, output};
 use common::server::{start, tiny_model_dir};
 use inflight::model::LoadedModel;
 use serde_json::{json, Value};
-
-/// A JSON array of token ids (none for anything else).
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not an array: {v}"))
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
 
 /// Max |got - want| over max |want|.
 fn rel_err(got: &[f32], want: &[f32]) -> f32 {
@@ -178,15 +162,7 @@ async fn kserve_infer_returns_logits_tensors_of_tensorrt_llms_shapes() {
         .post("/v2/models/tensorrt_llm/infer", body(true, None))
         .await;
     assert_eq!(status, 200, "{r}");
-    let out = |name: &str| -> Value {
-        r["outputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|o| o["name"] == name)
-            .cloned()
-            .unwrap_or(Value::Null)
-    };
+    let out = |name: &str| output(&r, name);
     let ctx = out("context_logits");
     assert_eq!(ctx["datatype"], "FP32");
     assert_eq!(ctx["shape"], json!([2, 9, vocab]));

@@ -62,8 +62,8 @@ struct SeqMeta {
     first_scheduled: bool,
     /// Its sampling does not depend on a token not yet known: it may be planned ahead.
     continues: bool,
-    /// A beam's search (its first sequence's id) and slot in it.
-    beam: Option<(SeqId, usize)>,
+    /// A beam's search: its first sequence's id (a beam's slot is its id less that).
+    beam_of: Option<SeqId>,
 }
 
 pub struct SchedulerState {
@@ -222,7 +222,7 @@ impl SchedulerState {
                 // Logits rows come back to the host: the device chooses no token to
                 // go on with.
                 continues: SeqSampler::plans_ahead(&s.params) && !s.params.wants_logit_rows(),
-                beam: s.beam_of.map(|first| (first, (s.seq - first) as usize)),
+                beam_of: s.beam_of,
             };
             self.seqs.insert(s.seq, meta);
             if s.beam_of == Some(s.seq) {

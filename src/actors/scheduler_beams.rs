@@ -6,7 +6,7 @@
 use super::{SchedulerState, SeqMeta};
 use crate::actors::messages::{SamplerMsg, SeqId, SeqInit, SeqOutput};
 use crate::request::TokenLogprob;
-use crate::sampling::{BeamSearch, BeamSettings, Selection};
+use crate::sampling::{end_ids, BeamSearch, BeamSettings, Selection};
 use crate::scheduler::{BeamFork, FinishReason};
 
 /// One prompt's search: its state, and the sequence of each slot (consecutive ids from
@@ -25,11 +25,6 @@ impl Search {
     /// context length.
     pub(super) fn new(s: &SeqInit, eos_ids: &[u32], max_seq_len: usize) -> Self {
         let p = &s.params;
-        let end_ids = match (p.ignore_eos, p.end_id) {
-            (true, _) => Vec::new(),
-            (false, Some(id)) => vec![id],
-            (false, None) => eos_ids.to_vec(),
-        };
         let width = p.beam_width.max(1);
         Search {
             state: BeamSearch::new(BeamSettings {
@@ -44,7 +39,7 @@ impl Search {
                     .max_tokens
                     .min(max_seq_len.saturating_sub(s.prompt.len()))
                     .max(1),
-                end_ids,
+                end_ids: end_ids(p, eos_ids),
             }),
             first: s.seq,
             stream: p.stream,
@@ -69,12 +64,13 @@ impl SchedulerState {
         outs: &mut Vec<(u64, SeqOutput)>,
     ) {
         let Some(&SeqMeta {
-            beam: Some((first, slot)),
+            beam_of: Some(first),
             ..
         }) = self.seqs.get(&seq)
         else {
             return;
         };
+        let slot = (seq - first) as usize;
         let Some(search) = self.searches.get_mut(&first) else {
             return;
         };

@@ -40,6 +40,7 @@ pub use plan::{
 pub(crate) use plan::{pack, PLAN_WORDS, TOP_WORDS};
 pub(crate) use seq::{Sampled, SeqSampler};
 pub(crate) use speculative::{DraftSampler, Verdict};
+pub(crate) use words::end_ids;
 
 /// The index of the largest logit (the first one on ties); NaN counts as -inf, and a row
 /// with nothing above -inf (or empty) gives 0.

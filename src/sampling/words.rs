@@ -21,14 +21,30 @@ pub(crate) struct WordRules {
     stop_words: Vec<Vec<u32>>,
 }
 
+/// A request's end tokens, sorted: its `end_id`, else the model's `eos_ids` (whether or
+/// not `ignore_eos` disables them).
+fn end_tokens(params: &GenerationParams, eos_ids: &[u32]) -> Vec<u32> {
+    let mut ids = match params.end_id {
+        Some(id) => vec![id],
+        None => eos_ids.to_vec(),
+    };
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The tokens that end a sequence of `params` (none with `ignore_eos`), as its sampler
+/// takes them.
+pub(crate) fn end_ids(params: &GenerationParams, eos_ids: &[u32]) -> Vec<u32> {
+    match params.ignore_eos {
+        true => Vec::new(),
+        false => end_tokens(params, eos_ids),
+    }
+}
+
 impl WordRules {
     pub(crate) fn new(params: &GenerationParams, eos_ids: &[u32]) -> Self {
-        let mut end_ids = match params.end_id {
-            Some(id) => vec![id],
-            None => eos_ids.to_vec(),
-        };
-        end_ids.sort_unstable();
-        end_ids.dedup();
+        let end_ids = end_tokens(params, eos_ids);
         let non_empty = |words: &[Vec<u32>]| -> Vec<Vec<u32>> {
             words.iter().filter(|w| !w.is_empty()).cloned().collect()
         };

@@ -3,6 +3,7 @@
 
 pub mod direct;
 pub mod handle;
+pub mod json;
 pub mod reference;
 pub mod scratch;
 pub mod server;
