@@ -140,6 +140,10 @@ pub struct ServerSection {
     /// this file is then unused), and models load and unload at run time
     /// (`/v2/repository/...`, gRPC's RepositoryModelLoad/Unload).
     pub model_repository: Option<PathBuf>,
+    /// Serves `POST /v2/debug/fault`, which makes a model's engine meet a fault at its
+    /// next step (a panic, an illegal address on the GPU, a failed launch), to test
+    /// recovery and an orchestrator's restarts. Never on a production server.
+    pub fault_injection: bool,
 }
 
 impl Default for ServerSection {
@@ -162,6 +166,7 @@ impl Default for ServerSection {
             tls_cert: None,
             tls_key: None,
             model_repository: None,
+            fault_injection: false,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! A model's engine built on its device from the serve config: the backend (the CPU's, or
 //! the weights uploaded to a GPU) and the scheduler limits that fit its KV cache.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::ServeConfig;
@@ -21,12 +22,15 @@ pub struct EngineChoice {
 }
 
 impl EngineChoice {
-    /// Builds the engine for `device` (the CPU weights are dropped once on the GPU).
+    /// Builds the engine for `device` (the CPU weights are dropped once on the GPU; with
+    /// `source`, the files they came from, a GPU engine loads them again after a device
+    /// error).
     /// `shared_kv_bytes` per token are taken by caches that share its blocks (a draft
     /// model's): a cache sized from free GPU memory leaves room for them.
     pub fn build(
         device: Device,
         model: Llama,
+        source: Option<&Path>,
         cfg: &ServeConfig,
         shared_kv_bytes: usize,
     ) -> Result<Self> {
@@ -42,7 +46,7 @@ impl EngineChoice {
                     kv_cache_bytes,
                 })
             }
-            Device::Cuda(ordinal) => Self::cuda(ordinal, model, cfg, shared_kv_bytes),
+            Device::Cuda(ordinal) => Self::cuda(ordinal, model, source, cfg, shared_kv_bytes),
         }
     }
 
@@ -50,6 +54,7 @@ impl EngineChoice {
     fn cuda(
         ordinal: usize,
         model: Llama,
+        source: Option<&Path>,
         cfg: &ServeConfig,
         shared_kv_bytes: usize,
     ) -> Result<Self> {
@@ -74,14 +79,17 @@ impl EngineChoice {
         let dtype = gpu.weights.half.suffix();
         tracing::info!(device = %gpu.gpu.name, arch = %gpu.gpu.arch, dtype, "GPU engine");
         Ok(EngineChoice {
-            backend: Arc::new(CudaBackend(gpu)),
+            backend: Arc::new(match source {
+                Some(path) => CudaBackend::from_files(gpu, path),
+                None => CudaBackend::new(gpu, None),
+            }),
             scheduler,
             kv_cache_bytes,
         })
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn cuda(_: usize, _: Llama, _: &ServeConfig, _: usize) -> Result<Self> {
+    fn cuda(_: usize, _: Llama, _: Option<&Path>, _: &ServeConfig, _: usize) -> Result<Self> {
         Err(Error::Config(
             "this build has no GPU engine: build with `--features cuda`, or use --device cpu"
                 .into(),

@@ -19,7 +19,7 @@ use crate::actors::messages::{
 use crate::actors::supervisor::{ModelSupervisor, SupervisorArgs, SupervisorMsg, TreeRefs};
 use crate::error::{Error, Result};
 use crate::model::device::Device;
-use crate::model::{Backend, CpuBackend, KvCache, LoadedModel, ModelConfig, Pooling};
+use crate::model::{Backend, CpuBackend, Fault, KvCache, LoadedModel, ModelConfig, Pooling};
 use crate::request::{Chunk, FinishReason, Request, RequestId};
 use crate::scheduler::SchedulerConfig;
 use crate::speculative::{DraftSource, SpeculativeOptions};
@@ -79,7 +79,7 @@ fn gpu_backend(
     let gpu = CudaModel::load(model, ordinal)?;
     let s = &options.scheduler;
     let bytes = gpu.kv_bytes_per_token() * s.num_blocks * s.block_size;
-    Ok((Arc::new(CudaBackend(gpu)), bytes))
+    Ok((Arc::new(CudaBackend::new(gpu, None)), bytes))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -103,6 +103,8 @@ struct Inner {
     supervisor: ActorRef<SupervisorMsg>,
     refs: TreeRefs,
     ready: watch::Receiver<bool>,
+    /// Why the model's device could not be recovered, once that happened.
+    lost: watch::Receiver<Option<String>>,
     accepting: AtomicBool,
     next_rid: AtomicU64,
     round_robin: AtomicUsize,
@@ -174,6 +176,7 @@ impl ModelHandle {
         let device = options.device;
         let pooling = options.pooling;
         let (ready_tx, ready) = watch::channel(false);
+        let (lost_tx, lost) = watch::channel(None);
         let args = SupervisorArgs {
             config: config.clone(),
             backend,
@@ -183,6 +186,7 @@ impl ModelHandle {
             preprocess_workers: options.preprocess_workers,
             postprocess_workers: options.postprocess_workers,
             ready: ready_tx,
+            lost: lost_tx,
         };
         let (supervisor, _) = Actor::spawn(None, ModelSupervisor, args)
             .await
@@ -200,6 +204,7 @@ impl ModelHandle {
                 supervisor,
                 refs,
                 ready,
+                lost,
                 accepting: AtomicBool::new(true),
                 next_rid: AtomicU64::new(1),
                 round_robin: AtomicUsize::new(0),
@@ -316,10 +321,25 @@ impl ModelHandle {
         self.inner.supervisor.stop(Some("shutdown".into()));
     }
 
-    /// Test hook: the engine fails at its next step, as it would on a device fault.
+    /// Test hook: the engine panics at its next step.
     #[doc(hidden)]
     pub fn inject_engine_fault(&self) {
-        let _ = self.inner.supervisor.cast(SupervisorMsg::InjectEngineFault);
+        self.inject_fault(Fault::Panic);
+    }
+
+    /// Fault injection: the engine meets `fault` at its next step, and the model fails and
+    /// recovers as it would on a real one (`--fault-injection` serves it over HTTP).
+    pub fn inject_fault(&self, fault: Fault) {
+        let _ = self
+            .inner
+            .supervisor
+            .cast(SupervisorMsg::InjectFault(fault));
+    }
+
+    /// Why the model's device could not be recovered (the model has stopped for good), or
+    /// None while it can serve.
+    pub fn lost(&self) -> Option<String> {
+        self.inner.lost.borrow().clone()
     }
 }
 

@@ -54,13 +54,19 @@ pub async fn start(
 
 fn build(cfg: &ServeConfig, path: &Path, name: Option<String>) -> Result<Built> {
     let device: Device = cfg.server.device.parse()?;
+    let started = std::time::Instant::now();
     tracing::info!(model = %path.display(), "loading");
     let LoadedModel {
         model,
         tokenizer,
         name: file_name,
-    } = LoadedModel::load(path)?;
+    } = LoadedModel::load_for(path, device)?;
     let name = name.unwrap_or(file_name);
+    tracing::info!(
+        seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+        mapped = matches!(device, Device::Cuda(_)),
+        "weights and tokenizer read"
+    );
     let config = model.config().clone();
     // The draft model goes on the target's device first, so that a KV cache sized from
     // free memory leaves room for its weights and for its own cache of the same blocks.
@@ -68,16 +74,20 @@ fn build(cfg: &ServeConfig, path: &Path, name: Option<String>) -> Result<Built> 
     let speculative = match &cfg.speculative {
         Some(s) => Some(s.options(|p| {
             tracing::info!(draft = %p.display(), "loading the draft model");
-            let draft = LoadedModel::load(p)?.model;
+            let draft = crate::model::loader::load_weights(p, device)?;
             draft_kv_bytes = device.kv_bytes_per_token(draft.config());
             Ok(DraftSource::Model {
                 vocab_size: draft.config().vocab_size,
-                backend: device.backend(draft)?,
+                backend: device.backend(draft, Some(p))?,
             })
         })?),
         None => None,
     };
-    let engine = EngineChoice::build(device, model, cfg, draft_kv_bytes)?;
+    let engine = EngineChoice::build(device, model, Some(path), cfg, draft_kv_bytes)?;
+    tracing::info!(
+        seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+        "engine built (weights on the device, KV cache sized)"
+    );
     let options = ModelOptions {
         scheduler: engine.scheduler,
         preprocess_workers: cfg.model.preprocess_instances,

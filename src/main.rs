@@ -143,6 +143,9 @@ struct ServeArgs {
     /// models load and unload at run time.
     #[arg(long)]
     model_repository: Option<PathBuf>,
+    /// Serve POST /v2/debug/fault (tests of fault recovery; never in production).
+    #[arg(long)]
+    fault_injection: bool,
 }
 
 #[derive(clap::Args)]
@@ -213,7 +216,7 @@ fn main() -> ExitCode {
             let half = dtype.as_deref().map(inflight::kernels::cuda::Half::parse);
             match half {
                 Some(None) => Err(inflight::Error::Config("--dtype is bf16 or f16".into())),
-                _ => Llama::load(&model)
+                _ => Llama::load_mapped(&model)
                     .and_then(|m| inflight::model::gpu::CudaModel::load_as(&m, 0, half.flatten()))
                     .and_then(|g| {
                         inflight::gpu_check::model::dump_logits(&g, &lens, steps, seed, &out)
@@ -291,7 +294,7 @@ fn gpu_profile(
             past: context - 1,
         });
     }
-    let m = Llama::load(model)?;
+    let m = Llama::load_mapped(model)?;
     let g = inflight::model::gpu::CudaModel::load_as(&m, 0, half)?;
     drop(m);
     profile(&g, &batches, iters.max(1), linear)
@@ -299,6 +302,7 @@ fn gpu_profile(
 
 fn run_serve(args: ServeArgs) -> inflight::Result<()> {
     use std::io::IsTerminal;
+    let started = std::time::Instant::now();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -334,6 +338,7 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
     server.tls_cert = args.tls_cert.or(server.tls_cert.clone());
     server.tls_key = args.tls_key.or(server.tls_key.clone());
     server.model_repository = args.model_repository.or(server.model_repository.clone());
+    server.fault_injection |= args.fault_injection;
     let tls = match (&server.tls_cert, &server.tls_key) {
         (Some(cert), Some(key)) => Some(inflight::http::tls::Tls::load(cert, key)?),
         (None, None) => None,
@@ -358,6 +363,10 @@ fn run_serve(args: ServeArgs) -> inflight::Result<()> {
                 std::sync::Arc::new(Models::single(handle, triton.as_ref()))
             }
         };
+        tracing::info!(
+            seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+            "models ready"
+        );
         let state = AppState::with_models(models);
         serve(
             state,

@@ -427,6 +427,9 @@ async fn an_engine_that_keeps_failing_stops_the_model_and_leaves_no_request_wait
     for i in 0..5 {
         wait_ready().await;
         handle.inject_engine_fault();
+        // Armed before the request's first step: an engine that served a step would clear
+        // the count.
+        tokio::time::sleep(Duration::from_millis(20)).await;
         let failed: Vec<Chunk> = submit(10 + i).await.unwrap().collect().await;
         assert_eq!(
             failed.last().unwrap().finish_reason,
@@ -434,11 +437,14 @@ async fn an_engine_that_keeps_failing_stops_the_model_and_leaves_no_request_wait
         );
     }
     wait_ready().await;
-    let (running, queued) = (submit(1).await.unwrap(), submit(2).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // The sixth within the window stops the model: both requests end with an error.
+    // The sixth within the window, again of an engine that served no step, stops the
+    // model: both requests end with an error.
     handle.inject_engine_fault();
-    for s in [running, queued] {
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The first runs the failing step, the second is queued behind it; either may be
+    // refused instead once the model has stopped (the tiny model fails within the submit).
+    let (running, queued) = (submit(1).await, submit(2).await);
+    for s in running.into_iter().chain(queued) {
         let chunks: Vec<Chunk> = tokio::time::timeout(Duration::from_secs(10), s.collect())
             .await
             .expect("no request waits for an engine that will not come");

@@ -40,7 +40,7 @@ fn draft_model(dir: &Path) -> DraftSource {
     let m = LoadedModel::load(dir).unwrap().model;
     DraftSource::Model {
         vocab_size: m.config().vocab_size,
-        backend: Device::from_env().backend(m).unwrap(),
+        backend: Device::from_env().backend(m, None).unwrap(),
     }
 }
 

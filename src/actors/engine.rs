@@ -24,6 +24,7 @@
 //! supervisor (ModelSupervisor) restarts it with a fresh cache.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,7 +35,7 @@ use super::engine_sampling::EngineSampling;
 use super::messages::{
     EngineMsg, Pooled, SampleRow, SamplerMsg, SchedulerMsg, SeqId, StepSeq, StepTiming,
 };
-use crate::model::{Backend, ForwardPass, RowsOut, SeqChunk};
+use crate::model::{Backend, Fault, ForwardPass, RowsOut, SeqChunk};
 use crate::scheduler::BlockCopy;
 
 pub(crate) struct Engine;
@@ -50,6 +51,10 @@ pub struct EngineArgs {
     /// The model's end tokens and vocabulary, for sampling in the engine.
     pub eos_ids: Vec<u32>,
     pub vocab_size: usize,
+    /// Counts the target engine's steps completed (run to their results; a draft engine's
+    /// passes do not count): the supervisor tells an engine that fails after serving from
+    /// one that fails at once (a crash loop).
+    pub served: Arc<AtomicU64>,
 }
 
 pub struct EngineState {
@@ -64,7 +69,9 @@ pub struct EngineState {
     last_end: Option<Instant>,
     /// A launched step whose answer waits for the next launch (`Step::hold`).
     held: Option<Held>,
-    fault: bool,
+    /// A fault to meet at the next step (fault injection).
+    fault: Option<Fault>,
+    served: Arc<AtomicU64>,
 }
 
 /// A step launched on a forward pass that samples, not yet answered.
@@ -121,7 +128,8 @@ impl Actor for Engine {
             pooling: EnginePooling::default(),
             last_end: None,
             held: None,
-            fault: false,
+            fault: None,
+            served: args.served,
         })
     }
 
@@ -132,7 +140,7 @@ impl Actor for Engine {
         state: &mut EngineState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            EngineMsg::InjectFault => state.fault = true,
+            EngineMsg::InjectFault(fault) => state.fault = Some(fault),
             EngineMsg::Finish => {
                 if let Some(held) = state.held.take() {
                     state.answer(held).await?;
@@ -157,8 +165,14 @@ impl Actor for Engine {
                         .map(|end| started.duration_since(end)),
                 };
                 state.drop_seqs(dropped);
-                if state.fault {
-                    panic!("injected engine fault at iteration {iteration}");
+                match state.fault.take() {
+                    Some(Fault::Panic) => panic!("injected engine fault at iteration {iteration}"),
+                    Some(fault) => {
+                        tracing::warn!(%fault, iteration, "injecting a device fault");
+                        let forward = state.forward.as_mut().ok_or("engine lost its KV cache")?;
+                        forward.inject_fault(fault)?;
+                    }
+                    None => {}
                 }
                 state.copy_blocks(swaps).await?;
                 let sampler = state.sampler.clone().ok_or("a draft engine got a Step")?;
@@ -205,6 +219,7 @@ impl Actor for Engine {
                     timing,
                     reply_to,
                 })?;
+                state.served.fetch_add(1, Ordering::Relaxed);
             }
             EngineMsg::Forward {
                 seqs,
@@ -318,6 +333,8 @@ impl EngineState {
             true => self.finish_step().await?,
             false => (Vec::new(), None),
         };
+        // The step completed on the device.
+        self.served.fetch_add(1, Ordering::Relaxed);
         let sampling = self.sampling.as_mut().ok_or("engine lost its sampling")?;
         let (output, sampled, prompt) = sampling.finish(&step.seqs, out);
         // The device's own measure of its idle time, where it has one.

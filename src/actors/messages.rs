@@ -195,8 +195,8 @@ pub(crate) enum EngineMsg {
         dropped: Vec<SeqId>,
         reply: RpcReplyPort<Vec<Vec<f32>>>,
     },
-    /// Test hook: panic inside the next step, as a CUDA fault would kill the engine.
-    InjectFault,
+    /// Fault injection: the next step meets this fault (a panic, or a device error).
+    InjectFault(crate::model::Fault),
 }
 
 pub(crate) enum SamplerMsg {

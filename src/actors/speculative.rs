@@ -117,7 +117,7 @@ impl Actor for Speculative {
                 })?;
             }
             EngineMsg::Finish => state.target.cast(EngineMsg::Finish)?,
-            EngineMsg::InjectFault => state.target.cast(EngineMsg::InjectFault)?,
+            EngineMsg::InjectFault(f) => state.target.cast(EngineMsg::InjectFault(f))?,
             EngineMsg::Forward { .. } => {
                 return Err("the speculative orchestrator takes steps, not forward passes".into())
             }

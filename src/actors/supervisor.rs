@@ -9,14 +9,21 @@
 //!   (`EngineReady`): queued requests are then served. More than `MAX_RESTARTS` failures
 //!   within `RESTART_WINDOW` stop the whole tree as below (queued requests too get their
 //!   error instead of waiting for an engine that will not come), and the model stays not
-//!   ready.
+//!   ready. Only failures of engines that completed no step count (a crash loop): an
+//!   engine that served clears the count.
+//! - A device error (`Error::Cuda`, such as an illegal address that leaves the CUDA context
+//!   unusable) is recovered from before the restart: every backend of the engine group lets
+//!   go of the device (`Backend::release`), then loads its weights onto a fresh context
+//!   (`Backend::restore`), readiness false throughout. When that fails the model is lost:
+//!   the tree stops and `lost` says why, so that `inflight serve` exits non-zero and an
+//!   orchestrator restarts the process, instead of a dead engine behind a green health check.
 //! - Any other actor holds request state that a restart would lose, so its failure stops
 //!   the whole tree: every open stream closes, which clients see as an error (never a
 //!   hang), and the model stays not ready.
 //!
-//! Messages: `SupervisorMsg::{Refs, InjectEngineFault}` from the ModelHandle.
+//! Messages: `SupervisorMsg::{Refs, InjectFault}` from the ModelHandle.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,8 +37,9 @@ use super::preprocess::{Preprocess, PreprocessArgs};
 use super::sampler::{Sampler, SamplerArgs};
 use super::scheduler::{SchedulerActor, SchedulerArgs};
 use super::speculative::{Drafter, Speculative, SpeculativeArgs};
+use crate::error::Error;
 use crate::guide::Guides;
-use crate::model::{Backend, ModelConfig};
+use crate::model::{Backend, Fault, ModelConfig};
 use crate::scheduler::SchedulerConfig;
 use crate::speculative::{DraftSource, SpeculativeOptions};
 use crate::tokenizer::Tokenizer;
@@ -50,6 +58,8 @@ pub struct SupervisorArgs {
     pub preprocess_workers: usize,
     pub postprocess_workers: usize,
     pub ready: watch::Sender<bool>,
+    /// Set, with the reason, when the model's device could not be recovered.
+    pub lost: watch::Sender<Option<String>>,
 }
 
 /// The actors a ModelHandle talks to.
@@ -63,8 +73,8 @@ pub struct TreeRefs {
 pub enum SupervisorMsg {
     /// The refs of the tree's entry points.
     Refs(RpcReplyPort<TreeRefs>),
-    /// Test hook: make the current engine fail at its next step.
-    InjectEngineFault,
+    /// Fault injection: the current engine meets this fault at its next step.
+    InjectFault(Fault),
 }
 
 pub struct SupervisorState {
@@ -77,6 +87,7 @@ pub struct SupervisorState {
     postprocess: Vec<ActorRef<PostprocessMsg>>,
     preprocess: Vec<ActorRef<PreprocessMsg>>,
     ready: watch::Sender<bool>,
+    lost: watch::Sender<Option<String>>,
     restarts: Vec<Instant>,
 }
 
@@ -162,6 +173,7 @@ impl Actor for ModelSupervisor {
             postprocess,
             preprocess,
             ready: args.ready,
+            lost: args.lost,
             restarts: Vec::new(),
         })
     }
@@ -180,7 +192,9 @@ impl Actor for ModelSupervisor {
                     postprocess: state.postprocess.clone(),
                 });
             }
-            SupervisorMsg::InjectEngineFault => state.engine.front.cast(EngineMsg::InjectFault)?,
+            SupervisorMsg::InjectFault(fault) => {
+                state.engine.front.cast(EngineMsg::InjectFault(fault))?
+            }
         }
         Ok(())
     }
@@ -191,10 +205,13 @@ impl Actor for ModelSupervisor {
         event: SupervisionEvent,
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
-        let (who, error) = match event {
-            SupervisionEvent::ActorFailed(who, err) => (who, err.to_string()),
+        let (who, error, device) = match event {
+            SupervisionEvent::ActorFailed(who, err) => {
+                let device = matches!(err.downcast_ref::<Error>(), Some(Error::Cuda(_)));
+                (who, err.to_string(), device)
+            }
             SupervisionEvent::ActorTerminated(who, _, reason) => {
-                (who, reason.unwrap_or_else(|| "stopped".into()))
+                (who, reason.unwrap_or_else(|| "stopped".into()), false)
             }
             _ => return Ok(()),
         };
@@ -224,6 +241,9 @@ impl Actor for ModelSupervisor {
             error: error.clone(),
         })?;
         let now = Instant::now();
+        if state.engine.served.load(Ordering::Relaxed) > 0 {
+            state.restarts.clear();
+        }
         state
             .restarts
             .retain(|t| now.duration_since(*t) < RESTART_WINDOW);
@@ -237,7 +257,32 @@ impl Actor for ModelSupervisor {
             myself.stop(Some(format!("the engine failed too often: {error}")));
             return Ok(());
         }
-        state.engine = state.engines.spawn(&myself, &state.sampler).await?;
+        // An engine that failed otherwise (a messaging error of the speculative front whose
+        // draft engine met the device error first) may have left the device unusable too.
+        let device = device || {
+            let backends = state.engines.backends();
+            tokio::task::spawn_blocking(move || backends.iter().any(|b| !b.healthy()))
+                .await
+                .unwrap_or(true)
+        };
+        if device {
+            let backends = state.engines.backends();
+            let started = Instant::now();
+            tracing::warn!("device error: releasing the device, then loading the model again");
+            let recovered = tokio::task::spawn_blocking(move || recover(&backends)).await;
+            match recovered {
+                Ok(Ok(())) => tracing::info!(
+                    seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+                    "device recovered: the model is loaded again"
+                ),
+                Ok(Err(e)) => return give_up(&myself, state, format!("{e}")),
+                Err(e) => return give_up(&myself, state, format!("the recovery stopped: {e}")),
+            }
+        }
+        state.engine = match state.engines.spawn(&myself, &state.sampler).await {
+            Ok(group) => group,
+            Err(e) => return give_up(&myself, state, format!("no engine starts again: {e}")),
+        };
         state
             .scheduler
             .cast(SchedulerMsg::EngineReady(state.engine.front.clone()))?;
@@ -264,6 +309,32 @@ impl Actor for ModelSupervisor {
     }
 }
 
+/// Lets every backend go of its device, then restores each (they may share a device,
+/// whose context is destroyed only once none holds it).
+fn recover(backends: &[Arc<dyn Backend>]) -> crate::error::Result<()> {
+    for b in backends {
+        b.release()?;
+    }
+    for b in backends {
+        b.restore()?;
+    }
+    Ok(())
+}
+
+/// The device cannot serve the model again: says so (`lost`) and stops the tree.
+fn give_up(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &SupervisorState,
+    why: String,
+) -> Result<(), ActorProcessingErr> {
+    let why = format!("the device could not be recovered: {why}");
+    tracing::error!("{why}; stopping the model");
+    let _ = state.ready.send(false);
+    let _ = state.lost.send(Some(why.clone()));
+    myself.stop(Some(why));
+    Ok(())
+}
+
 /// What the engine group is made of, to start it and restart it.
 struct EngineSpec {
     backend: Arc<dyn Backend>,
@@ -283,6 +354,8 @@ struct EngineGroup {
     /// What the scheduler sends steps to.
     front: ActorRef<EngineMsg>,
     members: Vec<ActorRef<EngineMsg>>,
+    /// Steps its engines completed.
+    served: Arc<AtomicU64>,
 }
 
 impl EngineGroup {
@@ -298,12 +371,26 @@ impl EngineGroup {
 }
 
 impl EngineSpec {
+    /// The backends of the group's engines: the target's, and a draft model's.
+    fn backends(&self) -> Vec<Arc<dyn Backend>> {
+        let mut all = vec![self.backend.clone()];
+        if let Some(SpeculativeOptions {
+            draft: DraftSource::Model { backend, .. },
+            ..
+        }) = &self.speculative
+        {
+            all.push(backend.clone());
+        }
+        all
+    }
+
     async fn spawn(
         &self,
         supervisor: &ActorRef<SupervisorMsg>,
         sampler: &ActorRef<SamplerMsg>,
     ) -> Result<EngineGroup, ActorProcessingErr> {
         let cell = supervisor.get_cell();
+        let served = Arc::new(AtomicU64::new(0));
         let start = |backend: Arc<dyn Backend>, sampler: Option<ActorRef<SamplerMsg>>| EngineArgs {
             backend,
             block_size: self.block_size,
@@ -316,6 +403,7 @@ impl EngineSpec {
             sampler,
             eos_ids: self.eos_ids.clone(),
             vocab_size: self.vocab_size,
+            served: served.clone(),
         };
         let args = start(self.backend.clone(), Some(sampler.clone()));
         let (target, _) = Actor::spawn_linked(None, Engine, args, cell.clone()).await?;
@@ -323,6 +411,7 @@ impl EngineSpec {
             return Ok(EngineGroup {
                 front: target.clone(),
                 members: vec![target],
+                served,
             });
         };
         let mut members = vec![target.clone()];
@@ -348,6 +437,10 @@ impl EngineSpec {
         };
         let (front, _) = Actor::spawn_linked(None, Speculative, args, cell).await?;
         members.push(front.clone());
-        Ok(EngineGroup { front, members })
+        Ok(EngineGroup {
+            front,
+            members,
+            served,
+        })
     }
 }

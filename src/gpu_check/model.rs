@@ -148,7 +148,7 @@ pub fn dequantized(model: &Llama) -> Llama {
     let mat = |m: &Matrix, rows: usize, cols: usize| match m {
         Matrix::F32(v) => Matrix::F32(v.clone()),
         Matrix::F16(v) => Matrix::F16(v.clone()),
-        Matrix::Quant(_) => {
+        Matrix::Quant(_) | Matrix::Stored(_) => {
             let mut out = Vec::with_capacity(rows * cols);
             let mut buf = vec![0f32; cols];
             for r in 0..rows {

@@ -9,6 +9,7 @@ mod auth;
 mod embeddings;
 mod error;
 mod error_body;
+mod fault;
 mod fields;
 mod guided;
 mod json_body;
@@ -221,6 +222,7 @@ pub fn app(state: AppState) -> Router {
         state,
         request_body::BodyLimits::from_limits(&ServeLimits::default()),
         None,
+        false,
     )
 }
 
@@ -229,8 +231,14 @@ pub(crate) fn app_with(
     state: AppState,
     body: request_body::BodyLimits,
     key: Option<auth::ApiKey>,
+    fault_injection: bool,
 ) -> Router {
+    let faults = match fault_injection {
+        true => fault::routes(),
+        false => Router::new(),
+    };
     Router::new()
+        .merge(faults)
         .merge(kserve::routes())
         .merge(triton::routes())
         .merge(openai::routes())

@@ -131,6 +131,14 @@ fn operations(req: &mut SchemaGenerator, res: &mut SchemaGenerator) -> Vec<Op> {
         ),
         op(
             "post",
+            "/v2/debug/fault",
+            "Fault injection: the model's engine meets {\"fault\": \"panic\" | \"illegal_address\" | \"launch_error\"} at its next step (only with fault_injection)",
+            "debug",
+            json_obj(),
+            ("application/json", json_obj()),
+        ),
+        op(
+            "post",
             "/v2/repository/index",
             "Every model and name with its state (Triton's model repository)",
             "repository",

@@ -34,6 +34,8 @@ pub struct ServeLimits {
     pub api_key_exempt_paths: Vec<String>,
     /// TLS on every listener when set ([`super::tls::Tls::load`] of `tls_cert`, `tls_key`).
     pub tls: Option<super::tls::Tls>,
+    /// Serves the fault injection route (`[server] fault_injection`).
+    pub fault_injection: bool,
 }
 
 impl Default for ServeLimits {
@@ -53,6 +55,7 @@ impl From<&ServerSection> for ServeLimits {
             api_key: s.api_key.clone(),
             api_key_exempt_paths: s.api_key_exempt_paths.clone(),
             tls: None,
+            fault_injection: s.fault_injection,
         }
     }
 }
@@ -101,7 +104,7 @@ pub async fn serve_on(
             grace,
         ))
     });
-    let http_app = app_with(state.clone(), body, key.clone());
+    let http_app = app_with(state.clone(), body, key.clone(), limits.fault_injection);
     let metrics_app = metrics_app_with(state, key);
     let http_task = tokio::spawn(listener::run(
         http,
@@ -117,7 +120,27 @@ pub async fn serve_on(
         wait(stop_rx),
         grace,
     ));
-    shutdown.await;
+    // A model whose device could not be recovered ends the server as a signal does, and
+    // the serve call answers the error: `inflight serve` exits non-zero, so that an
+    // orchestrator restarts the process rather than route to a model that cannot serve.
+    let lost = {
+        let models = models.clone();
+        async move {
+            loop {
+                if let Some(lost) = models.models().lost() {
+                    return lost;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let lost = tokio::select! {
+        _ = shutdown => None,
+        lost = lost => Some(lost),
+    };
+    if let Some((model, why)) = &lost {
+        tracing::error!(%model, "{why}: shutting the server down");
+    }
     tracing::info!(
         "shutting down: no new requests; waiting up to {:?} for running ones",
         limits.drain_timeout
@@ -130,7 +153,10 @@ pub async fn serve_on(
     if let Some(t) = grpc_task {
         let _ = t.await;
     }
-    Ok(())
+    match lost {
+        Some((model, why)) => Err(Error::Model(format!("model {model}: {why}"))),
+        None => Ok(()),
+    }
 }
 
 /// The ports [`serve`] binds.

@@ -8,6 +8,7 @@
 
 use super::parallel::{add_bias, for_row_ranges, SendPtr};
 use super::qmatmul::{qlinear, QMatrix};
+use crate::model::stored::Stored;
 use half::f16;
 
 /// A weight matrix's storage.
@@ -19,6 +20,10 @@ pub enum Matrix {
     /// Block-quantized (from GGUF Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K), multiplied with int8
     /// activations.
     Quant(QMatrix),
+    /// 16-bit values left in a checkpoint's memory map, for the GPU engine's upload
+    /// ([`Stored`]); multiplied here only after converting them all (a host copy of a GPU
+    /// model is never run by the CPU engine).
+    Stored(Stored),
 }
 
 impl Matrix {
@@ -32,6 +37,7 @@ impl Matrix {
                 }
             }
             Matrix::Quant(q) => q.row_into(r, out),
+            Matrix::Stored(s) => s.row_into(r, out),
         }
     }
 }
@@ -128,6 +134,7 @@ pub fn linear(
             assert_eq!((q.rows, q.cols), (m, k), "quantized matrix is not [m, k]");
             qlinear(x, q, bias, n, y)
         }
+        Matrix::Stored(s) => linear_t(x, &s.to_f32(), bias, n, k, m, y),
     }
 }
 

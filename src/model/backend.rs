@@ -18,6 +18,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::fault::Fault;
 use super::kv_cache::KvCache;
 use super::llama::{Llama, SeqChunk};
 use crate::error::{Error, Result};
@@ -45,6 +46,14 @@ pub trait ForwardPass: Send + 'static {
     /// their logits: what an embedding pools. It may run while a launched step awaits its
     /// [`finish_step`](Self::finish_step), whose results it leaves as they are.
     fn forward_hidden(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>>;
+
+    /// Arranges for `fault` (not [`Fault::Panic`], which the engine raises itself) to
+    /// strike the device work that comes next ([`Fault`]). Only a device engine can.
+    fn inject_fault(&mut self, fault: Fault) -> Result<()> {
+        Err(Error::InvalidRequest(format!(
+            "this engine cannot meet a {fault} fault: only the GPU engine can"
+        )))
+    }
 
     /// Whether the Engine should sample through [`forward_choose`](Self::forward_choose)
     /// (keeping the sequences' sampling state itself) instead of handing logits to the
@@ -193,6 +202,30 @@ pub trait Backend: Send + Sync + 'static {
     /// and so run steps planned ahead.
     fn samples(&self) -> bool {
         false
+    }
+
+    /// Whether the device still runs work (the GPU: its context answers a synchronize; a
+    /// sticky error fails it). The supervisor recovers the device of an engine group one
+    /// of whose engines failed, whatever the failure, when a backend is not healthy.
+    fn healthy(&self) -> bool {
+        true
+    }
+
+    /// After an engine failed on a device error, with every forward pass it started
+    /// stopped: lets go of everything it holds on the device (the GPU engine: its weights
+    /// and its hold on the device's context, which the error may have left unusable, so
+    /// that the context is destroyed). The supervisor releases every backend of an engine
+    /// group before it restores any, as they may share one device. The CPU has nothing to
+    /// let go of.
+    fn release(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// After [`release`](Self::release): a fresh context on the device and the weights
+    /// loaded onto it again, so that [`start`](Self::start) serves. An error means the
+    /// device cannot serve this model again in this process.
+    fn restore(&self) -> Result<()> {
+        Ok(())
     }
 }
 

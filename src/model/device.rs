@@ -2,6 +2,7 @@
 //! library users and tests also get it from `$INFLIGHT_DEVICE`) and builds a model's
 //! [`Backend`] on it; `engines::EngineChoice` sizes its KV cache from the serve config.
 
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -37,11 +38,13 @@ impl FromStr for Device {
 
 impl Device {
     /// An engine for `model` on this device whose KV cache the caller sizes (a draft
-    /// model's: its cache has the target's blocks). On a GPU the weights go there now.
-    pub fn backend(self, model: Llama) -> Result<Arc<dyn Backend>> {
+    /// model's: its cache has the target's blocks). On a GPU the weights go there now; with
+    /// `source`, the files they came from, the GPU engine loads them again from there
+    /// after a device error.
+    pub fn backend(self, model: Llama, source: Option<&Path>) -> Result<Arc<dyn Backend>> {
         match self {
             Device::Cpu => Ok(Arc::new(CpuBackend::new(Arc::new(model)))),
-            Device::Cuda(ordinal) => cuda_backend(ordinal, &model),
+            Device::Cuda(ordinal) => cuda_backend(ordinal, &model, source),
         }
     }
 
@@ -64,13 +67,17 @@ impl Device {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_backend(ordinal: usize, model: &Llama) -> Result<Arc<dyn Backend>> {
-    let gpu = super::gpu::CudaModel::load(model, ordinal)?;
-    Ok(Arc::new(super::gpu::CudaBackend(gpu)))
+fn cuda_backend(ordinal: usize, model: &Llama, source: Option<&Path>) -> Result<Arc<dyn Backend>> {
+    use super::gpu::{CudaBackend, CudaModel};
+    let gpu = CudaModel::load(model, ordinal)?;
+    Ok(Arc::new(match source {
+        Some(path) => CudaBackend::from_files(gpu, path),
+        None => CudaBackend::new(gpu, None),
+    }))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_backend(_: usize, _: &Llama) -> Result<Arc<dyn Backend>> {
+fn cuda_backend(_: usize, _: &Llama, _: Option<&Path>) -> Result<Arc<dyn Backend>> {
     Err(Error::Config(
         "this build has no GPU engine: build with `--features cuda`, or use --device cpu".into(),
     ))

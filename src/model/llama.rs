@@ -39,10 +39,20 @@ pub struct Llama {
 impl Llama {
     /// Loads a `.gguf` file, or an HF checkpoint directory (config.json + safetensors).
     pub fn load(path: &Path) -> Result<Self> {
+        Self::load_with(path, false)
+    }
+
+    /// [`Llama::load`] for the GPU engine's upload: a checkpoint folder's 16-bit matrices
+    /// stay in their memory maps, unread until the upload copies them.
+    pub fn load_mapped(path: &Path) -> Result<Self> {
+        Self::load_with(path, true)
+    }
+
+    fn load_with(path: &Path, mapped: bool) -> Result<Self> {
         if path.is_dir() {
             let ckpt = HfCheckpoint::open(path)?;
             let config = ckpt.config().clone();
-            let weights = LlamaWeights::from_hf(&ckpt, &config)?;
+            let weights = LlamaWeights::from_hf(&ckpt, &config, mapped)?;
             Ok(Self::new(config, weights))
         } else {
             Self::from_gguf(&GgufFile::open(path)?)
@@ -65,6 +75,23 @@ impl Llama {
             inv_freq,
             local_inv_freq,
         }
+    }
+
+    /// How many of its matrices are left in a memory map ([`Llama::load_mapped`]).
+    #[doc(hidden)]
+    pub fn mapped_matrices(&self) -> usize {
+        let w = &self.weights;
+        let stored = |m: &crate::kernels::matmul::Matrix| {
+            matches!(m, crate::kernels::matmul::Matrix::Stored(_)) as usize
+        };
+        stored(&w.embed)
+            + w.lm_head.as_ref().map_or(0, |l| stored(&l.w))
+            + w.layers
+                .iter()
+                .map(|l| {
+                    stored(&l.qkv.w) + stored(&l.o.w) + stored(&l.gate_up.w) + stored(&l.down.w)
+                })
+                .sum::<usize>()
     }
 
     /// The model's configuration.

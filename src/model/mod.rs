@@ -6,6 +6,7 @@ pub(crate) mod backend;
 pub mod config;
 pub mod device;
 pub mod family;
+pub mod fault;
 pub mod gguf;
 pub mod gguf_writer;
 #[cfg(feature = "cuda")]
@@ -20,12 +21,14 @@ pub mod pooling;
 pub mod quant;
 pub mod safetensors;
 pub(crate) mod stage;
+pub mod stored;
 pub mod tiny;
 pub(crate) mod weights;
 
 pub use backend::{Backend, CpuBackend, ForwardPass, RowsOut};
 pub use config::ModelConfig;
 pub use device::Device;
+pub use fault::Fault;
 pub use kv_cache::KvCache;
 pub use llama::{Llama, SeqChunk};
 pub use loader::LoadedModel;

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors};
@@ -12,6 +13,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
+use crate::model::stored::{StoredPart, StoredType};
 
 const SINGLE_FILE: &str = "model.safetensors";
 const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -29,7 +31,7 @@ struct TensorEntry {
 /// One memory-mapped shard.
 struct Shard {
     path: PathBuf,
-    map: Mmap,
+    map: Arc<Mmap>,
 }
 
 /// An opened HF checkpoint directory (config plus memory-mapped safetensors shards).
@@ -114,7 +116,7 @@ impl HfCheckpoint {
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         self.shards.push(Shard {
             path: path.to_path_buf(),
-            map,
+            map: Arc::new(map),
         });
         Ok(self.shards.len() - 1)
     }
@@ -180,6 +182,30 @@ impl HfCheckpoint {
         let e = self.entry(name)?;
         let bytes = &self.shards[e.shard].map[e.start..e.end];
         Ok((e.dtype, &e.shape, bytes))
+    }
+
+    /// A 2-D tensor stored in BF16 or F16 as a view of its rows in the mapping (nothing is
+    /// read), or None for another dtype or rank, or data not 2-byte aligned in the file.
+    pub fn tensor_stored(&self, name: &str) -> Result<Option<StoredPart>> {
+        let e = self.entry(name)?;
+        let dtype = match e.dtype {
+            Dtype::BF16 => StoredType::Bf16,
+            Dtype::F16 => StoredType::F16,
+            _ => return Ok(None),
+        };
+        let &[rows, cols] = &e.shape[..] else {
+            return Ok(None);
+        };
+        if e.start % 2 != 0 || e.end - e.start != rows * cols * 2 {
+            return Ok(None);
+        }
+        Ok(Some(StoredPart {
+            map: self.shards[e.shard].map.clone(),
+            start: e.start,
+            rows,
+            cols,
+            dtype,
+        }))
     }
 
     /// A tensor's shape and values converted to f32 (from BF16, F16 or F32).

@@ -12,6 +12,7 @@ use super::family::{Family, Format, Kind, Mlp, NormKind, Part};
 use super::gguf::GgufFile;
 use super::quant::GgmlType;
 use super::safetensors::HfCheckpoint;
+use super::stored::{Stored, StoredPart};
 use crate::error::{Error, Result};
 use crate::kernels::matmul::Matrix;
 use crate::kernels::qmatmul::QMatrix;
@@ -70,6 +71,10 @@ trait Source: Sync {
     fn is_f32(&self, name: &str) -> bool;
     /// The tensor as a block-quantized matrix, when the source holds it quantized.
     fn quantized(&self, _name: &str) -> Option<QMatrix> {
+        None
+    }
+    /// The tensor's 16-bit rows left in the source's memory map, when it leaves them there.
+    fn stored(&self, _name: &str) -> Option<StoredPart> {
         None
     }
     /// The name of a part's weight or bias in layer `l`, as the file spells it.
@@ -168,32 +173,45 @@ fn transpose(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-struct Hf<'a>(&'a HfCheckpoint, Family);
+/// A checkpoint folder; with `mapped`, its 16-bit matrices stay in the memory map.
+struct Hf<'a> {
+    ckpt: &'a HfCheckpoint,
+    family: Family,
+    mapped: bool,
+}
 
 impl Source for Hf<'_> {
     fn family(&self) -> Family {
-        self.1
+        self.family
     }
     fn format(&self) -> Format {
         Format::Hf
     }
     fn name(&self, part: Part, kind: Kind, l: usize) -> Option<String> {
-        let name = self.1.name(Format::Hf, part, kind, l)?;
+        let name = self.family.name(Format::Hf, part, kind, l)?;
         // GPT-2 checkpoints saved by transformers prefix `transformer.`; the original
         // ones do not.
         match name.strip_prefix("transformer.") {
-            Some(bare) if !self.0.contains(&name) && self.0.contains(bare) => Some(bare.into()),
+            Some(bare) if !self.ckpt.contains(&name) && self.ckpt.contains(bare) => {
+                Some(bare.into())
+            }
             _ => Some(name),
         }
     }
     fn has(&self, name: &str) -> bool {
-        self.0.contains(name)
+        self.ckpt.contains(name)
     }
     fn load(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
-        self.0.tensor_f32(name)
+        self.ckpt.tensor_f32(name)
+    }
+    fn stored(&self, name: &str) -> Option<StoredPart> {
+        match self.mapped {
+            true => self.ckpt.tensor_stored(name).ok().flatten(),
+            false => None,
+        }
     }
     fn is_f32(&self, name: &str) -> bool {
-        self.0
+        self.ckpt
             .tensor_raw(name)
             .is_ok_and(|(dtype, _, _)| dtype == safetensors::Dtype::F32)
     }
@@ -204,15 +222,24 @@ impl LlamaWeights {
         Self::load(&Gguf(file, cfg.arch.family), cfg)
     }
 
-    pub fn from_hf(ckpt: &HfCheckpoint, cfg: &ModelConfig) -> Result<Self> {
-        Self::load(&Hf(ckpt, cfg.arch.family), cfg)
+    /// The weights of a checkpoint folder; with `mapped` its 16-bit matrices stay in the
+    /// memory map ([`Matrix::Stored`]) for the GPU engine's upload.
+    pub fn from_hf(ckpt: &HfCheckpoint, cfg: &ModelConfig, mapped: bool) -> Result<Self> {
+        let src = Hf {
+            ckpt,
+            family: cfg.arch.family,
+            mapped,
+        };
+        Self::load(&src, cfg)
     }
 
     fn load(src: &dyn Source, cfg: &ModelConfig) -> Result<Self> {
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        let embed = match quantized(src, &[Part::Embed], 0, cfg) {
-            Some(q) => Matrix::Quant(q),
-            None => matrix(
+        let in_place = || stored(src, &[Part::Embed], 0, cfg);
+        let embed = match (quantized(src, &[Part::Embed], 0, cfg), in_place()) {
+            (Some(q), _) => Matrix::Quant(q),
+            (None, Some(s)) => Matrix::Stored(s),
+            (None, None) => matrix(
                 src,
                 &[Part::Embed],
                 tensor(src, Part::Embed, Kind::Weight, 0, &[v, h], cfg)?,
@@ -392,14 +419,34 @@ fn quantized(src: &dyn Source, parts: &[Part], l: usize, cfg: &ModelConfig) -> O
     QMatrix::concat(qs)
 }
 
+/// The parts as one matrix left in the source's memory map, where it keeps them there and
+/// they need no change on the way (no transposed layout, no reordered rows) and have their
+/// expected shapes (else they load as values, which names what is wrong).
+fn stored(src: &dyn Source, parts: &[Part], l: usize, cfg: &ModelConfig) -> Option<Stored> {
+    let mut out = Vec::with_capacity(parts.len());
+    for &p in parts {
+        let linear = !matches!(p, Part::Embed | Part::PosEmbed | Part::LmHead);
+        if linear && src.family().hf_transposed() && src.format() == Format::Hf {
+            return None;
+        }
+        let s = src.stored(&src.name(p, Kind::Weight, l)?)?;
+        if [s.rows, s.cols] != expected_shape(p, cfg)[..] || src.row_order(p, cfg).is_some() {
+            return None;
+        }
+        out.push(s);
+    }
+    Stored::stack(out)
+}
+
 /// Loads parts that share an input and stacks their rows into one matrix (and their
 /// biases, where the family has them).
 fn linear(src: &dyn Source, parts: &[Part], l: usize, cfg: &ModelConfig) -> Result<Linear> {
     let rows: usize = parts.iter().map(|&p| expected_shape(p, cfg)[0]).sum();
     let cols = expected_shape(parts[0], cfg)[1];
-    let w = match quantized(src, parts, l, cfg) {
-        Some(q) => Matrix::Quant(q),
-        None => {
+    let w = match (quantized(src, parts, l, cfg), stored(src, parts, l, cfg)) {
+        (Some(q), _) => Matrix::Quant(q),
+        (None, Some(s)) => Matrix::Stored(s),
+        (None, None) => {
             let mut w = Vec::with_capacity(rows * cols);
             for &p in parts {
                 w.extend(tensor(

@@ -135,6 +135,14 @@ impl Models {
         (serving.len() == 1).then(|| serving.remove(0).2)
     }
 
+    /// A serving model whose device could not be recovered, and why: the server cannot
+    /// serve it again in this process.
+    pub fn lost(&self) -> Option<(String, String)> {
+        self.serving()
+            .into_iter()
+            .find_map(|(name, _, h)| h.lost().map(|why| (name, why)))
+    }
+
     /// Server readiness: every model not unloaded on purpose serves and is ready.
     pub fn is_ready(&self) -> bool {
         let r = self.read();

@@ -38,7 +38,24 @@ pub const MODULES: &[(&str, &str)] = &[
     ),
     ("sample", include_str!("../../../kernels/sample.cu")),
     ("gemv", include_str!("../../../kernels/gemv.cu")),
+    ("convert", include_str!("../../../kernels/convert.cu")),
+    ("fault", include_str!("../../../kernels/fault.cu")),
 ];
+
+/// A digest of every kernel source as this process compiles them (embedded, or from
+/// `$INFLIGHT_KERNEL_DIR`): part of the key of choices timed on these kernels.
+pub fn sources_digest() -> String {
+    let mut h = Sha256::new();
+    h.update(source("common.cuh", COMMON));
+    for (name, src) in MODULES {
+        h.update(name);
+        h.update(source(&format!("{name}.cu"), src));
+    }
+    h.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 
 /// The virtual architecture to compile for: the `a` variant where the chip has one.
 pub(crate) fn arch_for(major: i32, minor: i32) -> String {

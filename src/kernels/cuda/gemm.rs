@@ -18,6 +18,8 @@ use std::sync::Arc;
 use super::gemv::{
     gemv_split, one_wave_pipelined, runnable_plans, GemvPlan, GEMV_MAX_ROWS, GEMV_WARPS,
 };
+use serde::{Deserialize, Serialize};
+
 use super::launch;
 use super::lt::{Lt, LtTuning, Tuned};
 use super::{cuda_err, Gpu, Half};
@@ -27,7 +29,7 @@ use crate::error::{Error, Result};
 const CUBLAS_WORKSPACE: usize = 32 << 20;
 
 /// What a linear layer writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub(crate) enum Out {
     F32,
     /// The operands' 16-bit type.
@@ -114,7 +116,7 @@ impl Input {
 }
 
 /// A linear layer's shape, as [`Blas::tune`] keys its choices.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub(crate) struct Shape {
     pub half: Half,
     pub n: usize,
@@ -126,16 +128,43 @@ pub(crate) struct Shape {
 /// Every choice [`Blas::tune`] and [`Blas::tune_lt`] made, for another [`Blas`] on the same
 /// model and device to take ([`Blas::adopt`]): engines on one model then run the same
 /// kernels, in the same summation order, without timing again.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Tuning {
+    #[serde(with = "pairs")]
     by_shape: HashMap<Shape, Timed>,
     timed: Vec<Timed>,
     lt: LtTuning,
 }
 
+/// A map with struct keys as a list of (key, value) pairs (JSON keys are strings).
+pub(crate) mod pairs {
+    use std::collections::HashMap;
+    use std::hash::Hash;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<K, V, S>(map: &HashMap<K, V>, s: S) -> Result<S::Ok, S::Error>
+    where
+        K: Serialize,
+        V: Serialize,
+        S: Serializer,
+    {
+        s.collect_seq(map.iter())
+    }
+
+    pub fn deserialize<'de, K, V, D>(d: D) -> Result<HashMap<K, V>, D::Error>
+    where
+        K: Deserialize<'de> + Eq + Hash,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        Ok(Vec::<(K, V)>::deserialize(d)?.into_iter().collect())
+    }
+}
+
 /// One shape's timing: milliseconds per call on the GEMV kernels (at their fastest plan)
 /// and on cuBLAS; [`Timed::run`] says which plan a layer runs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub(crate) struct Timed {
     pub shape: Shape,
     pub gemv_ms: f64,

@@ -43,7 +43,7 @@ const GEMV_NORM_MAX_AUTO: usize = 1024;
 /// How the GEMV kernel runs a shape: `split` warps share each pair of output rows
 /// (gemv.cu's `split`), on `gemv` or, at one row, on `gemv_pipe` (`pipelined`), whose
 /// blocks stay resident and keep the next group's weights in flight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GemvPlan {
     pub split: usize,
     pub pipelined: bool,

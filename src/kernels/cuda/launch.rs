@@ -470,6 +470,37 @@ pub fn gather_rows(
     Ok(())
 }
 
+/// Converts the `n` 16-bit words at `w`, stored in the other 16-bit type, into `half` in
+/// place (convert.cu); sets the u32 at `overflow` when a finite value becomes infinite.
+pub fn convert_from_other(gpu: &Gpu, half: Half, w: u64, n: usize, overflow: u64) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let f = gpu.func("convert_from_other", half)?;
+    let blocks = n.div_ceil(256).min(8192);
+    let n = n as u64;
+    let mut b = Args::new();
+    b.arg(&w).arg(&n).arg(&overflow);
+    // SAFETY: argument order and types match convert.cu; w holds n words, overflow one u32.
+    unsafe { gpu.launch(f, cfg((blocks, 1, 1), 256)?, &mut b) }
+        .map_err(cuda_err("convert_from_other"))?;
+    Ok(())
+}
+
+/// Fault injection: a kernel that writes the device's null page (fault.cu), leaving the
+/// stream with CUDA's sticky illegal-address error.
+pub fn fault_write(gpu: &Gpu) -> Result<()> {
+    let f = gpu.func("fault_write", Half::F16)?;
+    let address: u64 = 0x10;
+    let mut b = Args::new();
+    b.arg(&address);
+    // SAFETY: deliberately not: the kernel writes an address outside every allocation, which
+    // the device refuses (it cannot touch host memory or another allocation); the error it
+    // leaves is what the caller wants.
+    unsafe { gpu.launch(f, cfg((1, 1, 1), 32)?, &mut b) }.map_err(cuda_err("fault_write"))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -132,7 +132,7 @@ impl Drop for Descs {
 
 /// What a bucket's timing found: the fastest cuBLASLt algorithm (None when none ran), and
 /// whether it beat `cublasGemmEx`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Tuned {
     #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub shape: Shape,
@@ -140,7 +140,29 @@ pub struct Tuned {
     pub lt_ms: f64,
     #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     pub candidates: usize,
+    /// The algorithm's opaque words, as cuBLASLt filled them (valid for the same library
+    /// version and device, which the tuning cache's key holds).
+    #[serde(with = "algo_words")]
     algo: Option<cublasLtMatmulAlgo_t>,
+}
+
+/// A cuBLASLt algorithm as its eight words.
+mod algo_words {
+    use cudarc::cublaslt::sys::cublasLtMatmulAlgo_t;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        a: &Option<cublasLtMatmulAlgo_t>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        a.map(|a| a.data).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<cublasLtMatmulAlgo_t>, D::Error> {
+        Ok(Option::<[u64; 8]>::deserialize(d)?.map(|data| cublasLtMatmulAlgo_t { data }))
+    }
 }
 
 impl Tuned {
@@ -150,8 +172,9 @@ impl Tuned {
 }
 
 /// The choices of [`Lt::tune`]: per (shape at bucket rows), in the order timed.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct LtTuning {
+    #[serde(with = "super::gemm::pairs")]
     tuned: HashMap<Shape, Tuned>,
     order: Vec<Shape>,
 }
@@ -398,6 +421,48 @@ mod tests {
             if (32..2048).contains(&pair[0]) {
                 assert!(4 * pair[1] <= 5 * pair[0], "{pair:?}");
             }
+        }
+    }
+
+    #[test]
+    fn choices_survive_a_round_trip_through_json() {
+        let shape = Shape {
+            half: crate::kernels::cuda::Half::F16,
+            n: 64,
+            inp: 4096,
+            out: 6144,
+            y: crate::kernels::cuda::gemm::Out::F32Add,
+        };
+        let mut tuning = LtTuning::default();
+        for (i, algo) in [Some([1u64, 2, 3, 4, 5, 6, 7, u64::MAX]), None]
+            .into_iter()
+            .enumerate()
+        {
+            let s = Shape {
+                n: 64 << i,
+                ..shape
+            };
+            tuning.order.push(s);
+            tuning.tuned.insert(
+                s,
+                Tuned {
+                    shape: s,
+                    gemm_ex_ms: 0.25,
+                    lt_ms: 0.125,
+                    candidates: 7,
+                    algo: algo.map(|data| cublasLtMatmulAlgo_t { data }),
+                },
+            );
+        }
+        let back: LtTuning = serde_json::from_slice(&serde_json::to_vec(&tuning).unwrap()).unwrap();
+        assert_eq!(back.order, tuning.order);
+        for s in &tuning.order {
+            let (a, b) = (&tuning.tuned[s], &back.tuned[s]);
+            assert_eq!(a.algo.map(|a| a.data), b.algo.map(|b| b.data));
+            assert_eq!(
+                (a.shape, a.lt_ms, a.uses_lt()),
+                (b.shape, b.lt_ms, b.uses_lt())
+            );
         }
     }
 }

@@ -33,7 +33,7 @@ pub(crate) fn cuda_err<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> Erro
 /// The 16-bit float type of weights, GEMM inputs and the KV cache: bf16 for checkpoints
 /// stored in bf16, f16 for GGUF (whose dequantized values f16 holds exactly, as the CPU
 /// engine and llama.cpp keep them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Half {
     /// bfloat16.
     Bf16,
@@ -158,6 +158,8 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ),
     ("sample", &["sample_rows"]),
     ("gemv", &["gemv", "gemv_pipe", "gemv_pipe_norm"]),
+    ("convert", &["convert_from_other"]),
+    ("fault", &["fault_write"]),
 ];
 
 /// Whether the device can run the largest cluster the decode plan launches: eight blocks
@@ -215,6 +217,7 @@ impl Gpu {
     }
 
     fn open_inner(ordinal: usize) -> Result<Arc<Gpu>> {
+        let started = std::time::Instant::now();
         let ctx = CudaContext::new(ordinal).map_err(cuda_err("creating the CUDA context"))?;
         // One stream, ordered launches: we synchronise ourselves, so no per-buffer events.
         // SAFETY: called before any allocation on this context.
@@ -284,6 +287,11 @@ impl Gpu {
         let pdl = major >= 9 && on.pdl;
         let wgmma = major == 9 && on.wgmma;
         let clusters = major >= 9 && on.decode_clusters && largest_cluster_fits(&funcs, &stream);
+        tracing::info!(
+            seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+            device = %name,
+            "CUDA context and kernels ready"
+        );
         Ok(Arc::new(Gpu {
             ctx,
             stream,

@@ -33,6 +33,7 @@ use crate::kernels::cuda::{cuda_err, Mapped};
 use crate::model::backend::{ForwardPass, RowsOut};
 use crate::model::layers::norm;
 use crate::model::llama::{check_chunks, SeqChunk};
+use crate::model::Fault;
 use crate::sampling::RowPlan;
 use crate::scheduler::BlockCopy;
 
@@ -59,6 +60,8 @@ pub struct CudaForward {
     pub(super) graphs: Graphs,
     /// The host cache and the block copies queued for the next step.
     copies: HostCache,
+    /// Fault injection: the next pass's launch answers an error.
+    launch_error: bool,
 }
 
 impl CudaForward {
@@ -84,6 +87,7 @@ impl CudaForward {
             linear_path: Path::Auto,
             graphs: Graphs::default(),
             copies: HostCache::default(),
+            launch_error: false,
         })
     }
 
@@ -168,6 +172,11 @@ impl CudaForward {
         begin: Option<&mut Option<CudaEvent>>,
         head: bool,
     ) -> Result<Layout> {
+        if std::mem::take(&mut self.launch_error) {
+            return Err(Error::Cuda(
+                "launching the forward pass: CUDA_ERROR_LAUNCH_FAILED (injected fault)".into(),
+            ));
+        }
         check_chunks(
             &self.model.config,
             chunks,
@@ -247,6 +256,22 @@ impl ForwardPass for CudaForward {
     /// The pass without its head, on the same stream as any step launched before it
     /// (whose choices go to their own buffers); the rows' fp32 residual comes back to the
     /// host, which applies the final norm as the CPU engine does.
+    fn inject_fault(&mut self, fault: Fault) -> Result<()> {
+        match fault {
+            Fault::Panic => Err(Error::InvalidRequest(
+                "the engine raises a panic itself".into(),
+            )),
+            Fault::IllegalAddress => {
+                self.model.gpu.bind()?;
+                crate::kernels::cuda::launch::fault_write(&self.model.gpu)
+            }
+            Fault::LaunchError => {
+                self.launch_error = true;
+                Ok(())
+            }
+        }
+    }
+
     fn forward_hidden(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>> {
         let lay = self.run_chunks(chunks, &[], None, None, false)?;
         if lay.m == 0 {

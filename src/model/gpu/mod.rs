@@ -12,9 +12,10 @@ mod sample;
 mod scratch;
 mod swap;
 pub(crate) mod tune;
+mod upload;
 pub(crate) mod weights;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use super::backend::{Backend, ForwardPass};
 use super::config::ModelConfig;
@@ -142,9 +143,80 @@ fn heads(cfg: &ModelConfig) -> Heads {
     }
 }
 
+/// Loads a model onto its device again (from its files), for [`CudaBackend::restore`].
+pub(crate) type Reload = Box<dyn Fn() -> Result<Arc<CudaModel>> + Send + Sync>;
+
 /// Starts GPU engines for one model (weights shared between restarts; each start gets a
-/// fresh KV cache).
-pub(crate) struct CudaBackend(pub(crate) Arc<CudaModel>);
+/// fresh KV cache). After a device error it lets go of the device and loads the model
+/// again ([`Backend::release`], [`Backend::restore`]); a context the error left unusable
+/// (a sticky error) is reset in between, once per device.
+pub(crate) struct CudaBackend {
+    /// None between a release and the restore.
+    model: RwLock<Option<Arc<CudaModel>>>,
+    /// Where the weights come from again (None: the caller gave weights, no files).
+    reload: Option<Reload>,
+    /// What the last release left for the restore.
+    released: Mutex<Released>,
+}
+
+/// What a release leaves for the restore.
+#[derive(Default)]
+struct Released {
+    /// The released model's linear-layer choices (same device and shapes: no timing again).
+    tuning: Option<Tuning>,
+    /// Its configuration, which the files loaded again must still have.
+    config: Option<ModelConfig>,
+    /// The device whose context was unusable, and its reset count then: the first restore
+    /// resets it, and one of another backend on the same device after that does not.
+    sticky: Option<(CUdevice, u64)>,
+}
+
+type CUdevice = cudarc::driver::sys::CUdevice;
+
+/// Resets done per device in this process.
+static RESETS: Mutex<Vec<(CUdevice, u64)>> = Mutex::new(Vec::new());
+
+fn resets_of(device: CUdevice) -> u64 {
+    RESETS
+        .lock()
+        .map(|r| r.iter().find(|(d, _)| *d == device).map_or(0, |(_, n)| *n))
+        .unwrap_or(0)
+}
+
+/// How long a release waits for the failed engines to drop the model.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl CudaBackend {
+    pub(crate) fn new(model: Arc<CudaModel>, reload: Option<Reload>) -> Self {
+        CudaBackend {
+            model: RwLock::new(Some(model)),
+            reload,
+            released: Mutex::new(Released::default()),
+        }
+    }
+
+    /// A backend for `model`, loaded from the files at `path` (a GGUF file or a checkpoint
+    /// folder), which it loads from there again, in the same 16-bit type, after a device
+    /// error.
+    pub(crate) fn from_files(model: Arc<CudaModel>, path: &std::path::Path) -> Self {
+        let path = path.to_path_buf();
+        let (ordinal, half) = (model.gpu.ctx.ordinal(), model.weights.half);
+        let reload: Reload = Box::new(move || {
+            let host = super::loader::load_weights(&path, super::Device::Cuda(ordinal))?;
+            CudaModel::load_as(&host, ordinal, Some(half))
+        });
+        Self::new(model, Some(reload))
+    }
+
+    /// The model on its device.
+    pub(crate) fn model(&self) -> Result<Arc<CudaModel>> {
+        self.model
+            .read()
+            .map_err(|_| Error::Cuda("the GPU model's lock is poisoned".into()))?
+            .clone()
+            .ok_or_else(|| Error::Cuda("the model has let go of its device".into()))
+    }
+}
 
 impl Backend for CudaBackend {
     fn start(
@@ -154,12 +226,102 @@ impl Backend for CudaBackend {
         num_host_blocks: usize,
     ) -> Result<Box<dyn ForwardPass>> {
         Ok(Box::new(
-            forward::CudaForward::new(self.0.clone(), block_size, num_blocks)?
+            forward::CudaForward::new(self.model()?, block_size, num_blocks)?
                 .with_host_cache(num_host_blocks)?,
         ))
     }
 
     fn samples(&self) -> bool {
         true
+    }
+
+    fn healthy(&self) -> bool {
+        self.model().is_ok_and(|m| m.gpu.ctx.synchronize().is_ok())
+    }
+
+    fn release(&self) -> Result<()> {
+        let poisoned = || Error::Cuda("the GPU model's lock is poisoned".into());
+        let mut slot = self.model.write().map_err(|_| poisoned())?;
+        let Some(model) = slot.as_ref() else {
+            return Ok(());
+        };
+        // The failed engines drop their forward passes (and with them the model) as their
+        // actors finish stopping.
+        let deadline = std::time::Instant::now() + RELEASE_WAIT;
+        while Arc::strong_count(model) > 1 {
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Cuda(format!(
+                    "an engine still held the model {RELEASE_WAIT:?} after it failed"
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // A sticky error fails every call on the context from then on.
+        let sticky = model.gpu.ctx.synchronize().is_err();
+        if !sticky && self.reload.is_none() {
+            // Nothing to load it from again, and nothing wrong with what is loaded.
+            return Ok(());
+        }
+        let device = model.gpu.ctx.cu_device();
+        let mut released = self.released.lock().map_err(|_| poisoned())?;
+        released.tuning = model.tuning.get().cloned();
+        released.config = Some(model.config.clone());
+        released.sticky = sticky.then(|| (device, resets_of(device)));
+        // The weights, streams, modules and this hold on the device's primary context go.
+        *slot = None;
+        Ok(())
+    }
+
+    fn restore(&self) -> Result<()> {
+        let poisoned = || Error::Cuda("the GPU model's lock is poisoned".into());
+        if self.model.read().map_err(|_| poisoned())?.is_some() {
+            return Ok(());
+        }
+        let released = std::mem::take(&mut *self.released.lock().map_err(|_| poisoned())?);
+        if let Some((device, seen)) = released.sticky {
+            // The supervisor released every engine of the group first. Whatever else in
+            // the process still holds the context (the CUDA runtime, another model on the
+            // device) cannot use it either: reset it, once for this error.
+            let mut resets = RESETS.lock().map_err(|_| poisoned())?;
+            let at = match resets.iter().position(|(d, _)| *d == device) {
+                Some(i) => i,
+                None => {
+                    resets.push((device, 0));
+                    resets.len() - 1
+                }
+            };
+            if resets[at].1 == seen {
+                // SAFETY: no handle of this model group on the context is left; another
+                // model's next call fails cleanly on the destroyed context and recovers.
+                let r = unsafe { cudarc::driver::sys::cuDevicePrimaryCtxReset_v2(device) };
+                if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+                    tracing::warn!("resetting the device's primary context: {r:?}");
+                }
+                resets[at].1 += 1;
+            }
+        }
+        let reload = self.reload.as_ref().ok_or_else(|| {
+            Error::Cuda(
+                "the model was given to the engine as weights, not files: nothing to load it \
+                 from again"
+                    .into(),
+            )
+        })?;
+        let model = reload()?;
+        if let Some(config) = &released.config {
+            if *config != model.config {
+                return Err(Error::Cuda(
+                    "the model's files changed since it was loaded: not serving other weights \
+                     under its name"
+                        .into(),
+                ));
+            }
+        }
+        if let Some(t) = released.tuning {
+            let _ = model.tuning.set(t);
+        }
+        model.gpu.sync()?;
+        *self.model.write().map_err(|_| poisoned())? = Some(model);
+        Ok(())
     }
 }

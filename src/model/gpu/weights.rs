@@ -5,6 +5,7 @@
 
 use rayon::prelude::*;
 
+use super::upload::{Rows, Uploader};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{DevBuf, Gpu, Half};
 use crate::kernels::matmul::Matrix;
@@ -134,14 +135,6 @@ pub fn interleave_halves<T: Copy>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
     out
 }
 
-/// How a linear layer's rows are laid out on the GPU.
-#[derive(Clone, Copy, PartialEq)]
-enum Rows {
-    AsIs,
-    /// [`interleave_halves`]: the MLP's gate|up layer.
-    HalvesInterleaved,
-}
-
 fn arranged<T: Copy>(v: Vec<T>, rows: usize, cols: usize, order: Rows) -> Vec<T> {
     match order {
         Rows::AsIs => v,
@@ -149,10 +142,37 @@ fn arranged<T: Copy>(v: Vec<T>, rows: usize, cols: usize, order: Rows) -> Vec<T>
     }
 }
 
-fn linear(gpu: &Gpu, l: &Linear, half: Half, order: Rows) -> Result<GpuLinear> {
-    let bits = to_half_checked(&l.w, l.rows, l.cols, half, "a linear layer")?;
+/// A matrix on the device in `half`, its rows placed as `order` says: one left in the
+/// checkpoint's memory map through the uploader, any other converted here first.
+fn matrix(
+    gpu: &Gpu,
+    up: &mut Uploader,
+    m: &Matrix,
+    (rows, cols): (usize, usize),
+    half: Half,
+    order: Rows,
+    what: &str,
+) -> Result<DevBuf<u16>> {
+    match m {
+        Matrix::Stored(s) if (s.rows(), s.cols()) == (rows, cols) => up.upload(s, half, order),
+        _ => {
+            let bits = to_half_checked(m, rows, cols, half, what)?;
+            gpu.upload(&arranged(bits, rows, cols, order))
+        }
+    }
+}
+
+fn linear(gpu: &Gpu, up: &mut Uploader, l: &Linear, half: Half, order: Rows) -> Result<GpuLinear> {
     Ok(GpuLinear {
-        w: gpu.upload(&arranged(bits, l.rows, l.cols, order))?,
+        w: matrix(
+            gpu,
+            up,
+            &l.w,
+            (l.rows, l.cols),
+            half,
+            order,
+            "a linear layer",
+        )?,
         b: l.b
             .as_deref()
             .map(|b| gpu.upload(&arranged(b.to_vec(), l.rows, 1, order)))
@@ -165,37 +185,44 @@ impl GpuWeights {
         gpu.bind()?;
         let cfg = model.config();
         let w = model.weights();
-        let embed = gpu.upload(&to_half_checked(
+        let started = std::time::Instant::now();
+        let mut up = Uploader::new(gpu)?;
+        let embed = matrix(
+            gpu,
+            &mut up,
             &w.embed,
-            cfg.vocab_size,
-            cfg.hidden_size,
+            (cfg.vocab_size, cfg.hidden_size),
             half,
+            Rows::AsIs,
             "the embedding",
-        )?)?;
+        )?;
         let up_rows = if cfg.arch.mlp == Mlp::Gelu {
             Rows::AsIs
         } else {
             Rows::HalvesInterleaved
         };
         let mut layers = Vec::with_capacity(w.layers.len());
-        for lw in &w.layers {
+        for (l, lw) in w.layers.iter().enumerate() {
+            if l > 0 && l % 8 == 0 {
+                tracing::info!("uploading the weights: layer {l} of {}", w.layers.len());
+            }
             let qk_norm = match (&lw.q_norm, &lw.k_norm) {
                 (Some(q), Some(k)) => Some((gpu.upload(q)?, gpu.upload(k)?)),
                 _ => None,
             };
             layers.push(GpuLayer {
                 attn_norm: norm(gpu, &lw.attn_norm)?,
-                qkv: linear(gpu, &lw.qkv, half, Rows::AsIs)?,
+                qkv: linear(gpu, &mut up, &lw.qkv, half, Rows::AsIs)?,
                 qk_norm,
-                o: linear(gpu, &lw.o, half, Rows::AsIs)?,
+                o: linear(gpu, &mut up, &lw.o, half, Rows::AsIs)?,
                 post_attn_norm: lw
                     .post_attn_norm
                     .as_ref()
                     .map(|n| norm(gpu, n))
                     .transpose()?,
                 ffn_norm: norm(gpu, &lw.ffn_norm)?,
-                gate_up: linear(gpu, &lw.gate_up, half, up_rows)?,
-                down: linear(gpu, &lw.down, half, Rows::AsIs)?,
+                gate_up: linear(gpu, &mut up, &lw.gate_up, half, up_rows)?,
+                down: linear(gpu, &mut up, &lw.down, half, Rows::AsIs)?,
                 post_ffn_norm: lw
                     .post_ffn_norm
                     .as_ref()
@@ -217,12 +244,21 @@ impl GpuWeights {
             lm_head: w
                 .lm_head
                 .as_ref()
-                .map(|l| linear(gpu, l, half, Rows::AsIs))
+                .map(|l| linear(gpu, &mut up, l, half, Rows::AsIs))
                 .transpose()?,
             inv_freq: gpu.upload(&inv_freq)?,
             local_inv_freq: model.local_inv_freq().map(|f| gpu.upload(f)).transpose()?,
         };
+        let mapped = up.bytes;
+        up.finish()?;
         gpu.sync()?;
+        let seconds = started.elapsed().as_secs_f64();
+        tracing::info!(
+            seconds = format!("{seconds:.2}"),
+            gb_from_map = format!("{:.2}", mapped as f64 / 1e9),
+            gb_per_s = format!("{:.2}", mapped as f64 / 1e9 / seconds.max(1e-9)),
+            "weights uploaded"
+        );
         Ok(weights)
     }
 }
