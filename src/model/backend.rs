@@ -213,10 +213,10 @@ pub trait Backend: Send + Sync + 'static {
 
     /// After an engine failed on a device error, with every forward pass it started
     /// stopped: lets go of everything it holds on the device (the GPU engine: its weights
-    /// and its hold on the device's context, which the error may have left unusable, so
-    /// that the context is destroyed). The supervisor releases every backend of an engine
-    /// group before it restores any, as they may share one device. The CPU has nothing to
-    /// let go of.
+    /// and its hold on the device's context). An error when the device cannot serve this
+    /// process again (a sticky CUDA error). The supervisor releases every backend of an
+    /// engine group before it restores any, as they may share one device. The CPU has
+    /// nothing to let go of.
     fn release(&self) -> Result<()> {
         Ok(())
     }

@@ -148,8 +148,11 @@ pub(crate) type Reload = Box<dyn Fn() -> Result<Arc<CudaModel>> + Send + Sync>;
 
 /// Starts GPU engines for one model (weights shared between restarts; each start gets a
 /// fresh KV cache). After a device error it lets go of the device and loads the model
-/// again ([`Backend::release`], [`Backend::restore`]); a context the error left unusable
-/// (a sticky error) is reset in between, once per device.
+/// again ([`Backend::release`], [`Backend::restore`]), unless the error was sticky: CUDA
+/// then fails every later call in the process, on any context (measured on an H100 with
+/// CUDA 13: after an illegal address, a primary context reset and retained again, or a
+/// context of its own destroyed and created again, still answer the error), so only a new
+/// process can serve, and the release says so.
 pub(crate) struct CudaBackend {
     /// None between a release and the restore.
     model: RwLock<Option<Arc<CudaModel>>>,
@@ -166,21 +169,6 @@ struct Released {
     tuning: Option<Tuning>,
     /// Its configuration, which the files loaded again must still have.
     config: Option<ModelConfig>,
-    /// The device whose context was unusable, and its reset count then: the first restore
-    /// resets it, and one of another backend on the same device after that does not.
-    sticky: Option<(CUdevice, u64)>,
-}
-
-type CUdevice = cudarc::driver::sys::CUdevice;
-
-/// Resets done per device in this process.
-static RESETS: Mutex<Vec<(CUdevice, u64)>> = Mutex::new(Vec::new());
-
-fn resets_of(device: CUdevice) -> u64 {
-    RESETS
-        .lock()
-        .map(|r| r.iter().find(|(d, _)| *d == device).map_or(0, |(_, n)| *n))
-        .unwrap_or(0)
 }
 
 /// How long a release waits for the failed engines to drop the model.
@@ -257,17 +245,20 @@ impl Backend for CudaBackend {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         // A sticky error fails every call on the context from then on.
-        let sticky = model.gpu.ctx.synchronize().is_err();
-        if !sticky && self.reload.is_none() {
+        if let Err(e) = model.gpu.ctx.synchronize() {
+            return Err(Error::Cuda(format!(
+                "a sticky CUDA error ({e:?}): CUDA serves no later call in this process, \
+                 so it must restart to use the device again"
+            )));
+        }
+        if self.reload.is_none() {
             // Nothing to load it from again, and nothing wrong with what is loaded.
             return Ok(());
         }
-        let device = model.gpu.ctx.cu_device();
         let mut released = self.released.lock().map_err(|_| poisoned())?;
         released.tuning = model.tuning.get().cloned();
         released.config = Some(model.config.clone());
-        released.sticky = sticky.then(|| (device, resets_of(device)));
-        // The weights, streams, modules and this hold on the device's primary context go.
+        // The weights, streams, modules and this hold on the device's context go.
         *slot = None;
         Ok(())
     }
@@ -278,28 +269,6 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let released = std::mem::take(&mut *self.released.lock().map_err(|_| poisoned())?);
-        if let Some((device, seen)) = released.sticky {
-            // The supervisor released every engine of the group first. Whatever else in
-            // the process still holds the context (the CUDA runtime, another model on the
-            // device) cannot use it either: reset it, once for this error.
-            let mut resets = RESETS.lock().map_err(|_| poisoned())?;
-            let at = match resets.iter().position(|(d, _)| *d == device) {
-                Some(i) => i,
-                None => {
-                    resets.push((device, 0));
-                    resets.len() - 1
-                }
-            };
-            if resets[at].1 == seen {
-                // SAFETY: no handle of this model group on the context is left; another
-                // model's next call fails cleanly on the destroyed context and recovers.
-                let r = unsafe { cudarc::driver::sys::cuDevicePrimaryCtxReset_v2(device) };
-                if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
-                    tracing::warn!("resetting the device's primary context: {r:?}");
-                }
-                resets[at].1 += 1;
-            }
-        }
         let reload = self.reload.as_ref().ok_or_else(|| {
             Error::Cuda(
                 "the model was given to the engine as weights, not files: nothing to load it \
