@@ -20,6 +20,9 @@
 #      beam search's beams agree with a CPU server's (scripts/structured_check.py,
 #      logits_check.py, beam_check.py). 3f: a
 #      model repository of two models, one unloaded and loaded again while the other serves.
+#      3g: device faults under load (scripts/fault_check.py, `--fault-injection`): illegal
+#      addresses (the process exits 1 and a restart loop, as an orchestrator, starts it again)
+#      and failed launches (recovered in the process), readiness false then true each time.
 #   4. compute-sanitizer memcheck over a short serving run, and (4b) over the forward pass
 #      alone (gpu-logits, four prompts batched and four decode steps).
 # Environment: INFLIGHT_BIN (default target/release/inflight), INFLIGHT_MODEL (the SmolLM2
@@ -298,6 +301,24 @@ if serve env -u INFLIGHT_MODEL "$BIN" serve --model-repository "$REPO" --device 
   fi
 else
   tail -20 "$WORK/serve.log"; status "model repository on the GPU" FAIL "server did not become ready"
+fi
+
+echo; echo "## 3g. device faults under load: in-process recovery and process restarts"
+rm -f "$WORK/stop-loop" "$WORK/faults.log"
+( while [ ! -f "$WORK/stop-loop" ]; do
+    "$BIN" serve --model "$MODEL" --device cuda --host 127.0.0.1 --http-port 18500 --metrics-port 18502 \
+      --grpc-port 0 --fault-injection >> "$WORK/faults.log" 2>&1
+    echo "server exited $?" >> "$WORK/faults.log"
+  done ) & LOOP=$!
+for i in $(seq 1 600); do curl -sf localhost:18500/v2/health/ready >/dev/null && break; sleep 0.1; done
+timeout 200 python3 "$HERE/fault_check.py" http://127.0.0.1:18500 --faults 6 --clients 8 --settle 1.5 > "$WORK/faults.txt" 2>&1
+FAULTS_RC=$?
+touch "$WORK/stop-loop"; pkill -TERM -f -- "--fault-injection"; wait $LOOP
+tail -12 "$WORK/faults.txt"
+if [ $FAULTS_RC = 0 ]; then
+  status "device faults under load" PASS "$(grep -E '^(illegal_address|launch_error):' "$WORK/faults.txt" | tr '\n' ' ')"
+else
+  status "device faults under load" FAIL "see $WORK/faults.txt"
 fi
 
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then

@@ -26,6 +26,8 @@ struct Device {
     restored: AtomicUsize,
     /// Restores fail (a device that cannot come back).
     broken: AtomicBool,
+    /// Releases fail (a sticky error: the process cannot use the device again).
+    sticky: AtomicBool,
 }
 
 /// The CPU engine, whose forward pass answers a device error once armed.
@@ -73,6 +75,11 @@ impl Backend for FaultyBackend {
 
     fn release(&self) -> Result<()> {
         self.device.released.fetch_add(1, Ordering::SeqCst);
+        if self.device.sticky.load(Ordering::SeqCst) {
+            return Err(Error::Cuda(
+                "a sticky CUDA error (CUDA_ERROR_ILLEGAL_ADDRESS)".into(),
+            ));
+        }
         Ok(())
     }
 
@@ -179,6 +186,17 @@ async fn a_device_error_is_recovered_from_and_the_model_serves_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_that_cannot_be_restored_stops_the_server_with_an_error() {
+    lost_stops_the_server(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sticky_device_error_stops_the_server_without_a_restore() {
+    lost_stops_the_server(true).await;
+}
+
+/// A device that cannot come back (`sticky`: its release says so; else its restore fails)
+/// loses the model, and the server stops with the error.
+async fn lost_stops_the_server(sticky: bool) {
     let device = Arc::new(Device::default());
     let (handle, _dir) = spawn("lost", device.clone()).await;
     let state = AppState::new(handle.clone());
@@ -197,8 +215,10 @@ async fn a_device_that_cannot_be_restored_stops_the_server_with_an_error() {
         limits,
     ));
     wait_for("ready", || handle.is_ready()).await;
-    device.broken.store(true, Ordering::SeqCst);
+    device.broken.store(!sticky, Ordering::SeqCst);
+    device.sticky.store(sticky, Ordering::SeqCst);
     handle.inject_fault(Fault::IllegalAddress);
+    tokio::time::sleep(Duration::from_millis(20)).await;
     let running = handle.submit(request(1, 2000)).await.unwrap();
     let chunks: Vec<Chunk> = tokio::time::timeout(Duration::from_secs(10), running.collect())
         .await
@@ -212,10 +232,16 @@ async fn a_device_that_cannot_be_restored_stops_the_server_with_an_error() {
         .expect("the server stops by itself")
         .unwrap();
     let err = served.unwrap_err().to_string();
+    let why = if sticky {
+        "sticky"
+    } else {
+        "CUDA_ERROR_NO_DEVICE"
+    };
     assert!(
-        err.contains("could not be recovered") && err.contains("CUDA_ERROR_NO_DEVICE"),
+        err.contains("could not be recovered") && err.contains(why),
         "{err}"
     );
+    assert_eq!(device.restored.load(Ordering::SeqCst), 0);
     assert!(handle.lost().is_some());
     assert!(!handle.is_ready());
     assert_eq!(device.released.load(Ordering::SeqCst), 1);
