@@ -257,27 +257,27 @@ impl Actor for ModelSupervisor {
             myself.stop(Some(format!("the engine failed too often: {error}")));
             return Ok(());
         }
-        // An engine that failed otherwise (a messaging error of the speculative front whose
-        // draft engine met the device error first) may have left the device unusable too.
-        let device = device || {
-            let backends = state.engines.backends();
-            tokio::task::spawn_blocking(move || backends.iter().any(|b| !b.healthy()))
-                .await
-                .unwrap_or(true)
-        };
-        if device {
-            let backends = state.engines.backends();
-            let started = Instant::now();
-            tracing::warn!("device error: releasing the device, then loading the model again");
-            let recovered = tokio::task::spawn_blocking(move || recover(&backends)).await;
-            match recovered {
-                Ok(Ok(())) => tracing::info!(
-                    seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
-                    "device recovered: the model is loaded again"
-                ),
-                Ok(Err(e)) => return give_up(&myself, state, format!("{e}")),
-                Err(e) => return give_up(&myself, state, format!("the recovery stopped: {e}")),
+        let backends = state.engines.backends();
+        let started = Instant::now();
+        let recovered = tokio::task::spawn_blocking(move || {
+            // An engine that failed otherwise (a messaging error of the speculative front
+            // whose draft engine met the device error first) may have left the device
+            // unusable too.
+            if !device && backends.iter().all(|b| b.healthy()) {
+                return Ok(false);
             }
+            tracing::warn!("device error: releasing the device, then loading the model again");
+            recover(&backends).map(|()| true)
+        })
+        .await;
+        match recovered {
+            Ok(Ok(false)) => {}
+            Ok(Ok(true)) => tracing::info!(
+                seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+                "device recovered: the model is loaded again"
+            ),
+            Ok(Err(e)) => return give_up(&myself, state, format!("{e}")),
+            Err(e) => return give_up(&myself, state, format!("the recovery stopped: {e}")),
         }
         state.engine = match state.engines.spawn(&myself, &state.sampler).await {
             Ok(group) => group,

@@ -42,7 +42,7 @@ async fn inject(State(state): State<AppState>, body: Bytes) -> ApiResult<Json<Va
     };
     if handle.device() == Device::Cpu && fault != Fault::Panic {
         return Err(ApiError::BadRequest(format!(
-            "model '{}' runs on the CPU, which cannot meet a {fault} fault: only \"panic\"",
+            "model '{}' runs on the CPU, which cannot meet the {fault} fault, only \"panic\"",
             handle.name()
         )));
     }

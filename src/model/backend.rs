@@ -51,7 +51,7 @@ pub trait ForwardPass: Send + 'static {
     /// strike the device work that comes next ([`Fault`]). Only a device engine can.
     fn inject_fault(&mut self, fault: Fault) -> Result<()> {
         Err(Error::InvalidRequest(format!(
-            "this engine cannot meet a {fault} fault: only the GPU engine can"
+            "this engine cannot meet the {fault} fault: only the GPU engine can"
         )))
     }
 

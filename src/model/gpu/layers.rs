@@ -435,7 +435,7 @@ impl<'a> Pass<'a> {
 
     fn lm_head(&mut self) -> Result<()> {
         let (cfg, s, w) = (self.cfg, self.s, self.w);
-        let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
+        let head = w.head();
         let normed = |x| {
             Input::Normed(Norm {
                 x,

@@ -69,7 +69,7 @@ fn cache_path(model: &CudaModel) -> Option<PathBuf> {
     // What else decides which kernels are timed: the MLP (gate|up fused with SwiGLU on the
     // GEMV kernel, or not) and how many row buckets fit in the memory left.
     let gate_up_bias = w.layers.first().is_some_and(|l| l.gate_up.b.is_some());
-    let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
+    let head = w.head();
     let top = top_bucket(&all, head, g.mem_info().ok()?.0);
     let mut h = Sha256::new();
     h.update(format!(
@@ -144,7 +144,7 @@ fn linears(model: &CudaModel) -> Vec<(u64, usize, usize, Out)> {
     let Some(l0) = w.layers.first() else {
         return Vec::new();
     };
-    let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
+    let head = w.head();
     // The outputs the layers write (layers.rs): the residual added by o and down, unless a
     // bias or an output norm comes between.
     let residual = |b: bool, post: bool| if b || post { Out::F32 } else { Out::F32Add };
@@ -176,7 +176,7 @@ fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
     let Some(l0) = w.layers.first() else {
         return Ok(());
     };
-    let head = w.lm_head.as_ref().map_or(w.embed.ptr(), |l| l.w.ptr());
+    let head = w.head();
     // gate|up fused with SwiGLU on the GEMV kernel where the MLP is a plain SwiGLU.
     let fused_mlp = cfg.arch.mlp == Mlp::SwiGlu && l0.gate_up.b.is_none();
     let linears = linears(model);

@@ -106,22 +106,23 @@ impl<'g> Uploader<'g> {
         let dst = gpu.alloc::<u16>(n_rows * s.cols())?;
         // The allocation is ordered on the device's stream; the workers copy on theirs.
         gpu.sync()?;
+        // A row wider than a staging buffer is refused by `stage_rows`.
         let per_chunk = (STAGE_BYTES / row_bytes.max(1)).max(1);
-        if per_chunk * row_bytes > STAGE_BYTES {
-            return Err(Error::Model(format!(
-                "a row of {row_bytes} bytes is wider than the upload's staging buffers"
-            )));
-        }
-        let chunks = n_rows.div_ceil(per_chunk);
-        let next = AtomicUsize::new(0);
-        let base = dst.ptr();
+        let job = Job {
+            s,
+            rows,
+            base: dst.ptr(),
+            per_chunk,
+            chunks: n_rows.div_ceil(per_chunk),
+            next: AtomicUsize::new(0),
+        };
         let workers = self.workers()?;
         let results: Vec<Result<()>> = std::thread::scope(|scope| {
             let handles: Vec<_> = workers
                 .iter_mut()
                 .map(|w| {
-                    let next = &next;
-                    scope.spawn(move || w.copy(gpu, s, rows, base, per_chunk, chunks, next))
+                    let job = &job;
+                    scope.spawn(move || w.copy(gpu, job))
                 })
                 .collect();
             handles
@@ -157,44 +158,45 @@ impl<'g> Uploader<'g> {
     }
 }
 
+/// One matrix's upload, shared by the workers: chunks of `per_chunk` device rows of `s`
+/// (placed as `rows` says) into the allocation at `base`, the next chunk taken from `next`.
+struct Job<'a> {
+    s: &'a Stored,
+    rows: Rows,
+    base: u64,
+    per_chunk: usize,
+    chunks: usize,
+    next: AtomicUsize,
+}
+
 impl Worker {
-    /// Copies chunks of `per_chunk` device rows, taking the next from `next`, until all
-    /// `chunks` are taken; returns once every copy it queued has completed, also after an
-    /// error (so that no copy outlives the allocation or the staging buffers).
-    #[allow(clippy::too_many_arguments)]
-    fn copy(
-        &mut self,
-        gpu: &Gpu,
-        s: &Stored,
-        rows: Rows,
-        base: u64,
-        per_chunk: usize,
-        chunks: usize,
-        next: &AtomicUsize,
-    ) -> Result<()> {
+    /// Copies the job's chunks until all are taken; returns once every copy it queued has
+    /// completed, also after an error (so that no copy outlives the allocation or the
+    /// staging buffers).
+    fn copy(&mut self, gpu: &Gpu, job: &Job) -> Result<()> {
         gpu.bind()?;
-        let queued = self.queue(s, rows, base, per_chunk, chunks, next);
+        let queued = self.queue(job);
         let synced = self
             .stream
             .synchronize()
             .map_err(cuda_err("waiting for the weight copies"));
         if queued.is_err() {
             // The other workers take no more chunks either.
-            next.store(chunks, Ordering::Relaxed);
+            job.next.store(job.chunks, Ordering::Relaxed);
         }
         queued.and(synced)
     }
 
     /// The copies of [`Worker::copy`], queued on this worker's stream.
-    fn queue(
-        &mut self,
-        s: &Stored,
-        rows: Rows,
-        base: u64,
-        per_chunk: usize,
-        chunks: usize,
-        next: &AtomicUsize,
-    ) -> Result<()> {
+    fn queue(&mut self, job: &Job) -> Result<()> {
+        let Job {
+            s,
+            rows,
+            base,
+            per_chunk,
+            chunks,
+            ref next,
+        } = *job;
         let (n_rows, row_bytes) = (s.rows(), 2 * s.cols());
         let mut turn = 0;
         loop {

@@ -61,6 +61,13 @@ pub struct GpuWeights {
 }
 
 impl GpuWeights {
+    /// The LM head's weights: its own, or the embedding's when tied.
+    pub fn head(&self) -> u64 {
+        self.lm_head
+            .as_ref()
+            .map_or(self.embed.ptr(), |l| l.w.ptr())
+    }
+
     /// The RoPE frequencies of layer `l` of a model with `arch`.
     pub fn inv_freq_of(&self, arch: &Arch, l: usize) -> u64 {
         match &self.local_inv_freq {
