@@ -406,6 +406,12 @@ impl ServeConfig {
             max_seq_len,
             enable_kv_cache_reuse: m.enable_kv_cache_reuse,
             overlap: m.overlap_scheduling,
+            // A draft model reads the same block tables with its own layers: blocks are
+            // given back only where nothing else reads them.
+            kv_window: model
+                .arch
+                .kv_window(model.num_layers)
+                .filter(|_| self.speculative.is_none()),
         };
         cfg.validate().map_err(|e| Error::Config(e.to_string()))?;
         Ok(cfg)

@@ -75,6 +75,23 @@ enum Command {
         #[arg(long)]
         dtype: Option<String>,
     },
+    /// Writes an HF Llama checkpoint as a GGUF file of a quantization (q4_k_m, q8_0, ...):
+    /// the quantized models of the GPU checks and benchmarks.
+    #[cfg(feature = "gpu-tools")]
+    #[command(hide = true)]
+    GpuGguf {
+        /// The HF checkpoint folder.
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value = "q4_k_m")]
+        quant: String,
+    },
+    /// The quantized GEMV's rate on Llama-3.1-8B's matrices at one row (bytes a second).
+    #[cfg(feature = "gpu-tools")]
+    #[command(hide = true)]
+    GpuQrates,
     /// GPU time per stage of the forward pass for a prefill and decode batches.
     #[cfg(feature = "gpu-tools")]
     #[command(hide = true)]
@@ -232,6 +249,23 @@ fn main() -> ExitCode {
             dtype,
             linear,
         } => gpu_profile(&model, &prefill, &decode, iters, dtype.as_deref(), &linear),
+        #[cfg(feature = "gpu-tools")]
+        Command::GpuGguf { model, out, quant } => {
+            inflight::model::gguf_convert::Recipe::parse(&quant)
+                .and_then(|r| inflight::model::gguf_convert::hf_to_gguf(&model, r, false))
+                .and_then(|w| {
+                    std::fs::write(&out, w.to_bytes())
+                        .map_err(|e| inflight::Error::Gguf(format!("{}: {e}", out.display())))
+                })
+        }
+        #[cfg(feature = "gpu-tools")]
+        Command::GpuQrates => (|| {
+            use rand::SeedableRng;
+            let gpu = inflight::kernels::cuda::Gpu::open(0)?;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+            inflight::gpu_check::print_table(&inflight::gpu_check::quant_rates(&gpu, &mut rng)?);
+            Ok(())
+        })(),
         Command::FetchModel { dir } => {
             let dir = dir.unwrap_or_else(inflight::fetch::cache_dir);
             inflight::fetch::fetch_default_model(&dir).map(|p| println!("{}", p.display()))
@@ -297,6 +331,10 @@ fn gpu_profile(
     let m = Llama::load_mapped(model)?;
     let g = inflight::model::gpu::CudaModel::load_as(&m, 0, half)?;
     drop(m);
+    if model.is_file() {
+        let file = std::fs::metadata(model).map(|m| m.len()).unwrap_or(0);
+        println!("model file: {:.3} GB", file as f64 / 1e9);
+    }
     profile(&g, &batches, iters.max(1), linear)
 }
 

@@ -21,6 +21,7 @@ use serde::Deserialize;
 
 use inflight::model::config::KvDtype;
 use inflight::model::{KvCache, Llama, SeqChunk};
+use inflight::scheduler::DROPPED;
 
 const TOL: f64 = 1e-4;
 const FLOOR: f64 = 0.1;
@@ -51,8 +52,14 @@ fn row_error(got: &[f32], want: &[f32]) -> f64 {
 }
 
 /// Runs one family's fixture (its safetensors checkpoint, or with `gguf` llama.cpp's
-/// conversion of it); returns the worst error over every compared row.
+/// conversion of it); returns the worst error over every compared row. With `drop`, each
+/// chunk's table marks the blocks wholly behind the window of its first query
+/// [`DROPPED`], as the scheduler gives them back: nothing may read them.
 fn check(family: &str, gguf: bool) -> f64 {
+    check_with(family, gguf, false)
+}
+
+fn check_with(family: &str, gguf: bool, drop: bool) -> f64 {
     let dir = fixtures().join(family);
     let path = if gguf {
         dir.join("model-f32.gguf")
@@ -72,7 +79,13 @@ fn check(family: &str, gguf: bool) -> f64 {
     let table: Vec<u32> = (0..blocks).map(|i| ((3 * i + 1) % blocks) as u32).collect();
     let mut worst = 0f64;
     let split = 7;
+    let window = config.arch.kv_window(config.num_layers);
     let run = |cache: &mut KvCache, start: usize, end: usize, logits: usize| {
+        let mut table = table.clone();
+        if let (true, Some(w)) = (drop, window) {
+            let behind = (start + 1).saturating_sub(w) / BLOCK_SIZE;
+            table[..behind].fill(DROPPED);
+        }
         let chunk = SeqChunk {
             tokens: &r.tokens[start..end],
             start_pos: start,
@@ -128,3 +141,29 @@ family_test!(gemma2, yes);
 family_test!(gemma3, yes);
 family_test!(phi3, yes);
 family_test!(gpt2, yes);
+
+/// Mistral's window (8) with the blocks behind it given back, as the scheduler does under
+/// `kv_window`: the same logits, so no kernel reads them.
+#[test]
+fn mistral_with_the_blocks_behind_its_window_dropped() {
+    let worst = check_with("mistral", false, true);
+    assert!(worst <= TOL, "mistral, blocks dropped: {worst:.2e}");
+}
+
+/// A block inside the window marked dropped is refused, not read.
+#[test]
+fn a_dropped_block_inside_the_window_is_an_error() {
+    let model = Llama::load(&fixtures().join("mistral")).unwrap();
+    let mut cache = KvCache::new(model.config(), BLOCK_SIZE, 8);
+    let tokens = [1u32; 12];
+    // Position 11 sees 4..=11: block 0 (0..5) overlaps the window, so it cannot go.
+    let table = [DROPPED, 1, 2, 3];
+    let chunk = SeqChunk {
+        tokens: &tokens[11..],
+        start_pos: 11,
+        block_table: &table,
+        logits: 1,
+    };
+    let err = model.forward(&[chunk], &mut cache).unwrap_err();
+    assert!(err.to_string().contains("outside the cache"), "{err}");
+}

@@ -5,10 +5,9 @@
 use std::path::PathBuf;
 
 use inflight::model::config::KvDtype;
-use inflight::model::gguf::{GgufFile, MetaValue};
-use inflight::model::gguf_writer::encode;
-use inflight::model::gguf_writer::GgufWriter;
-use inflight::model::quant::{dequantize, GgmlType};
+use inflight::model::gguf::GgufFile;
+use inflight::model::gguf_convert::hf_checkpoint_to_gguf;
+use inflight::model::quant::GgmlType;
 use inflight::model::safetensors::HfCheckpoint;
 use inflight::model::tiny::{write_tiny_checkpoint, TinySpec};
 use inflight::model::{KvCache, Llama, SeqChunk};
@@ -20,23 +19,6 @@ fn temp_dir(tag: &str) -> PathBuf {
     d
 }
 
-/// llama.cpp's converter permutation of Q/K rows (HF rotate-half → adjacent pairs).
-fn permute(w: &[f32], heads: usize, head_dim: usize) -> Vec<f32> {
-    let cols = w.len() / (heads * head_dim);
-    let half = head_dim / 2;
-    let mut out = vec![0f32; w.len()];
-    for h in 0..heads {
-        for j in 0..half {
-            for s in 0..2 {
-                let dst = (h * head_dim + 2 * j + s) * cols;
-                let src = (h * head_dim + s * half + j) * cols;
-                out[dst..dst + cols].copy_from_slice(&w[src..src + cols]);
-            }
-        }
-    }
-    out
-}
-
 fn to_gguf(ckpt: &HfCheckpoint, ty: GgmlType) -> GgufFile {
     to_gguf_with(ckpt, &|_| ty, false)
 }
@@ -44,73 +26,7 @@ fn to_gguf(ckpt: &HfCheckpoint, ty: GgmlType) -> GgufFile {
 /// The checkpoint as GGUF, each matrix of type `ty_of(gguf name)`; with `twin`, the
 /// matrices hold the same (quantized) values stored as F32.
 fn to_gguf_with(ckpt: &HfCheckpoint, ty_of: &dyn Fn(&str) -> GgmlType, twin: bool) -> GgufFile {
-    let c = ckpt.config();
-    let mut w = GgufWriter::new();
-    let u = |v: usize| MetaValue::U32(v as u32);
-    w.meta("general.architecture", MetaValue::String("llama".into()))
-        .meta("llama.block_count", u(c.num_layers))
-        .meta("llama.context_length", u(c.max_position_embeddings))
-        .meta("llama.embedding_length", u(c.hidden_size))
-        .meta("llama.feed_forward_length", u(c.intermediate_size))
-        .meta("llama.attention.head_count", u(c.num_heads))
-        .meta("llama.attention.head_count_kv", u(c.num_kv_heads))
-        .meta("llama.rope.freq_base", MetaValue::F32(c.rope_theta))
-        .meta(
-            "llama.attention.layer_norm_rms_epsilon",
-            MetaValue::F32(c.rms_norm_eps),
-        )
-        .meta("llama.vocab_size", u(c.vocab_size));
-    let mut put = |gguf: &str, hf: &str, fix: Option<usize>| {
-        let (shape, mut data) = ckpt.tensor_f32(hf).unwrap();
-        if let Some(heads) = fix {
-            data = permute(&data, heads, c.head_dim);
-        }
-        let ty = if shape.len() == 1 {
-            GgmlType::F32
-        } else {
-            ty_of(gguf)
-        };
-        if twin {
-            let values = dequantize(ty, &encode(ty, &data), data.len()).unwrap();
-            w.tensor(gguf, &shape, GgmlType::F32, &values);
-        } else {
-            w.tensor(gguf, &shape, ty, &data);
-        }
-    };
-    put("token_embd.weight", "model.embed_tokens.weight", None);
-    put("output_norm.weight", "model.norm.weight", None);
-    if !c.tie_word_embeddings {
-        put("output.weight", "lm_head.weight", None);
-    }
-    for l in 0..c.num_layers {
-        let p = |s: &str| format!("model.layers.{l}.{s}");
-        let g = |s: &str| format!("blk.{l}.{s}");
-        put(&g("attn_norm.weight"), &p("input_layernorm.weight"), None);
-        put(
-            &g("attn_q.weight"),
-            &p("self_attn.q_proj.weight"),
-            Some(c.num_heads),
-        );
-        put(
-            &g("attn_k.weight"),
-            &p("self_attn.k_proj.weight"),
-            Some(c.num_kv_heads),
-        );
-        put(&g("attn_v.weight"), &p("self_attn.v_proj.weight"), None);
-        put(
-            &g("attn_output.weight"),
-            &p("self_attn.o_proj.weight"),
-            None,
-        );
-        put(
-            &g("ffn_norm.weight"),
-            &p("post_attention_layernorm.weight"),
-            None,
-        );
-        put(&g("ffn_gate.weight"), &p("mlp.gate_proj.weight"), None);
-        put(&g("ffn_up.weight"), &p("mlp.up_proj.weight"), None);
-        put(&g("ffn_down.weight"), &p("mlp.down_proj.weight"), None);
-    }
+    let w = hf_checkpoint_to_gguf(ckpt, &|name, _, _| ty_of(name), twin).unwrap();
     GgufFile::from_bytes(w.to_bytes()).unwrap()
 }
 

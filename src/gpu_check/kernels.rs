@@ -74,12 +74,14 @@ pub fn run_all(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Row>> {
         rows.extend(gate_up_swiglu(gpu, dt, &mut rng)?);
         rows.extend(normed_linear(gpu, dt, &mut rng)?);
         rows.extend(super::family_kernels::run(gpu, dt, &mut rng)?);
+        rows.extend(super::quant_kernels::run(gpu, dt, &mut rng)?);
     }
     // A bit copy: one build's check is the other's.
     rows.extend(gather(gpu, Half::F16, &mut rng)?);
     rows.extend(kv_block_copies(gpu, &mut rng)?);
     rows.push(kv_copy_rate(gpu)?);
     rows.extend(super::sample::sample_rows(gpu, &mut rng)?);
+    rows.extend(super::quant_kernels::rates(gpu, &mut rng)?);
     Ok(rows)
 }
 

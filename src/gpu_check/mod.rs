@@ -10,6 +10,8 @@ mod family_kernels;
 pub mod kernels;
 pub mod model;
 pub mod profile;
+mod quant_kernels;
+pub use quant_kernels::rates as quant_rates;
 mod sample;
 mod timeline;
 

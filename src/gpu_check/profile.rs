@@ -166,6 +166,12 @@ fn print_gemv_table(fwd: &CudaForward) {
 /// against the GEMV kernel).
 pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize, linear: Path) -> Result<()> {
     print_resources(cuda)?;
+    let (free, total) = cuda.gpu.mem_info()?;
+    println!(
+        "weight matrices on the device: {:.3} GB; device memory in use before the engine: {:.3} GB\n",
+        cuda.weights.matrix_bytes() as f64 / 1e9,
+        (total - free) as f64 / 1e9
+    );
     println!("linear layers: {linear:?}\n");
     let cfg = cuda.config.clone();
     let blocks = batches
@@ -245,7 +251,14 @@ pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize, linear: P
         }
         let wall = t0.elapsed().as_secs_f64() * 1e3 / iters as f64;
         let stages = fwd.stage_times()?;
-        print_batch(&cfg, b, &stages, iters, (wall, plain));
+        print_batch(
+            &cfg,
+            &stage_weight_bytes(cuda),
+            b,
+            &stages,
+            iters,
+            (wall, plain),
+        );
         if let Some(ms) = ahead {
             println!("| wall time per step planned ahead (as served) | {ms:.3} | | | |");
         }
@@ -280,8 +293,27 @@ fn run_ahead(
     Ok(())
 }
 
+/// Device bytes of each linear stage's weights over the whole pass: (qkv, o, gate_up,
+/// down, lm_head), quantized matrices at their own size.
+type StageWeightBytes = [f64; 5];
+
+fn stage_weight_bytes(cuda: &CudaModel) -> StageWeightBytes {
+    let w = &cuda.weights;
+    let sum = |f: &dyn Fn(&crate::model::gpu::weights::GpuLayer) -> usize| {
+        w.layers.iter().map(f).sum::<usize>() as f64
+    };
+    [
+        sum(&|l| l.qkv.w.bytes()),
+        sum(&|l| l.o.w.bytes()),
+        sum(&|l| l.gate_up.w.bytes()),
+        sum(&|l| l.down.w.bytes()),
+        w.head().bytes() as f64,
+    ]
+}
+
 fn print_batch(
     cfg: &crate::model::config::ModelConfig,
+    wb: &StageWeightBytes,
     b: &Batch,
     stages: &[(&'static str, f64)],
     iters: usize,
@@ -297,10 +329,10 @@ fn print_batch(
     let n = (b.seqs * b.new) as f64;
     let rows = b.seqs as f64;
     // (FLOPs, bytes) of each stage over the whole pass.
-    let gemm = |i: f64, o: f64, tokens: f64, times: f64| {
+    let gemm = |i: f64, o: f64, tokens: f64, times: f64, weights: f64| {
         (
             2.0 * tokens * i * o * times,
-            (i * o * 2.0 + tokens * (i * 2.0 + o * 4.0)) * times,
+            weights + tokens * (i * 2.0 + o * 4.0) * times,
         )
     };
     // Keys each query row attends to, summed over the batch.
@@ -316,11 +348,11 @@ fn print_batch(
     let work = |name: &str| -> Option<(f64, f64)> {
         let stage = stages_with_work.into_iter().find(|s| s.name() == name)?;
         Some(match stage {
-            Stage::Qkv => gemm(h, qd + 2.0 * kvd, n, layers),
-            Stage::O => gemm(qd, h, n, layers),
-            Stage::GateUp => gemm(h, 2.0 * f, n, layers),
-            Stage::Down => gemm(f, h, n, layers),
-            Stage::LmHead => gemm(h, cfg.vocab_size as f64, rows, 1.0),
+            Stage::Qkv => gemm(h, qd + 2.0 * kvd, n, layers, wb[0]),
+            Stage::O => gemm(qd, h, n, layers, wb[1]),
+            Stage::GateUp => gemm(h, 2.0 * f, n, layers, wb[2]),
+            Stage::Down => gemm(f, h, n, layers, wb[3]),
+            Stage::LmHead => gemm(h, cfg.vocab_size as f64, rows, 1.0, wb[4]),
             Stage::Attention => (
                 4.0 * qd * keys * layers,
                 // K and V of every attended position once per sequence (16-bit).

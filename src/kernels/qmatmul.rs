@@ -142,11 +142,38 @@ impl QMatrix {
         Some(out)
     }
 
+    /// The matrix's bands, top to bottom, as the GPU engine copies them.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn bands(&self) -> impl Iterator<Item = QBand<'_>> {
+        self.parts.iter().map(|p| QBand {
+            format: p.format,
+            rows: p.rows,
+            cols: p.cols,
+            d: &p.d,
+            m: &p.m,
+            qs: &p.qs,
+        })
+    }
+
     /// Dequantizes row `r` into `out` (`cols` values), bit for bit as `quant::dequantize`.
     pub(crate) fn row_into(&self, r: usize, out: &mut [f32]) {
         let (p, lr) = self.locate(r);
         p.row_into(lr, out);
     }
+}
+
+/// A band of a [`QMatrix`] as stored: rows of one format, their codes `qs` (for K-quants
+/// the GGUF super-blocks) and, for the 32-value formats, a scale `d` and, where the format
+/// has one, a minimum `m` per block of 32 (f32, each exactly an f16 of the file's, or
+/// -8·d for Q4_0).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct QBand<'a> {
+    pub format: QFormat,
+    pub rows: usize,
+    pub cols: usize,
+    pub d: &'a [f32],
+    pub m: &'a [f32],
+    pub qs: &'a [u8],
 }
 
 impl QPart {

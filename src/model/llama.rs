@@ -220,9 +220,20 @@ pub(crate) fn check_chunks(
                 c.block_table.len()
             )));
         }
-        if let Some(&b) = c.block_table[..blocks]
+        // Blocks wholly behind every layer's window from the chunk's first query may have
+        // been given back (the scheduler's DROPPED): no kernel reads them.
+        let behind = cfg
+            .arch
+            .kv_window(cfg.num_layers)
+            .map_or(0, |w| (c.start_pos + 1).saturating_sub(w) / block_size);
+        let outside = |(j, &b): (usize, &u32)| {
+            let dropped = b == crate::scheduler::DROPPED && j < behind;
+            b as usize >= num_blocks && !dropped
+        };
+        if let Some((_, &b)) = c.block_table[..blocks]
             .iter()
-            .find(|&&b| b as usize >= num_blocks)
+            .enumerate()
+            .find(|&e| outside(e))
         {
             return Err(Error::InvalidRequest(format!(
                 "block {b} is outside the cache ({num_blocks} blocks)"

@@ -8,6 +8,7 @@ pub mod device;
 pub mod family;
 pub mod fault;
 pub mod gguf;
+pub mod gguf_convert;
 pub mod gguf_writer;
 #[cfg(feature = "cuda")]
 pub mod gpu;

@@ -52,6 +52,25 @@ pub enum GgmlType {
 }
 
 impl GgmlType {
+    /// Every type.
+    pub const ALL: [GgmlType; 15] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::BF16,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
+    ];
+
     /// Maps ggml's numeric type id; unknown or unsupported ids are an error naming the id.
     pub fn from_id(id: u32) -> Result<Self> {
         Ok(match id {

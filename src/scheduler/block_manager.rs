@@ -18,6 +18,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+/// A block table entry whose block its sequence gave back: every position in it is behind
+/// the sliding window of every layer (`SchedulerConfig::kv_window`), so no kernel reads it.
+/// Freeing or forking it does nothing.
+pub const DROPPED: u32 = u32::MAX;
+
 /// Reference-counted pool of fixed-size KV blocks, with the prefix cache's index.
 #[derive(Debug, Clone)]
 pub struct BlockManager {
@@ -116,7 +121,7 @@ impl BlockManager {
         // Cached blocks become reclaimable last block first: a table's tail goes before its
         // head, so a chain is cut from its end and what is left of it is still found.
         let mut cached = Vec::new();
-        for &b in blocks {
+        for &b in blocks.iter().filter(|&&b| b != DROPPED) {
             let Some(count) = self.refs.get_mut(b as usize) else {
                 debug_assert!(false, "free of unknown block {b}");
                 continue;
@@ -244,7 +249,7 @@ impl BlockManager {
     /// Adds one reference to each block (a second owner shares it). Forking a free or
     /// unknown block is a caller bug: `debug_assert`, otherwise ignored.
     pub fn fork(&mut self, blocks: &[u32]) {
-        for &b in blocks {
+        for &b in blocks.iter().filter(|&&b| b != DROPPED) {
             match self.refs.get_mut(b as usize) {
                 Some(count) if *count > 0 => *count += 1,
                 _ => debug_assert!(false, "fork of free or unknown block {b}"),

@@ -42,6 +42,10 @@ pub(super) fn check_batch(s: &Scheduler, batch: &Batch) {
         for b in
             &x.block_table[x.start_pos / c.block_size..(end + x.max_draft).div_ceil(c.block_size)]
         {
+            assert_ne!(
+                *b, DROPPED,
+                "a chunk writes a block given back to the window"
+            );
             assert_eq!(s.blocks.ref_count(*b), 1, "a chunk writes shared block {b}");
             assert!(!s.blocks.is_cached(*b), "a chunk writes cached block {b}");
         }
@@ -83,7 +87,21 @@ pub(super) fn check_invariants(s: &Scheduler) {
             "over-allocated"
         );
         assert!(seq.ahead.is_none() || seq.in_flight.is_some());
-        owned.extend(&seq.blocks);
+        // Blocks are given back only under a window, and only wholly behind it.
+        for (j, &b) in seq.blocks.iter().enumerate() {
+            if b == DROPPED {
+                let window = s
+                    .config
+                    .kv_window
+                    .expect("a block dropped without a window");
+                assert!(
+                    (j + 1) * bs + window <= seq.num_computed + 1,
+                    "block {j} of {} dropped inside the window",
+                    seq.id
+                );
+            }
+        }
+        owned.extend(seq.blocks.iter().filter(|&&b| b != DROPPED));
     }
     // Each block's references are its owners; a block owned by several sequences is a
     // cached one, inside every owner's computed tokens (never written again).
@@ -94,7 +112,7 @@ pub(super) fn check_invariants(s: &Scheduler) {
     // Beams of one search share blocks whether or not they are cached.
     let mut searches: HashMap<u32, Vec<u64>> = HashMap::new();
     for seq in s.running.iter().filter(|q| q.is_beam()) {
-        for &b in &seq.blocks {
+        for &b in seq.blocks.iter().filter(|&&b| b != DROPPED) {
             searches.entry(b).or_default().push(seq.group);
         }
     }
@@ -109,7 +127,7 @@ pub(super) fn check_invariants(s: &Scheduler) {
     }
     for seq in &s.running {
         for (j, &b) in seq.blocks.iter().enumerate() {
-            if owners[&b] > 1 {
+            if b != DROPPED && owners[&b] > 1 {
                 assert!(
                     (j + 1) * bs <= seq.num_computed,
                     "shared block {b} not computed for {}",

@@ -92,7 +92,7 @@ pub use batch::{
     StepOutput, PENDING_TOKEN,
 };
 pub use beams::BeamFork;
-pub use block_manager::BlockManager;
+pub use block_manager::{BlockManager, DROPPED};
 pub use policy::{AddError, ConfigError, Limit, SchedulerConfig, SchedulerPolicy};
 pub use sequence::SeqSpec;
 pub(crate) use stats::StepTiming;
@@ -311,8 +311,31 @@ impl Scheduler {
     }
 
     /// Registers running sequence `idx`'s blocks that its computed tokens now fill, so
-    /// that later sequences with the same prefix find them.
+    /// that later sequences with the same prefix find them; then, under a sliding window,
+    /// gives back the blocks its next query can no longer see.
     fn register_blocks(&mut self, idx: usize) {
+        self.register_full(idx);
+        self.drop_behind_window(idx);
+    }
+
+    /// Under `kv_window`, frees running sequence `idx`'s blocks wholly behind the window of
+    /// its next query (position `num_computed`, which sees `num_computed + 1 - window` and
+    /// after; queries in flight are later still), marking them [`DROPPED`].
+    fn drop_behind_window(&mut self, idx: usize) {
+        let Some(window) = self.config.kv_window else {
+            return;
+        };
+        let seq = &mut self.running[idx];
+        let behind = (seq.num_computed + 1).saturating_sub(window) / self.config.block_size;
+        for b in seq.blocks.iter_mut().take(behind) {
+            if *b != DROPPED {
+                self.blocks.free(&[*b]);
+                *b = DROPPED;
+            }
+        }
+    }
+
+    fn register_full(&mut self, idx: usize) {
         if !self.config.enable_kv_cache_reuse {
             return;
         }
@@ -325,7 +348,9 @@ impl Scheduler {
         seq.block_hashes(bs);
         let end = full.min(seq.hashes.len());
         for j in seq.registered..end {
-            self.blocks.register(seq.blocks[j], seq.hashes[j]);
+            if seq.blocks[j] != DROPPED {
+                self.blocks.register(seq.blocks[j], seq.hashes[j]);
+            }
         }
         seq.registered = end;
     }

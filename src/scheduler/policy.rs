@@ -51,6 +51,11 @@ pub struct SchedulerConfig {
     /// Plan each iteration while the one before it runs, where the engine samples on its
     /// device and no draft source stands in front of it (`scheduler::overlap`).
     pub overlap: bool,
+    /// The sliding window every layer attends within (Mistral), where all do: a running
+    /// sequence gives back each block wholly behind the window of its next query
+    /// ([`block_manager::DROPPED`](super::block_manager::DROPPED) takes its place in the
+    /// table). None: blocks are kept for the sequence's life.
+    pub kv_window: Option<usize>,
 }
 
 impl Default for SchedulerConfig {
@@ -68,6 +73,7 @@ impl Default for SchedulerConfig {
             max_seq_len: 8192,
             enable_kv_cache_reuse: true,
             overlap: true,
+            kv_window: None,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! sequences are admitted, and which running ones are preempted for blocks.
 
 use super::batch::{Batch, BlockCopy, IterationStats, ScheduledSeq, PENDING_TOKEN};
+use super::block_manager::DROPPED;
 use super::policy::SchedulerPolicy;
 use super::sequence::Sequence;
 use super::Scheduler;
@@ -300,6 +301,8 @@ impl Scheduler {
         seq.ahead = None;
         seq.registered = 0;
         let keep = self.blocks.blocks_for(seq.num_computed);
+        // A table with blocks given back to a sliding window is computed again instead.
+        let may_swap = may_swap && !seq.blocks.contains(&DROPPED);
         let host = (may_swap && keep > 0)
             .then(|| self.swap_space(keep, step))
             .flatten();

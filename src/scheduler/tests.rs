@@ -1116,3 +1116,57 @@ fn no_evict_never_preempts_for_priority() {
         assert!(chunk(&b, 2).is_none(), "waits for seq 1's reserved blocks");
     }
 }
+
+#[test]
+fn a_sliding_window_gives_back_the_blocks_behind_it() {
+    // Window 8, blocks of 4: the query at position p sees p - 7 ..= p.
+    let config = |window| SchedulerConfig {
+        kv_window: window,
+        enable_chunked_context: true,
+        max_num_tokens: 8,
+        ..small(SchedulerPolicy::MaxUtilization, 16, 4)
+    };
+    let mut s = scheduler(config(Some(8)));
+    s.add(spec(1, 20, 20)).unwrap();
+    // The 20-token prompt in chunks of 8: after 16 computed, the next query (16) sees 9..,
+    // so blocks 0 and 1 (positions 0..8) are given back.
+    step(&mut s, &[]);
+    assert!(!s.running[0].blocks.contains(&DROPPED));
+    step(&mut s, &[]);
+    assert_eq!(s.running[0].num_computed, 16);
+    assert_eq!(s.running[0].blocks[..2], [DROPPED, DROPPED]);
+    assert_ne!(s.running[0].blocks[2], DROPPED);
+    // Two such sequences need 20 blocks of the 16 whole, but hold at most 4 each under
+    // the window: both run to the end without preemption; without it, one is preempted.
+    for (window, preempted) in [(Some(8), false), (None, true)] {
+        let mut s = scheduler(config(window));
+        s.add(spec(1, 20, 20)).unwrap();
+        s.add(spec(2, 20, 20)).unwrap();
+        let (mut held_max, mut done) = (0, 0);
+        while done < 2 {
+            let (_, events) = step(&mut s, &[]);
+            done += finished(&events).len();
+            for q in &s.running {
+                held_max = held_max.max(q.blocks.iter().filter(|&&b| b != DROPPED).count());
+            }
+        }
+        assert_eq!(
+            s.preemptions + s.swap_outs > 0,
+            preempted,
+            "window {window:?}"
+        );
+        if window.is_some() {
+            assert!(held_max <= 4, "held {held_max} blocks");
+        }
+        assert_eq!(s.blocks.num_free(), 16, "every block back at the end");
+    }
+}
+
+#[test]
+fn without_a_window_blocks_are_kept() {
+    let mut s = scheduler(small(SchedulerPolicy::MaxUtilization, 16, 4));
+    s.add(spec(1, 20, 4)).unwrap();
+    step(&mut s, &[]);
+    step(&mut s, &[]);
+    assert!(!s.running[0].blocks.contains(&DROPPED));
+}

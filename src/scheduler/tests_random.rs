@@ -35,6 +35,8 @@ struct Engine {
     pool: Vec<Option<u64>>,
     host: Vec<Option<u64>>,
     block_size: usize,
+    /// The window its attention reads (the config's `kv_window`).
+    window: Option<usize>,
 }
 
 /// The content of each position of `tokens` for a sequence with `salt`.
@@ -58,6 +60,7 @@ impl Engine {
             pool: vec![None; config.num_blocks * config.block_size],
             host: vec![None; config.num_host_blocks * config.block_size],
             block_size: config.block_size,
+            window: config.kv_window,
         }
     }
 }
@@ -118,8 +121,11 @@ impl Engine {
             if !c.sample {
                 continue;
             }
+            // The sampling query, at end - 1, reads its window (a block given back before
+            // it would be an index past the pool here).
+            let first = self.window.map_or(0, |w| end.saturating_sub(w));
             let want = contents(salt, &known[..end]);
-            for (pos, &w) in want.iter().enumerate() {
+            for (pos, &w) in want.iter().enumerate().skip(first) {
                 let got = self.pool[slot(&c.block_table, pos)];
                 assert_eq!(got, Some(w), "seq {} KV at {pos} corrupted", c.id);
             }
@@ -145,7 +151,7 @@ impl Engine {
 }
 
 fn random_config(rng: &mut StdRng, policy: SchedulerPolicy, chunked: bool) -> SchedulerConfig {
-    SchedulerConfig {
+    let mut c = SchedulerConfig {
         max_batch_size: rng.gen_range(1..=8),
         max_num_tokens: rng.gen_range(4..=64),
         max_queue_size: rng.gen_range(1..=16),
@@ -158,7 +164,12 @@ fn random_config(rng: &mut StdRng, policy: SchedulerPolicy, chunked: bool) -> Sc
         max_seq_len: rng.gen_range(2..=96),
         enable_kv_cache_reuse: true,
         overlap: true,
-    }
+        kv_window: None,
+    };
+    // A sliding window in some configs, chosen from what was drawn (a draw of its own
+    // would change every seed's scenario).
+    c.kv_window = [None, None, Some(3), Some(8), Some(20)][(c.num_blocks + c.max_seq_len) % 5];
+    c
 }
 
 /// Schedules (ahead of `prev`, the batch in flight, when given), runs the engine and
@@ -479,6 +490,7 @@ fn max_utilization_random_runs_do_preempt_and_swap() {
             num_host_blocks: [0, 6, 24][seed as usize % 3],
             enable_kv_cache_reuse: seed % 4 < 2,
             overlap: true,
+            kv_window: [None, Some(9)][seed as usize % 2],
         };
         let mut s = Scheduler::new(config.clone()).unwrap();
         let mut engine = Engine::new(&config);

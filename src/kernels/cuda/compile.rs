@@ -38,6 +38,7 @@ pub const MODULES: &[(&str, &str)] = &[
     ),
     ("sample", include_str!("../../../kernels/sample.cu")),
     ("gemv", include_str!("../../../kernels/gemv.cu")),
+    ("qgemv", include_str!("../../../kernels/qgemv.cu")),
     ("convert", include_str!("../../../kernels/convert.cu")),
     ("fault", include_str!("../../../kernels/fault.cu")),
 ];

@@ -555,6 +555,35 @@ impl Blas {
     }
 
     fn gemm_ex(&self, shape: Shape, x: u64, w: u64, y: u64) -> Result<()> {
+        self.gemm_ex_ld(shape, x, w, y, shape.out)
+    }
+
+    /// `y[n, ..out] = x[n, inp] · w[out, inp]ᵀ` with y's rows `ldy` elements apart: a
+    /// layer's output columns from a panel of its weight rows (qgemm.rs), on cublasGemmEx.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_strided(
+        &self,
+        half: Half,
+        x: u64,
+        w: u64,
+        y: u64,
+        y_ty: Out,
+        n: usize,
+        inp: usize,
+        out: usize,
+        ldy: usize,
+    ) -> Result<()> {
+        let shape = Shape {
+            half,
+            n,
+            inp,
+            out,
+            y: y_ty,
+        };
+        self.gemm_ex_ld(shape, x, w, y, ldy)
+    }
+
+    fn gemm_ex_ld(&self, shape: Shape, x: u64, w: u64, y: u64, ldy: usize) -> Result<()> {
         let Shape {
             half,
             n,
@@ -565,7 +594,7 @@ impl Blas {
         let dim = |v: usize| {
             i32::try_from(v).map_err(|_| Error::Cuda(format!("GEMM dimension {v} too large")))
         };
-        let (m, nn, k) = (dim(out)?, dim(n)?, dim(inp)?);
+        let (m, nn, k, ldc) = (dim(out)?, dim(n)?, dim(inp)?, dim(ldy)?);
         let (alpha, beta) = (1.0f32, y_ty.beta());
         let ty = match half {
             Half::Bf16 => cudaDataType_t::CUDA_R_16BF,
@@ -573,7 +602,7 @@ impl Blas {
         };
         // Row-major y = x·wᵀ is column-major yᵀ = w·xᵀ with w read transposed.
         // SAFETY: the pointers are live device buffers of at least out·inp, n·inp and
-        // n·out elements, on the handle's stream.
+        // (n - 1)·ldy + out elements, on the handle's stream.
         unsafe {
             result::gemm_ex(
                 *self.blas.handle(),
@@ -595,7 +624,7 @@ impl Blas {
                     Out::F32 | Out::F32Add => cudaDataType_t::CUDA_R_32F,
                     Out::Half => ty,
                 },
-                m,
+                ldc,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
@@ -605,7 +634,7 @@ impl Blas {
 }
 
 /// Milliseconds per run of `f`: one untimed run, then REPS between two events.
-fn time_ms(gpu: &Gpu, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+pub(crate) fn time_ms(gpu: &Gpu, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
     const REPS: usize = 5;
     f()?;
     let event = || {

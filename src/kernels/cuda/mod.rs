@@ -11,6 +11,7 @@ pub mod gemm;
 pub(crate) mod gemv;
 pub(crate) mod launch;
 pub(crate) mod lt;
+pub(crate) mod qgemm;
 pub(crate) mod swap;
 pub(crate) mod switches;
 pub(crate) mod timeline;
@@ -131,6 +132,32 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("gather", &["gather_rows"]),
+    (
+        "qgemv",
+        &[
+            "qgemv_q8",
+            "qgemv_q4",
+            "qgemv_q4k",
+            "qgemv_q5k",
+            "qgemv_q6k",
+            "qgemv1_q8",
+            "qgemv1_q4",
+            "qgemv1_q4k",
+            "qgemv1_q5k",
+            "qgemv1_q6k",
+            "qdequant_q8",
+            "qdequant_q4",
+            "qdequant_q4k",
+            "qdequant_q5k",
+            "qdequant_q6k",
+            "qembed_q8",
+            "qembed_q4",
+            "qembed_q4k",
+            "qembed_q5k",
+            "qembed_q6k",
+            "quantize_x",
+        ],
+    ),
     (
         "attention",
         &[

@@ -159,6 +159,14 @@ impl Arch {
         self.sliding_window.is_some() && self.local_layers.get(l).copied().unwrap_or(true)
     }
 
+    /// The window every one of `layers` layers attends within, where all are local (None:
+    /// some layer sees every earlier position): KV blocks wholly behind it are never read
+    /// again.
+    pub fn kv_window(&self, layers: usize) -> Option<usize> {
+        self.sliding_window
+            .filter(|_| (0..layers).all(|l| self.is_local(l)))
+    }
+
     /// The window layer `l` attends within (None: every earlier position).
     pub fn window(&self, l: usize) -> Option<usize> {
         self.sliding_window.filter(|_| self.is_local(l))

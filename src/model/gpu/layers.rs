@@ -7,14 +7,13 @@ use super::layout::Layout;
 use super::profile::{self, StageTimer};
 use super::scratch::{DeviceKv, Scratch};
 use super::swap::HostCache;
-use super::weights::GpuNorm;
-use super::weights::GpuWeights;
+use super::weights::{GpuLinear, GpuMatrix, GpuNorm, GpuWeights};
 use super::CudaModel;
 use crate::error::Result;
 use crate::kernels::cuda::attention::{self, Attention};
 use crate::kernels::cuda::gemm::{Blas, Input, Norm, Out, Path};
 use crate::kernels::cuda::launch::Heads;
-use crate::kernels::cuda::{family, launch, Gpu};
+use crate::kernels::cuda::{family, launch, qgemm, Gpu};
 use crate::model::config::ModelConfig;
 use crate::model::family::Mlp;
 use crate::model::stage::{self, Stage};
@@ -152,17 +151,65 @@ impl<'a> Pass<'a> {
             pos: self.meta().pos,
             scale: self.cfg.arch.embed_scale.unwrap_or(1.0),
         };
-        launch::embed(
-            self.g,
-            w.half,
-            w.embed.ptr(),
-            ids,
-            self.fed,
-            s.x.ptr(),
-            self.lay.n,
-            h,
-            extras,
-        )
+        match &w.embed {
+            GpuMatrix::Half(table) => launch::embed(
+                self.g,
+                w.half,
+                table.ptr(),
+                ids,
+                self.fed,
+                s.x.ptr(),
+                self.lay.n,
+                h,
+                extras,
+            ),
+            GpuMatrix::Quant(q) => qgemm::qembed(
+                self.g,
+                w.half,
+                q,
+                ids,
+                self.fed,
+                s.x.ptr(),
+                self.lay.n,
+                extras,
+            ),
+        }
+    }
+
+    /// `y = input · wᵀ` for `rows` rows of `inp` values into `out` columns: on the tuned
+    /// paths for a 16-bit matrix; for a quantized one its input normed first where it
+    /// asks for a norm, then qgemm.
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        &self,
+        input: Input,
+        w: &GpuMatrix,
+        y: u64,
+        y_ty: Out,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<()> {
+        let half = self.w.half;
+        match w {
+            GpuMatrix::Half(b) => {
+                self.blas
+                    .linear(self.path, half, input, b.ptr(), y, y_ty, rows, inp, out)
+            }
+            GpuMatrix::Quant(q) => {
+                let x = match input {
+                    Input::Rows(x) => x,
+                    Input::Normed(n) => {
+                        launch::rms_norm(self.g, half, n.x, n.w, n.xn, rows, inp, n.eps, false)?;
+                        n.xn
+                    }
+                };
+                let scratch = self.w.qscratch.as_ref().ok_or_else(|| {
+                    crate::error::Error::Cuda("a quantized matrix without its scratch".into())
+                })?;
+                qgemm::qlinear(self.blas, half, x, q, y, y_ty, rows, scratch)
+            }
+        }
     }
 
     /// The input of a linear layer that reads `rows` rows of the residual `x` through
@@ -194,7 +241,7 @@ impl<'a> Pass<'a> {
     fn add_to_residual(
         &self,
         input: u64,
-        lin: &super::weights::GpuLinear,
+        lin: &GpuLinear,
         post: Option<&GpuNorm>,
         x: u64,
         rows: usize,
@@ -203,30 +250,10 @@ impl<'a> Pass<'a> {
         let (cfg, s, half) = (self.cfg, self.s, self.w.half);
         let h = cfg.hidden_size;
         if post.is_none() && lin.b.is_none() {
-            return self.blas.linear(
-                self.path,
-                half,
-                input,
-                lin.w.ptr(),
-                x,
-                Out::F32Add,
-                rows,
-                inp,
-                h,
-            );
+            return self.linear(Input::Rows(input), &lin.w, x, Out::F32Add, rows, inp, h);
         }
         let t = s.tmp.ptr();
-        self.blas.linear(
-            self.path,
-            half,
-            input,
-            lin.w.ptr(),
-            t,
-            Out::F32,
-            rows,
-            inp,
-            h,
-        )?;
+        self.linear(Input::Rows(input), &lin.w, t, Out::F32, rows, inp, h)?;
         let b = lin.b.as_ref().map_or(0, |b| b.ptr());
         let w = post.map_or(0, |p| p.w.ptr());
         family::residual_add(self.g, half, x, t, (b, w), rows, h, cfg.rms_norm_eps)
@@ -240,17 +267,9 @@ impl<'a> Pass<'a> {
         // where the GEMV's early requests delay the norm's read of x more than they save
         // (8B +2.2%), nor before the lm_head (1B +0.7%).
         let input = self.normed(&lw.attn_norm, s.x.ptr(), self.lay.n, true)?;
-        self.blas.linear(
-            self.path,
-            self.w.half,
-            input,
-            lw.qkv.w.ptr(),
-            s.qkv.ptr(),
-            Out::Half,
-            self.lay.n,
-            cfg.hidden_size,
-            cfg.q_dim() + 2 * cfg.kv_dim(),
-        )
+        let out = cfg.q_dim() + 2 * cfg.kv_dim();
+        let (n, h) = (self.lay.n, cfg.hidden_size);
+        self.linear(input, &lw.qkv.w, s.qkv.ptr(), Out::Half, n, h, out)
     }
 
     fn rope(&mut self, l: usize) -> Result<()> {
@@ -363,32 +382,46 @@ impl<'a> Pass<'a> {
         let (x, _, rows) = self.rows(l);
         let input = self.normed(&lw.ffn_norm, x, rows, false)?;
         let (half, f) = (self.w.half, cfg.intermediate_size);
+        let GpuMatrix::Half(w) = &lw.gate_up.w else {
+            // Quantized: the product, then its activation.
+            let (up, h) = (cfg.arch.up_rows(f), cfg.hidden_size);
+            self.linear(input, &lw.gate_up.w, s.gu.ptr(), Out::Half, rows, h, up)?;
+            return self.activation(l, rows);
+        };
         if cfg.arch.mlp != Mlp::SwiGlu || lw.gate_up.b.is_some() {
             let up = cfg.arch.up_rows(f);
-            let (gu, act) = (s.gu.ptr(), s.act.ptr());
-            let w = lw.gate_up.w.ptr();
+            let gu = s.gu.ptr();
             let h = cfg.hidden_size;
             self.blas
-                .linear(self.path, half, input, w, gu, Out::Half, rows, h, up)?;
-            let b = lw.gate_up.b.as_ref().map_or(0, |b| b.ptr());
-            match cfg.arch.mlp {
-                Mlp::GeGlu => family::gelu_mul(self.g, half, gu, act, rows, f)?,
-                Mlp::Gelu => family::gelu_bias(self.g, half, gu, b, act, rows, f)?,
-                Mlp::SwiGlu => launch::silu_mul(self.g, half, gu, act, rows, f)?,
-            }
-            self.swiglu_done = true;
-            return Ok(());
+                .linear(self.path, half, input, w.ptr(), gu, Out::Half, rows, h, up)?;
+            return self.activation(l, rows);
         }
         self.swiglu_done = self.blas.gate_up(
             self.path,
             self.w.half,
             input,
-            lw.gate_up.w.ptr(),
+            w.ptr(),
             (s.gu.ptr(), s.act.ptr()),
             rows,
             cfg.hidden_size,
             cfg.intermediate_size,
         )?;
+        Ok(())
+    }
+
+    /// The MLP's activation of gate_up's 16-bit product, for a product that did not apply
+    /// it itself (a quantized or ungated one, or one with a bias).
+    fn activation(&mut self, l: usize, rows: usize) -> Result<()> {
+        let (cfg, s, lw) = (self.cfg, self.s, &self.w.layers[l]);
+        let (half, f) = (self.w.half, cfg.intermediate_size);
+        let (gu, act) = (s.gu.ptr(), s.act.ptr());
+        let b = lw.gate_up.b.as_ref().map_or(0, |b| b.ptr());
+        match cfg.arch.mlp {
+            Mlp::GeGlu => family::gelu_mul(self.g, half, gu, act, rows, f)?,
+            Mlp::Gelu => family::gelu_bias(self.g, half, gu, b, act, rows, f)?,
+            Mlp::SwiGlu => launch::silu_mul(self.g, half, gu, act, rows, f)?,
+        }
+        self.swiglu_done = true;
         Ok(())
     }
 
@@ -462,17 +495,8 @@ impl<'a> Pass<'a> {
             (None, _, None) => normed(s.x.ptr()),
             (Some(_), true, None) => Input::Rows(s.head_in.ptr()),
         };
-        self.blas.linear(
-            self.path,
-            w.half,
-            input,
-            head,
-            s.logits.ptr(),
-            Out::F32,
-            self.lay.m,
-            cfg.hidden_size,
-            cfg.vocab_size,
-        )?;
+        let (m, h, v) = (self.lay.m, cfg.hidden_size, cfg.vocab_size);
+        self.linear(input, head, s.logits.ptr(), Out::F32, m, h, v)?;
         match cfg.arch.final_softcap {
             Some(cap) => {
                 let (m, v) = (self.lay.m, cfg.vocab_size);

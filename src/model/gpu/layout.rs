@@ -82,7 +82,11 @@ impl Layout {
             let len = c.tokens.len();
             let end = c.start_pos + len;
             for (j, &b) in c.block_table[..end.div_ceil(block_size)].iter().enumerate() {
-                tables[s * stride + j] = int(b as usize)?;
+                // A block given back behind the window: never read (check_chunks).
+                tables[s * stride + j] = match b {
+                    crate::scheduler::DROPPED => -1,
+                    b => int(b as usize)?,
+                };
             }
             for (i, &t) in c.tokens.iter().enumerate() {
                 let p = c.start_pos + i;

@@ -8,11 +8,12 @@ pub(crate) mod graphs;
 mod layers;
 mod layout;
 pub(crate) mod profile;
+pub(crate) mod qweights;
 mod sample;
 mod scratch;
 mod swap;
 pub(crate) mod tune;
-mod upload;
+pub(crate) mod upload;
 pub(crate) mod weights;
 
 use std::sync::{Arc, Mutex, OnceLock, RwLock};

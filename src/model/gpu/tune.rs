@@ -69,7 +69,7 @@ fn cache_path(model: &CudaModel) -> Option<PathBuf> {
     // What else decides which kernels are timed: the MLP (gate|up fused with SwiGLU on the
     // GEMV kernel, or not) and how many row buckets fit in the memory left.
     let gate_up_bias = w.layers.first().is_some_and(|l| l.gate_up.b.is_some());
-    let head = w.head();
+    let head = w.head().half_ptr().unwrap_or(0);
     let top = top_bucket(&all, head, g.mem_info().ok()?.0);
     let mut h = Sha256::new();
     h.update(format!(
@@ -132,7 +132,8 @@ fn write_cached(path: &Path, tuning: &Tuning) {
     }
 }
 
-/// Every linear layer's shape: (layer 0's weights, inputs, outputs, what it writes).
+/// Every linear layer's shape: (layer 0's weights, inputs, outputs, what it writes), for
+/// those whose weights are 16-bit (a quantized matrix has one path: qgemm.rs).
 fn linears(model: &CudaModel) -> Vec<(u64, usize, usize, Out)> {
     let (cfg, w) = (&model.config, &model.weights);
     let (h, qd, kvd, f) = (
@@ -148,23 +149,26 @@ fn linears(model: &CudaModel) -> Vec<(u64, usize, usize, Out)> {
     // The outputs the layers write (layers.rs): the residual added by o and down, unless a
     // bias or an output norm comes between.
     let residual = |b: bool, post: bool| if b || post { Out::F32 } else { Out::F32Add };
-    vec![
-        (l0.qkv.w.ptr(), h, qd + 2 * kvd, Out::Half),
+    [
+        (&l0.qkv.w, h, qd + 2 * kvd, Out::Half),
         (
-            l0.o.w.ptr(),
+            &l0.o.w,
             qd,
             h,
             residual(l0.o.b.is_some(), l0.post_attn_norm.is_some()),
         ),
-        (l0.gate_up.w.ptr(), h, cfg.arch.up_rows(f), Out::Half),
+        (&l0.gate_up.w, h, cfg.arch.up_rows(f), Out::Half),
         (
-            l0.down.w.ptr(),
+            &l0.down.w,
             f,
             h,
             residual(l0.down.b.is_some(), l0.post_ffn_norm.is_some()),
         ),
         (head, h, cfg.vocab_size, Out::F32),
     ]
+    .into_iter()
+    .filter_map(|(m, i, o, y)| Some((m.half_ptr()?, i, o, y)))
+    .collect()
 }
 
 /// Times every linear layer's shape (layer 0's weights, random inputs): at 1..=GEMV_MAX_ROWS
@@ -176,9 +180,10 @@ fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
     let Some(l0) = w.layers.first() else {
         return Ok(());
     };
-    let head = w.head();
+    let head = w.head().half_ptr().unwrap_or(0);
     // gate|up fused with SwiGLU on the GEMV kernel where the MLP is a plain SwiGLU.
     let fused_mlp = cfg.arch.mlp == Mlp::SwiGlu && l0.gate_up.b.is_none();
+    let gate_up = l0.gate_up.w.half_ptr().unwrap_or(0);
     let linears = linears(model);
     let max_in = linears.iter().map(|l| l.1).max().unwrap_or(0);
     let max_out = linears.iter().map(|l| l.2).max().unwrap_or(0);
@@ -194,7 +199,7 @@ fn tune_linears(model: &CudaModel, blas: &mut Blas) -> Result<()> {
                 out,
                 y: y_ty,
             };
-            if wp == l0.gate_up.w.ptr() && fused_mlp {
+            if wp == gate_up && fused_mlp {
                 blas.tune_gate_up(shape, x.ptr(), wp, y.ptr())?;
             } else {
                 blas.tune(shape, x.ptr(), wp, y.ptr())?;

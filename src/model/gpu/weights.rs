@@ -1,21 +1,49 @@
 //! Decoder weights (every family) on the GPU: every matrix in the model's 16-bit type (f16 by default:
-//! HF checkpoints' bf16 values, which f16 holds exactly in its range, and GGUF's quantized
-//! tensors dequantized here, exactly as the CPU engine holds them; bf16 on request or when
-//! a weight overflows f16), norms, biases and RoPE frequencies in fp32.
+//! HF checkpoints' bf16 values, which f16 holds exactly in its range; bf16 on request or
+//! when a weight overflows f16), except GGUF matrices the CPU engine keeps quantized, which
+//! stay quantized here too (qweights.rs; GGUF's other types come dequantized by the
+//! loader), norms, biases and RoPE frequencies in fp32.
 
+use half::f16;
 use rayon::prelude::*;
 
+use super::qweights;
 use super::upload::{Rows, Uploader};
 use crate::error::{Error, Result};
+use crate::kernels::cuda::qgemm::{QScratch, QWeight, PANEL_BYTES};
 use crate::kernels::cuda::{DevBuf, Gpu, Half};
 use crate::kernels::matmul::Matrix;
 use crate::model::family::{Arch, Mlp};
 use crate::model::weights::{Linear, Norm};
 use crate::model::Llama;
 
-/// A linear layer `y = x · Wᵀ (+ b)`, `w` row-major `[rows, cols]` (16-bit).
+/// A weight matrix on the device: 16-bit row-major, or kept quantized.
+pub enum GpuMatrix {
+    Half(DevBuf<u16>),
+    Quant(QWeight),
+}
+
+impl GpuMatrix {
+    /// The 16-bit matrix's address; None for a quantized one.
+    pub fn half_ptr(&self) -> Option<u64> {
+        match self {
+            GpuMatrix::Half(b) => Some(b.ptr()),
+            GpuMatrix::Quant(_) => None,
+        }
+    }
+
+    /// Device bytes of the matrix.
+    pub fn bytes(&self) -> usize {
+        match self {
+            GpuMatrix::Half(b) => 2 * b.len(),
+            GpuMatrix::Quant(q) => q.bytes(),
+        }
+    }
+}
+
+/// A linear layer `y = x · Wᵀ (+ b)`, `w` `[rows, cols]`.
 pub struct GpuLinear {
-    pub w: DevBuf<u16>,
+    pub w: GpuMatrix,
     pub b: Option<DevBuf<f32>>,
 }
 
@@ -47,7 +75,7 @@ pub struct GpuWeights {
     /// The 16-bit type of the matrices (and of the GEMM inputs and KV cache).
     pub half: Half,
     /// `[vocab, hidden]`, also the LM head when tied.
-    pub embed: DevBuf<u16>,
+    pub embed: GpuMatrix,
     /// Learned positions `[max_position_embeddings, hidden]`, fp32 (GPT-2).
     pub pos_embed: Option<DevBuf<f32>>,
     pub layers: Vec<GpuLayer>,
@@ -58,14 +86,30 @@ pub struct GpuWeights {
     pub inv_freq: DevBuf<f32>,
     /// The local layers' own, where they differ (Gemma 3).
     pub local_inv_freq: Option<DevBuf<f32>>,
+    /// Where quantized products work (None: no matrix is quantized).
+    pub qscratch: Option<QScratch>,
 }
 
 impl GpuWeights {
     /// The LM head's weights: its own, or the embedding's when tied.
-    pub fn head(&self) -> u64 {
-        self.lm_head
-            .as_ref()
-            .map_or(self.embed.ptr(), |l| l.w.ptr())
+    pub fn head(&self) -> &GpuMatrix {
+        self.lm_head.as_ref().map_or(&self.embed, |l| &l.w)
+    }
+
+    /// Device bytes of the weight matrices.
+    pub fn matrix_bytes(&self) -> usize {
+        self.matrices().map(GpuMatrix::bytes).sum()
+    }
+
+    /// Every matrix, for their device bytes.
+    fn matrices(&self) -> impl Iterator<Item = &GpuMatrix> {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.qkv.w, &l.o.w, &l.gate_up.w, &l.down.w]);
+        std::iter::once(&self.embed)
+            .chain(self.lm_head.as_ref().map(|l| &l.w))
+            .chain(layers)
     }
 
     /// The RoPE frequencies of layer `l` of a model with `arch`.
@@ -149,8 +193,10 @@ fn arranged<T: Copy>(v: Vec<T>, rows: usize, cols: usize, order: Rows) -> Vec<T>
     }
 }
 
-/// A matrix on the device in `half`, its rows placed as `order` says: one left in the
-/// checkpoint's memory map through the uploader, any other converted here first.
+/// A matrix on the device, its rows placed as `order` says: one the CPU engine keeps
+/// quantized stays so (an embedding only as one band: its gather takes one format);
+/// otherwise in `half`, one left in the checkpoint's memory map through the uploader, any
+/// other converted here first.
 fn matrix(
     gpu: &Gpu,
     up: &mut Uploader,
@@ -159,15 +205,40 @@ fn matrix(
     half: Half,
     order: Rows,
     what: &str,
-) -> Result<DevBuf<u16>> {
+) -> Result<GpuMatrix> {
     match m {
-        Matrix::Stored(s) if (s.rows(), s.cols()) == (rows, cols) => up.upload(s, half, order),
+        Matrix::Quant(q)
+            if (q.rows, q.cols) == (rows, cols)
+                && (what != EMBEDDING || q.bands().count() == 1) =>
+        {
+            // A prefill's panel holds the values in `half`: f16 must hold them all.
+            if half == Half::F16 && qweights::max_abs_bound(q) > f16::MAX.to_f32() {
+                return Err(Error::Model(format!(
+                    "a weight of {what} may {OVERFLOW} {}",
+                    half.suffix()
+                )));
+            }
+            if let Some(w) = qweights::upload(gpu, q, order)? {
+                return Ok(GpuMatrix::Quant(w));
+            }
+            let bits = to_half_checked(m, rows, cols, half, what)?;
+            Ok(GpuMatrix::Half(
+                gpu.upload(&arranged(bits, rows, cols, order))?,
+            ))
+        }
+        Matrix::Stored(s) if (s.rows(), s.cols()) == (rows, cols) => {
+            Ok(GpuMatrix::Half(up.upload(s, half, order)?))
+        }
         _ => {
             let bits = to_half_checked(m, rows, cols, half, what)?;
-            gpu.upload(&arranged(bits, rows, cols, order))
+            Ok(GpuMatrix::Half(
+                gpu.upload(&arranged(bits, rows, cols, order))?,
+            ))
         }
     }
 }
+
+const EMBEDDING: &str = "the embedding";
 
 fn linear(gpu: &Gpu, up: &mut Uploader, l: &Linear, half: Half, order: Rows) -> Result<GpuLinear> {
     Ok(GpuLinear {
@@ -201,7 +272,7 @@ impl GpuWeights {
             (cfg.vocab_size, cfg.hidden_size),
             half,
             Rows::AsIs,
-            "the embedding",
+            EMBEDDING,
         )?;
         let up_rows = if cfg.arch.mlp == Mlp::Gelu {
             Rows::AsIs
@@ -242,7 +313,7 @@ impl GpuWeights {
         } else {
             model.inv_freq().to_vec()
         };
-        let weights = GpuWeights {
+        let mut weights = GpuWeights {
             half,
             embed,
             pos_embed: w.pos_embed.as_deref().map(|p| gpu.upload(p)).transpose()?,
@@ -255,7 +326,22 @@ impl GpuWeights {
                 .transpose()?,
             inv_freq: gpu.upload(&inv_freq)?,
             local_inv_freq: model.local_inv_freq().map(|f| gpu.upload(f)).transpose()?,
+            qscratch: None,
         };
+        // The panel: the widest quantized row's whole 64-row groups in PANEL_BYTES, or
+        // the smallest quantized matrix whole where that is less.
+        let quant = weights.matrices().filter_map(|m| match m {
+            GpuMatrix::Quant(q) => Some((q.rows, q.cols)),
+            GpuMatrix::Half(_) => None,
+        });
+        let sizes = quant.fold(None, |acc: Option<(usize, usize)>, (rows, cols)| {
+            let want = (rows * cols).min((PANEL_BYTES / 2 / cols.max(1)).max(64) * cols);
+            Some(acc.map_or((want, cols), |(a, c)| (a.max(want), c.max(cols))))
+        });
+        weights.qscratch = sizes
+            .map(|(panel, cols)| QScratch::new(gpu, panel, cols))
+            .transpose()?;
+        let on_device = weights.matrix_bytes();
         let mapped = up.bytes;
         up.finish()?;
         gpu.sync()?;
@@ -264,6 +350,7 @@ impl GpuWeights {
             seconds = format!("{seconds:.2}"),
             gb_from_map = format!("{:.2}", mapped as f64 / 1e9),
             gb_per_s = format!("{:.2}", mapped as f64 / 1e9 / seconds.max(1e-9)),
+            matrices_gb = format!("{:.3}", on_device as f64 / 1e9),
             "weights uploaded"
         );
         Ok(weights)

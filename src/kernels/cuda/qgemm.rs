@@ -1,0 +1,331 @@
+//! Linear layers and embeddings on GGUF weights kept quantized on the device
+//! (kernels/qgemv.cu). Up to [`QGEMV_MAX`] token rows (decode) read the quantized bytes
+//! themselves: the rows are quantized to int8 in blocks of 32 (as the CPU engine does), and
+//! each weight block meets them in integer dot products, [`QG_ROWS`] rows a launch; more
+//! rows (prefill, large batches) dequantize the weights a panel of rows at a time into a
+//! 16-bit buffer that cuBLAS multiplies, so the weights stay the file's size in memory and
+//! only one panel is ever 16-bit.
+
+use super::gemm::{Blas, Out};
+use super::launch::{cfg, i32_of, Args, EmbedExtras};
+use super::{cuda_err, DevBuf, Gpu, Half};
+use crate::error::{Error, Result};
+
+/// Token rows one qgemv launch takes (kernels/qgemv.cu's QG_ROWS).
+pub(crate) const QG_ROWS: usize = 8;
+/// Warps (weight rows) a qgemv block (QG_WARPS).
+const QG_WARPS: usize = 8;
+/// Up to this many token rows a layer runs on qgemv, [`QG_ROWS`] a launch: each launch
+/// reads the weights once, which beats dequantizing them whole (4 bytes a weight written
+/// and read again at 16 bits, against 0.56 read for Q4_K) up to about 8 launches.
+pub(crate) const QGEMV_MAX: usize = 32;
+/// The 16-bit panel that larger products dequantize into, in bytes.
+pub(crate) const PANEL_BYTES: usize = 32 << 20;
+
+/// How a band's planes code its values (qgemv.cu's formats).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QKind {
+    /// 8-bit codes and an f16 scale a block of 32 (Q8_0; Q5_0 and, with minima, Q5_1
+    /// widened to a byte a code).
+    Q8,
+    /// 4-bit codes, an f16 scale and (Q4_1) minimum a block of 32.
+    Q4,
+    Q4K,
+    Q5K,
+    /// Q6_K super-blocks without their scale, which is a plane of its own.
+    Q6K,
+}
+
+impl QKind {
+    fn suffix(self) -> &'static str {
+        match self {
+            QKind::Q8 => "q8",
+            QKind::Q4 => "q4",
+            QKind::Q4K => "q4k",
+            QKind::Q5K => "q5k",
+            QKind::Q6K => "q6k",
+        }
+    }
+}
+
+/// Rows of one format on the device: band row `r` is output column `c0 + cs·r` of the
+/// layer (`cs` 2 for gate_up's interleaved gate and up rows).
+pub(crate) struct QBand {
+    pub kind: QKind,
+    pub rows: usize,
+    pub c0: usize,
+    pub cs: usize,
+    pub qs: DevBuf<u8>,
+    pub d: Option<DevBuf<u16>>,
+    pub m: Option<DevBuf<u16>>,
+}
+
+impl QBand {
+    fn planes(&self) -> (u64, u64, u64) {
+        let ptr = |b: &Option<DevBuf<u16>>| b.as_ref().map_or(0, |b| b.ptr());
+        (self.qs.ptr(), ptr(&self.d), ptr(&self.m))
+    }
+
+    fn bytes(&self) -> usize {
+        let len = |b: &Option<DevBuf<u16>>| b.as_ref().map_or(0, |b| 2 * b.len());
+        self.qs.len() + len(&self.d) + len(&self.m)
+    }
+}
+
+/// The buffers quantized products work in: the 16-bit panel larger products dequantize
+/// into, and the int8 rows (and their blocks' scales) of a qgemv's input.
+pub(crate) struct QScratch {
+    pub panel: DevBuf<u16>,
+    xq: DevBuf<u8>,
+    xds: DevBuf<f32>,
+    /// The widest row the int8 rows hold, [`QGEMV_MAX`] of them.
+    cols: usize,
+}
+
+impl QScratch {
+    /// A panel of `panel` 16-bit values and int8 rows of up to `cols` values.
+    pub fn new(gpu: &Gpu, panel: usize, cols: usize) -> Result<Self> {
+        Ok(QScratch {
+            panel: gpu.alloc(panel)?,
+            xq: gpu.alloc(QGEMV_MAX * cols)?,
+            xds: gpu.alloc(QGEMV_MAX * cols / 32 * 2)?,
+            cols,
+        })
+    }
+}
+
+/// A `[rows, cols]` weight matrix kept quantized: its bands.
+pub(crate) struct QWeight {
+    pub rows: usize,
+    pub cols: usize,
+    pub bands: Vec<QBand>,
+}
+
+impl QWeight {
+    /// Device bytes of the weights.
+    pub fn bytes(&self) -> usize {
+        self.bands.iter().map(QBand::bytes).sum()
+    }
+}
+
+/// `y[n, w.rows] = x[n, w.cols] · wᵀ` (x 16-bit rows of type `half`; y as `y_ty` says,
+/// `Out::F32Add` adding to it), dequantizing through `panel` above [`QGEMV_MAX`] rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qlinear(
+    blas: &Blas,
+    half: Half,
+    x: u64,
+    w: &QWeight,
+    y: u64,
+    y_ty: Out,
+    n: usize,
+    scratch: &QScratch,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let gpu = blas.gpu.as_ref();
+    if n <= QGEMV_MAX {
+        if w.cols > scratch.cols {
+            return Err(Error::Cuda(format!(
+                "quantized rows of {} values past the scratch's {}",
+                w.cols, scratch.cols
+            )));
+        }
+        quantize_x(gpu, half, x, n, w.cols, scratch)?;
+        for start in (0..n).step_by(QG_ROWS) {
+            let rows = (n - start).min(QG_ROWS);
+            let xq = scratch.xq.at(start * w.cols);
+            let xds = scratch.xds.at(start * w.cols / 32 * 2);
+            let ys = y + (start * w.rows * y_ty.bytes()) as u64;
+            for band in &w.bands {
+                qgemv(gpu, half, band, w, (xq, xds), rows, ys, y_ty)?;
+            }
+        }
+        return Ok(());
+    }
+    let panel = &scratch.panel;
+    // Panels of whole 64-row groups where the width allows (cuBLAS's tiles).
+    let fit = panel.len() / w.cols.max(1);
+    let p = if fit >= 64 { fit / 64 * 64 } else { fit };
+    if p == 0 {
+        return Err(Error::Cuda(format!(
+            "a quantized row of {} values does not fit the panel",
+            w.cols
+        )));
+    }
+    for p0 in (0..w.rows).step_by(p) {
+        let pl = p.min(w.rows - p0);
+        for band in &w.bands {
+            let (lo, hi) = band_rows_in(band, p0, pl);
+            if lo < hi {
+                qdequant(
+                    blas.gpu.as_ref(),
+                    half,
+                    band,
+                    w.cols,
+                    (lo, hi),
+                    p0,
+                    panel.ptr(),
+                )?;
+            }
+        }
+        let yp = y + (p0 * y_ty.bytes()) as u64;
+        blas.gemm_strided(half, x, panel.ptr(), yp, y_ty, n, w.cols, pl, w.rows)?;
+    }
+    Ok(())
+}
+
+/// The band rows whose output columns fall in `[p0, p0 + len)`.
+fn band_rows_in(b: &QBand, p0: usize, len: usize) -> (usize, usize) {
+    rows_in(b.c0, b.cs, b.rows, p0, len)
+}
+
+/// Of `rows` rows landing at columns `c0 + cs·r`, those in `[p0, p0 + len)`.
+fn rows_in(c0: usize, cs: usize, rows: usize, p0: usize, len: usize) -> (usize, usize) {
+    // The first r with c0 + cs·r >= bound.
+    let first_at = |bound: usize| bound.saturating_sub(c0).div_ceil(cs).min(rows);
+    (first_at(p0), first_at(p0 + len))
+}
+
+/// `n` rows of `cols` 16-bit values `x` as int8 blocks into the scratch.
+fn quantize_x(gpu: &Gpu, half: Half, x: u64, n: usize, cols: usize, s: &QScratch) -> Result<()> {
+    let f = gpu.func("quantize_x", half)?;
+    let (ni, ci) = (i32_of(n)?, i32_of(cols)?);
+    let (xq, xds) = (s.xq.ptr(), s.xds.ptr());
+    let mut b = Args::new();
+    b.arg(&x).arg(&ni).arg(&ci).arg(&xq).arg(&xds);
+    let blocks = (n * cols / 32).div_ceil(8);
+    // SAFETY: argument order and types match qgemv.cu; the scratch holds n rows of cols.
+    unsafe { gpu.launch(f, cfg((blocks, 1, 1), 256)?, &mut b) }.map_err(cuda_err("quantize_x"))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn qgemv(
+    gpu: &Gpu,
+    half: Half,
+    band: &QBand,
+    w: &QWeight,
+    (xq, xds): (u64, u64),
+    n: usize,
+    y: u64,
+    y_ty: Out,
+) -> Result<()> {
+    let build = if n == 1 { "qgemv1" } else { "qgemv" };
+    let f = gpu.func(&format!("{build}_{}", band.kind.suffix()), half)?;
+    let (qs, d, m) = band.planes();
+    let (rows, cols, ni) = (i32_of(band.rows)?, i32_of(w.cols)?, i32_of(n)?);
+    let ldy = i32_of(w.rows)?;
+    let mode: i32 = match y_ty {
+        Out::F32 => 0,
+        Out::Half => 1,
+        Out::F32Add => 2,
+    };
+    let (c0, cs) = (i32_of(band.c0)?, i32_of(band.cs)?);
+    let mut b = Args::new();
+    b.arg(&qs)
+        .arg(&d)
+        .arg(&m)
+        .arg(&rows)
+        .arg(&cols)
+        .arg(&xq)
+        .arg(&xds)
+        .arg(&ni)
+        .arg(&y)
+        .arg(&ldy)
+        .arg(&mode)
+        .arg(&c0)
+        .arg(&cs);
+    let grid = band.rows.div_ceil(QG_WARPS);
+    // SAFETY: argument order and types match qgemv.cu; the planes hold band.rows rows of
+    // cols values, the quantized x n rows of cols, y n rows of ldy.
+    unsafe { gpu.launch(f, cfg((grid, 1, 1), 32 * QG_WARPS as u32)?, &mut b) }
+        .map_err(cuda_err("qgemv"))
+}
+
+fn qdequant(
+    gpu: &Gpu,
+    half: Half,
+    band: &QBand,
+    cols: usize,
+    (lo, hi): (usize, usize),
+    p0: usize,
+    out: u64,
+) -> Result<()> {
+    let f = gpu.func(&format!("qdequant_{}", band.kind.suffix()), half)?;
+    let (qs, d, m) = band.planes();
+    let (r_lo, r_hi, c) = (i32_of(lo)?, i32_of(hi)?, i32_of(cols)?);
+    let (c0, cs, p) = (i32_of(band.c0)?, i32_of(band.cs)?, i32_of(p0)?);
+    let mut b = Args::new();
+    b.arg(&qs)
+        .arg(&d)
+        .arg(&m)
+        .arg(&r_lo)
+        .arg(&r_hi)
+        .arg(&c)
+        .arg(&out)
+        .arg(&c0)
+        .arg(&cs)
+        .arg(&p);
+    let grid = (hi - lo).div_ceil(QG_WARPS);
+    // SAFETY: argument order and types match qgemv.cu; rows lo..hi land inside the panel
+    // (band_rows_in).
+    unsafe { gpu.launch(f, cfg((grid, 1, 1), 32 * QG_WARPS as u32)?, &mut b) }
+        .map_err(cuda_err("qdequant"))
+}
+
+/// embed.cu's gather from a quantized table of one band: `n` rows of ids (or the last
+/// step's choices, `fed`) into the fp32 residual `x`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qembed(
+    gpu: &Gpu,
+    half: Half,
+    table: &QWeight,
+    ids: u64,
+    fed: u64,
+    x: u64,
+    n: usize,
+    extras: EmbedExtras,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let [band] = table.bands.as_slice() else {
+        return Err(Error::Cuda("a quantized embedding of several bands".into()));
+    };
+    let f = gpu.func(&format!("qembed_{}", band.kind.suffix()), half)?;
+    let (qs, d, m) = band.planes();
+    let cols = i32_of(table.cols)?;
+    let mut b = Args::new();
+    b.arg(&qs)
+        .arg(&d)
+        .arg(&m)
+        .arg(&cols)
+        .arg(&ids)
+        .arg(&fed)
+        .arg(&x)
+        .arg(&extras.pos_table)
+        .arg(&extras.pos)
+        .arg(&extras.scale);
+    // SAFETY: argument order and types match qgemv.cu; x holds n rows of cols.
+    unsafe { gpu.launch(f, cfg((n, 1, 1), 128)?, &mut b) }.map_err(cuda_err("qembed"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panel_takes_the_band_rows_that_land_in_it() {
+        // gate_up: gate rows at even columns, up rows at odd ones, 6 of each.
+        let rows_in = |c0, cs, p0, len| rows_in(c0, cs, 6, p0, len);
+        assert_eq!(rows_in(0, 2, 0, 4), (0, 2)); // columns 0, 2
+        assert_eq!(rows_in(1, 2, 0, 4), (0, 2)); // columns 1, 3
+        assert_eq!(rows_in(0, 2, 4, 4), (2, 4)); // columns 4, 6
+        assert_eq!(rows_in(1, 2, 4, 4), (2, 4)); // columns 5, 7
+        assert_eq!(rows_in(1, 2, 8, 100), (4, 6));
+        // A plain band from column 10: a panel before it takes none.
+        assert_eq!(rows_in(10, 1, 0, 8), (0, 0));
+        assert_eq!(rows_in(10, 1, 8, 8), (0, 6));
+    }
+}
