@@ -21,11 +21,8 @@
 // bytes (q4k, q5k), or 32 values of one half of a super-block (q6k). A warp owns a weight
 // row, its lanes take the row's units in turn; each unit is dequantized in chunks of 8
 // consecutive columns, each chunk meeting the 16-bit x rows as one 16-byte load a row.
-// quantize_x: the x rows of a qgemv as int8 in blocks of 32 (the CPU engine's activation
-// quantization: d = amax / 127, q = round(x / d), and d·Σq for the minimum terms).
 // qgemv: y[t, c0 + cs·r] (= or +=) sum_i x[t, i] · w[r, i] for t < n (n <= QG_ROWS; qgemv1:
-// n = 1), x as quantize_x left it: integer dot products of the codes (dp4a), scaled once
-// per block, as llama.cpp's CUDA and CPU backends compute them;
+// n = 1),
 // y_mode 0: fp32, 1: 16-bit, 2: fp32 added to; row t of y at t·ldy. grid: ceil(rows /
 // QG_WARPS); block: 32 · QG_WARPS.
 #define QG_WARPS 8
@@ -83,35 +80,6 @@ __device__ __forceinline__ void k_scale_min(const unsigned char* s, int j, unsig
     }
 }
 
-// Four byte products summed into c: a's bytes unsigned or signed (US / SS), b's signed.
-__device__ __forceinline__ int dot4_us(unsigned a, int b, int c) {
-    int d;
-    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-__device__ __forceinline__ int dot4_ss(unsigned a, int b, int c) {
-    int d;
-    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-#define LOW4 0x0f0f0f0fu
-
-// The quantized x rows of one qgemv launch.
-struct QX {
-    const int* q;       // int8 codes, 4 a word: row t at t * cols / 4
-    const float2* ds;   // per block of 32: (d, d·Σq); row t at t * cols / 32
-    int cols;
-    __device__ int4 q16(int t, int col) const {
-        return __ldg(reinterpret_cast<const int4*>(q + ((size_t)t * cols + col) / 4));
-    }
-    __device__ int2 q8(int t, int col) const {
-        return __ldg(reinterpret_cast<const int2*>(q + ((size_t)t * cols + col) / 4));
-    }
-    __device__ float2 block(int t, int col) const {
-        return __ldg(ds + ((size_t)t * cols + col) / 32);
-    }
-};
-
 struct Q8 {
     static constexpr int VALS = 32;
     struct Raw {
@@ -141,22 +109,6 @@ struct Q8 {
         }
         return 32 * u + 8 * c;
     }
-    template <int R>
-    __device__ static void dot(const Raw& r, int u, const QX& x, int n, float* acc) {
-        const unsigned w[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
-#pragma unroll
-        for (int t = 0; t < R; ++t) {
-            if (t < n) {
-                const int4 x0 = x.q16(t, 32 * u), x1 = x.q16(t, 32 * u + 16);
-                const int xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                int s = 0;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) s = r.min ? dot4_us(w[i], xw[i], s) : dot4_ss(w[i], xw[i], s);
-                const float2 ds = x.block(t, 32 * u);
-                acc[t] += r.d * ds.x * (float)s + r.m * ds.y;
-            }
-        }
-    }
 };
 
 struct Q4 {
@@ -183,25 +135,6 @@ struct Q4 {
             v[i] = __fadd_rn(__fmul_rn(code_f(q), r.d), r.m);
         }
         return 32 * u + (c < 2 ? 8 * c : 16 + 8 * (c - 2));
-    }
-    template <int R>
-    __device__ static void dot(const Raw& r, int u, const QX& x, int n, float* acc) {
-        const unsigned w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
-#pragma unroll
-        for (int t = 0; t < R; ++t) {
-            if (t < n) {
-                const int4 x0 = x.q16(t, 32 * u), x1 = x.q16(t, 32 * u + 16);
-                const int lo[4] = {x0.x, x0.y, x0.z, x0.w}, hi[4] = {x1.x, x1.y, x1.z, x1.w};
-                int s = 0;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    s = dot4_us(w[i] & LOW4, lo[i], s);
-                    s = dot4_us((w[i] >> 4) & LOW4, hi[i], s);
-                }
-                const float2 ds = x.block(t, 32 * u);
-                acc[t] += r.d * ds.x * (float)s + r.m * ds.y;
-            }
-        }
     }
 };
 
@@ -257,40 +190,6 @@ struct QK45 {
         }
         return (u >> 2) * 256 + 64 * r.g + (low ? 0 : 32) + 8 * k;
     }
-    template <int R>
-    __device__ static void dot(const Raw& r, int u, const QX& x, int n, float* acc) {
-        const unsigned w[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
-        unsigned hw[8];
-        if (HIGH) {
-            hw[0] = r.ha.x; hw[1] = r.ha.y; hw[2] = r.ha.z; hw[3] = r.ha.w;
-            hw[4] = r.hb.x; hw[5] = r.hb.y; hw[6] = r.hb.z; hw[7] = r.hb.w;
-        }
-        const int j = 2 * r.g;
-        const int col = (u >> 2) * 256 + 64 * r.g;
-#pragma unroll
-        for (int t = 0; t < R; ++t) {
-            if (t < n) {
-                const int4 x0 = x.q16(t, col), x1 = x.q16(t, col + 16);
-                const int4 x2 = x.q16(t, col + 32), x3 = x.q16(t, col + 48);
-                const int lo[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                const int hi[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
-                int s1 = 0, s2 = 0;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    unsigned a = w[i] & LOW4, b = (w[i] >> 4) & LOW4;
-                    if (HIGH) {
-                        a |= ((hw[i] >> j) & 0x01010101u) << 4;
-                        b |= ((hw[i] >> (j + 1)) & 0x01010101u) << 4;
-                    }
-                    s1 = dot4_us(a, lo[i], s1);
-                    s2 = dot4_us(b, hi[i], s2);
-                }
-                const float2 e1 = x.block(t, col), e2 = x.block(t, col + 32);
-                acc[t] += r.d1 * e1.x * (float)s1 - r.m1 * e1.y + r.d2 * e2.x * (float)s2 -
-                          r.m2 * e2.y;
-            }
-        }
-    }
 };
 
 // Q6_K: a unit is l in 8k..8k+8 of half n of a super-block: values 128n + 32j + l, j < 4.
@@ -325,45 +224,13 @@ struct Q6K {
         }
         return (u >> 3) * 256 + 128 * ((u >> 2) & 1) + 32 * j + 8 * k;
     }
-    template <int R>
-    __device__ static void dot(const Raw& r, int u, const QX& x, int n, float* acc) {
-        const int k = u & 3;
-        const int base = (u >> 3) * 256 + 128 * ((u >> 2) & 1) + 8 * k;
-        float dl[4];
-        unsigned c[4][2];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            dl[j] = r.d * (float)(signed char)byte_of(r.sc, 2 * j + k / 2);
-            const uint2 ql = (j & 1) ? r.ql1 : r.ql0;
-            const int shift = 4 * (j >> 1);
-            c[j][0] = ((ql.x >> shift) & LOW4) | (((r.qh.x >> (2 * j)) & 0x03030303u) << 4);
-            c[j][1] = ((ql.y >> shift) & LOW4) | (((r.qh.y >> (2 * j)) & 0x03030303u) << 4);
-        }
-#pragma unroll
-        for (int t = 0; t < R; ++t) {
-            if (t < n) {
-                float a = 0.0f;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int2 xv = x.q8(t, base + 32 * j);
-                    // Codes are q + 32, unsigned: the offset comes off as 32·Σx.
-                    int s = dot4_us(c[j][0], xv.x, 0);
-                    s = dot4_us(c[j][1], xv.y, s);
-                    const int sx = dot4_ss(0x01010101u, xv.y, dot4_ss(0x01010101u, xv.x, 0));
-                    a += dl[j] * x.block(t, base + 32 * j).x * (float)(s - 32 * sx);
-                }
-                acc[t] += a;
-            }
-        }
-    }
 };
 
 // R: the most rows the build takes (QG_ROWS, or 1 for decode's one row, whose build keeps
 // fewer registers live and so more warps resident).
 template <class F, int R>
-__device__ __forceinline__ void qgemv_body(Planes p, int rows, int cols, const int* xq,
-                                           const float2* xds, int n, void* y, int ldy,
-                                           int y_mode, int c0, int cs) {
+__device__ __forceinline__ void qgemv_body(Planes p, int rows, int cols, const half_t* x, int n,
+                                           void* y, int ldy, int y_mode, int c0, int cs) {
     grid_dep_enter();
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * QG_WARPS + (threadIdx.x >> 5);
@@ -371,11 +238,28 @@ __device__ __forceinline__ void qgemv_body(Planes p, int rows, int cols, const i
     float acc[R];
 #pragma unroll
     for (int t = 0; t < R; ++t) acc[t] = 0.0f;
-    const QX x{xq, xds, cols};
     const int units = F::units(cols);
     for (int u = lane; u < units; u += 32) {
         const typename F::Raw r = F::load(p, row, u, cols);
-        F::template dot<R>(r, u, x, n, acc);
+#pragma unroll
+        for (int c = 0; c < F::VALS / 8; ++c) {
+            float v[8];
+            const int col = F::chunk(r, u, c, v);
+#pragma unroll
+            for (int t = 0; t < R; ++t) {
+                if (t < n) {
+                    const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + (size_t)t * cols + col));
+                    const unsigned xw[4] = {xv.x, xv.y, xv.z, xv.w};
+                    float s = acc[t];
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        s = fmaf(v[2 * q], half_to_f32((half_t)(xw[q] & 0xffffu)), s);
+                        s = fmaf(v[2 * q + 1], half_to_f32((half_t)(xw[q] >> 16)), s);
+                    }
+                    acc[t] = s;
+                }
+            }
+        }
     }
     const size_t col = (size_t)c0 + (size_t)cs * row;
 #pragma unroll
@@ -396,29 +280,6 @@ __device__ __forceinline__ void qgemv_body(Planes p, int rows, int cols, const i
             }
         }
     }
-}
-
-// One warp a block of 32 values. grid: ceil(n · cols / 32 / 8); block: 256.
-extern "C" __global__ void KERNEL(quantize_x)(const half_t* __restrict__ x, int n, int cols,
-                                              signed char* __restrict__ xq,
-                                              float2* __restrict__ xds) {
-    grid_dep_enter();
-    const int lane = threadIdx.x & 31;
-    const int b = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (b >= n * (cols / 32)) return;
-    const size_t at = (size_t)b * 32 + lane;
-    const float v = half_to_f32(x[at]);
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    const int q = (int)roundf(__fmul_rn(v, id));
-    int sum = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    xq[at] = (signed char)q;
-    if (lane == 0) xds[b] = make_float2(d, __fmul_rn(d, (float)sum));
 }
 
 // qdequant: band rows r_lo..r_hi into the 16-bit panel `out` of `cols` columns, row r at
@@ -478,8 +339,7 @@ __device__ __forceinline__ void qembed_body(Planes p, int cols, const int* ids, 
 
 #define QGEMV_ARGS                                                                        \
     const unsigned char *qs, const unsigned short *d, const unsigned short *m, int rows,  \
-        int cols, const int *xq, const float2 *xds, int n, void *y, int ldy, int y_mode,  \
-        int c0, int cs
+        int cols, const half_t *x, int n, void *y, int ldy, int y_mode, int c0, int cs
 #define QDEQUANT_ARGS                                                                     \
     const unsigned char *qs, const unsigned short *d, const unsigned short *m, int r_lo,  \
         int r_hi, int cols, half_t *out, int c0, int cs, int p0
@@ -489,34 +349,34 @@ __device__ __forceinline__ void qembed_body(Planes p, int cols, const int* ids, 
         float scale
 
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv_q8)(QGEMV_ARGS) {
-    qgemv_body<Q8, QG_ROWS>({qs, d, m}, rows, cols, xq, xds, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<Q8, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv1_q8)(QGEMV_ARGS) {
-    qgemv_body<Q8, 1>({qs, d, m}, rows, cols, xq, xds, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<Q8, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv_q4)(QGEMV_ARGS) {
-    qgemv_body<Q4, QG_ROWS>({qs, d, m}, rows, cols, xq, xds, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<Q4, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv1_q4)(QGEMV_ARGS) {
-    qgemv_body<Q4, 1>({qs, d, m}, rows, cols, xq, xds, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<Q4, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv_q4k)(QGEMV_ARGS) {
-    qgemv_body<QK45<false>, QG_ROWS>({qs, d, m}, rows, cols, xq, xds, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<QK45<false>, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv1_q4k)(QGEMV_ARGS) {
-    qgemv_body<QK45<false>, 1>({qs, d, m}, rows, cols, xq, xds, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<QK45<false>, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv_q5k)(QGEMV_ARGS) {
-    qgemv_body<QK45<true>, QG_ROWS>({qs, d, m}, rows, cols, xq, xds, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<QK45<true>, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv1_q5k)(QGEMV_ARGS) {
-    qgemv_body<QK45<true>, 1>({qs, d, m}, rows, cols, xq, xds, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<QK45<true>, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv_q6k)(QGEMV_ARGS) {
-    qgemv_body<Q6K, QG_ROWS>({qs, d, m}, rows, cols, xq, xds, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<Q6K, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv1_q6k)(QGEMV_ARGS) {
-    qgemv_body<Q6K, 1>({qs, d, m}, rows, cols, xq, xds, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<Q6K, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qdequant_q8)(QDEQUANT_ARGS) {

@@ -1,6 +1,5 @@
 //! The kernels of GGUF weights kept quantized on the device (kernels/qgemv.cu) against the
-//! CPU engine's dequantization of the same blocks (qgemv's input quantized to int8 blocks
-//! as the kernel does it): qgemv at up to 8 rows a launch and in
+//! CPU engine's dequantization of the same blocks: qgemv at up to 8 rows a launch and in
 //! several launches, the panel path (qdequant, then cuBLAS) past qgemm's row limit, every
 //! output type, gate_up's interleaved placement, and the quantized embedding gather; and,
 //! reported, qgemv's rate on Llama-3.1-8B's matrices at one row, in bytes read a second.
@@ -33,19 +32,6 @@ fn placed_rows(q: &QMatrix, order: Rows) -> Vec<f32> {
             Rows::HalvesInterleaved => c / 2 + (c % 2) * (rows / 2),
         };
         q.row_into(src, dst);
-    }
-    out
-}
-
-/// `x`'s rows (of `cols`) as quantize_x leaves them, dequantized: int8 codes in blocks of
-/// 32, d = amax / 127, q = round(x / d), times d.
-fn int8_rows(x: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(x.len());
-    for b in x.chunks(32) {
-        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-        out.extend(b.iter().map(|&v| (v * id).round() * d));
     }
     out
 }
@@ -87,7 +73,7 @@ pub fn rates(gpu: &Arc<Gpu>, rng: &mut StdRng) -> Result<Vec<Row>> {
         let w = qweights::upload(gpu, &q, Rows::AsIs)?.expect("planes");
         let x = gpu.upload(&half_of(dt, &rand_vec(rng, cols, 1.0)).0)?;
         let y = gpu.alloc::<f32>(rows)?;
-        let scratch = QScratch::new(gpu, 1, cols)?;
+        let scratch = QScratch::new(gpu, 1)?;
         let ms = time_ms(gpu, &mut || {
             qgemm::qlinear(&blas, dt, x.ptr(), &w, y.ptr(), Out::F32, 1, &scratch)
         })?;
@@ -122,17 +108,13 @@ pub fn run(gpu: &Arc<Gpu>, dt: Half, rng: &mut StdRng) -> Result<Vec<Row>> {
             let exact = placed_rows(&q, order);
             let rounded = half_of(dt, &exact).1;
             // A panel of 128 rows: the 300 take three.
-            let scratch = QScratch::new(gpu, 128 * cols, cols)?;
-            for n in [1, 3, 8, 13, QGEMV_MAX + 9] {
+            let scratch = QScratch::new(gpu, 128 * cols)?;
+            for n in [1, 3, QGEMV_MAX, 8, QGEMV_MAX + 9] {
                 let (xb, xv) = half_of(dt, &rand_vec(rng, n * cols, 1.0));
                 let x = gpu.upload(&xb)?;
-                // qgemv multiplies the exact values by int8 rows; the panel holds the
-                // values rounded to dt, times the 16-bit rows.
-                let want = if n > QGEMV_MAX {
-                    product(&xv, &rounded, n, cols, rows)
-                } else {
-                    product(&int8_rows(&xv), &exact, n, cols, rows)
-                };
+                // qgemv multiplies the exact values; the panel holds them rounded to dt.
+                let w_vals = if n > QGEMV_MAX { &rounded } else { &exact };
+                let want = product(&xv, w_vals, n, cols, rows);
                 let base = rand_vec(rng, n * rows, 1.0);
                 let added: Vec<f32> = base.iter().zip(&want).map(|(b, w)| b + w).collect();
                 let path = if n > QGEMV_MAX { "panel" } else { "qgemv" };

@@ -155,7 +155,6 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
             "qembed_q4k",
             "qembed_q5k",
             "qembed_q6k",
-            "quantize_x",
         ],
     ),
     (

@@ -1,10 +1,9 @@
 //! Linear layers and embeddings on GGUF weights kept quantized on the device
 //! (kernels/qgemv.cu). Up to [`QGEMV_MAX`] token rows (decode) read the quantized bytes
-//! themselves: the rows are quantized to int8 in blocks of 32 (as the CPU engine does), and
-//! each weight block meets them in integer dot products, [`QG_ROWS`] rows a launch; more
-//! rows (prefill, large batches) dequantize the weights a panel of rows at a time into a
-//! 16-bit buffer that cuBLAS multiplies, so the weights stay the file's size in memory and
-//! only one panel is ever 16-bit.
+//! themselves, [`QG_ROWS`] rows a launch, each weight dequantized in registers and met by
+//! the 16-bit rows in fp32; more rows (prefill, large batches) dequantize the weights a
+//! panel of rows at a time into a 16-bit buffer that cuBLAS multiplies, so the weights stay
+//! the file's size in memory and only one panel is ever 16-bit.
 
 use super::gemm::{Blas, Out};
 use super::launch::{cfg, i32_of, Args, EmbedExtras};
@@ -15,10 +14,11 @@ use crate::error::{Error, Result};
 pub(crate) const QG_ROWS: usize = 8;
 /// Warps (weight rows) a qgemv block (QG_WARPS).
 const QG_WARPS: usize = 8;
-/// Up to this many token rows a layer runs on qgemv, [`QG_ROWS`] a launch: each launch
-/// reads the weights once, which beats dequantizing them whole (4 bytes a weight written
-/// and read again at 16 bits, against 0.56 read for Q4_K) up to about 8 launches.
-pub(crate) const QGEMV_MAX: usize = 32;
+/// Up to this many token rows a layer runs on qgemv; more take the panel. Measured on the
+/// 8B shape (H100): a qgemv step costs about one row's time more for each row (Q4_K_M 5.2
+/// ms at one row, 31.5 at eight; Q8_0 4.1 and 20.7), the panel path about 26 ms whatever
+/// the rows (22.6 for Q8_0): they meet near seven rows.
+pub(crate) const QGEMV_MAX: usize = 6;
 /// The 16-bit panel that larger products dequantize into, in bytes.
 pub(crate) const PANEL_BYTES: usize = 32 << 20;
 
@@ -72,24 +72,17 @@ impl QBand {
     }
 }
 
-/// The buffers quantized products work in: the 16-bit panel larger products dequantize
-/// into, and the int8 rows (and their blocks' scales) of a qgemv's input.
+/// The buffer quantized products of many rows work in: the 16-bit panel they dequantize
+/// a matrix's rows into.
 pub(crate) struct QScratch {
     pub panel: DevBuf<u16>,
-    xq: DevBuf<u8>,
-    xds: DevBuf<f32>,
-    /// The widest row the int8 rows hold, [`QGEMV_MAX`] of them.
-    cols: usize,
 }
 
 impl QScratch {
-    /// A panel of `panel` 16-bit values and int8 rows of up to `cols` values.
-    pub fn new(gpu: &Gpu, panel: usize, cols: usize) -> Result<Self> {
+    /// A panel of `panel` 16-bit values.
+    pub fn new(gpu: &Gpu, panel: usize) -> Result<Self> {
         Ok(QScratch {
             panel: gpu.alloc(panel)?,
-            xq: gpu.alloc(QGEMV_MAX * cols)?,
-            xds: gpu.alloc(QGEMV_MAX * cols / 32 * 2)?,
-            cols,
         })
     }
 }
@@ -126,20 +119,12 @@ pub(crate) fn qlinear(
     }
     let gpu = blas.gpu.as_ref();
     if n <= QGEMV_MAX {
-        if w.cols > scratch.cols {
-            return Err(Error::Cuda(format!(
-                "quantized rows of {} values past the scratch's {}",
-                w.cols, scratch.cols
-            )));
-        }
-        quantize_x(gpu, half, x, n, w.cols, scratch)?;
         for start in (0..n).step_by(QG_ROWS) {
             let rows = (n - start).min(QG_ROWS);
-            let xq = scratch.xq.at(start * w.cols);
-            let xds = scratch.xds.at(start * w.cols / 32 * 2);
+            let xs = x + (start * w.cols * 2) as u64;
             let ys = y + (start * w.rows * y_ty.bytes()) as u64;
             for band in &w.bands {
-                qgemv(gpu, half, band, w, (xq, xds), rows, ys, y_ty)?;
+                qgemv(gpu, half, band, w, xs, rows, ys, y_ty)?;
             }
         }
         return Ok(());
@@ -188,25 +173,13 @@ fn rows_in(c0: usize, cs: usize, rows: usize, p0: usize, len: usize) -> (usize, 
     (first_at(p0), first_at(p0 + len))
 }
 
-/// `n` rows of `cols` 16-bit values `x` as int8 blocks into the scratch.
-fn quantize_x(gpu: &Gpu, half: Half, x: u64, n: usize, cols: usize, s: &QScratch) -> Result<()> {
-    let f = gpu.func("quantize_x", half)?;
-    let (ni, ci) = (i32_of(n)?, i32_of(cols)?);
-    let (xq, xds) = (s.xq.ptr(), s.xds.ptr());
-    let mut b = Args::new();
-    b.arg(&x).arg(&ni).arg(&ci).arg(&xq).arg(&xds);
-    let blocks = (n * cols / 32).div_ceil(8);
-    // SAFETY: argument order and types match qgemv.cu; the scratch holds n rows of cols.
-    unsafe { gpu.launch(f, cfg((blocks, 1, 1), 256)?, &mut b) }.map_err(cuda_err("quantize_x"))
-}
-
 #[allow(clippy::too_many_arguments)]
 fn qgemv(
     gpu: &Gpu,
     half: Half,
     band: &QBand,
     w: &QWeight,
-    (xq, xds): (u64, u64),
+    x: u64,
     n: usize,
     y: u64,
     y_ty: Out,
@@ -228,8 +201,7 @@ fn qgemv(
         .arg(&m)
         .arg(&rows)
         .arg(&cols)
-        .arg(&xq)
-        .arg(&xds)
+        .arg(&x)
         .arg(&ni)
         .arg(&y)
         .arg(&ldy)
@@ -238,7 +210,7 @@ fn qgemv(
         .arg(&cs);
     let grid = band.rows.div_ceil(QG_WARPS);
     // SAFETY: argument order and types match qgemv.cu; the planes hold band.rows rows of
-    // cols values, the quantized x n rows of cols, y n rows of ldy.
+    // cols values, x n rows of cols, y n rows of ldy.
     unsafe { gpu.launch(f, cfg((grid, 1, 1), 32 * QG_WARPS as u32)?, &mut b) }
         .map_err(cuda_err("qgemv"))
 }

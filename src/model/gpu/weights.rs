@@ -334,13 +334,11 @@ impl GpuWeights {
             GpuMatrix::Quant(q) => Some((q.rows, q.cols)),
             GpuMatrix::Half(_) => None,
         });
-        let sizes = quant.fold(None, |acc: Option<(usize, usize)>, (rows, cols)| {
+        let panel = quant.fold(None, |acc: Option<usize>, (rows, cols)| {
             let want = (rows * cols).min((PANEL_BYTES / 2 / cols.max(1)).max(64) * cols);
-            Some(acc.map_or((want, cols), |(a, c)| (a.max(want), c.max(cols))))
+            Some(acc.map_or(want, |a| a.max(want)))
         });
-        weights.qscratch = sizes
-            .map(|(panel, cols)| QScratch::new(gpu, panel, cols))
-            .transpose()?;
+        weights.qscratch = panel.map(|len| QScratch::new(gpu, len)).transpose()?;
         let on_device = weights.matrix_bytes();
         let mapped = up.bytes;
         up.finish()?;
