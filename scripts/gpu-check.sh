@@ -7,6 +7,8 @@
 #   2. A random Llama-3.2-1B-shaped checkpoint (scripts/random_llama.py), the GPU engine's
 #      logits for 8 prompts of different lengths (prefill + 32 decode steps) against HF
 #      transformers in fp32 (scripts/hf_compare.py).
+#   2c. That checkpoint as Q4_K_M and Q8_0 GGUFs (inflight gpu-gguf) through gpu-check
+#      --model: weights kept quantized on the device (SKIP_QUANT=1: skipped).
 #   3. `serve --device cuda` over HTTP: greedy text equals the CPU engine's (`generate`),
 #      streaming and OpenAI routes answer, the KV block metrics report the GPU cache.
 #      3b: chunked prefills, penalty and plain requests at once while the engine plans
@@ -84,6 +86,22 @@ if [ "${RUN_8B:-0}" = 1 ]; then
       status "8B logits vs HF fp32, GPU in $DT" PASS "prefill + 8 decode steps, 2 prompts"
     else
       status "8B logits vs HF fp32, GPU in $DT" FAIL "see table"
+    fi
+  done
+fi
+
+if [ "${SKIP_QUANT:-0}" != 1 ]; then
+  echo; echo "## 2c. GGUF kept quantized on the GPU: the 1B shape as Q4_K_M and Q8_0 (inflight gpu-gguf)"
+  CK="$WORK/llama-1b"
+  [ -f "$CK/config.json" ] || python3 "$HERE/random_llama.py" 1b "$CK" --seed 0
+  for Q in q4_k_m q8_0; do
+    G="$WORK/llama-1b-$Q.gguf"
+    if { [ -f "$G" ] || "$BIN" gpu-gguf --model "$CK" --out "$G" --quant $Q; } &&
+        "$BIN" gpu-check --model "$G" --steps 16 > "$WORK/gpu-check-$Q.txt" 2>&1; then
+      status "1B as $Q, kept quantized: kernels + greedy vs CPU" PASS "inflight gpu-check --model"
+    else
+      grep FAIL "$WORK/gpu-check-$Q.txt" | head -5
+      status "1B as $Q, kept quantized: kernels + greedy vs CPU" FAIL "$WORK/gpu-check-$Q.txt"
     fi
   done
 fi

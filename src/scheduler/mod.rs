@@ -320,12 +320,17 @@ impl Scheduler {
 
     /// Under `kv_window`, frees running sequence `idx`'s blocks wholly behind the window of
     /// its next query (position `num_computed`, which sees `num_computed + 1 - window` and
-    /// after; queries in flight are later still), marking them [`DROPPED`].
+    /// after; queries in flight are later still), marking them [`DROPPED`]. Not a beam's:
+    /// a fork goes back to the start of its partly filled block, whose window may reach
+    /// further back than its parent's.
     fn drop_behind_window(&mut self, idx: usize) {
         let Some(window) = self.config.kv_window else {
             return;
         };
         let seq = &mut self.running[idx];
+        if seq.is_beam() {
+            return;
+        }
         let behind = (seq.num_computed + 1).saturating_sub(window) / self.config.block_size;
         for b in seq.blocks.iter_mut().take(behind) {
             if *b != DROPPED {

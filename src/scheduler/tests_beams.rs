@@ -235,3 +235,32 @@ fn a_search_fits_the_batch_and_its_recompute_fits_a_step() {
         })
     ));
 }
+
+#[test]
+fn beams_keep_their_blocks_under_a_sliding_window() {
+    // Window 8, blocks of 4: a fork restarts at its partial block's start, whose window
+    // reaches a block its parent alone would have given back.
+    let config = SchedulerConfig {
+        kv_window: Some(8),
+        ..config(SchedulerPolicy::GuaranteedNoEvict, 64)
+    };
+    let mut s = Scheduler::new(config).unwrap();
+    s.add(beam_spec(10, 11, 8, 2)).unwrap();
+    step(&mut s);
+    for _ in 0..6 {
+        s.fork_beams(&[fork(10, 10, 1), fork(11, 10, 2)]).unwrap();
+        check_invariants(&s);
+        let (batch, _) = step(&mut s);
+        for c in &batch.seqs {
+            assert!(
+                !c.block_table.contains(&DROPPED),
+                "beam {} dropped a block",
+                c.id
+            );
+        }
+    }
+    for id in [10, 11] {
+        assert!(s.cancel(id));
+    }
+    assert_eq!(s.num_used_blocks(), 0, "every block back");
+}
