@@ -37,13 +37,15 @@ pub enum QKind {
 }
 
 impl QKind {
-    fn suffix(self) -> &'static str {
+    /// Its kernels' names: (qgemv, qgemv1, qdequant, qembed), spelled out once so that no
+    /// launch formats a name.
+    fn kernels(self) -> [&'static str; 4] {
         match self {
-            QKind::Q8 => "q8",
-            QKind::Q4 => "q4",
-            QKind::Q4K => "q4k",
-            QKind::Q5K => "q5k",
-            QKind::Q6K => "q6k",
+            QKind::Q8 => ["qgemv_q8", "qgemv1_q8", "qdequant_q8", "qembed_q8"],
+            QKind::Q4 => ["qgemv_q4", "qgemv1_q4", "qdequant_q4", "qembed_q4"],
+            QKind::Q4K => ["qgemv_q4k", "qgemv1_q4k", "qdequant_q4k", "qembed_q4k"],
+            QKind::Q5K => ["qgemv_q5k", "qgemv1_q5k", "qdequant_q5k", "qembed_q5k"],
+            QKind::Q6K => ["qgemv_q6k", "qgemv1_q6k", "qdequant_q6k", "qembed_q6k"],
         }
     }
 }
@@ -184,8 +186,7 @@ fn qgemv(
     y: u64,
     y_ty: Out,
 ) -> Result<()> {
-    let build = if n == 1 { "qgemv1" } else { "qgemv" };
-    let f = gpu.func(&format!("{build}_{}", band.kind.suffix()), half)?;
+    let f = gpu.func(band.kind.kernels()[usize::from(n == 1)], half)?;
     let (qs, d, m) = band.planes();
     let (rows, cols, ni) = (i32_of(band.rows)?, i32_of(w.cols)?, i32_of(n)?);
     let ldy = i32_of(w.rows)?;
@@ -224,7 +225,7 @@ fn qdequant(
     p0: usize,
     out: u64,
 ) -> Result<()> {
-    let f = gpu.func(&format!("qdequant_{}", band.kind.suffix()), half)?;
+    let f = gpu.func(band.kind.kernels()[2], half)?;
     let (qs, d, m) = band.planes();
     let (r_lo, r_hi, c) = (i32_of(lo)?, i32_of(hi)?, i32_of(cols)?);
     let (c0, cs, p) = (i32_of(band.c0)?, i32_of(band.cs)?, i32_of(p0)?);
@@ -265,7 +266,7 @@ pub(crate) fn qembed(
     let [band] = table.bands.as_slice() else {
         return Err(Error::Cuda("a quantized embedding of several bands".into()));
     };
-    let f = gpu.func(&format!("qembed_{}", band.kind.suffix()), half)?;
+    let f = gpu.func(band.kind.kernels()[3], half)?;
     let (qs, d, m) = band.planes();
     let cols = i32_of(table.cols)?;
     let mut b = Args::new();
@@ -286,6 +287,19 @@ pub(crate) fn qembed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_names_loaded_kernels() {
+        let loaded: Vec<&str> = super::super::ENTRY_POINTS
+            .iter()
+            .flat_map(|(_, names)| names.iter().copied())
+            .collect();
+        for kind in [QKind::Q8, QKind::Q4, QKind::Q4K, QKind::Q5K, QKind::Q6K] {
+            for name in kind.kernels() {
+                assert!(loaded.contains(&name), "{name} is not loaded");
+            }
+        }
+    }
 
     #[test]
     fn a_panel_takes_the_band_rows_that_land_in_it() {

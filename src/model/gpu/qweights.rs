@@ -133,9 +133,9 @@ pub(crate) fn max_abs_bound(q: &QMatrix) -> f32 {
             QFormat::Q4 => 15.0 * max(b.d) + max(b.m),
             QFormat::Q4K | QFormat::Q5K => {
                 let (bytes, top) = if b.format == QFormat::Q4K {
-                    (144, 15.0)
+                    (GgmlType::Q4_K.block_bytes(), 15.0)
                 } else {
-                    (176, 31.0)
+                    (GgmlType::Q5_K.block_bytes(), 31.0)
                 };
                 b.qs.chunks_exact(bytes).fold(0f32, |a, sb| {
                     a.max(63.0 * top * f16_at(sb, 0) + 63.0 * f16_at(sb, 2))

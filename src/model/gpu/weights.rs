@@ -218,24 +218,31 @@ fn matrix(
                     half.suffix()
                 )));
             }
-            if let Some(w) = qweights::upload(gpu, q, order)? {
-                return Ok(GpuMatrix::Quant(w));
+            match qweights::upload(gpu, q, order)? {
+                Some(w) => Ok(GpuMatrix::Quant(w)),
+                None => converted(gpu, m, (rows, cols), half, order, what),
             }
-            let bits = to_half_checked(m, rows, cols, half, what)?;
-            Ok(GpuMatrix::Half(
-                gpu.upload(&arranged(bits, rows, cols, order))?,
-            ))
         }
         Matrix::Stored(s) if (s.rows(), s.cols()) == (rows, cols) => {
             Ok(GpuMatrix::Half(up.upload(s, half, order)?))
         }
-        _ => {
-            let bits = to_half_checked(m, rows, cols, half, what)?;
-            Ok(GpuMatrix::Half(
-                gpu.upload(&arranged(bits, rows, cols, order))?,
-            ))
-        }
+        _ => converted(gpu, m, (rows, cols), half, order, what),
     }
+}
+
+/// `m` converted to `half` on the host, then copied.
+fn converted(
+    gpu: &Gpu,
+    m: &Matrix,
+    (rows, cols): (usize, usize),
+    half: Half,
+    order: Rows,
+    what: &str,
+) -> Result<GpuMatrix> {
+    let bits = to_half_checked(m, rows, cols, half, what)?;
+    Ok(GpuMatrix::Half(
+        gpu.upload(&arranged(bits, rows, cols, order))?,
+    ))
 }
 
 const EMBEDDING: &str = "the embedding";
