@@ -13,21 +13,32 @@
 //   q5k: GGUF Q5_K super-blocks, 176 bytes, as stored.
 //   q6k: GGUF Q6_K super-blocks without their d, 208 bytes (ql 128, qh 64, scales 16), and
 //        d [rows][cols / 256] apart, so every super-block starts 16-byte aligned.
-// Every value is dequantized with the arithmetic, in the order, of the host's dequantizers
-// (no contraction into fused multiply-adds), so qdequant's 16-bit panels are the host's
-// dequantized weights rounded once.
 //
-// Work is cut in units: a block of 32 (q8, q4), two sub-blocks of 32 sharing their 32 code
-// bytes (q4k, q5k), or 32 values of one half of a super-block (q6k). A warp owns a weight
-// row, its lanes take the row's units in turn; each unit is dequantized in chunks of 8
-// consecutive columns, each chunk meeting the 16-bit x rows as one 16-byte load a row.
+// qdequant and qembed dequantize every value with the arithmetic, in the order, of the
+// host's dequantizers (no contraction into fused multiply-adds), so qdequant's 16-bit panels
+// are the host's dequantized weights rounded once. Their work is cut in units: a block of 32
+// (q8, q4), two sub-blocks of 32 sharing their 32 code bytes (q4k, q5k), or 32 values of one
+// half of a super-block (q6k), dequantized in chunks of 8 consecutive columns.
+//
+// qgemv computes as llama.cpp's CUDA and CPU backends and our CPU engine do: each block
+// first quantizes the n x rows to int8 in blocks of 32 (d = amax / 127, q = round(x / d),
+// and d·Σq for the minima) into shared memory, then the weight codes meet them in integer
+// dot products (dp4a, four products an instruction, codes unpacked four at a time by masks),
+// scaled once per block. A warp owns a weight row; lane l takes its dot units l, l + 32, ...
+// A dot unit is 32 values whose codes are 16 contiguous bytes (or, q8, 32): a block of 32
+// (q8, q4), 16 code bytes of a Q4_K/Q5_K sub-block pair (low nibbles: 16 values of sub-block
+// 2g, high: the same 16 of 2g + 1), or 16 ql bytes of a Q6_K half (low nibbles: 16 values of
+// its 32-block j, high: of j + 2). The prologue writes each unit's 32 int8 x values as two
+// 16-byte halves (low-nibble values, high-nibble values) where the warp's 32 lanes read them
+// as consecutive 16-byte words: no shared-memory bank conflicts.
 // qgemv: y[t, c0 + cs·r] (= or +=) sum_i x[t, i] · w[r, i] for t < n (n <= QG_ROWS; qgemv1:
-// n = 1),
-// y_mode 0: fp32, 1: 16-bit, 2: fp32 added to; row t of y at t·ldy. grid: ceil(rows /
-// QG_WARPS); block: 32 · QG_WARPS.
+// n = 1); y_mode 0: fp32, 1: 16-bit, 2: fp32 added to; row t of y at t·ldy. grid:
+// ceil(rows / QG_WARPS); block: 32 · QG_WARPS; dynamic shared memory qgemv_smem(n, cols).
 #define QG_WARPS 8
 #define QG_ROWS 8
-
+// Dot units a lane loads before it multiplies them (the first ones before the
+// predecessor's wait: weights do not depend on it).
+#define QG_U 4
 struct Planes {
     const unsigned char* qs;
     const unsigned short* d;
@@ -80,6 +91,83 @@ __device__ __forceinline__ void k_scale_min(const unsigned char* s, int j, unsig
     }
 }
 
+// Weight loads of qgemv: EARLY ones are issued before the predecessor wait (a volatile load
+// keeps its place ahead of griddepcontrol.wait: common.cuh), the others stream past L1.
+template <bool EARLY>
+__device__ __forceinline__ uint4 wload16(const unsigned char* p) {
+    uint4 v;
+    if (EARLY) {
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    } else {
+        v = qload16(p);
+    }
+    return v;
+}
+template <bool EARLY>
+__device__ __forceinline__ uint2 wload8(const unsigned char* p) {
+    uint2 v;
+    if (EARLY) {
+        asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    } else {
+        v = qload8(p);
+    }
+    return v;
+}
+template <bool EARLY>
+__device__ __forceinline__ float wload_f16(const unsigned short* p) {
+    unsigned short h;
+    if (EARLY) {
+        asm volatile("ld.volatile.global.u16 %0, [%1];" : "=h"(h) : "l"(p));
+    } else {
+        asm("ld.global.nc.u16 %0, [%1];" : "=h"(h) : "l"(p));
+    }
+    return f16_bits(h);
+}
+
+// Four byte products summed into c: a's bytes unsigned or signed (us / ss), b's signed.
+__device__ __forceinline__ int dot4_us(unsigned a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ int dot4_ss(unsigned a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+#define LOW4 0x0f0f0f0fu
+#define ONES 0x01010101u
+
+// An integer (|s| < 2^22) as a float without the quarter-rate conversion.
+__device__ __forceinline__ float int_f(int s) {
+    return __int_as_float(0x4b400000 + s) - 12582912.0f;
+}
+
+// The int8 x rows of one qgemv block in shared memory, as quantize_rows wrote them.
+struct XS {
+    const signed char* q;  // row t at t * stride; unit v's half h at unit_at(v, h)
+    const float2* ds;      // per block of 32: (d, d·Σq); row t at t * (cols / 32)
+    int stride, blocks;
+    __device__ static int unit_at(int v, int h) { return 1024 * (v >> 5) + 512 * h + 16 * (v & 31); }
+    __device__ int4 half(int t, int v, int h) const {
+        return *reinterpret_cast<const int4*>(q + t * stride + unit_at(v, h));
+    }
+    __device__ float2 block(int t, int b) const { return ds[t * blocks + b]; }
+};
+
+// Integer dot products of 16 codes (four words) with 16 int8 x values; sum16: Σ of the x.
+__device__ __forceinline__ int dot16_us(const unsigned* w, int4 x) {
+    return dot4_us(w[3], x.w, dot4_us(w[2], x.z, dot4_us(w[1], x.y, dot4_us(w[0], x.x, 0))));
+}
+__device__ __forceinline__ int dot16_ss(const unsigned* w, int4 x) {
+    return dot4_ss(w[3], x.w, dot4_ss(w[2], x.z, dot4_ss(w[1], x.y, dot4_ss(w[0], x.x, 0))));
+}
+__device__ __forceinline__ int sum16(int4 x) {
+    return dot4_ss(ONES, x.w, dot4_ss(ONES, x.z, dot4_ss(ONES, x.y, dot4_ss(ONES, x.x, 0))));
+}
+
 struct Q8 {
     static constexpr int VALS = 32;
     struct Raw {
@@ -109,6 +197,38 @@ struct Q8 {
         }
         return 32 * u + 8 * c;
     }
+
+    // qgemv's dot unit v: block v.
+    static constexpr int G = 2;
+    struct D {
+        uint4 a, b;
+        float d, m;
+    };
+    template <bool EARLY>
+    __device__ static D dload(const Planes& p, int row, int v, int cols) {
+        D r;
+        const unsigned char* q = p.qs + (size_t)row * cols + 32 * v;
+        r.a = wload16<EARLY>(q);
+        r.b = wload16<EARLY>(q + 16);
+        const size_t bi = (size_t)row * (cols / 32) + v;
+        r.d = wload_f16<EARLY>(p.d + bi);
+        r.m = p.m != nullptr ? wload_f16<EARLY>(p.m + bi) : 0.0f;
+        return r;
+    }
+    template <int R>
+    __device__ static void dot(const Planes& p, const D& r, int v, const XS& x, int n, float* acc) {
+        const unsigned a[4] = {r.a.x, r.a.y, r.a.z, r.a.w}, b[4] = {r.b.x, r.b.y, r.b.z, r.b.w};
+#pragma unroll
+        for (int t = 0; t < R; ++t) {
+            if (t < n) {
+                const int4 x0 = x.half(t, v, 0), x1 = x.half(t, v, 1);
+                const int s = p.m != nullptr ? dot16_us(a, x0) + dot16_us(b, x1)
+                                             : dot16_ss(a, x0) + dot16_ss(b, x1);
+                const float2 e = x.block(t, v);
+                acc[t] += r.d * e.x * int_f(s) + r.m * e.y;
+            }
+        }
+    }
 };
 
 struct Q4 {
@@ -135,6 +255,37 @@ struct Q4 {
             v[i] = __fadd_rn(__fmul_rn(code_f(q), r.d), r.m);
         }
         return 32 * u + (c < 2 ? 8 * c : 16 + 8 * (c - 2));
+    }
+
+    // qgemv's dot unit v: block v, its low nibbles values 0..16, high 16..32.
+    static constexpr int G = 2;
+    struct D {
+        uint4 a;
+        float d, m;
+    };
+    template <bool EARLY>
+    __device__ static D dload(const Planes& p, int row, int v, int cols) {
+        D r;
+        r.a = wload16<EARLY>(p.qs + (size_t)row * (cols / 2) + 16 * v);
+        const size_t bi = (size_t)row * (cols / 32) + v;
+        r.d = wload_f16<EARLY>(p.d + bi);
+        r.m = p.m != nullptr ? wload_f16<EARLY>(p.m + bi) : -8.0f * r.d;
+        return r;
+    }
+    template <int R>
+    __device__ static void dot(const Planes&, const D& r, int v, const XS& x, int n, float* acc) {
+        const unsigned w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
+        const unsigned lo[4] = {w[0] & LOW4, w[1] & LOW4, w[2] & LOW4, w[3] & LOW4};
+        const unsigned hi[4] = {(w[0] >> 4) & LOW4, (w[1] >> 4) & LOW4, (w[2] >> 4) & LOW4,
+                                (w[3] >> 4) & LOW4};
+#pragma unroll
+        for (int t = 0; t < R; ++t) {
+            if (t < n) {
+                const int s = dot16_us(lo, x.half(t, v, 0)) + dot16_us(hi, x.half(t, v, 1));
+                const float2 e = x.block(t, v);
+                acc[t] += r.d * e.x * int_f(s) + r.m * e.y;
+            }
+        }
     }
 };
 
@@ -190,6 +341,79 @@ struct QK45 {
         }
         return (u >> 2) * 256 + 64 * r.g + (low ? 0 : 32) + 8 * k;
     }
+
+    // qgemv's dot unit v: code bytes 16k..16k+16 of sub-block pair g of super-block sb
+    // (v = 8sb + 2g + k): low nibbles values 16k.. of sub-block 2g, high of 2g + 1.
+    static constexpr int G = 4;
+    struct D {
+        uint4 hdr, c, h;
+    };
+    template <bool EARLY>
+    __device__ static D dload(const Planes& p, int row, int v, int cols) {
+        D r;
+        const int sb = v >> 3, g = (v >> 1) & 3, k = v & 1;
+        const unsigned char* base = p.qs + ((size_t)row * (cols / 256) + sb) * BYTES;
+        r.hdr = wload16<EARLY>(base);
+        r.c = wload16<EARLY>(base + CODES + 32 * g + 16 * k);
+        if (HIGH) r.h = wload16<EARLY>(base + 16 + 16 * k);
+        return r;
+    }
+    // The 6-bit scales and minima of sub-blocks 2g and 2g + 1 from the header's words
+    // (kquant.rs's get_scale_min_k4 for two sub-blocks at once).
+    __device__ static void scales2(const uint4& hdr, int g, unsigned& sc1, unsigned& m1,
+                                   unsigned& sc2, unsigned& m2) {
+        const int sh = 16 * (g & 1);
+        const unsigned a = hdr.y >> sh, b = hdr.z >> sh;
+        if (g < 2) {
+            sc1 = a & 63u;
+            sc2 = (a >> 8) & 63u;
+            m1 = b & 63u;
+            m2 = (b >> 8) & 63u;
+        } else {
+            const unsigned c = hdr.w >> sh;
+            sc1 = (c & 15u) | ((a >> 2) & 0x30u);
+            sc2 = ((c >> 8) & 15u) | ((a >> 10) & 0x30u);
+            m1 = ((c >> 4) & 15u) | ((b >> 2) & 0x30u);
+            m2 = ((c >> 12) & 15u) | ((b >> 10) & 0x30u);
+        }
+    }
+    template <int R>
+    __device__ static void dot(const Planes&, const D& r, int v, const XS& x, int n, float* acc) {
+        const int sb = v >> 3, g = (v >> 1) & 3, k = v & 1;
+        const unsigned w[4] = {r.c.x, r.c.y, r.c.z, r.c.w};
+        unsigned lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            lo[i] = w[i] & LOW4;
+            hi[i] = (w[i] >> 4) & LOW4;
+        }
+        if (HIGH) {
+            const unsigned hw[4] = {r.h.x, r.h.y, r.h.z, r.h.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                lo[i] |= ((hw[i] >> (2 * g)) & ONES) << 4;
+                hi[i] |= ((hw[i] >> (2 * g + 1)) & ONES) << 4;
+            }
+        }
+        unsigned sc1, m1, sc2, m2;
+        scales2(r.hdr, g, sc1, m1, sc2, m2);
+        const float d = f16_bits((unsigned short)(r.hdr.x & 0xffffu));
+        const float dmin = f16_bits((unsigned short)(r.hdr.x >> 16));
+        const float d1 = d * code_f(sc1), d2 = d * code_f(sc2);
+        // The minima weigh whole sub-blocks: lane k = 0 of the pair adds them.
+        const float mm1 = k == 0 ? dmin * code_f(m1) : 0.0f;
+        const float mm2 = k == 0 ? dmin * code_f(m2) : 0.0f;
+        const int b1 = 8 * sb + 2 * g;
+#pragma unroll
+        for (int t = 0; t < R; ++t) {
+            if (t < n) {
+                const int s1 = dot16_us(lo, x.half(t, v, 0));
+                const int s2 = dot16_us(hi, x.half(t, v, 1));
+                const float2 e1 = x.block(t, b1), e2 = x.block(t, b1 + 1);
+                acc[t] += d1 * e1.x * int_f(s1) + d2 * e2.x * int_f(s2) - mm1 * e1.y - mm2 * e2.y;
+            }
+        }
+    }
 };
 
 // Q6_K: a unit is l in 8k..8k+8 of half n of a super-block: values 128n + 32j + l, j < 4.
@@ -224,41 +448,143 @@ struct Q6K {
         }
         return (u >> 3) * 256 + 128 * ((u >> 2) & 1) + 32 * j + 8 * k;
     }
+
+    // qgemv's dot unit v: ql bytes 32j + 16k..+16 of half n of super-block sb (v = 8sb +
+    // 4n + 2j + k): low nibbles values 16k.. of its 32-block j, high of block j + 2.
+    static constexpr int G = 8;
+    struct D {
+        uint4 ql, qh;
+        uint2 sc;
+        float d;
+    };
+    template <bool EARLY>
+    __device__ static D dload(const Planes& p, int row, int v, int cols) {
+        D r;
+        const int sb = v >> 3, n = (v >> 2) & 1, j = (v >> 1) & 1, k = v & 1;
+        const size_t at = (size_t)row * (cols / 256) + sb;
+        const unsigned char* base = p.qs + at * 208;
+        r.ql = wload16<EARLY>(base + 64 * n + 32 * j + 16 * k);
+        r.qh = wload16<EARLY>(base + 128 + 32 * n + 16 * k);
+        r.sc = wload8<EARLY>(base + 192 + 8 * n);
+        r.d = wload_f16<EARLY>(p.d + at);
+        return r;
+    }
+    template <int R>
+    __device__ static void dot(const Planes&, const D& r, int v, const XS& x, int n, float* acc) {
+        const int sb = v >> 3, hf = (v >> 2) & 1, j = (v >> 1) & 1, k = v & 1;
+        const unsigned l[4] = {r.ql.x, r.ql.y, r.ql.z, r.ql.w};
+        const unsigned h[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
+        unsigned a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            a[i] = (l[i] & LOW4) | (((h[i] >> (2 * j)) & 0x03030303u) << 4);
+            b[i] = ((l[i] >> 4) & LOW4) | (((h[i] >> (2 * j + 4)) & 0x03030303u) << 4);
+        }
+        // Scales of 16 values: index 2j + k of the half's 8 (low), 2j + 4 + k (high).
+        const int sh = 8 * (2 * j + k);
+        const float da = r.d * (float)(signed char)((r.sc.x >> sh) & 0xffu);
+        const float db = r.d * (float)(signed char)((r.sc.y >> sh) & 0xffu);
+        const int ba = 8 * sb + 4 * hf + j;
+#pragma unroll
+        for (int t = 0; t < R; ++t) {
+            if (t < n) {
+                const int4 x0 = x.half(t, v, 0), x1 = x.half(t, v, 1);
+                // Codes are q + 32, unsigned: the offset comes off as 32·Σx.
+                const int sa = dot16_us(a, x0) - 32 * sum16(x0);
+                const int sbb = dot16_us(b, x1) - 32 * sum16(x1);
+                acc[t] += da * x.block(t, ba).x * int_f(sa) + db * x.block(t, ba + 2).x * int_f(sbb);
+            }
+        }
+    }
 };
+
+// The n x rows of `cols` (16-bit, contiguous) as int8 blocks of 32 into shared memory for
+// format F (XS: unit v's half h at unit_at(v, h), G 16-value chunks to a group whose dot
+// units interleave them), by the whole block: a thread takes 8 values, four threads a block.
+template <int G>
+__device__ __forceinline__ void quantize_rows(const half_t* __restrict__ x, int n, int cols,
+                                              int stride, signed char* xq, float2* xds) {
+    const int per = cols / 8;
+    const int chunks = n * per;
+    // Whole block-widths of iterations, so that every lane of a warp shuffles.
+    const int lim = (chunks + blockDim.x - 1) / blockDim.x * blockDim.x;
+    for (int c = threadIdx.x; c < lim; c += blockDim.x) {
+        const bool in = c < chunks;
+        const uint4 raw = in ? __ldg(reinterpret_cast<const uint4*>(x) + c) : make_uint4(0, 0, 0, 0);
+        const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+        float v[8];
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            v[2 * i] = half_to_f32((half_t)(w[i] & 0xffffu));
+            v[2 * i + 1] = half_to_f32((half_t)(w[i] >> 16));
+            amax = fmaxf(amax, fmaxf(fabsf(v[2 * i]), fabsf(v[2 * i + 1])));
+        }
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const float d = amax / 127.0f;
+        const float id = d > 0.0f ? 1.0f / d : 0.0f;
+        unsigned packed[2] = {0u, 0u};
+        int sum = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int q = (int)roundf(v[i] * id);
+            sum += q;
+            packed[i >> 2] |= ((unsigned)q & 0xffu) << (8 * (i & 3));
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (in) {
+            const int t = c / per, cc = c - t * per;
+            const int c16 = cc >> 1, w16 = c16 % G;
+            const int pos = 2 * (w16 % (G / 2)) + w16 / (G / 2);
+            const int u = (c16 / G) * (G / 2) + (pos >> 1);
+            *reinterpret_cast<uint2*>(xq + t * stride + XS::unit_at(u, pos & 1) + 8 * (cc & 1)) =
+                make_uint2(packed[0], packed[1]);
+            if ((c & 3) == 0) xds[c >> 2] = make_float2(d, d * (float)sum);
+        }
+    }
+}
 
 // R: the most rows the build takes (QG_ROWS, or 1 for decode's one row, whose build keeps
 // fewer registers live and so more warps resident).
 template <class F, int R>
 __device__ __forceinline__ void qgemv_body(Planes p, int rows, int cols, const half_t* x, int n,
                                            void* y, int ldy, int y_mode, int c0, int cs) {
-    grid_dep_enter();
+    extern __shared__ int4 qg_smem[];
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * QG_WARPS + (threadIdx.x >> 5);
-    if (row >= rows) return;
+    const bool live = row < rows;
+    const int units = cols / 32;
+    typename F::D u[QG_U];
+#pragma unroll
+    for (int i = 0; i < QG_U; ++i) {
+        const int v = lane + 32 * i;
+        if (live && v < units) u[i] = F::template dload<true>(p, row, v, cols);
+    }
+    grid_dep_enter();
+    const int stride = (cols + 1023) / 1024 * 1024;
+    signed char* xq = reinterpret_cast<signed char*>(qg_smem);
+    float2* xds = reinterpret_cast<float2*>(xq + n * stride);
+    quantize_rows<F::G>(x, n, cols, stride, xq, xds);
+    __syncthreads();
+    if (!live) return;
+    const XS xs{xq, xds, stride, cols / 32};
     float acc[R];
 #pragma unroll
     for (int t = 0; t < R; ++t) acc[t] = 0.0f;
-    const int units = F::units(cols);
-    for (int u = lane; u < units; u += 32) {
-        const typename F::Raw r = F::load(p, row, u, cols);
+    for (int v0 = 0;;) {
 #pragma unroll
-        for (int c = 0; c < F::VALS / 8; ++c) {
-            float v[8];
-            const int col = F::chunk(r, u, c, v);
+        for (int i = 0; i < QG_U; ++i) {
+            const int v = v0 + lane + 32 * i;
+            if (v < units) F::template dot<R>(p, u[i], v, xs, n, acc);
+        }
+        v0 += 32 * QG_U;
+        if (v0 >= units) break;
 #pragma unroll
-            for (int t = 0; t < R; ++t) {
-                if (t < n) {
-                    const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + (size_t)t * cols + col));
-                    const unsigned xw[4] = {xv.x, xv.y, xv.z, xv.w};
-                    float s = acc[t];
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        s = fmaf(v[2 * q], half_to_f32((half_t)(xw[q] & 0xffffu)), s);
-                        s = fmaf(v[2 * q + 1], half_to_f32((half_t)(xw[q] >> 16)), s);
-                    }
-                    acc[t] = s;
-                }
-            }
+        for (int i = 0; i < QG_U; ++i) {
+            const int v = v0 + lane + 32 * i;
+            if (v < units) u[i] = F::template dload<false>(p, row, v, cols);
         }
     }
     const size_t col = (size_t)c0 + (size_t)cs * row;

@@ -309,6 +309,22 @@ impl Gpu {
                 }
             }
         }
+        // qgemv's int8 rows take up to QG_SMEM of shared memory.
+        for half in Half::ALL {
+            for kind in qgemm::QKind::ALL {
+                for f in &kind.kernels()[..2] {
+                    let name = format!("{f}_{}", half.suffix());
+                    let func = funcs
+                        .get(&name)
+                        .ok_or_else(|| Error::Cuda(format!("kernel {name} is not loaded")))?;
+                    func.set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        qgemm::QG_SMEM as i32,
+                    )
+                    .map_err(cuda_err("raising a kernel's shared memory limit"))?;
+                }
+            }
+        }
         let on = switches::switches();
         let pdl = major >= 9 && on.pdl;
         let wgmma = major == 9 && on.wgmma;

@@ -1,9 +1,10 @@
 //! Linear layers and embeddings on GGUF weights kept quantized on the device
 //! (kernels/qgemv.cu). Up to [`QGEMV_MAX`] token rows (decode) read the quantized bytes
-//! themselves, [`QG_ROWS`] rows a launch, each weight dequantized in registers and met by
-//! the 16-bit rows in fp32; more rows (prefill, large batches) dequantize the weights a
-//! panel of rows at a time into a 16-bit buffer that cuBLAS multiplies, so the weights stay
-//! the file's size in memory and only one panel is ever 16-bit.
+//! themselves: each launch quantizes up to [`QG_ROWS`] rows to int8 blocks of 32 in shared
+//! memory (as the CPU engine quantizes its activations) and meets the weight codes in
+//! integer dot products; more rows (prefill, large batches) dequantize the weights a panel
+//! of rows at a time into a 16-bit buffer that cuBLAS multiplies, so the weights stay the
+//! file's size in memory and only one panel is ever 16-bit.
 
 use super::gemm::{Blas, Out};
 use super::launch::{cfg, i32_of, Args, EmbedExtras};
@@ -14,11 +15,13 @@ use crate::error::{Error, Result};
 pub(crate) const QG_ROWS: usize = 8;
 /// Warps (weight rows) a qgemv block (QG_WARPS).
 const QG_WARPS: usize = 8;
-/// Up to this many token rows a layer runs on qgemv; more take the panel. Measured on the
-/// 8B shape (H100): a qgemv step costs about one row's time more for each row (Q4_K_M 5.2
-/// ms at one row, 31.5 at eight; Q8_0 4.1 and 20.7), the panel path about 26 ms whatever
-/// the rows (22.6 for Q8_0): they meet near seven rows.
-pub(crate) const QGEMV_MAX: usize = 6;
+/// Up to this many token rows a layer runs on qgemv; more take the panel. Measured on
+/// Llama-3.1-8B's gate_up (H100, `inflight gpu-qrates`): qgemv costs Q4_K 40 µs at one
+/// row, 170 at 8, 346 at 16; Q8_0 58, 209, 422; the panel path 345-375 (Q4_K) and 285-315
+/// (Q8_0) at any rows: they meet near 16 rows for Q4_K and 12 for Q8_0.
+pub(crate) const QGEMV_MAX: usize = 12;
+/// Dynamic shared memory a qgemv block may take for its int8 rows (raised at module load).
+pub(crate) const QG_SMEM: usize = 96 << 10;
 /// The 16-bit panel that larger products dequantize into, in bytes.
 pub(crate) const PANEL_BYTES: usize = 32 << 20;
 
@@ -37,9 +40,11 @@ pub enum QKind {
 }
 
 impl QKind {
+    pub const ALL: [QKind; 5] = [QKind::Q8, QKind::Q4, QKind::Q4K, QKind::Q5K, QKind::Q6K];
+
     /// Its kernels' names: (qgemv, qgemv1, qdequant, qembed), spelled out once so that no
     /// launch formats a name.
-    fn kernels(self) -> [&'static str; 4] {
+    pub(super) fn kernels(self) -> [&'static str; 4] {
         match self {
             QKind::Q8 => ["qgemv_q8", "qgemv1_q8", "qdequant_q8", "qembed_q8"],
             QKind::Q4 => ["qgemv_q4", "qgemv1_q4", "qdequant_q4", "qembed_q4"],
@@ -119,14 +124,49 @@ pub(crate) fn qlinear(
     if n == 0 {
         return Ok(());
     }
+    let path = if n <= QGEMV_MAX && qgemv_rows(w.cols) > 0 {
+        QPath::Gemv
+    } else {
+        QPath::Panel
+    };
+    qlinear_by(blas, half, (x, w, y), y_ty, n, scratch, path)
+}
+
+/// How a quantized product runs: [`qlinear`] picks by its rows; the rates of `gpu-qrates`
+/// time both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QPath {
+    /// qgemv launches reading the quantized bytes, up to [`qgemv_rows`] token rows each.
+    Gemv,
+    /// Panels of rows dequantized to 16 bits, each multiplied by cuBLAS.
+    Panel,
+}
+
+/// [`qlinear`] by the given path.
+pub(crate) fn qlinear_by(
+    blas: &Blas,
+    half: Half,
+    (x, w, y): (u64, &QWeight, u64),
+    y_ty: Out,
+    n: usize,
+    scratch: &QScratch,
+    path: QPath,
+) -> Result<()> {
     let gpu = blas.gpu.as_ref();
-    if n <= QGEMV_MAX {
-        for start in (0..n).step_by(QG_ROWS) {
-            let rows = (n - start).min(QG_ROWS);
+    if path == QPath::Gemv {
+        let per_launch = qgemv_rows(w.cols);
+        if per_launch == 0 {
+            return Err(Error::Cuda(format!(
+                "rows of {} values are too wide for qgemv",
+                w.cols
+            )));
+        }
+        for start in (0..n).step_by(per_launch) {
+            let rows = (n - start).min(per_launch);
             let xs = x + (start * w.cols * 2) as u64;
             let ys = y + (start * w.rows * y_ty.bytes()) as u64;
             for band in &w.bands {
-                qgemv(gpu, half, band, w, xs, rows, ys, y_ty)?;
+                qgemv(gpu, half, band, w, (xs, rows, ys, y_ty))?;
             }
         }
         return Ok(());
@@ -146,21 +186,28 @@ pub(crate) fn qlinear(
         for band in &w.bands {
             let (lo, hi) = band_rows_in(band, p0, pl);
             if lo < hi {
-                qdequant(
-                    blas.gpu.as_ref(),
-                    half,
-                    band,
-                    w.cols,
-                    (lo, hi),
-                    p0,
-                    panel.ptr(),
-                )?;
+                qdequant(gpu, half, band, w.cols, (lo, hi), p0, panel.ptr())?;
             }
         }
         let yp = y + (p0 * y_ty.bytes()) as u64;
         blas.gemm_strided(half, x, panel.ptr(), yp, y_ty, n, w.cols, pl, w.rows)?;
     }
     Ok(())
+}
+
+/// Shared memory of a qgemv block quantizing `n` rows of `cols`: the int8 rows, each
+/// padded to whole 1,024-value stripes (qgemv.cu's XS), and a (d, d·Σq) pair a block of 32.
+fn qgemv_smem(n: usize, cols: usize) -> usize {
+    n * (cols.div_ceil(1024) * 1024 + cols / 32 * 8)
+}
+
+/// Token rows one qgemv launch takes for rows of `cols` values: up to [`QG_ROWS`], as many
+/// as [`QG_SMEM`] holds (0: too wide for one; such a layer takes the panel path).
+fn qgemv_rows(cols: usize) -> usize {
+    (1..=QG_ROWS)
+        .rev()
+        .find(|&n| qgemv_smem(n, cols) <= QG_SMEM)
+        .unwrap_or(0)
 }
 
 /// The band rows whose output columns fall in `[p0, p0 + len)`.
@@ -175,16 +222,12 @@ fn rows_in(c0: usize, cs: usize, rows: usize, p0: usize, len: usize) -> (usize, 
     (first_at(p0), first_at(p0 + len))
 }
 
-#[allow(clippy::too_many_arguments)]
 fn qgemv(
     gpu: &Gpu,
     half: Half,
     band: &QBand,
     w: &QWeight,
-    x: u64,
-    n: usize,
-    y: u64,
-    y_ty: Out,
+    (x, n, y, y_ty): (u64, usize, u64, Out),
 ) -> Result<()> {
     let f = gpu.func(band.kind.kernels()[usize::from(n == 1)], half)?;
     let (qs, d, m) = band.planes();
@@ -210,10 +253,12 @@ fn qgemv(
         .arg(&c0)
         .arg(&cs);
     let grid = band.rows.div_ceil(QG_WARPS);
+    let mut c = cfg((grid, 1, 1), 32 * QG_WARPS as u32)?;
+    c.shared_mem_bytes = qgemv_smem(n, w.cols) as u32;
     // SAFETY: argument order and types match qgemv.cu; the planes hold band.rows rows of
-    // cols values, x n rows of cols, y n rows of ldy.
-    unsafe { gpu.launch(f, cfg((grid, 1, 1), 32 * QG_WARPS as u32)?, &mut b) }
-        .map_err(cuda_err("qgemv"))
+    // cols values, x n rows of cols, y n rows of ldy; the shared memory is qgemv_smem's
+    // (at most QG_SMEM: qgemv_rows), which module load allows.
+    unsafe { gpu.launch(f, c, &mut b) }.map_err(cuda_err("qgemv"))
 }
 
 fn qdequant(
@@ -294,11 +339,22 @@ mod tests {
             .iter()
             .flat_map(|(_, names)| names.iter().copied())
             .collect();
-        for kind in [QKind::Q8, QKind::Q4, QKind::Q4K, QKind::Q5K, QKind::Q6K] {
+        for kind in QKind::ALL {
             for name in kind.kernels() {
                 assert!(loaded.contains(&name), "{name} is not loaded");
             }
         }
+    }
+
+    #[test]
+    fn qgemv_launches_take_the_rows_their_shared_memory_holds() {
+        assert_eq!(qgemv_smem(1, 4096), 4096 + 1024);
+        // A width past whole stripes pads its int8 rows to them.
+        assert_eq!(qgemv_smem(2, 11008), 2 * (11264 + 2752));
+        assert_eq!(qgemv_rows(4096), QG_ROWS);
+        assert_eq!(qgemv_rows(14336), 5);
+        assert!(qgemv_smem(qgemv_rows(28672), 28672) <= QG_SMEM);
+        assert_eq!(qgemv_rows(200_000), 0);
     }
 
     #[test]
