@@ -70,7 +70,8 @@ build_peer() {
   cmake -S "$src" -B "$PEER_DIR/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >"$PEER_DIR/cmake.log"
-  cmake --build "$PEER_DIR/build" --target llama-server -j "$(nproc)" >"$PEER_DIR/build.log"
+  cmake --build "$PEER_DIR/build" --target llama-server -j "$(nproc)" >"$PEER_DIR/build.log" ||
+    { tail -20 "$PEER_DIR/build.log" >&2; exit 1; }
 }
 if [[ " $SERVERS " == *" llama-server "* ]]; then
   build_peer
@@ -86,16 +87,16 @@ stop_server() {
 }
 trap stop_server EXIT
 
-# wait_ready PATH: polls the server until PATH answers 200 (at most 3 minutes).
+# wait_ready NAME PATH: polls server NAME until PATH answers 200 (at most 3 minutes).
 wait_ready() {
   for _ in $(seq 1 360); do
-    if python3 - "http://127.0.0.1:$PORT$1" <<'PY' 2>/dev/null; then return 0; fi
+    if python3 - "http://127.0.0.1:$PORT$2" <<'PY' 2>/dev/null; then return 0; fi
 import sys, urllib.request
 urllib.request.urlopen(sys.argv[1], timeout=2)
 PY
     if ! kill -0 "$SERVER_PID" 2>/dev/null; then
       echo "the server exited; its log:" >&2
-      tail -20 "$OUT/server-$NAME.log" >&2
+      tail -20 "$OUT/server-$1.log" >&2
       exit 1
     fi
     sleep 0.5
@@ -111,14 +112,14 @@ start_server() {
       "$BIN" serve --host 127.0.0.1 --http-port "$PORT" --metrics-port "$((PORT + 2))" \
         >>"$OUT/server-$1.log" 2>&1 &
       SERVER_PID=$!
-      wait_ready /v2/health/ready
+      wait_ready "$1" /v2/health/ready
       ;;
     llama-server)
       "$LLAMA_SERVER" --model "$GGUF" --host 127.0.0.1 --port "$PORT" --threads "$THREADS" \
         --parallel "$SLOTS" --ctx-size "$((SLOTS * CTX_PER_SLOT))" \
         >>"$OUT/server-$1.log" 2>&1 &
       SERVER_PID=$!
-      wait_ready /health
+      wait_ready "$1" /health
       ;;
     *)
       echo "unknown server '$1' in SERVERS (inflight, llama-server)" >&2

@@ -65,6 +65,21 @@ fn product(x: &[f32], w: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> {
     y
 }
 
+/// A `rows` x `cols` matrix of type `ty` on the device, one random block of 256 values
+/// repeated: encoding 500M values on the host would take longer than the timing.
+fn repeated_block(
+    gpu: &Arc<Gpu>,
+    rng: &mut StdRng,
+    ty: GgmlType,
+    (rows, cols): (usize, usize),
+    order: Rows,
+) -> Result<qgemm::QWeight> {
+    let one = encode(ty, &rand_vec(rng, 256, 0.05));
+    let q = QMatrix::from_ggml(ty, &one.repeat(rows * cols / 256), rows, cols)
+        .ok_or_else(|| crate::Error::Model(format!("{ty:?} is not kept quantized")))?;
+    Ok(qweights::upload(gpu, &q, order)?.expect("planes"))
+}
+
 /// qgemv at one row on Llama-3.1-8B's shapes (random blocks), f16: the weights' bytes over
 /// the time, reported beside the device's (not required).
 pub fn rates(gpu: &Arc<Gpu>, rng: &mut StdRng) -> Result<Vec<Row>> {
@@ -81,12 +96,7 @@ pub fn rates(gpu: &Arc<Gpu>, rng: &mut StdRng) -> Result<Vec<Row>> {
         (GgmlType::Q8_0, 4096, 14336, "down"),
         (GgmlType::Q8_0, 128256, 4096, "lm_head"),
     ] {
-        // The blocks of 256 random values repeated: encoding 500M values on the host
-        // would take longer than the timing.
-        let one = encode(ty, &rand_vec(rng, 256, 0.05));
-        let q = QMatrix::from_ggml(ty, &one.repeat(rows * cols / 256), rows, cols)
-            .ok_or_else(|| crate::Error::Model(format!("{ty:?} is not kept quantized")))?;
-        let w = qweights::upload(gpu, &q, Rows::AsIs)?.expect("planes");
+        let w = repeated_block(gpu, rng, ty, (rows, cols), Rows::AsIs)?;
         let x = gpu.upload(&half_of(dt, &rand_vec(rng, cols, 1.0)).0)?;
         let y = gpu.alloc::<f32>(rows)?;
         let scratch = QScratch::new(gpu, 1)?;
@@ -111,10 +121,7 @@ pub fn rates(gpu: &Arc<Gpu>, rng: &mut StdRng) -> Result<Vec<Row>> {
     // Both paths by rows on gate_up's shape: where qgemv stops (QGEMV_MAX).
     for ty in [GgmlType::Q4_K, GgmlType::Q8_0] {
         let (rows, cols) = (28672, 4096);
-        let one = encode(ty, &rand_vec(rng, 256, 0.05));
-        let q = QMatrix::from_ggml(ty, &one.repeat(rows * cols / 256), rows, cols)
-            .ok_or_else(|| crate::Error::Model(format!("{ty:?} is not kept quantized")))?;
-        let w = qweights::upload(gpu, &q, Rows::HalvesInterleaved)?.expect("planes");
+        let w = repeated_block(gpu, rng, ty, (rows, cols), Rows::HalvesInterleaved)?;
         let x = gpu.upload(&half_of(dt, &rand_vec(rng, 64 * cols, 1.0)).0)?;
         let y = gpu.alloc::<f32>(64 * rows)?;
         let scratch = QScratch::new(gpu, (qgemm::PANEL_BYTES / 2 / cols) * cols)?;

@@ -227,6 +227,25 @@ fn largest_cluster_fits(funcs: &HashMap<String, CudaFunction>, stream: &CudaStre
     true
 }
 
+/// Lets kernel `op` built for `half` take `bytes` of dynamic shared memory.
+fn raise_smem(
+    funcs: &HashMap<String, CudaFunction>,
+    op: &str,
+    half: Half,
+    bytes: usize,
+) -> Result<()> {
+    let name = format!("{op}_{}", half.suffix());
+    let func = funcs
+        .get(&name)
+        .ok_or_else(|| Error::Cuda(format!("kernel {name} is not loaded")))?;
+    let bytes = i32::try_from(bytes).map_err(|_| Error::Cuda("shared memory size".into()))?;
+    func.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes,
+    )
+    .map_err(cuda_err("raising a kernel's shared memory limit"))
+}
+
 impl Gpu {
     /// Opens device `ordinal` and compiles (or loads from the cache) every kernel. Fails
     /// cleanly, also when the CUDA libraries cannot be loaded at all.
@@ -286,42 +305,18 @@ impl Gpu {
                 }
             }
         }
-        // The tensor-core attention kernels take more than the default 48 KB of shared
-        // memory.
+        // The tensor-core attention kernels, and qgemv's int8 rows, take more than the
+        // default 48 KB of shared memory.
         for half in Half::ALL {
             for budget in attention::FLASH_BUDGETS {
                 for mode in attention::FLASH_MODES {
-                    let name = format!(
-                        "{}_{}",
-                        attention::flash_kernel(mode, budget),
-                        half.suffix()
-                    );
-                    let func = funcs
-                        .get(&name)
-                        .ok_or_else(|| Error::Cuda(format!("kernel {name} is not loaded")))?;
-                    let bytes = i32::try_from(attention::flash_smem(mode, budget))
-                        .map_err(|_| Error::Cuda("shared memory size".into()))?;
-                    func.set_attribute(
-                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        bytes,
-                    )
-                    .map_err(cuda_err("raising a kernel's shared memory limit"))?;
+                    let op = attention::flash_kernel(mode, budget);
+                    raise_smem(&funcs, &op, half, attention::flash_smem(mode, budget))?;
                 }
             }
-        }
-        // qgemv's int8 rows take up to QG_SMEM of shared memory.
-        for half in Half::ALL {
             for kind in qgemm::QKind::ALL {
-                for f in &kind.kernels()[..2] {
-                    let name = format!("{f}_{}", half.suffix());
-                    let func = funcs
-                        .get(&name)
-                        .ok_or_else(|| Error::Cuda(format!("kernel {name} is not loaded")))?;
-                    func.set_attribute(
-                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        qgemm::QG_SMEM as i32,
-                    )
-                    .map_err(cuda_err("raising a kernel's shared memory limit"))?;
+                for op in &kind.kernels()[..2] {
+                    raise_smem(&funcs, op, half, qgemm::QG_SMEM)?;
                 }
             }
         }

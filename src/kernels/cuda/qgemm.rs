@@ -42,8 +42,8 @@ pub enum QKind {
 impl QKind {
     pub const ALL: [QKind; 5] = [QKind::Q8, QKind::Q4, QKind::Q4K, QKind::Q5K, QKind::Q6K];
 
-    /// Its kernels' names: (qgemv, qgemv1, qdequant, qembed), spelled out once so that no
-    /// launch formats a name.
+    /// Its kernels' names: (qgemv, qgemv1, qdequant, qembed), spelled out once (`Gpu::func`
+    /// adds the 16-bit type's suffix).
     pub(super) fn kernels(self) -> [&'static str; 4] {
         match self {
             QKind::Q8 => ["qgemv_q8", "qgemv1_q8", "qdequant_q8", "qembed_q8"],
