@@ -13,6 +13,8 @@
 // each pair is formed and reduced to [-pi, pi] in double precision, then its sine and
 // cosine are taken in single precision (within about 1e-7 of the CPU twin's
 // double-precision values, at a fraction of the cost).
+// Where long_rows is given (LongRoPE), row r with long_rows[r] != 0 takes the frequencies at
+// inv_freq + hd / 2 (the long factors'), the others those at inv_freq.
 // grid: ceil(n * (heads + kv_heads) * hd / 2 / V / ROPE_THREADS) blocks of ROPE_THREADS,
 // thread t taking row t / per_row, item t % per_row (q heads' items first, then k heads').
 #define ROPE_THREADS 256
@@ -28,6 +30,7 @@ __device__ __forceinline__ void rope_kv(const half_t* __restrict__ qkv,
                                         const int* __restrict__ pos,
                                         const int* __restrict__ slots,
                                         const float* __restrict__ inv_freq,
+                                        const int* __restrict__ long_rows,
                                         void* __restrict__ q_out,
                                         half_t* __restrict__ k_cache,
                                         half_t* __restrict__ v_cache,
@@ -46,11 +49,12 @@ __device__ __forceinline__ void rope_kv(const half_t* __restrict__ qkv,
     // are the step's upload and the model's, ready before its first kernel began, so only
     // the QKV rows are read after it.
     const double p = (double)pos[r];
+    const float* freq = inv_freq + (long_rows != nullptr && long_rows[r] != 0 ? half : 0);
     const double two_pi = 6.283185307179586476925;
     float sn[V], cs[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-        const double angle = p * (double)inv_freq[i0 + j];
+        const double angle = p * (double)freq[i0 + j];
         sincosf((float)(angle - rint(angle * (1.0 / two_pi)) * two_pi), &sn[j], &cs[j]);
     }
     const size_t slot = head < heads ? 0 : (size_t)load_early(slots + r);
@@ -126,12 +130,14 @@ if constexpr (V % 4 == 0) {
     *reinterpret_cast<hv*>(vdst + half) = v1;
 }
 
-#define ROPE_ARGS                                                                              \
+#define ROPE_ARGS                                                                          \
     const half_t* __restrict__ qkv, const float* __restrict__ bias, const int* __restrict__ pos, \
-        const int* __restrict__ slots, const float* __restrict__ inv_freq,                     \
-        void* __restrict__ q_out, half_t* __restrict__ k_cache, half_t* __restrict__ v_cache,  \
-        int n, int heads, int kv_heads, int hd, float q_scale
-#define ROPE_PASS qkv, bias, pos, slots, inv_freq, q_out, k_cache, v_cache, n, heads, kv_heads, hd, q_scale
+        const int* __restrict__ slots, const float* __restrict__ inv_freq,                 \
+        const int* __restrict__ long_rows, void* __restrict__ q_out,                       \
+        half_t* __restrict__ k_cache, half_t* __restrict__ v_cache, int n, int heads,      \
+        int kv_heads, int hd, float q_scale
+#define ROPE_PASS \
+    qkv, bias, pos, slots, inv_freq, long_rows, q_out, k_cache, v_cache, n, heads, kv_heads, hd, q_scale
 
 extern "C" __global__ void KERNEL(rope_kv_write)(ROPE_ARGS) { rope_kv<8>(ROPE_PASS); }
 extern "C" __global__ void KERNEL(rope_kv_write_v1)(ROPE_ARGS) { rope_kv<1>(ROPE_PASS); }

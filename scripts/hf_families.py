@@ -11,6 +11,14 @@ each of the 32 decode steps, run through transformers' own KV cache (eager atten
 
     python3 scripts/hf_families.py [--out tests/fixtures/families]
 
+`--long` writes only OUT/phi3/reference-long.json, for the phi3 checkpoint already there:
+transformers' logits past LongRoPE's original context (128 positions), as its `generate`
+computes them: a 140-token prompt and 8 decode steps (the long factors throughout), and a
+120-token prompt decoded to 136 tokens, short until the token at position 128, where the
+cache is dropped and the whole sequence computed again with the long factors
+(`Phi3ForCausalLM.prepare_inputs_for_generation`); and for each prompt, `generate`'s own
+greedy tokens (tests/long_rope_served.rs asks the server for them).
+
 Needs torch and transformers (pip); runs on the CPU in seconds.
 """
 import argparse
@@ -98,11 +106,54 @@ def tokens(seed):
     return torch.randint(3, VOCAB, (PROMPT + DECODE,), generator=g).tolist()
 
 
+def phi3_long(out):
+    """The LongRoPE cases of the phi3 checkpoint in OUT/phi3 (see the module's docstring)."""
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(out, "phi3"),
+                                                 attn_implementation="eager",
+                                                 dtype=torch.float32)
+    model.eval()
+    orig = model.config.original_max_position_embeddings
+    g = torch.Generator().manual_seed(77)
+    cases = []
+    for name, prompt, total in (("long prompt", 140, 148), ("crossing", 120, 136)):
+        ids = torch.randint(3, VOCAB, (total,), generator=g).tolist()
+        res = model(torch.tensor([ids[:prompt]]), use_cache=True)
+        cache = res.past_key_values
+        logits = [res.logits[0, -1].tolist()]
+        recompute_at = None
+        for pos in range(prompt, total):
+            if pos == orig and prompt <= orig:
+                # generate's rule: the sequence reaches orig + 1 tokens with orig cached.
+                recompute_at = pos
+                res = model(torch.tensor([ids[:pos + 1]]), use_cache=True)
+            else:
+                res = model(torch.tensor([[ids[pos]]]), past_key_values=cache, use_cache=True)
+            cache = res.past_key_values
+            logits.append(res.logits[0, -1].tolist())
+        # generate's own greedy answer to the prompt (its crossing rule in action), with no
+        # end token: what the server must answer.
+        model.generation_config.eos_token_id = None
+        gen = model.generate(torch.tensor([ids[:prompt]]), max_new_tokens=total - prompt,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+        greedy = gen[0, prompt:].tolist()
+        cases.append(dict(name=name, prompt=prompt, tokens=ids, logits=logits,
+                          recompute_at=recompute_at, greedy=greedy))
+    ref = dict(family="phi3", transformers=transformers.__version__, original=orig,
+               cases=cases)
+    with open(os.path.join(out, "phi3", "reference-long.json"), "w") as f:
+        json.dump(ref, f, separators=(",", ":"))
+    print("phi3 long cases", [(c["name"], len(c["logits"])) for c in cases])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/fixtures/families")
+    ap.add_argument("--long", action="store_true")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
+    if args.long:
+        phi3_long(args.out)
+        return
     for seed, (family, (cls, kw)) in enumerate(FAMILIES.items()):
         cfg = getattr(transformers, cls)(**kw)
         torch.manual_seed(seed)

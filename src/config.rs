@@ -412,6 +412,7 @@ impl ServeConfig {
                 .arch
                 .kv_window(model.num_layers)
                 .filter(|_| self.speculative.is_none()),
+            long_rope_from: model.long_rope_from(),
         };
         cfg.validate().map_err(|e| Error::Config(e.to_string()))?;
         Ok(cfg)

@@ -74,6 +74,11 @@ pub fn generate(
         ..Default::default()
     };
 
+    // LongRoPE (Phi-3): the long factors for a sequence past the original context, the
+    // whole sequence computed again with them where a decode crosses it (the scheduler's
+    // rule, `SchedulerConfig::long_rope_from`).
+    let long_from = cfg.long_rope_from();
+    let mut long_rope = long_from.is_some_and(|from| prompt.len() > from);
     let t0 = Instant::now();
     let mut logits = model.forward(
         &[SeqChunk {
@@ -81,6 +86,7 @@ pub fn generate(
             start_pos: 0,
             block_table: &table,
             logits: 1,
+            long_rope,
         }],
         &mut cache,
     )?;
@@ -105,12 +111,22 @@ pub fn generate(
         if sampled.stop || stats.generated.len() == opts.max_tokens {
             break;
         }
+        let crossing = long_from.is_some_and(|from| !long_rope && pos + 1 > from);
+        let known;
+        let (tokens, start_pos) = if crossing {
+            long_rope = true;
+            known = [prompt, &stats.generated[..]].concat();
+            (&known[..], 0)
+        } else {
+            (std::slice::from_ref(&next), pos)
+        };
         logits = model.forward(
             &[SeqChunk {
-                tokens: &[next],
-                start_pos: pos,
+                tokens,
+                start_pos,
                 block_table: &table,
                 logits: 1,
+                long_rope,
             }],
             &mut cache,
         )?;

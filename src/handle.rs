@@ -154,8 +154,10 @@ impl ModelHandle {
         tokenizer: Tokenizer,
         backend: Arc<dyn Backend>,
         kv_cache_bytes: usize,
-        options: ModelOptions,
+        mut options: ModelOptions,
     ) -> Result<Self> {
+        // The model's, whatever the options say: the logits depend on it.
+        options.scheduler.long_rope_from = config.long_rope_from();
         options
             .scheduler
             .validate()

@@ -191,6 +191,11 @@ impl Metrics {
              recompute repeats",
         );
         c(
+            "inflight_long_rope_restarts_total",
+            "Sequences computed again from their first token with LongRoPE's long factors \
+             when a decode crossed the model's original context (Phi-3), as transformers does",
+        );
+        c(
             "inflight_swap_preemptions_total",
             "Running sequences preempted by swapping their KV cache blocks out to the host \
              cache (max_utilization with kv_cache_host_memory_bytes); nothing is recomputed",
@@ -544,6 +549,7 @@ impl Metrics {
             ("inflight_preemptions_total", s.preemptions),
             ("inflight_preempted_tokens_total", s.preempted_tokens),
             ("inflight_swap_preemptions_total", s.swap_outs),
+            ("inflight_long_rope_restarts_total", s.long_rope_restarts),
             ("inflight_kv_blocks_swapped_out_total", s.blocks_swapped_out),
             ("inflight_kv_blocks_swapped_in_total", s.blocks_swapped_in),
             ("inflight_iterations_planned_ahead_total", s.planned_ahead),

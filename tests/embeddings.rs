@@ -51,6 +51,7 @@ fn direct(model: &Llama, tokens: &[u32], pooling: Pooling) -> Vec<f32> {
         start_pos: 0,
         block_table: &table,
         logits: tokens.len(),
+        long_rope: false,
     };
     let rows = model
         .forward_hidden(&[chunk], &mut cache)

@@ -91,6 +91,7 @@ fn check_with(family: &str, gguf: bool, drop: bool) -> f64 {
             start_pos: start,
             block_table: &table,
             logits,
+            long_rope: false,
         };
         model.forward(&[chunk], cache).unwrap().remove(0)
     };
@@ -163,7 +164,104 @@ fn a_dropped_block_inside_the_window_is_an_error() {
         start_pos: 11,
         block_table: &table,
         logits: 1,
+        long_rope: false,
     };
     let err = model.forward(&[chunk], &mut cache).unwrap_err();
     assert!(err.to_string().contains("outside the cache"), "{err}");
+}
+
+#[derive(Deserialize)]
+struct LongCase {
+    name: String,
+    prompt: usize,
+    tokens: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+    /// The decode position where transformers dropped the cache and computed the whole
+    /// sequence again with the long factors.
+    recompute_at: Option<usize>,
+}
+
+#[derive(Deserialize)]
+struct LongReference {
+    original: usize,
+    cases: Vec<LongCase>,
+}
+
+/// Runs phi3's LongRoPE cases (`scripts/hf_families.py --long`) as the scheduler drives
+/// them (`SchedulerConfig::long_rope_from`): a prompt longer than the original context
+/// with the long factors throughout; a shorter one with the short factors, computed again
+/// from its first token with the long ones at the decode that crosses it. With `long` off,
+/// every row takes the short factors (the cases must then fail: the factors matter).
+/// Returns the worst error of each case.
+fn long_rope_cases(path: &Path, long: bool) -> Vec<f64> {
+    let model = Llama::load(path).unwrap();
+    let text = std::fs::read_to_string(fixtures().join("phi3/reference-long.json")).unwrap();
+    let r: LongReference = serde_json::from_str(&text).unwrap();
+    assert_eq!(model.config().long_rope_from(), Some(r.original));
+    let mut config = model.config().clone();
+    config.kv_dtype = KvDtype::F32;
+    let mut worst = vec![];
+    for case in &r.cases {
+        // Prime to 3, so that 3i + 1 shuffles the blocks.
+        let blocks = (case.tokens.len().div_ceil(BLOCK_SIZE) + 2) | 1;
+        let blocks = if blocks % 3 == 0 { blocks + 2 } else { blocks };
+        let mut cache = KvCache::new(&config, BLOCK_SIZE, 2 * blocks);
+        // Two shuffled tables: the second holds the sequence computed again.
+        let tables: Vec<Vec<u32>> = (0..2)
+            .map(|t| {
+                (0..blocks)
+                    .map(|i| (t * blocks + (3 * i + 1) % blocks) as u32)
+                    .collect()
+            })
+            .collect();
+        let mut run = |table: &[u32], start: usize, end: usize, long_rope: bool| {
+            let chunk = SeqChunk {
+                tokens: &case.tokens[start..end],
+                start_pos: start,
+                block_table: table,
+                logits: 1,
+                long_rope: long_rope && long,
+            };
+            model.forward(&[chunk], &mut cache).unwrap().remove(0)
+        };
+        let mut is_long = case.prompt > r.original;
+        let mut table = &tables[0];
+        run(table, 0, 50, is_long);
+        let mut e = row_error(&run(table, 50, case.prompt, is_long), &case.logits[0]);
+        for (i, want) in case.logits[1..].iter().enumerate() {
+            let pos = case.prompt + i;
+            let got = if Some(pos) == case.recompute_at {
+                assert!(
+                    !is_long && pos == r.original,
+                    "{}: crossing at {pos}",
+                    case.name
+                );
+                is_long = true;
+                table = &tables[1];
+                run(table, 0, pos + 1, true)
+            } else {
+                run(table, pos, pos + 1, is_long)
+            };
+            e = e.max(row_error(&got, want));
+        }
+        eprintln!("phi3 {} (long factors {long}): worst {e:.2e}", case.name);
+        worst.push(e);
+    }
+    worst
+}
+
+/// LongRoPE past the original context, on the checkpoint and on llama.cpp's GGUF of it
+/// (its `rope_factors_long` tensor), against transformers.
+#[test]
+fn phi3_long_rope_past_the_original_context() {
+    let dir = fixtures().join("phi3");
+    for path in [dir.clone(), dir.join("model-f32.gguf")] {
+        let worst = long_rope_cases(&path, true);
+        assert!(worst.iter().all(|&e| e <= TOL), "{path:?}: {worst:?}");
+    }
+    let short = long_rope_cases(&dir, false);
+    assert!(
+        short.iter().all(|&e| e > 100.0 * TOL),
+        "the long factors change nothing: {short:?}"
+    );
 }

@@ -166,6 +166,7 @@ fn check_variant(tag: &str, spec: &TinySpec) -> f64 {
             start_pos: 0,
             block_table: blocks_for(t, s.len()),
             logits: s.len(),
+            long_rope: false,
         })
         .collect();
     let out = model.forward(&chunks, &mut cache).unwrap();
@@ -197,6 +198,7 @@ fn check_variant(tag: &str, spec: &TinySpec) -> f64 {
                 start_pos: s.len() - 1,
                 block_table: blocks_for(t, s.len()),
                 logits: 1,
+                long_rope: false,
             })
             .collect();
         let out = model.forward(&chunks, &mut cache).unwrap();
@@ -306,12 +308,14 @@ fn chunked_prefill_beside_decode_matches_reference() {
                     start_pos: 0,
                     block_table: blocks_for(&tables[1], short.len()),
                     logits: 1,
+                    long_rope: false,
                 },
                 SeqChunk {
                     tokens: &long[..7],
                     start_pos: 0,
                     block_table: blocks_for(&tables[0], 7),
                     logits: 1,
+                    long_rope: false,
                 },
             ],
             &mut cache,
@@ -332,12 +336,14 @@ fn chunked_prefill_beside_decode_matches_reference() {
                     start_pos: 7,
                     block_table: blocks_for(&tables[0], long.len()),
                     logits: long.len() - 7,
+                    long_rope: false,
                 },
                 SeqChunk {
                     tokens: &short[short.len() - 1..],
                     start_pos: short.len() - 1,
                     block_table: blocks_for(&tables[1], short.len()),
                     logits: 1,
+                    long_rope: false,
                 },
             ],
             &mut cache,
@@ -372,12 +378,14 @@ fn chunks_without_logits_write_every_layer() {
         start_pos: from,
         block_table: blocks_for(&tables[0], to),
         logits,
+        long_rope: false,
     };
     let short_whole = SeqChunk {
         tokens: &short,
         start_pos: 0,
         block_table: blocks_for(&tables[1], short.len()),
         logits: 2,
+        long_rope: false,
     };
     // Call 1: the long prompt's first chunk (no logits) beside the short prompt's last two
     // rows; call 2: the second chunk alone, no row with logits at all.
@@ -460,6 +468,7 @@ fn mapped_load_holds_the_same_weights() {
                 start_pos: 0,
                 block_table: &table,
                 logits: tokens.len(),
+                long_rope: false,
             };
             m.forward(&[chunk], &mut cache).unwrap().remove(0)
         };

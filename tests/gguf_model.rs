@@ -44,6 +44,7 @@ fn all_logits(model: &Llama, tokens: &[u32]) -> Vec<f32> {
                 start_pos: 0,
                 block_table: &table,
                 logits: tokens.len(),
+                long_rope: false,
             }],
             &mut cache,
         )

@@ -88,6 +88,7 @@ fn greedy_tokens_agree_with_llama_cpp() {
                     start_pos: 0,
                     block_table: &table,
                     logits: seq.len(),
+                    long_rope: false,
                 }],
                 &mut cache,
             )
@@ -134,6 +135,7 @@ fn greedy_tokens_agree_with_llama_cpp() {
                     start_pos: 0,
                     block_table: &table,
                     logits: 1,
+                    long_rope: false,
                 }],
                 &mut cache,
             )
@@ -150,6 +152,7 @@ fn greedy_tokens_agree_with_llama_cpp() {
                         start_pos: pos,
                         block_table: &table,
                         logits: 1,
+                        long_rope: false,
                     }],
                     &mut cache,
                 )

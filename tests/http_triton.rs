@@ -590,6 +590,7 @@ async fn metrics_move_with_requests() {
         "inflight_preemptions_total",
         "inflight_preempted_tokens_total",
         "inflight_swap_preemptions_total",
+        "inflight_long_rope_restarts_total",
         "inflight_kv_blocks_swapped_out_total",
         "inflight_kv_blocks_swapped_in_total",
     ] {

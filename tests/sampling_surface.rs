@@ -88,6 +88,7 @@ fn logits_of(model: &Llama, tokens: &[u32]) -> Vec<Vec<f32>> {
                 start_pos: 0,
                 block_table: &table,
                 logits: tokens.len(),
+                long_rope: false,
             }],
             &mut cache,
         )

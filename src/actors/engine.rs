@@ -437,6 +437,7 @@ fn chunks<'a>(seqs: &'a [StepSeq], tables: &'a [Vec<u32>]) -> Vec<SeqChunk<'a>> 
             start_pos: s.start_pos,
             block_table: table,
             logits: s.logit_rows(),
+            long_rope: s.long_rope,
         })
         .collect()
 }

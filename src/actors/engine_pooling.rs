@@ -41,6 +41,7 @@ impl EnginePooling {
                 start_pos: s.start_pos,
                 block_table: table,
                 logits: Self::rows(s),
+                long_rope: false,
             })
             .collect()
     }
@@ -94,6 +95,7 @@ mod tests {
             draft: None,
             cached: Vec::new(),
             score: Vec::new(),
+            long_rope: false,
         }
     }
 

@@ -514,6 +514,7 @@ impl SchedulerState {
             preemptions: self.core.num_preemptions(),
             preempted_tokens: self.core.num_preempted_tokens(),
             swap_outs: self.core.num_swap_outs(),
+            long_rope_restarts: self.core.num_long_rope_restarts(),
             blocks_swapped_out,
             blocks_swapped_in,
             planned_ahead: self.overlap.planned_ahead(),

@@ -241,6 +241,7 @@ impl SpeculativeState {
                     draft: None,
                     cached: Vec::new(),
                     score: Vec::new(),
+                    long_rope: s.long_rope,
                 });
                 who.push(w);
             }

@@ -3,6 +3,8 @@
 //! transformers' fp32 logits within 1e-4 on them in `tests/families_reference.rs`), loaded
 //! in the engine's default 16-bit type (f16; bf16 for Gemma), prefilled in two chunks and
 //! decoded 32 tokens one at a time; each row of logits against transformers' fp32 row.
+//! Phi-3's LongRoPE cases past its original context (`reference-long.json`) run in one
+//! batch, rows of the long and the short factors side by side.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -42,7 +44,122 @@ pub fn families_vs_hf(dir: &Path) -> Result<Vec<Row>> {
         .filter(|p| p.join("reference.json").is_file())
         .collect();
     dirs.sort();
-    dirs.iter().map(|d| family_row(d)).collect()
+    let mut rows: Vec<Row> = dirs.iter().map(|d| family_row(d)).collect::<Result<_>>()?;
+    for d in dirs
+        .iter()
+        .filter(|d| d.join("reference-long.json").is_file())
+    {
+        rows.push(long_rope_row(d)?);
+    }
+    Ok(rows)
+}
+
+#[derive(Deserialize)]
+struct LongCase {
+    prompt: usize,
+    tokens: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+    recompute_at: Option<usize>,
+}
+
+#[derive(Deserialize)]
+struct LongReference {
+    original: usize,
+    cases: Vec<LongCase>,
+}
+
+/// The LongRoPE cases, in lockstep in one batch as the scheduler would run them: a prompt
+/// past the original context (long factors throughout) beside one that decodes across it
+/// (short, then computed again from its first token with the long factors).
+fn long_rope_row(dir: &Path) -> Result<Row> {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let text = std::fs::read_to_string(dir.join("reference-long.json"))
+        .map_err(|e| Error::Model(format!("{}: {e}", dir.display())))?;
+    let r: LongReference =
+        serde_json::from_str(&text).map_err(|e| Error::Model(format!("{name}: {e}")))?;
+    let model = Llama::load(dir)?;
+    let cuda = CudaModel::load(&model, 0)?;
+    let per = r
+        .cases
+        .iter()
+        .map(|c| c.tokens.len())
+        .max()
+        .unwrap_or(1)
+        .div_ceil(BLOCK);
+    // Two tables a case (the second for the sequence computed again), out of order.
+    let tables: Vec<Vec<u32>> = (0..2 * r.cases.len())
+        .map(|t| {
+            (0..per as u32)
+                .rev()
+                .map(|b| (t * per) as u32 + b)
+                .collect()
+        })
+        .collect();
+    let mut gpu = CudaForward::new(cuda.clone(), BLOCK, tables.len() * per)?;
+    let mut long: Vec<bool> = r.cases.iter().map(|c| c.prompt > r.original).collect();
+    let mut table = vec![0usize; r.cases.len()];
+    let (mut worst, mut written, mut agree, mut rows) = (0f64, true, 0, 0);
+    let steps = r.cases.iter().map(|c| c.logits.len()).max().unwrap_or(0);
+    for k in 0..steps {
+        let mut chunks = Vec::new();
+        let mut who = Vec::new();
+        for (i, c) in r
+            .cases
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| k < c.logits.len())
+        {
+            let (start, end) = match k {
+                0 => (0, c.prompt),
+                _ => {
+                    let pos = c.prompt + k - 1;
+                    if Some(pos) == c.recompute_at {
+                        long[i] = true;
+                        table[i] = 1;
+                        (0, pos + 1)
+                    } else {
+                        (pos, pos + 1)
+                    }
+                }
+            };
+            chunks.push(SeqChunk {
+                tokens: &c.tokens[start..end],
+                start_pos: start,
+                block_table: &tables[2 * i + table[i]],
+                logits: 1,
+                long_rope: long[i],
+            });
+            who.push(i);
+        }
+        for (g, &i) in gpu.forward(&chunks)?.iter().zip(&who) {
+            let want = &r.cases[i].logits[k];
+            let (e, w) = rel_err(g, want);
+            worst = worst.max(e);
+            written &= w && g.iter().all(|v| v.is_finite());
+            agree += usize::from(argmax(g) == argmax(want));
+            rows += 1;
+        }
+    }
+    let (half, tol) = match cuda.weights.half {
+        Half::F16 => ("f16", TOL_F16),
+        Half::Bf16 => ("bf16", TOL_BF16),
+    };
+    Ok(Row {
+        check: format!("family {name} LongRoPE vs HF fp32"),
+        shape: format!(
+            "original context {}: prompts {:?} in one batch, one crossing it while decoding",
+            r.original,
+            r.cases.iter().map(|c| c.prompt).collect::<Vec<_>>()
+        ),
+        err: worst,
+        tol,
+        written,
+        note: format!("{half}; top-1 agrees on {agree}/{rows} rows"),
+        info: false,
+    })
 }
 
 fn family_row(dir: &Path) -> Result<Row> {
@@ -93,6 +210,7 @@ fn run(cuda: &Arc<CudaModel>, r: &Reference) -> Result<(f64, bool, usize)> {
             start_pos: start,
             block_table: &table,
             logits,
+            long_rope: false,
         };
         Ok(gpu.forward(&[chunk])?.remove(0))
     };

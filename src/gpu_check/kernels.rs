@@ -676,7 +676,16 @@ fn rope_one(
         slots.swap(i, j);
     }
     slots.truncate(n);
-    let freqs = inv_freq(hd, 500000.0);
+    // LongRoPE's layout: the short frequencies, then the long ones, taken by the rows
+    // flagged (every third).
+    let short = inv_freq(hd, 500000.0);
+    let long: Vec<f32> = short
+        .iter()
+        .enumerate()
+        .map(|(i, f)| f / (1.0 + i as f32))
+        .collect();
+    let freqs = [short.clone(), long.clone()].concat();
+    let long_rows: Vec<i32> = (0..n as i32).map(|r| (r % 3 == 1) as i32).collect();
     let hs = Heads {
         heads,
         kv_heads: kvh,
@@ -687,6 +696,7 @@ fn rope_one(
     let slots_i: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
     let (qkvb, bb, fb) = (gpu.upload(&qkv_bits)?, gpu.upload(&b)?, gpu.upload(&freqs)?);
     let (pb, sb) = (gpu.upload(&pos_i)?, gpu.upload(&slots_i)?);
+    let lb = gpu.upload(&long_rows)?;
     // fp32-sized either way: the 16-bit form uses its first half, poisoned too.
     let qo = poison_f32(gpu, n * qd)?;
     let kc = poison_half(gpu, dt, num_slots * kvd)?;
@@ -699,7 +709,7 @@ fn rope_one(
         bptr,
         pb.ptr(),
         sb.ptr(),
-        fb.ptr(),
+        (fb.ptr(), lb.ptr()),
         (qo.ptr(), q_scale),
         kc.ptr(),
         vc.ptr(),
@@ -716,8 +726,11 @@ fn rope_one(
         k.extend_from_slice(&row[qd..qd + kvd]);
         v.extend_from_slice(&row[qd + kvd..]);
     }
-    cpu::rope(&mut q, &pos, hd, &freqs);
-    cpu::rope(&mut k, &pos, hd, &freqs);
+    for r in 0..n {
+        let f = if long_rows[r] != 0 { &long } else { &short };
+        cpu::rope(&mut q[r * qd..(r + 1) * qd], &pos[r..r + 1], hd, f);
+        cpu::rope(&mut k[r * kvd..(r + 1) * kvd], &pos[r..r + 1], hd, f);
+    }
     let form = if q_scale.is_some() { "16-bit" } else { "fp32" };
     let shape = format!("heads {heads}/{kvh} hd {hd} n {n} bias {bias} q {form}");
     let q_row = match q_scale {

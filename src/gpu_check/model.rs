@@ -74,6 +74,7 @@ fn step_chunks<'a>(
                 start_pos: from,
                 block_table: table,
                 logits: if all_logits { s.len() - from } else { 1 },
+                long_rope: false,
             }
         })
         .collect()
@@ -108,6 +109,7 @@ fn greedy_ahead(
             start_pos: 0,
             block_table: t,
             logits: 1,
+            long_rope: false,
         })
         .collect();
     gpu.launch_step(&first, &plans, &vec![None; n])?;
@@ -121,6 +123,7 @@ fn greedy_ahead(
                 start_pos: p.len() + step - 1,
                 block_table: t,
                 logits: 1,
+                long_rope: false,
             })
             .collect();
         let pending: Vec<Option<usize>> = (0..n).map(Some).collect();
@@ -222,6 +225,7 @@ pub fn greedy_vs_cpu(
                     start_pos,
                     block_table: &tabs[i],
                     logits: 1,
+                    long_rope: false,
                 }],
                 &mut cache,
             )?;
@@ -507,6 +511,7 @@ pub fn swapped_vs_resident(cuda: &Arc<CudaModel>) -> Result<Row> {
                 start_pos,
                 block_table: table,
                 logits: 1,
+                long_rope: false,
             })
             .collect();
         gpu.forward(&chunks)
@@ -613,6 +618,7 @@ pub fn last_layer_rows_vs_every_row(cuda: &Arc<CudaModel>) -> Result<Row> {
                     start_pos: from,
                     block_table: &tabs[s],
                     logits: if all { to - from } else { want },
+                    long_rope: false,
                 })
                 .collect()
         };

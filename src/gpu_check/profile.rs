@@ -204,6 +204,7 @@ pub fn profile(cuda: &Arc<CudaModel>, batches: &[Batch], iters: usize, linear: P
                 start_pos: b.past,
                 block_table: table,
                 logits: 1,
+                long_rope: false,
             })
             .collect();
         let plans: Vec<Vec<RowPlan>> = (0..b.seqs).map(|_| vec![RowPlan::argmax()]).collect();

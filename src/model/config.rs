@@ -35,6 +35,19 @@ pub enum RopeScaling {
     Factors(Vec<f32>),
 }
 
+/// Phi-3's LongRoPE past its original context: a sequence that reaches position
+/// `original` is computed with `factors` in place of the short ones (`RopeScaling::Factors`)
+/// at every position, its cache recomputed when it crosses there while decoding (HF
+/// transformers' rule: the long factors once the sequence is longer than the original
+/// context, the cache dropped at the crossing).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LongRope {
+    /// One divisor per rotated pair, as the short factors.
+    pub factors: Vec<f32>,
+    /// The context length the short factors serve (`original_max_position_embeddings`).
+    pub original: usize,
+}
+
 /// The element type of the CPU engine's KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvDtype {
@@ -70,6 +83,8 @@ pub struct ModelConfig {
     pub rope_theta: f32,
     /// RoPE scaling of the global layers, when the model uses it.
     pub rope_scaling: Option<RopeScaling>,
+    /// LongRoPE's long factors, for sequences past the original context.
+    pub long_rope: Option<LongRope>,
     /// The attention scores' scale: `1/sqrt(head_dim)` unless the family says otherwise.
     pub attn_scale: f32,
     /// Epsilon of every norm (RMSNorm or LayerNorm).
@@ -117,6 +132,19 @@ impl ModelConfig {
                 ));
             }
         }
+        if let Some(l) = &self.long_rope {
+            let short = matches!(&self.rope_scaling, Some(RopeScaling::Factors(_)));
+            if !short
+                || l.factors.len() != self.head_dim / 2
+                || l.factors.iter().any(|v| !v.is_finite() || *v <= 0.0)
+                || l.original == 0
+            {
+                return fail(format!(
+                    "LongRoPE long factors: {} positive values expected beside the short ones",
+                    self.head_dim / 2
+                ));
+            }
+        }
         if self.arch.sliding_window == Some(0) {
             return fail("sliding_window must be positive".into());
         }
@@ -136,6 +164,20 @@ impl ModelConfig {
     /// Inverse RoPE frequencies of the global layers, one per rotated pair, scaled.
     pub fn rope_inv_freq(&self) -> Vec<f32> {
         inv_freq(self.rope_theta, self.head_dim, self.rope_scaling.as_ref())
+    }
+
+    /// Inverse RoPE frequencies of a sequence past LongRoPE's original context.
+    pub fn long_rope_inv_freq(&self) -> Option<Vec<f32>> {
+        self.long_rope.as_ref().map(|l| {
+            let long = RopeScaling::Factors(l.factors.clone());
+            inv_freq(self.rope_theta, self.head_dim, Some(&long))
+        })
+    }
+
+    /// The position from which a sequence takes the long RoPE factors (LongRoPE's
+    /// original context), when the model has them.
+    pub fn long_rope_from(&self) -> Option<usize> {
+        self.long_rope.as_ref().map(|l| l.original)
     }
 
     /// Inverse RoPE frequencies of the local layers where they differ from the global
@@ -184,6 +226,7 @@ impl ModelConfig {
         a.sliding_window = int("attention.sliding_window").ok().filter(|&w| w > 0);
         let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
         let mut rope_scaling = None;
+        let mut long_rope = None;
         let mut max_pos = int("context_length").unwrap_or(4096);
         match family {
             Family::Gemma2 | Family::Gemma3 => {
@@ -223,8 +266,14 @@ impl ModelConfig {
                 if let Some(info) = file.tensor_info("rope_factors_short.weight") {
                     let (_, f) = file.tensor_f32(&info.name)?;
                     rope_scaling = Some(RopeScaling::Factors(f));
-                    if let Ok(orig) = int("rope.scaling.original_context_length") {
-                        max_pos = max_pos.min(orig);
+                    let orig = int("rope.scaling.original_context_length").ok();
+                    match (file.tensor_info("rope_factors_long.weight"), orig) {
+                        (Some(info), Some(original)) if max_pos > original => {
+                            let (_, factors) = file.tensor_f32(&info.name)?;
+                            long_rope = Some(LongRope { factors, original });
+                        }
+                        (_, Some(orig)) => max_pos = max_pos.min(orig),
+                        _ => {}
                     }
                     attn_scale *= float("rope.scaling.attn_factor", 1.0).powi(2);
                 }
@@ -257,6 +306,7 @@ impl ModelConfig {
             head_dim,
             rope_theta: float("rope.freq_base", 10000.0),
             rope_scaling,
+            long_rope,
             attn_scale,
             rms_norm_eps: float(eps_key, 1e-5),
             max_position_embeddings: max_pos,
@@ -339,6 +389,7 @@ impl ModelConfig {
             .clone()
             .or(Some(global).filter(|g| g.kind().is_some()));
         let mut max_pos = raw.max_position_embeddings.unwrap_or(4096);
+        let mut long_rope = None;
         let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
         let rope_scaling = match scaling {
             None => None,
@@ -371,13 +422,15 @@ impl ModelConfig {
                             (1.0 + factor.ln() / (orig as f64).ln()).sqrt()
                         });
                     attn_scale *= (mscale * mscale) as f32;
-                    if max_pos > orig {
-                        tracing::info!(
-                            "LongRoPE: serving the original context of {orig} positions \
-                             (short factors); the long factors are not supported"
-                        );
+                    match &s.long_factor {
+                        Some(factors) if max_pos > orig => {
+                            long_rope = Some(LongRope {
+                                factors: factors.clone(),
+                                original: orig,
+                            })
+                        }
+                        _ => max_pos = max_pos.min(orig),
                     }
-                    max_pos = max_pos.min(orig);
                     Some(RopeScaling::Factors(
                         s.short_factor.clone().unwrap_or_default(),
                     ))
@@ -456,6 +509,7 @@ impl ModelConfig {
             head_dim,
             rope_theta,
             rope_scaling,
+            long_rope,
             attn_scale,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
             max_position_embeddings: max_pos,
@@ -563,6 +617,7 @@ struct HfRope {
     high_freq_factor: Option<f32>,
     original_max_position_embeddings: Option<usize>,
     short_factor: Option<Vec<f32>>,
+    long_factor: Option<Vec<f32>>,
     attention_factor: Option<f32>,
 }
 
@@ -676,10 +731,14 @@ mod tests {
         let phi = r#"{"architectures":["Phi3ForCausalLM"],"vocab_size":32064,"hidden_size":3072,
             "intermediate_size":8192,"num_hidden_layers":32,"num_attention_heads":32,
             "max_position_embeddings":131072,"original_max_position_embeddings":4096,
-            "rope_scaling":{"type":"longrope","short_factor":[SHORT],"long_factor":[SHORT]}}"#
-            .replace("SHORT", &vec!["1.5"; 48].join(","));
+            "rope_scaling":{"type":"longrope","short_factor":[SHORT],"long_factor":[LONG]}}"#
+            .replace("SHORT", &vec!["1.5"; 48].join(","))
+            .replace("LONG", &vec!["4.0"; 48].join(","));
         let c = ModelConfig::from_hf_json(&phi).unwrap();
-        assert_eq!(c.max_position_embeddings, 4096);
+        // The whole context, past the original one with the long factors.
+        assert_eq!(c.max_position_embeddings, 131072);
+        assert_eq!(c.long_rope_from(), Some(4096));
+        assert_eq!(c.long_rope_inv_freq().unwrap()[0], 1.0 / 4.0);
         let mscale = (1.0 + (32f64).ln() / (4096f64).ln()).sqrt();
         let want = (mscale * mscale / (96f64).sqrt()) as f32;
         assert!(
@@ -688,6 +747,16 @@ mod tests {
             c.attn_scale
         );
         assert_eq!(c.rope_inv_freq()[0], 1.0 / 1.5);
+        // Without long factors: the original context only.
+        let short = phi.replace(
+            &format!(",\"long_factor\":[{}]", vec!["4.0"; 48].join(",")),
+            "",
+        );
+        let c = ModelConfig::from_hf_json(&short).unwrap();
+        assert_eq!(
+            (c.max_position_embeddings, c.long_rope_from()),
+            (4096, None)
+        );
         // Anything else is a clear error.
         let yarn = json.replace("\"linear\"", "\"yarn\"");
         let err = ModelConfig::from_hf_json(&yarn).unwrap_err().to_string();

@@ -16,6 +16,8 @@ pub(super) struct Pass<'a> {
     cache: &'a mut KvCache,
     ids: Vec<u32>,
     positions: Vec<usize>,
+    /// Rows rotated with LongRoPE's long factors (their sequence's `long_rope`).
+    long_rope: Vec<bool>,
     slots: Vec<usize>,
     rows: Vec<AttnRow<'a>>,
     /// The rows that get logits, in order. The last layer's outputs feed nothing else.
@@ -49,10 +51,12 @@ impl<'a> Pass<'a> {
             cfg.intermediate_size,
         );
         let (mut ids, mut positions, mut slots, mut rows) = (vec![], vec![], vec![], vec![]);
+        let mut long_rope = vec![];
         for c in seqs {
             for (i, &t) in c.tokens.iter().enumerate() {
                 let pos = c.start_pos + i;
                 positions.push(pos);
+                long_rope.push(c.long_rope);
                 slots.push(cache.slot(c.block_table, pos));
                 ids.push(t);
                 rows.push(AttnRow {
@@ -67,6 +71,7 @@ impl<'a> Pass<'a> {
             cache,
             ids,
             positions,
+            long_rope,
             slots,
             rows,
             tail: logit_rows(seqs),
@@ -129,9 +134,20 @@ impl<'a> Pass<'a> {
                     cpu::rms_norm_in_place(&mut self.k, kn, eps);
                 }
                 if !cfg.arch.learned_positions {
-                    let freq = model.layer_inv_freq(l);
-                    cpu::rope(&mut self.q, &self.positions, cfg.head_dim, freq);
-                    cpu::rope(&mut self.k, &self.positions, cfg.head_dim, freq);
+                    // Runs of rows of one kind of factors (a sequence's rows are one run).
+                    let mut r = 0;
+                    while r < n {
+                        let long = self.long_rope[r];
+                        let end = r + self.long_rope[r..n]
+                            .iter()
+                            .take_while(|&&x| x == long)
+                            .count();
+                        let freq = model.layer_inv_freq(l, long);
+                        let pos = &self.positions[r..end];
+                        cpu::rope(&mut self.q[r * qd..end * qd], pos, cfg.head_dim, freq);
+                        cpu::rope(&mut self.k[r * kvd..end * kvd], pos, cfg.head_dim, freq);
+                        r = end;
+                    }
                 }
                 self.cache.write(l, &self.slots, &self.k, &self.v);
             }

@@ -25,6 +25,9 @@ pub struct SeqChunk<'a> {
     /// How many of the last new tokens get a row of logits (0: none; all of them with
     /// `tokens.len()`; more is clamped to it).
     pub logits: usize,
+    /// Rotated with LongRoPE's long factors (a sequence past the original context;
+    /// `ModelConfig::long_rope`), at every position; ignored by other models.
+    pub long_rope: bool,
 }
 
 /// A loaded decoder of any supported family (`model::family`).
@@ -34,6 +37,8 @@ pub struct Llama {
     inv_freq: Vec<f32>,
     /// The local layers' frequencies where they differ (Gemma 3).
     local_inv_freq: Option<Vec<f32>>,
+    /// LongRoPE's long-factor frequencies, for sequences past the original context.
+    long_inv_freq: Option<Vec<f32>>,
 }
 
 impl Llama {
@@ -69,11 +74,13 @@ impl Llama {
     pub(crate) fn new(config: ModelConfig, weights: LlamaWeights) -> Self {
         let inv_freq = config.rope_inv_freq();
         let local_inv_freq = config.local_rope_inv_freq();
+        let long_inv_freq = config.long_rope_inv_freq();
         Llama {
             config,
             weights,
             inv_freq,
             local_inv_freq,
+            long_inv_freq,
         }
     }
 
@@ -115,8 +122,18 @@ impl Llama {
         self.local_inv_freq.as_deref()
     }
 
-    /// RoPE inverse frequencies of layer `l`.
-    pub(crate) fn layer_inv_freq(&self, l: usize) -> &[f32] {
+    /// LongRoPE's long-factor frequencies (every layer's), when the model has them.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn long_inv_freq(&self) -> Option<&[f32]> {
+        self.long_inv_freq.as_deref()
+    }
+
+    /// RoPE inverse frequencies of layer `l`, for a sequence past LongRoPE's original
+    /// context when `long`.
+    pub(crate) fn layer_inv_freq(&self, l: usize, long: bool) -> &[f32] {
+        if let Some(f) = self.long_inv_freq.as_deref().filter(|_| long) {
+            return f;
+        }
         match &self.local_inv_freq {
             Some(local) if self.config.arch.is_local(l) => local,
             _ => &self.inv_freq,

@@ -85,6 +85,9 @@ pub struct ScheduledSeq {
     /// The known token after `tokens`, when the chunk does not reach the last one (a
     /// chunk that scores its prompt's tokens scores this one on its last row).
     pub next: Option<u32>,
+    /// Computed with LongRoPE's long factors (`SchedulerConfig::long_rope_from`), as are
+    /// all the sequence's blocks.
+    pub long_rope: bool,
 }
 
 /// A token the sampler produced for a sequence scheduled with `sample`, after the draft

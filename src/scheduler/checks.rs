@@ -30,6 +30,14 @@ pub(super) fn check_batch(s: &Scheduler, batch: &Batch) {
             .iter()
             .find(|q| q.id == x.id)
             .expect("scheduled ⊆ running");
+        // Past LongRoPE's original context a sequence is computed with the long factors
+        // from its first token: every chunk reaching there (drafts too) says so, and so does
+        // every later chunk of it.
+        let reach = x.start_pos + x.tokens.len() + x.max_draft;
+        if c.long_rope_from.is_some_and(|from| reach > from) {
+            assert!(x.long_rope, "a chunk of {} past the original context", x.id);
+        }
+        assert_eq!(x.long_rope, seq.long_rope);
         if x.tokens == [PENDING_TOKEN] {
             // Planned ahead: the token the in-flight chunk samples, right after it.
             assert_eq!(x.start_pos, seq.num_known(), "a continuation's position");

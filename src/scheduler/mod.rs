@@ -129,6 +129,9 @@ pub struct Scheduler {
     preempted_tokens: u64,
     /// Preemptions by swapping since start.
     swap_outs: u64,
+    /// Sequences computed again with LongRoPE's long factors as a decode crossed the
+    /// original context, since start.
+    long_rope_restarts: u64,
     /// Blocks copied to the host cache and back since start.
     blocks_swapped_out: u64,
     blocks_swapped_in: u64,
@@ -164,6 +167,7 @@ impl Scheduler {
             applied: 0,
             last_stats: IterationStats::default(),
             preemptions: 0,
+            long_rope_restarts: 0,
             preempted_tokens: 0,
             swap_outs: 0,
             blocks_swapped_out: 0,
@@ -465,6 +469,12 @@ impl Scheduler {
     /// repeats.
     pub fn num_preempted_tokens(&self) -> u64 {
         self.preempted_tokens
+    }
+
+    /// Sequences computed again with LongRoPE's long factors since start (a decode
+    /// crossed the original context).
+    pub fn num_long_rope_restarts(&self) -> u64 {
+        self.long_rope_restarts
     }
 
     /// Preemptions by swapping since start.

@@ -166,6 +166,7 @@ impl Overlap {
                 } else {
                     Vec::new()
                 },
+                long_rope: s.long_rope,
             });
         }
         let step = Step {

@@ -56,6 +56,11 @@ pub struct SchedulerConfig {
     /// ([`block_manager::DROPPED`](super::block_manager::DROPPED) takes its place in the
     /// table). None: blocks are kept for the sequence's life.
     pub kv_window: Option<usize>,
+    /// LongRoPE's original context (`ModelConfig::long_rope_from`): a sequence longer
+    /// than this is computed with the long factors at every position
+    /// ([`ScheduledSeq::long_rope`](super::ScheduledSeq::long_rope)), recomputed from its
+    /// first token when a decode crosses it. None: every sequence is computed alike.
+    pub long_rope_from: Option<usize>,
 }
 
 impl Default for SchedulerConfig {
@@ -74,6 +79,7 @@ impl Default for SchedulerConfig {
             enable_kv_cache_reuse: true,
             overlap: true,
             kv_window: None,
+            long_rope_from: None,
         }
     }
 }
@@ -132,10 +138,18 @@ impl SchedulerConfig {
         }
         let kv_tokens = kv_tokens_needed(prompt, spec.max_new_tokens, self.max_seq_len);
         if !self.enable_chunked_context {
-            let recomputed = match self.policy {
+            let mut recomputed = match self.policy {
                 SchedulerPolicy::GuaranteedNoEvict => prompt,
                 SchedulerPolicy::MaxUtilization => kv_tokens,
             };
+            // A decode crossing LongRoPE's original context computes up to one token past
+            // it again in one chunk.
+            if let Some(from) = self
+                .long_rope_from
+                .filter(|&f| prompt <= f && kv_tokens > f)
+            {
+                recomputed = recomputed.max(kv_tokens.min(from + 1));
+            }
             if recomputed > self.max_num_tokens {
                 return too_long(recomputed, self.max_num_tokens, Limit::MaxNumTokens);
             }

@@ -13,8 +13,11 @@ struct Step {
     /// Tokens still allowed in this iteration (`max_num_tokens` minus those scheduled).
     budget: usize,
     seqs: Vec<ScheduledSeq>,
-    /// Preempted by recompute.
+    /// Preempted by recompute (and restarted with LongRoPE's long factors).
     preempted: Vec<u64>,
+    /// Of `preempted`, those restarted with the long factors ([`Scheduler::restart_long`]):
+    /// computed again for their positions, not for blocks.
+    restarted: usize,
     /// Preempted by swapping (their copies are in `swaps`).
     swapped_out: usize,
     swaps: Vec<BlockCopy>,
@@ -71,7 +74,8 @@ impl Scheduler {
     }
 
     fn plan(&mut self, continues: Option<&dyn Fn(u64) -> bool>) -> Batch {
-        let stalls = |s: &Sequence| continues.is_some_and(|c| ahead(s, c) == Ahead::Stalls);
+        let from = self.config.long_rope_from;
+        let stalls = |s: &Sequence| continues.is_some_and(|c| ahead(s, c, from) == Ahead::Stalls);
         if self.running.iter().any(stalls) {
             return self.nothing_ahead();
         }
@@ -81,6 +85,7 @@ impl Scheduler {
             budget: self.config.max_num_tokens,
             seqs: Vec::new(),
             preempted: Vec::new(),
+            restarted: 0,
             swapped_out: 0,
             swaps: Vec::new(),
             host_pins: Vec::new(),
@@ -92,7 +97,7 @@ impl Scheduler {
         self.make_room_for_urgent(&mut step);
         let made_room = step.preempted.len();
         self.schedule_running(&mut step);
-        let evicted = step.preempted.len() > made_room || step.swapped_out > 0;
+        let evicted = step.preempted.len() - step.restarted > made_room || step.swapped_out > 0;
         if !evicted {
             self.resume_swapped(&mut step);
             if self.swapped.is_empty() {
@@ -144,7 +149,7 @@ impl Scheduler {
                 break;
             }
             let seq = &self.running[idx];
-            if ahead(seq, continues) != Ahead::Continues {
+            if ahead(seq, continues, self.config.long_rope_from) != Ahead::Continues {
                 continue;
             }
             // Room for the pending token at position num_known.
@@ -168,6 +173,7 @@ impl Scheduler {
                 max_draft: 0,
                 cached: Vec::new(),
                 next: None,
+                long_rope: seq.long_rope,
             });
         }
     }
@@ -194,6 +200,11 @@ impl Scheduler {
                 continue;
             };
             let draft = draft_after(seq, n, step.budget);
+            let end = seq.num_computed + n + draft;
+            if !seq.is_beam() && seq.crosses_long_rope(self.config.long_rope_from, end) {
+                self.restart_long(idx, step);
+                continue;
+            }
             self.schedule_with_blocks(id, n, draft, step);
         }
     }
@@ -301,8 +312,12 @@ impl Scheduler {
         seq.ahead = None;
         seq.registered = 0;
         let keep = self.blocks.blocks_for(seq.num_computed);
-        // A table with blocks given back to a sliding window is computed again instead.
-        let may_swap = may_swap && !seq.blocks.contains(&DROPPED);
+        // A table with blocks given back to a sliding window is computed again instead, as
+        // is one whose next chunk takes the long RoPE factors.
+        let long = self.config.long_rope_from;
+        let may_swap = may_swap
+            && !seq.blocks.contains(&DROPPED)
+            && !seq.crosses_long_rope(long, seq.num_known() + seq.draft_room());
         let host = (may_swap && keep > 0)
             .then(|| self.swap_space(keep, step))
             .flatten();
@@ -337,6 +352,26 @@ impl Scheduler {
                 self.waiting.insert(at, seq);
             }
         }
+    }
+
+    /// Running sequence `idx`, whose next chunk reaches past LongRoPE's original context,
+    /// computed again from its first token with the long factors, as transformers does at
+    /// the crossing: its blocks are given back (those of the prefix cache stay there, for
+    /// short sequences) and it goes first in the queue, admitted in this step if it fits.
+    fn restart_long(&mut self, idx: usize, step: &mut Step) {
+        let mut seq = self.running.remove(idx);
+        debug_assert!(seq.in_flight.is_none() && !step.seqs.iter().any(|c| c.id == seq.id));
+        self.blocks.free(&seq.blocks);
+        seq.blocks.clear();
+        seq.ahead = None;
+        seq.registered = 0;
+        seq.num_computed = 0;
+        seq.take_long_rope();
+        self.long_rope_restarts += 1;
+        step.preempted.push(seq.id);
+        step.restarted += 1;
+        let at = self.waiting.partition_point(|s| s.priority < seq.priority);
+        self.waiting.insert(at, seq);
     }
 
     /// Resumes swapped sequences, most recently swapped first, while their blocks and
@@ -377,10 +412,22 @@ impl Scheduler {
         // Blocks running sequences may still claim (GuaranteedNoEvict's reserve, and every
         // beam search's).
         let mut reserved = self.reserved_blocks();
-        while let Some(next) = self.waiting.front() {
+        while !self.waiting.is_empty() {
             if self.batch_full(step) {
                 break;
             }
+            let next = &mut self.waiting[0];
+            // Computed from its first token: with the long RoPE factors when it is longer
+            // than the original context (a beam search when it may grow past it: its beams
+            // are never computed again).
+            let end = match next.is_beam() {
+                true => next.max_len,
+                false => next.num_known(),
+            };
+            if next.crosses_long_rope(self.config.long_rope_from, end) {
+                next.take_long_rope();
+            }
+            let next = &self.waiting[0];
             // A search's beams all run: room for each of them in the running set.
             if next.is_beam() && self.running.len() + next.beam_width > self.config.max_batch_size {
                 break;
@@ -622,13 +669,14 @@ impl Scheduler {
             max_draft: draft,
             cached,
             next: seq.tokens.get(end).copied(),
+            long_rope: seq.long_rope,
         });
     }
 
     fn stats(&self, step: &Step) -> IterationStats {
         let mut stats = IterationStats {
             iteration: step.iteration,
-            num_preempted: step.preempted.len() + step.swapped_out,
+            num_preempted: step.preempted.len() - step.restarted + step.swapped_out,
             ..Default::default()
         };
         for chunk in &step.seqs {
@@ -668,19 +716,23 @@ enum Ahead {
     Continues,
     /// The token its in-flight chunk samples is its last by length.
     Ends,
-    /// In flight and neither: a prefill chunk, a speculating sequence, or one whose
-    /// sampling needs the pending token (`continues` refuses it).
+    /// In flight and neither: a prefill chunk, a speculating sequence, one whose
+    /// sampling needs the pending token (`continues` refuses it), or one whose pending
+    /// token crosses LongRoPE's original context (it is computed again).
     Stalls,
 }
 
-fn ahead(seq: &Sequence, continues: &dyn Fn(u64) -> bool) -> Ahead {
+fn ahead(seq: &Sequence, continues: &dyn Fn(u64) -> bool, long_rope: Option<usize>) -> Ahead {
     if seq.in_flight.is_none() || seq.ahead.is_some() {
         return Ahead::Free;
     }
     let samples = seq.flight_end == seq.num_known();
+    // The pending token at position num_known: past LongRoPE's original context the
+    // sequence is computed again, once its update lands.
+    let crosses = seq.crosses_long_rope(long_rope, seq.num_known() + 1);
     if samples && seq.num_known() + 1 >= seq.max_len {
         Ahead::Ends
-    } else if samples && seq.num_draft == 0 && continues(seq.id) {
+    } else if samples && seq.num_draft == 0 && !crosses && continues(seq.id) {
         Ahead::Continues
     } else {
         Ahead::Stalls

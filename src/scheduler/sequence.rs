@@ -69,6 +69,8 @@ pub(crate) struct Sequence {
     /// A beam forked from another since its last chunk: its next chunk resets the
     /// engines' state of it (`ScheduledSeq::cached` carries the tokens before it).
     pub(crate) forked: bool,
+    /// Computed with LongRoPE's long factors (from its first token on); for good once set.
+    pub(crate) long_rope: bool,
 }
 
 impl Sequence {
@@ -93,7 +95,22 @@ impl Sequence {
             beam_width: spec.beam_width.max(1),
             group: spec.id,
             forked: false,
+            long_rope: false,
         }
+    }
+
+    /// Whether computing its known tokens up to `end` (and any drafts before it) takes
+    /// the long RoPE factors it was not computed with: past the original context `from`.
+    pub(crate) fn crosses_long_rope(&self, from: Option<usize>, end: usize) -> bool {
+        from.is_some_and(|from| !self.long_rope && end > from)
+    }
+
+    /// Computed with the long RoPE factors from now on: its blocks hash apart from the
+    /// same tokens' short-factor blocks (both stay in the prefix cache).
+    pub(crate) fn take_long_rope(&mut self) {
+        self.long_rope = true;
+        self.cache_salt = block_hash(self.cache_salt, &[u32::MAX]);
+        self.hashes.clear();
     }
 
     /// Whether it carries one beam of a beam search.

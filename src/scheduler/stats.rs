@@ -65,6 +65,8 @@ pub struct SchedulerStats {
     pub preemptions: u64,
     /// Computed tokens those preemptions discarded, to be computed again.
     pub preempted_tokens: u64,
+    /// Sequences computed again with LongRoPE's long factors since start.
+    pub long_rope_restarts: u64,
     /// Preemptions by swapping since start, and the KV blocks copied out to the host
     /// cache and back in.
     pub swap_outs: u64,

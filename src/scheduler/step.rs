@@ -41,6 +41,8 @@ pub struct StepSeq {
     /// first `score.len()` rows, whose logits rows come before the sampling ones
     /// ([`prompt_targets`]); empty otherwise.
     pub score: Vec<u32>,
+    /// Computed with LongRoPE's long factors ([`ScheduledSeq::long_rope`](super::ScheduledSeq::long_rope)).
+    pub long_rope: bool,
 }
 
 /// Which of a chunk's logits rows go back to the host whole (`return_context_logits`,

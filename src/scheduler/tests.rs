@@ -1170,3 +1170,80 @@ fn without_a_window_blocks_are_kept() {
     step(&mut s, &[]);
     assert!(!s.running[0].blocks.contains(&DROPPED));
 }
+
+#[test]
+fn long_rope_takes_long_prompts_and_recomputes_a_decode_that_crosses() {
+    // LongRoPE's original context of 12 positions, blocks of 4.
+    let config = SchedulerConfig {
+        long_rope_from: Some(12),
+        ..small(SchedulerPolicy::MaxUtilization, 32, 4)
+    };
+    let mut s = scheduler(config.clone());
+    // A prompt past the original context: long from its first chunk, no recompute.
+    s.add(spec(1, 13, 2)).unwrap();
+    let (b, _) = step(&mut s, &[]);
+    assert!(chunk(&b, 1).unwrap().long_rope);
+    let (b, _) = step(&mut s, &[]);
+    assert!(chunk(&b, 1).unwrap().long_rope && b.preempted.is_empty());
+    // A prompt of 10 decodes short at positions 10 and 11; the token at position 12 is
+    // computed with the whole sequence again, long (as transformers does at the crossing).
+    let mut s = scheduler(config.clone());
+    s.add(spec(2, 10, 6)).unwrap();
+    let (b, _) = step(&mut s, &[]);
+    assert!(!chunk(&b, 2).unwrap().long_rope);
+    for pos in [10, 11] {
+        let (b, _) = step(&mut s, &[]);
+        let c = chunk(&b, 2).unwrap();
+        assert_eq!((c.start_pos, c.long_rope), (pos, false));
+    }
+    let (b, _) = step(&mut s, &[]);
+    assert_eq!(b.preempted, vec![2], "the short cache is dropped");
+    let c = chunk(&b, 2).unwrap();
+    assert_eq!((c.start_pos, c.tokens.len(), c.long_rope), (0, 13, true));
+    assert_eq!((s.num_preemptions(), s.num_long_rope_restarts()), (0, 1));
+    let (b, _) = step(&mut s, &[]);
+    let c = chunk(&b, 2).unwrap();
+    assert_eq!((c.start_pos, c.long_rope), (13, true));
+    assert!(b.preempted.is_empty(), "crossed once");
+    // Planned ahead, the crossing token waits for its update instead of continuing short.
+    let mut s = scheduler(config.clone());
+    s.add(spec(3, 12, 4)).unwrap();
+    let b = s.schedule();
+    check_batch(&s, &b);
+    assert!(
+        !chunk(&b, 3).unwrap().long_rope,
+        "positions 0..=11 are short"
+    );
+    let out = output(&s, &b, &[]);
+    let ahead = s.schedule_ahead(|_| true);
+    assert!(ahead.seqs.is_empty(), "the pending token at 12 would cross");
+    s.update(&b, &out);
+    check_invariants(&s);
+    let (b, _) = step(&mut s, &[]);
+    assert_eq!(b.preempted, vec![3]);
+    assert!(chunk(&b, 3).unwrap().long_rope);
+    // Blocks computed long do not serve a short prompt with the same tokens, nor the
+    // reverse.
+    let mut s = scheduler(SchedulerConfig {
+        enable_kv_cache_reuse: true,
+        ..config
+    });
+    s.add(spec(4, 14, 1)).unwrap();
+    while s.num_running() + s.num_waiting() > 0 {
+        step(&mut s, &[]);
+    }
+    let mut short = spec(5, 9, 1);
+    short.prompt = spec(4, 14, 1).prompt[..9].to_vec();
+    s.add(short).unwrap();
+    let (b, _) = step(&mut s, &[]);
+    assert_eq!(chunk(&b, 5).unwrap().start_pos, 0, "no long block reused");
+    let mut long = spec(6, 14, 1);
+    long.prompt = spec(4, 14, 1).prompt;
+    s.add(long).unwrap();
+    let (b, _) = step(&mut s, &[]);
+    assert_eq!(
+        chunk(&b, 6).unwrap().start_pos,
+        12,
+        "long blocks serve a long prompt"
+    );
+}

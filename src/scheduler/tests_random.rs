@@ -165,10 +165,13 @@ fn random_config(rng: &mut StdRng, policy: SchedulerPolicy, chunked: bool) -> Sc
         enable_kv_cache_reuse: true,
         overlap: true,
         kv_window: None,
+        long_rope_from: None,
     };
     // A sliding window in some configs, chosen from what was drawn (a draw of its own
     // would change every seed's scenario).
     c.kv_window = [None, None, Some(3), Some(8), Some(20)][(c.num_blocks + c.max_seq_len) % 5];
+    // LongRoPE's original context likewise.
+    c.long_rope_from = [None, None, Some(10), Some(30)][(c.max_num_tokens + c.block_size) % 4];
     c
 }
 
@@ -183,6 +186,7 @@ fn schedule(
 ) -> (Batch, StepOutput) {
     let idle = s.running.iter().all(|q| q.in_flight.is_none());
     let had_work = s.num_running() + s.num_waiting() > 0;
+    let restarts = s.num_long_rope_restarts();
     // Some sequences' sampling depends on the pending token: they are not continued.
     let batch = match prev {
         Some(_) => s.schedule_ahead(|id| id % 3 != 0),
@@ -191,10 +195,28 @@ fn schedule(
     check_batch(s, &batch);
     check_invariants(s);
     if idle && had_work {
-        assert!(!batch.seqs.is_empty(), "work pending but nothing scheduled");
+        assert!(
+            !batch.seqs.is_empty(),
+            "work pending but nothing scheduled: {:?} waiting {:?} running {:?}",
+            s.config,
+            s.waiting
+                .iter()
+                .map(|q| (q.id, q.num_known(), q.max_len, q.long_rope))
+                .collect::<Vec<_>>(),
+            s.running
+                .iter()
+                .map(|q| (q.id, q.num_computed, q.num_known(), q.long_rope))
+                .collect::<Vec<_>>()
+        );
     }
     if s.config.policy == SchedulerPolicy::GuaranteedNoEvict {
-        assert!(batch.preempted.is_empty(), "GuaranteedNoEvict preempted");
+        // Only sequences computed again with LongRoPE's long factors.
+        let restarted = (s.num_long_rope_restarts() - restarts) as usize;
+        assert_eq!(
+            batch.preempted.len(),
+            restarted,
+            "GuaranteedNoEvict preempted"
+        );
     }
     for c in &batch.seqs {
         let known = &oracle.known[&c.id];
@@ -246,7 +268,14 @@ fn update(s: &mut Scheduler, oracle: &mut Oracle, batch: &Batch, out: &StepOutpu
             }
             SeqEvent::Preempted { id } => {
                 assert!(batch.preempted.contains(&id));
-                assert_eq!(s.config.policy, SchedulerPolicy::MaxUtilization);
+                // Else computed again with LongRoPE's long factors (since re-admitted, or
+                // waiting).
+                let long = batch.seqs.iter().any(|c| c.id == id && c.long_rope)
+                    || s.waiting
+                        .iter()
+                        .chain(&s.running)
+                        .any(|q| q.id == id && q.long_rope);
+                assert!(s.config.policy == SchedulerPolicy::MaxUtilization || long);
             }
             SeqEvent::Sampled { id } => panic!("seq {id} is no beam"),
         }
@@ -492,6 +521,7 @@ fn max_utilization_random_runs_do_preempt_and_swap() {
             overlap: true,
             // Independent of the chunking above.
             kv_window: [None, Some(9)][seed as usize / 2 % 2],
+            long_rope_from: None,
         };
         let mut s = Scheduler::new(config.clone()).unwrap();
         let mut engine = Engine::new(&config);

@@ -93,6 +93,7 @@ mod tests {
             draft: None,
             cached: Vec::new(),
             score: Vec::new(),
+            long_rope: false,
         }
     }
 

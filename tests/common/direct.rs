@@ -14,6 +14,7 @@ pub fn logits_of(model: &Llama, tokens: &[u32]) -> Vec<Vec<f32>> {
         start_pos: 0,
         block_table: &table,
         logits: tokens.len(),
+        long_rope: false,
     };
     let out = model.forward(&[chunk], &mut cache).unwrap().remove(0);
     out.chunks(model.config().vocab_size)

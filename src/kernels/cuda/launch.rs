@@ -350,7 +350,9 @@ impl Heads {
 
 /// RoPE on q and k of the fused QKV rows (in `half`), k and v into the cache slots, q out
 /// in the form its attention kernel reads: 16-bit times `q_scale` where that is `Some`
-/// (the tensor-core kernels, [`super::attention::query_scale`]), else fp32.
+/// (the tensor-core kernels, [`super::attention::query_scale`]), else fp32. `inv_freq`:
+/// the frequencies, and the rows' LongRoPE flags (0: none), a flagged row taking the
+/// `head_dim / 2` frequencies after the first (the long factors').
 #[allow(clippy::too_many_arguments)]
 pub fn rope_kv_write(
     gpu: &Gpu,
@@ -359,7 +361,7 @@ pub fn rope_kv_write(
     bias: u64,
     pos: u64,
     slots: u64,
-    inv_freq: u64,
+    (inv_freq, long_rows): (u64, u64),
     (q_out, q_scale): (u64, Option<f32>),
     k_cache: u64,
     v_cache: u64,
@@ -394,6 +396,7 @@ pub fn rope_kv_write(
         .arg(&pos)
         .arg(&slots)
         .arg(&inv_freq)
+        .arg(&long_rows)
         .arg(&q_out)
         .arg(&k_cache)
         .arg(&v_cache)

@@ -140,6 +140,7 @@ impl<'a> Pass<'a> {
             row_seq: meta.at(3 * n),
             rows: meta.at(4 * n),
             tables: meta.at(4 * n + m),
+            long_rows: meta.at(self.lay.long_at),
         }
     }
 
@@ -292,7 +293,7 @@ impl<'a> Pass<'a> {
             bias,
             meta.pos,
             meta.slots,
-            w.inv_freq_of(&cfg.arch, l),
+            w.inv_freq_of(&cfg.arch, l, meta.long_rows),
             (s.q.ptr(), attention::query_scale(&self.hs, cfg.attn_scale)),
             kc,
             vc,
@@ -547,6 +548,8 @@ struct Meta {
     row_seq: u64,
     rows: u64,
     tables: u64,
+    /// Each row's LongRoPE flag.
+    long_rows: u64,
 }
 
 #[cfg(test)]
@@ -562,6 +565,7 @@ mod tests {
             start_pos: 0,
             block_table: &table,
             logits,
+            long_rope: false,
         };
         let (a, b) = ([1u32, 2, 3], [4u32, 5]);
         let some = Layout::new(&[chunk(&a, 1), chunk(&b, 2)], 16, 1, |l| l).unwrap();

@@ -17,9 +17,12 @@ pub(super) struct Layout {
     pub plan_len: usize,
     pub stride: usize,
     /// ids, pos, slots, row_seq ([n] each), logit rows [m], tables [seqs * stride],
-    /// attention tiles, then the last layer's (`tail`) where it has its own; then, for a
-    /// step that samples, its plans ([`Layout::append_plans`]).
+    /// LongRoPE flags [n] (1: the row's sequence takes the long factors), attention
+    /// tiles, then the last layer's (`tail`) where it has its own; then, for a step that
+    /// samples, its plans ([`Layout::append_plans`]).
     pub meta: Vec<i32>,
+    /// Where the LongRoPE flags start in `meta`.
+    pub long_at: usize,
     /// Where the attention tiles start in `meta`, and their (rows, keys) counts.
     pub tiles_at: usize,
     pub tiles: (usize, usize),
@@ -76,6 +79,7 @@ impl Layout {
         let mut counts = Vec::with_capacity(seqs.len());
         let mut firsts = Vec::with_capacity(seqs.len());
         let mut tails = Vec::with_capacity(seqs.len());
+        let mut long_rows = Vec::with_capacity(n);
         let mut start = 0;
         for (s, c) in seqs.iter().enumerate() {
             firsts.push(start);
@@ -95,6 +99,7 @@ impl Layout {
                 let block = c.block_table[p / block_size] as usize;
                 slots.push(int(block * block_size + p % block_size)?);
                 row_seq.push(s as i32);
+                long_rows.push(c.long_rope as i32);
             }
             let take = c.logits.min(len);
             for r in start + len - take..start + len {
@@ -116,6 +121,8 @@ impl Layout {
         meta.extend(row_seq);
         meta.extend(rows);
         meta.extend(tables);
+        let long_at = meta.len();
+        meta.extend(long_rows);
         let tiles_at = meta.len();
         meta.extend(tiles.flat());
         let mut decode_len = tiles.decode_len();
@@ -134,6 +141,7 @@ impl Layout {
             plan_len,
             stride,
             meta,
+            long_at,
             tiles_at,
             tiles: tiles.counts(),
             decode_len,
@@ -195,7 +203,8 @@ mod tests {
     use crate::model::llama::check_chunks;
 
     /// A 3-token prefill from position 0 (blocks 5, 2) with logits for its last two rows,
-    /// and a decode at position 4 (blocks 7, 1, 9); block size 2.
+    /// and a decode at position 4 (blocks 7, 1, 9) of a sequence taking LongRoPE's long
+    /// factors; block size 2.
     fn prefill_and_decode() -> [SeqChunk<'static>; 2] {
         [
             SeqChunk {
@@ -203,12 +212,14 @@ mod tests {
                 start_pos: 0,
                 block_table: &[5, 2],
                 logits: 2,
+                long_rope: false,
             },
             SeqChunk {
                 tokens: &[13],
                 start_pos: 4,
                 block_table: &[7, 1, 9],
                 logits: 1,
+                long_rope: true,
             },
         ]
     }
@@ -218,14 +229,16 @@ mod tests {
         let chunks = prefill_and_decode();
         let lay = Layout::new(&chunks, 2, 4, |l| l).unwrap();
         assert_eq!((lay.n, lay.m, lay.plan_len, lay.stride), (4, 3, 5, 3));
-        assert_eq!((lay.tiles_at, lay.tiles), (4 * 4 + 3 + 6, (0, 2)));
+        assert_eq!((lay.tiles_at, lay.tiles), (5 * 4 + 3 + 6, (0, 2)));
         let n = lay.n;
         assert_eq!(&lay.meta[..n], &[10, 11, 12, 13]); // ids
         assert_eq!(&lay.meta[n..2 * n], &[0, 1, 2, 4]); // positions
         assert_eq!(&lay.meta[2 * n..3 * n], &[10, 11, 4, 18]); // slots
         assert_eq!(&lay.meta[3 * n..4 * n], &[0, 0, 0, 1]); // row -> sequence
         assert_eq!(&lay.meta[4 * n..4 * n + 3], &[1, 2, 3]); // rows with logits
-        assert_eq!(&lay.meta[4 * n + 3..lay.tiles_at], &[5, 2, 0, 7, 1, 9]); // tables, stride 3
+        assert_eq!(lay.long_at, 4 * n + 3 + 6);
+        assert_eq!(&lay.meta[4 * n + 3..lay.long_at], &[5, 2, 0, 7, 1, 9]); // tables, stride 3
+        assert_eq!(&lay.meta[lay.long_at..lay.tiles_at], &[0, 0, 0, 1]); // LongRoPE rows
         let tail_at = lay.tiles_at + 4;
         // Tiles (first row, rows), longest context first: the decode (5 positions), then
         // the prefill (3).
@@ -292,6 +305,7 @@ mod tests {
             start_pos,
             block_table: &[0, 1, 2, 3, 4, 5],
             logits,
+            long_rope: false,
         };
         let chunks = [
             chunk(&a[..], 40, 0),
@@ -322,6 +336,7 @@ mod tests {
             start_pos,
             block_table: &[1, 2, 3],
             logits: 1,
+            long_rope: false,
         };
         let chunks = [chunk(&a[..], 0), chunk(&b[..], 5), chunk(&b[..], 9)];
         let mut lay = Layout::new(&chunks, 4, 1, |l| l).unwrap();
@@ -341,12 +356,14 @@ mod tests {
                 start_pos: 4,
                 block_table: &[3],
                 logits: 1,
+                long_rope: false,
             },
             SeqChunk {
                 tokens: &b,
                 start_pos: 20,
                 block_table: &[5, 6],
                 logits: 1,
+                long_rope: false,
             },
         ];
         let h = |head_dim| Heads {
@@ -357,7 +374,7 @@ mod tests {
         };
         let lay = Layout::new(&chunks, 16, 4, |l| graph_plan_len(l, &h(64), false)).unwrap();
         assert_eq!((lay.plan_len, lay.stride), (256, 16));
-        let tables = &lay.meta[4 * 2 + 2..lay.tiles_at];
+        let tables = &lay.meta[4 * 2 + 2..lay.long_at];
         assert_eq!(tables.len(), 2 * 16);
         assert_eq!((tables[0], tables[16], tables[17]), (3, 5, 6));
         assert!(tables[18..].iter().all(|&t| t == 0));
@@ -393,6 +410,7 @@ mod tests {
             start_pos: 5,
             block_table: &[0],
             logits: 1,
+            long_rope: false,
         }];
         // Layout trusts check_chunks; check_chunks must reject this first.
         let cfg = crate::model::config::ModelConfig::from_hf_json(

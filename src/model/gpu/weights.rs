@@ -82,8 +82,10 @@ pub struct GpuWeights {
     pub final_norm: GpuNorm,
     pub lm_head: Option<GpuLinear>,
     /// RoPE frequencies of the global layers (zeros where positions are learned: RoPE is
-    /// then the identity).
+    /// then the identity), followed by LongRoPE's long-factor ones where the model has them.
     pub inv_freq: DevBuf<f32>,
+    /// `inv_freq` holds the long-factor frequencies after the short ones.
+    pub long_rope: bool,
     /// The local layers' own, where they differ (Gemma 3).
     pub local_inv_freq: Option<DevBuf<f32>>,
     /// Where quantized products work (None: no matrix is quantized).
@@ -112,11 +114,16 @@ impl GpuWeights {
             .chain(layers)
     }
 
-    /// The RoPE frequencies of layer `l` of a model with `arch`.
-    pub fn inv_freq_of(&self, arch: &Arch, l: usize) -> u64 {
+    /// The RoPE frequencies of layer `l` of a model with `arch`, and the rows' LongRoPE
+    /// flags `long_rows` where its frequencies have the long ones after them (else 0): the
+    /// pair `launch::rope_kv_write` takes.
+    pub fn inv_freq_of(&self, arch: &Arch, l: usize, long_rows: u64) -> (u64, u64) {
         match &self.local_inv_freq {
-            Some(local) if arch.is_local(l) => local.ptr(),
-            _ => self.inv_freq.ptr(),
+            Some(local) if arch.is_local(l) => (local.ptr(), 0),
+            _ => (
+                self.inv_freq.ptr(),
+                if self.long_rope { long_rows } else { 0 },
+            ),
         }
     }
 }
@@ -318,7 +325,7 @@ impl GpuWeights {
         let inv_freq = if cfg.arch.learned_positions {
             vec![0f32; cfg.head_dim / 2]
         } else {
-            model.inv_freq().to_vec()
+            [model.inv_freq(), model.long_inv_freq().unwrap_or_default()].concat()
         };
         let mut weights = GpuWeights {
             half,
@@ -332,6 +339,7 @@ impl GpuWeights {
                 .map(|l| linear(gpu, &mut up, l, half, Rows::AsIs))
                 .transpose()?,
             inv_freq: gpu.upload(&inv_freq)?,
+            long_rope: model.long_inv_freq().is_some() && !cfg.arch.learned_positions,
             local_inv_freq: model.local_inv_freq().map(|f| gpu.upload(f)).transpose()?,
             qscratch: None,
         };
