@@ -24,7 +24,8 @@
 // first quantizes the n x rows to int8 in blocks of 32 (d = amax / 127, q = round(x / d),
 // and d·Σq for the minima) into shared memory, then the weight codes meet them in integer
 // dot products (dp4a, four products an instruction, codes unpacked four at a time by masks),
-// scaled once per block. A warp owns a weight row; lane l takes its dot units l, l + 32, ...
+// scaled once per block. A weight row is one warp's or `split` warps' (each a segment of
+// its units); a warp's lane l takes its dot units l, l + 32, ...
 // A dot unit is 32 values whose codes are 16 contiguous bytes (or, q8, 32): a block of 32
 // (q8, q4), 16 code bytes of a Q4_K/Q5_K sub-block pair (low nibbles: 16 values of sub-block
 // 2g, high: the same 16 of 2g + 1), or 16 ql bytes of a Q6_K half (low nibbles: 16 values of
@@ -32,8 +33,9 @@
 // 16-byte halves (low-nibble values, high-nibble values) where the warp's 32 lanes read them
 // as consecutive 16-byte words: no shared-memory bank conflicts.
 // qgemv: y[t, c0 + cs·r] (= or +=) sum_i x[t, i] · w[r, i] for t < n (n <= QG_ROWS; qgemv1:
-// n = 1); y_mode 0: fp32, 1: 16-bit, 2: fp32 added to; row t of y at t·ldy. grid:
-// ceil(rows / QG_WARPS); block: 32 · QG_WARPS; dynamic shared memory qgemv_smem(n, cols).
+// n = 1); y_mode 0: fp32, 1: 16-bit, 2: fp32 added to; row t of y at t·ldy; split divides
+// QG_WARPS. grid: persistent (qgemm.rs's qgemv_plan); block: 32 · QG_WARPS; dynamic shared
+// memory qgemv_smem(n, cols).
 #define QG_WARPS 8
 #define QG_ROWS 8
 // Dot units a lane loads before it multiplies them (the first ones before the
@@ -546,21 +548,49 @@ __device__ __forceinline__ void quantize_rows(const half_t* __restrict__ x, int 
     }
 }
 
+// This warp's place in its block's share of a qgemv: step k·upl + j of a lane is unit
+// u0 + lane + 32j of row `row(k)` (its group k-th of the block's, its row within the group
+// w / split).
+struct QgStep {
+    int k, j;
+    __device__ void next(int upl) {
+        if (++j == upl) {
+            j = 0;
+            ++k;
+        }
+    }
+};
+
 // R: the most rows the build takes (QG_ROWS, or 1 for decode's one row, whose build keeps
-// fewer registers live and so more warps resident).
+// fewer registers live and so more blocks resident). The grid is persistent: block b takes
+// groups b, b + gridDim.x, ... of QG_WARPS / split weight rows; `split` warps share a row,
+// each a segment of its units, and add their sums through shared memory. A lane streams its
+// units of all its groups as one sequence, QG_U loads ahead of its products.
 template <class F, int R>
 __device__ __forceinline__ void qgemv_body(Planes p, int rows, int cols, const half_t* x, int n,
-                                           void* y, int ldy, int y_mode, int c0, int cs) {
+                                           void* y, int ldy, int y_mode, int c0, int cs,
+                                           int split) {
     extern __shared__ int4 qg_smem[];
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * QG_WARPS + (threadIdx.x >> 5);
-    const bool live = row < rows;
+    __shared__ float part[QG_WARPS][R];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int units = cols / 32;
+    const int rpg = QG_WARPS / split;
+    const int groups = (rows + rpg - 1) / rpg;
+    const int per = (units + split - 1) / split;
+    const int u0 = (warp % split) * per, u1 = min(units, u0 + per);
+    const int upl = (per + 31) / 32;
+    const int mine =
+        groups > (int)blockIdx.x ? (groups - (int)blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    const int total = mine * upl;
+    const int in_group = warp / split;
+    auto row_of = [&](int k) { return ((int)blockIdx.x + k * (int)gridDim.x) * rpg + in_group; };
     typename F::D u[QG_U];
+    QgStep ld{0, 0};
 #pragma unroll
     for (int i = 0; i < QG_U; ++i) {
-        const int v = lane + 32 * i;
-        if (live && v < units) u[i] = F::template dload<true>(p, row, v, cols);
+        const int row = row_of(ld.k), v = u0 + lane + 32 * ld.j;
+        if (i < total && row < rows && v < u1) u[i] = F::template dload<true>(p, row, v, cols);
+        ld.next(upl);
     }
     grid_dep_enter();
     const int stride = (cols + 1023) / 1024 * 1024;
@@ -568,41 +598,67 @@ __device__ __forceinline__ void qgemv_body(Planes p, int rows, int cols, const h
     float2* xds = reinterpret_cast<float2*>(xq + n * stride);
     quantize_rows<F::G>(x, n, cols, stride, xq, xds);
     __syncthreads();
-    if (!live) return;
     const XS xs{xq, xds, stride, cols / 32};
     float acc[R];
 #pragma unroll
     for (int t = 0; t < R; ++t) acc[t] = 0.0f;
-    for (int v0 = 0;;) {
+    QgStep at{0, 0};
+    for (int s0 = 0; s0 < total; s0 += QG_U) {
 #pragma unroll
         for (int i = 0; i < QG_U; ++i) {
-            const int v = v0 + lane + 32 * i;
-            if (v < units) F::template dot<R>(p, u[i], v, xs, n, acc);
-        }
-        v0 += 32 * QG_U;
-        if (v0 >= units) break;
-#pragma unroll
-        for (int i = 0; i < QG_U; ++i) {
-            const int v = v0 + lane + 32 * i;
-            if (v < units) u[i] = F::template dload<false>(p, row, v, cols);
-        }
-    }
-    const size_t col = (size_t)c0 + (size_t)cs * row;
-#pragma unroll
-    for (int t = 0; t < R; ++t) {
-        if (t < n) {
-            float s = acc[t];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (lane == t) {
-                const size_t at = (size_t)t * ldy + col;
-                if (y_mode == 1) {
-                    reinterpret_cast<half_t*>(y)[at] = f32_to_half(s);
-                } else if (y_mode == 2) {
-                    reinterpret_cast<float*>(y)[at] += s;
-                } else {
-                    reinterpret_cast<float*>(y)[at] = s;
+            if (s0 + i < total) {
+                const int row = row_of(at.k), v = u0 + lane + 32 * at.j;
+                if (row < rows && v < u1) F::template dot<R>(p, u[i], v, xs, n, acc);
+                const int rn = row_of(ld.k), vn = u0 + lane + 32 * ld.j;
+                if (s0 + i + QG_U < total && rn < rows && vn < u1) {
+                    u[i] = F::template dload<false>(p, rn, vn, cols);
                 }
+                ld.next(upl);
+                if (at.j == upl - 1) {
+                    // The group's last step: its rows' sums out.
+#pragma unroll
+                    for (int t = 0; t < R; ++t) {
+                        float sum = acc[t];
+#pragma unroll
+                        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                        acc[t] = sum;
+                    }
+                    if (split > 1) {
+                        if (lane == 0) {
+#pragma unroll
+                            for (int t = 0; t < R; ++t) part[warp][t] = acc[t];
+                        }
+                        __syncthreads();
+                        if (warp % split == 0) {
+#pragma unroll
+                            for (int t = 0; t < R; ++t) {
+                                float sum = 0.0f;
+                                for (int w = 0; w < split; ++w) sum += part[warp + w][t];
+                                acc[t] = sum;
+                            }
+                        }
+                    }
+                    if (warp % split == 0 && row < rows) {
+                        const size_t col = (size_t)c0 + (size_t)cs * row;
+#pragma unroll
+                        for (int t = 0; t < R; ++t) {
+                            if (t < n && lane == t) {
+                                const size_t o = (size_t)t * ldy + col;
+                                if (y_mode == 1) {
+                                    reinterpret_cast<half_t*>(y)[o] = f32_to_half(acc[t]);
+                                } else if (y_mode == 2) {
+                                    reinterpret_cast<float*>(y)[o] += acc[t];
+                                } else {
+                                    reinterpret_cast<float*>(y)[o] = acc[t];
+                                }
+                            }
+                        }
+                    }
+                    if (split > 1) __syncthreads();
+#pragma unroll
+                    for (int t = 0; t < R; ++t) acc[t] = 0.0f;
+                }
+                at.next(upl);
             }
         }
     }
@@ -665,7 +721,7 @@ __device__ __forceinline__ void qembed_body(Planes p, int cols, const int* ids, 
 
 #define QGEMV_ARGS                                                                        \
     const unsigned char *qs, const unsigned short *d, const unsigned short *m, int rows,  \
-        int cols, const half_t *x, int n, void *y, int ldy, int y_mode, int c0, int cs
+        int cols, const half_t *x, int n, void *y, int ldy, int y_mode, int c0, int cs, int split
 #define QDEQUANT_ARGS                                                                     \
     const unsigned char *qs, const unsigned short *d, const unsigned short *m, int r_lo,  \
         int r_hi, int cols, half_t *out, int c0, int cs, int p0
@@ -675,34 +731,34 @@ __device__ __forceinline__ void qembed_body(Planes p, int cols, const int* ids, 
         float scale
 
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv_q8)(QGEMV_ARGS) {
-    qgemv_body<Q8, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<Q8, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs, split);
 }
-extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv1_q8)(QGEMV_ARGS) {
-    qgemv_body<Q8, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
+extern "C" __global__ void __launch_bounds__(32 * QG_WARPS, 3) KERNEL(qgemv1_q8)(QGEMV_ARGS) {
+    qgemv_body<Q8, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs, split);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv_q4)(QGEMV_ARGS) {
-    qgemv_body<Q4, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<Q4, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs, split);
 }
-extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv1_q4)(QGEMV_ARGS) {
-    qgemv_body<Q4, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
+extern "C" __global__ void __launch_bounds__(32 * QG_WARPS, 3) KERNEL(qgemv1_q4)(QGEMV_ARGS) {
+    qgemv_body<Q4, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs, split);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv_q4k)(QGEMV_ARGS) {
-    qgemv_body<QK45<false>, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<QK45<false>, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs, split);
 }
-extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv1_q4k)(QGEMV_ARGS) {
-    qgemv_body<QK45<false>, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
+extern "C" __global__ void __launch_bounds__(32 * QG_WARPS, 3) KERNEL(qgemv1_q4k)(QGEMV_ARGS) {
+    qgemv_body<QK45<false>, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs, split);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv_q5k)(QGEMV_ARGS) {
-    qgemv_body<QK45<true>, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<QK45<true>, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs, split);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv1_q5k)(QGEMV_ARGS) {
-    qgemv_body<QK45<true>, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<QK45<true>, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs, split);
 }
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv_q6k)(QGEMV_ARGS) {
-    qgemv_body<Q6K, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
+    qgemv_body<Q6K, QG_ROWS>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs, split);
 }
-extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qgemv1_q6k)(QGEMV_ARGS) {
-    qgemv_body<Q6K, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs);
+extern "C" __global__ void __launch_bounds__(32 * QG_WARPS, 3) KERNEL(qgemv1_q6k)(QGEMV_ARGS) {
+    qgemv_body<Q6K, 1>({qs, d, m}, rows, cols, x, n, y, ldy, y_mode, c0, cs, split);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * QG_WARPS) KERNEL(qdequant_q8)(QDEQUANT_ARGS) {

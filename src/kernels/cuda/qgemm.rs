@@ -6,6 +6,9 @@
 //! of rows at a time into a 16-bit buffer that cuBLAS multiplies, so the weights stay the
 //! file's size in memory and only one panel is ever 16-bit.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use super::gemm::{Blas, Out};
 use super::launch::{cfg, i32_of, Args, EmbedExtras};
 use super::{cuda_err, DevBuf, Gpu, Half};
@@ -79,18 +82,52 @@ impl QBand {
     }
 }
 
-/// The buffer quantized products of many rows work in: the 16-bit panel they dequantize
-/// a matrix's rows into.
+/// What quantized products work with: the 16-bit panel larger products dequantize a
+/// matrix's rows into, and the device's room for qgemv blocks (multiprocessors, and the
+/// blocks of each kernel and shared-memory size one holds, asked of the driver once).
 pub(crate) struct QScratch {
     pub panel: DevBuf<u16>,
+    sms: usize,
+    resident: Mutex<HashMap<(&'static str, Half, usize), usize>>,
 }
 
 impl QScratch {
     /// A panel of `panel` 16-bit values.
     pub fn new(gpu: &Gpu, panel: usize) -> Result<Self> {
+        let sms = gpu
+            .ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(cuda_err("reading the multiprocessor count"))?;
         Ok(QScratch {
             panel: gpu.alloc(panel)?,
+            sms: sms.max(1) as usize,
+            resident: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// qgemv blocks the whole device holds at once for kernel `name` with `smem` bytes of
+    /// shared memory.
+    fn slots(&self, gpu: &Gpu, name: &'static str, half: Half, smem: usize) -> Result<usize> {
+        let mut known = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        let per_sm = match known.get(&(name, half, smem)) {
+            Some(&b) => b,
+            None => {
+                let b = gpu
+                    .func(name, half)?
+                    .occupancy_max_active_blocks_per_multiprocessor(
+                        32 * QG_WARPS as u32,
+                        smem,
+                        None,
+                    )
+                    .map_err(cuda_err("reading qgemv's occupancy"))?
+                    .max(1) as usize;
+                known.insert((name, half, smem), b);
+                b
+            }
+        };
+        Ok(per_sm * self.sms)
     }
 }
 
@@ -166,7 +203,7 @@ pub(crate) fn qlinear_by(
             let xs = x + (start * w.cols * 2) as u64;
             let ys = y + (start * w.rows * y_ty.bytes()) as u64;
             for band in &w.bands {
-                qgemv(gpu, half, band, w, (xs, rows, ys, y_ty))?;
+                qgemv(gpu, half, band, w, (xs, rows, ys, y_ty), scratch)?;
             }
         }
         return Ok(());
@@ -228,8 +265,13 @@ fn qgemv(
     band: &QBand,
     w: &QWeight,
     (x, n, y, y_ty): (u64, usize, u64, Out),
+    scratch: &QScratch,
 ) -> Result<()> {
-    let f = gpu.func(band.kind.kernels()[usize::from(n == 1)], half)?;
+    let name = band.kind.kernels()[usize::from(n == 1)];
+    let f = gpu.func(name, half)?;
+    let smem = qgemv_smem(n, w.cols);
+    let slots = scratch.slots(gpu, name, half, smem)?;
+    let (grid, split) = qgemv_plan(band.rows, w.cols / 32, slots);
     let (qs, d, m) = band.planes();
     let (rows, cols, ni) = (i32_of(band.rows)?, i32_of(w.cols)?, i32_of(n)?);
     let ldy = i32_of(w.rows)?;
@@ -238,7 +280,7 @@ fn qgemv(
         Out::Half => 1,
         Out::F32Add => 2,
     };
-    let (c0, cs) = (i32_of(band.c0)?, i32_of(band.cs)?);
+    let (c0, cs, sp) = (i32_of(band.c0)?, i32_of(band.cs)?, i32_of(split)?);
     let mut b = Args::new();
     b.arg(&qs)
         .arg(&d)
@@ -251,14 +293,36 @@ fn qgemv(
         .arg(&ldy)
         .arg(&mode)
         .arg(&c0)
-        .arg(&cs);
-    let grid = band.rows.div_ceil(QG_WARPS);
+        .arg(&cs)
+        .arg(&sp);
     let mut c = cfg((grid, 1, 1), 32 * QG_WARPS as u32)?;
-    c.shared_mem_bytes = qgemv_smem(n, w.cols) as u32;
+    c.shared_mem_bytes = smem as u32;
     // SAFETY: argument order and types match qgemv.cu; the planes hold band.rows rows of
     // cols values, x n rows of cols, y n rows of ldy; the shared memory is qgemv_smem's
-    // (at most QG_SMEM: qgemv_rows), which module load allows.
+    // (at most QG_SMEM: qgemv_rows), which module load allows; split divides QG_WARPS.
     unsafe { gpu.launch(f, c, &mut b) }.map_err(cuda_err("qgemv"))
+}
+
+/// A qgemv's persistent grid and row split for `rows` weight rows of `units` dot units
+/// (32 values) when the device holds `slots` blocks: each block takes groups of
+/// QG_WARPS / split rows in turn, so the time is the most groups a block gets. The split
+/// (1, 2, 4 or 8 warps a row, each at least 32 units) is the smallest within 5% of the best
+/// balance: more warps a row mean smaller groups but more of them to add up.
+fn qgemv_plan(rows: usize, units: usize, slots: usize) -> (usize, usize) {
+    let groups = |s: usize| rows.div_ceil(QG_WARPS / s);
+    let balance = |s: usize| {
+        let turns = groups(s) as f64 / slots.max(1) as f64;
+        turns / turns.ceil()
+    };
+    let splits = [1, 2, 4, 8]
+        .into_iter()
+        .filter(|&s| s == 1 || units / s >= 32);
+    let best = splits.clone().map(balance).fold(0.0, f64::max);
+    let split = splits
+        .into_iter()
+        .find(|&s| balance(s) >= best - 0.05)
+        .unwrap_or(1);
+    (groups(split).min(slots.max(1)), split)
 }
 
 fn qdequant(
@@ -344,6 +408,22 @@ mod tests {
                 assert!(loaded.contains(&name), "{name} is not loaded");
             }
         }
+    }
+
+    #[test]
+    fn qgemv_splits_rows_where_that_evens_the_blocks_turns() {
+        // Llama-3.1-8B on an H100 at three blocks a multiprocessor (396 slots).
+        // down: 4096 rows of 448 units; 512 groups of 8 rows would leave 116 blocks a
+        // second turn; a row to each block's 8 warps gives 4096 groups, 10.3 turns.
+        assert_eq!(qgemv_plan(4096, 448, 396), (396, 8));
+        // gate_up: 28672 rows of 128 units; 3584 groups (9.05 turns, 90%) against 7168
+        // (18.1, 95%) at two warps a row.
+        assert_eq!(qgemv_plan(28672, 128, 396), (396, 2));
+        // Rows of fewer than 64 units are not split.
+        assert_eq!(qgemv_plan(300, 16, 396), (38, 1));
+        // Fewer groups than slots at any split: the smallest split of the best balance,
+        // one group a block.
+        assert_eq!(qgemv_plan(1024, 128, 396), (256, 2));
     }
 
     #[test]
