@@ -41,7 +41,7 @@ impl EnginePooling {
                 start_pos: s.start_pos,
                 block_table: table,
                 logits: Self::rows(s),
-                long_rope: false,
+                long_rope: s.long_rope,
             })
             .collect()
     }

@@ -72,16 +72,7 @@ struct LongReference {
 /// past the original context (long factors throughout) beside one that decodes across it
 /// (short, then computed again from its first token with the long factors).
 fn long_rope_row(dir: &Path) -> Result<Row> {
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let text = std::fs::read_to_string(dir.join("reference-long.json"))
-        .map_err(|e| Error::Model(format!("{}: {e}", dir.display())))?;
-    let r: LongReference =
-        serde_json::from_str(&text).map_err(|e| Error::Model(format!("{name}: {e}")))?;
-    let model = Llama::load(dir)?;
-    let cuda = CudaModel::load(&model, 0)?;
+    let (name, r, cuda): (_, LongReference, _) = fixture(dir, "reference-long.json")?;
     let per = r
         .cases
         .iter()
@@ -143,10 +134,7 @@ fn long_rope_row(dir: &Path) -> Result<Row> {
             rows += 1;
         }
     }
-    let (half, tol) = match cuda.weights.half {
-        Half::F16 => ("f16", TOL_F16),
-        Half::Bf16 => ("bf16", TOL_BF16),
-    };
+    let (half, tol) = bar(&cuda);
     Ok(Row {
         check: format!("family {name} LongRoPE vs HF fp32"),
         shape: format!(
@@ -163,22 +151,10 @@ fn long_rope_row(dir: &Path) -> Result<Row> {
 }
 
 fn family_row(dir: &Path) -> Result<Row> {
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let text = std::fs::read_to_string(dir.join("reference.json"))
-        .map_err(|e| Error::Model(format!("{}: {e}", dir.display())))?;
-    let r: Reference =
-        serde_json::from_str(&text).map_err(|e| Error::Model(format!("{name}: {e}")))?;
-    let model = Llama::load(dir)?;
-    let cuda = CudaModel::load(&model, 0)?;
+    let (name, r, cuda): (_, Reference, _) = fixture(dir, "reference.json")?;
     let (err, written, agree) = run(&cuda, &r)?;
     let rows = r.logits.len();
-    let (half, tol) = match cuda.weights.half {
-        Half::F16 => ("f16", TOL_F16),
-        Half::Bf16 => ("bf16", TOL_BF16),
-    };
+    let (half, tol) = bar(&cuda);
     Ok(Row {
         check: format!("family {name} vs HF fp32"),
         shape: format!(
@@ -227,4 +203,28 @@ fn run(cuda: &Arc<CudaModel>, r: &Reference) -> Result<(f64, bool, usize)> {
         agree += usize::from(argmax(g) == argmax(want));
     }
     Ok((worst, written, agree))
+}
+
+/// A family folder's name, its reference file `file` and its model on the device.
+fn fixture<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    file: &str,
+) -> Result<(String, T, Arc<CudaModel>)> {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let text = std::fs::read_to_string(dir.join(file))
+        .map_err(|e| Error::Model(format!("{}: {e}", dir.display())))?;
+    let r = serde_json::from_str(&text).map_err(|e| Error::Model(format!("{name}: {e}")))?;
+    let model = Llama::load(dir)?;
+    Ok((name, r, CudaModel::load(&model, 0)?))
+}
+
+/// The model's 16-bit type and its bar.
+fn bar(cuda: &CudaModel) -> (&'static str, f64) {
+    match cuda.weights.half {
+        Half::F16 => ("f16", TOL_F16),
+        Half::Bf16 => ("bf16", TOL_BF16),
+    }
 }

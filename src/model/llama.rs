@@ -131,11 +131,9 @@ impl Llama {
     /// RoPE inverse frequencies of layer `l`, for a sequence past LongRoPE's original
     /// context when `long`.
     pub(crate) fn layer_inv_freq(&self, l: usize, long: bool) -> &[f32] {
-        if let Some(f) = self.long_inv_freq.as_deref().filter(|_| long) {
-            return f;
-        }
-        match &self.local_inv_freq {
-            Some(local) if self.config.arch.is_local(l) => local,
+        match (&self.local_inv_freq, &self.long_inv_freq) {
+            (Some(local), _) if self.config.arch.is_local(l) => local,
+            (_, Some(f)) if long => f,
             _ => &self.inv_freq,
         }
     }

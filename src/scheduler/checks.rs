@@ -33,9 +33,17 @@ pub(super) fn check_batch(s: &Scheduler, batch: &Batch) {
         // Past LongRoPE's original context a sequence is computed with the long factors
         // from its first token: every chunk reaching there (drafts too) says so, and so does
         // every later chunk of it.
-        let reach = x.start_pos + x.tokens.len() + x.max_draft;
-        if c.long_rope_from.is_some_and(|from| reach > from) {
-            assert!(x.long_rope, "a chunk of {} past the original context", x.id);
+        if let Some(from) = c.long_rope_from {
+            let end = x.start_pos + x.tokens.len();
+            if end > from {
+                assert!(x.long_rope, "a chunk of {} past the original context", x.id);
+            } else if !x.long_rope {
+                assert!(
+                    end + x.max_draft <= from,
+                    "drafts of {} past the context",
+                    x.id
+                );
+            }
         }
         assert_eq!(x.long_rope, seq.long_rope);
         if x.tokens == [PENDING_TOKEN] {

@@ -9,7 +9,9 @@ use super::sequence::SeqSpec;
 pub enum SchedulerPolicy {
     /// Admit a sequence only if blocks for its whole life (prompt + max new tokens)
     /// are free after counting what running sequences are still guaranteed. Running
-    /// sequences never run out of blocks and are never preempted.
+    /// sequences never run out of blocks and are never preempted (LongRoPE's restart at
+    /// the original context gives a sequence's blocks back and queues it first to be
+    /// computed again, admitted in the same step when nothing more urgent waits).
     #[default]
     GuaranteedNoEvict,
     /// Admit a sequence when blocks for what it computes now are free. When a running
@@ -146,7 +148,7 @@ impl SchedulerConfig {
             // it again in one chunk.
             if let Some(from) = self
                 .long_rope_from
-                .filter(|&f| prompt <= f && kv_tokens > f)
+                .filter(|&f| spec.beam_width <= 1 && prompt <= f && kv_tokens > f)
             {
                 recomputed = recomputed.max(kv_tokens.min(from + 1));
             }

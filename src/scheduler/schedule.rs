@@ -109,7 +109,10 @@ impl Scheduler {
         for &h in step.offloaded.iter().chain(&step.host_pins) {
             self.host_blocks.free(&[h]);
         }
-        if continues.is_some() && step.seqs.is_empty() && !evicted {
+        // A plan that preempted or restarted anything is kept, empty or not: the engines
+        // must hear of it.
+        let quiet = step.preempted.is_empty() && step.swapped_out == 0;
+        if continues.is_some() && step.seqs.is_empty() && quiet {
             debug_assert!(step.swaps.is_empty(), "copies of a plan that is dropped");
             self.iteration -= 1;
             return self.nothing_ahead();
@@ -199,8 +202,8 @@ impl Scheduler {
             let Some(n) = self.chunk_len(seq.num_uncomputed(), step.budget) else {
                 continue;
             };
-            let draft = draft_after(seq, n, step.budget);
-            let end = seq.num_computed + n + draft;
+            let draft = draft_after(seq, n, step.budget, self.config.long_rope_from);
+            let end = seq.num_computed + n;
             if !seq.is_beam() && seq.crosses_long_rope(self.config.long_rope_from, end) {
                 self.restart_long(idx, step);
                 continue;
@@ -317,7 +320,7 @@ impl Scheduler {
         let long = self.config.long_rope_from;
         let may_swap = may_swap
             && !seq.blocks.contains(&DROPPED)
-            && !seq.crosses_long_rope(long, seq.num_known() + seq.draft_room());
+            && !seq.crosses_long_rope(long, seq.num_known());
         let host = (may_swap && keep > 0)
             .then(|| self.swap_space(keep, step))
             .flatten();
@@ -384,7 +387,7 @@ impl Scheduler {
             let Some(n) = self.chunk_len(seq.num_uncomputed(), step.budget) else {
                 break;
             };
-            let draft = draft_after(seq, n, step.budget);
+            let draft = draft_after(seq, n, step.budget, self.config.long_rope_from);
             let needed = self.blocks.blocks_for(seq.num_computed + n + draft);
             let Some(device) = self.allocate(needed, step) else {
                 break;
@@ -421,7 +424,7 @@ impl Scheduler {
             // than the original context (a beam search when it may grow past it: its beams
             // are never computed again).
             let end = match next.is_beam() {
-                true => next.max_len,
+                true => next.max_kv_tokens(),
                 false => next.num_known(),
             };
             if next.crosses_long_rope(self.config.long_rope_from, end) {
@@ -699,11 +702,18 @@ impl Scheduler {
 
 /// Room for draft tokens after a chunk of `n` tokens with `budget` tokens left: only a
 /// chunk that reaches the last known token speculates.
-fn draft_after(seq: &Sequence, n: usize, budget: usize) -> usize {
-    if n == seq.num_uncomputed() {
-        seq.draft_room().min(budget - n)
-    } else {
-        0
+/// Draft tokens after a chunk of `n` tokens of `seq` (those that reach its last known
+/// token), within `budget`; a sequence still on LongRoPE's short factors drafts no further
+/// than the original context `long_rope` (past it, its next decode restarts it: drafts
+/// would otherwise take it there sooner than decoding token by token does).
+fn draft_after(seq: &Sequence, n: usize, budget: usize, long_rope: Option<usize>) -> usize {
+    if n != seq.num_uncomputed() {
+        return 0;
+    }
+    let room = seq.draft_room().min(budget - n);
+    match long_rope {
+        Some(from) if !seq.long_rope => room.min(from.saturating_sub(seq.num_computed + n)),
+        _ => room,
     }
 }
 

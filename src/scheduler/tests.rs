@@ -1222,6 +1222,24 @@ fn long_rope_takes_long_prompts_and_recomputes_a_decode_that_crosses() {
     let (b, _) = step(&mut s, &[]);
     assert_eq!(b.preempted, vec![3]);
     assert!(chunk(&b, 3).unwrap().long_rope);
+    // A speculating sequence drafts no further than the original context: the tokens
+    // before it are the short factors' as without drafts.
+    let mut s = scheduler(config.clone());
+    let mut drafting = spec(7, 10, 6);
+    drafting.num_draft_tokens = 4;
+    s.add(drafting).unwrap();
+    step(&mut s, &[]);
+    for (pos, drafts) in [(10, 1), (11, 0)] {
+        let (b, _) = step(&mut s, &[]);
+        let c = chunk(&b, 7).unwrap();
+        assert_eq!(
+            (c.start_pos, c.max_draft, c.long_rope),
+            (pos, drafts, false)
+        );
+    }
+    let (b, _) = step(&mut s, &[]);
+    assert_eq!(b.preempted, vec![7]);
+    assert!(chunk(&b, 7).unwrap().long_rope);
     // Blocks computed long do not serve a short prompt with the same tokens, nor the
     // reverse.
     let mut s = scheduler(SchedulerConfig {
