@@ -412,7 +412,8 @@ impl ServeConfig {
                 .arch
                 .kv_window(model.num_layers)
                 .filter(|_| self.speculative.is_none()),
-            long_rope_from: model.long_rope_from(),
+            // The model's, set where every model's actors start (`ModelHandle`).
+            long_rope_from: None,
         };
         cfg.validate().map_err(|e| Error::Config(e.to_string()))?;
         Ok(cfg)

@@ -10,6 +10,7 @@ mod common;
 use serde::Deserialize;
 use serde_json::json;
 
+use common::json::ids;
 use common::scratch::Scratch;
 use common::server::start;
 
@@ -75,14 +76,12 @@ async fn greedy_answers_past_the_original_context_are_transformers() {
                           "temperature": 0.0, "ignore_eos": true});
         let (status, out) = s.post("/v2/models/tensorrt_llm/generate", body).await;
         assert_eq!(status, 200, "{out}");
-        let ids = out["output_ids"].as_array().unwrap();
-        let ids = if ids[0].is_array() {
-            ids[0].as_array().unwrap()
-        } else {
-            ids
-        };
-        let got: Vec<u32> = ids.iter().map(|v| v.as_u64().unwrap() as u32).collect();
-        assert_eq!(got, case.greedy, "{}: transformers' generate", case.name);
+        assert_eq!(
+            ids(&out["output_ids"]),
+            case.greedy,
+            "{}: transformers' generate",
+            case.name
+        );
         // The crossing case decodes past position 128: its sequence restarts once.
         restarted += usize::from(case.recompute_at.is_some());
         assert_eq!(
